@@ -1,0 +1,27 @@
+"""The ``kvgate`` command line. Each part registers its own subcommands here."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="kvgate",
+    help="A KV-cache-aware, load-aware gateway for fleets of LLM inference servers.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _register() -> None:
+    # Each part owns a ``command`` module with ``register(app)``; registration is
+    # explicit and in one place so the CLI's shape is visible here.
+    from kvgate.workersim import command as workersim_command
+
+    workersim_command.register(app)
+
+
+_register()
+
+
+if __name__ == "__main__":
+    app()

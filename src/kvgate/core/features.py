@@ -1,0 +1,31 @@
+"""Request features: what a policy may know about one request.
+
+The hashing of prompts into prefix blocks lives in ``core.prefix``; this module
+holds the feature record the driver builds once per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvgate.types import BlockHash, Priority, SessionKey, SessionSource
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """Everything routing needs about one request; built once, before any I/O."""
+
+    request_id: str
+    model: str
+    session_key: SessionKey | None = None
+    session_source: SessionSource = SessionSource.NONE
+    prefix_hashes: tuple[BlockHash, ...] = ()
+    prompt_chars: int = 0
+    priority: Priority = Priority.STANDARD
+    pinned_version: str | None = None
+    stream: bool = False
+
+    @property
+    def has_session(self) -> bool:
+        """True when the client named a session (header or ``user`` field)."""
+        return self.session_key is not None

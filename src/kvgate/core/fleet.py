@@ -1,0 +1,98 @@
+"""The fleet snapshot: what a policy knows about every worker at one instant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvgate.types import Seconds, WorkerId
+
+
+class Health(StrEnum):
+    """A worker's health as routing sees it (Envoy's vocabulary)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # serving, but a signal is stale or unknown
+    EJECTED = "ejected"  # failed checks or outlier detection; takes no traffic
+    DRAINING = "draining"  # takes no new sessions; finishes what it has
+
+
+class Pressure(StrEnum):
+    """Memory pressure level from ``core.pressure`` (soft/hard watermarks)."""
+
+    NORMAL = "normal"
+    SOFT = "soft"  # no new sessions
+    HARD = "hard"  # move sessions away
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One worker at one instant.
+
+    ``in_flight`` is the gateway's own accounting and is always known; the
+    scraped fields are ``None`` when unknown (never scraped, or stale).
+    """
+
+    id: WorkerId
+    model: str
+    version: str = "default"
+    health: Health = Health.HEALTHY
+    pressure: Pressure = Pressure.NORMAL
+    in_flight: int = 0
+    max_in_flight: int = 256
+    sessions: int = 0
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    gpu_temp_c: float | None = None
+    gpu_mem_usage: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def routable(self) -> bool:
+        """True when the worker may take any request at all."""
+        return self.health in (Health.HEALTHY, Health.DEGRADED)
+
+    @property
+    def accepts_new_sessions(self) -> bool:
+        """True when the worker may take a session it does not already hold."""
+        return self.routable and self.pressure is Pressure.NORMAL
+
+    @property
+    def full(self) -> bool:
+        """True when the gateway's in-flight limit for this worker is reached."""
+        return self.in_flight >= self.max_in_flight
+
+    @property
+    def load(self) -> int:
+        """Requests on the worker: in flight through us plus its own waiting queue."""
+        return self.in_flight + (self.waiting or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Every worker serving one model, at time ``now`` (the driver's clock)."""
+
+    now: Seconds
+    workers: tuple[WorkerState, ...]
+    _by_id: dict[WorkerId, WorkerState] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self._by_id.update((w.id, w) for w in self.workers)
+
+    def get(self, worker_id: WorkerId) -> WorkerState | None:
+        """The worker with this id, or ``None``."""
+        return self._by_id.get(worker_id)
+
+    def routable(self) -> list[WorkerState]:
+        """Workers that may take a request and are not at their in-flight limit."""
+        return [w for w in self.workers if w.routable and not w.full]
+
+    def without(self, excluded: frozenset[WorkerId]) -> FleetSnapshot:
+        """The same snapshot with some workers removed (e.g. ones a retry already tried)."""
+        if not excluded:
+            return self
+        return FleetSnapshot(self.now, tuple(w for w in self.workers if w.id not in excluded))

@@ -1,0 +1,86 @@
+"""The policy interface every routing policy implements, and its context.
+
+A policy is a plain object: ``pick`` takes a snapshot and returns a ``Decision``
+without I/O. Stateful policies (the prefix index) learn through the hooks, which
+default to doing nothing. The driver (live gateway or simulator) calls them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kvgate.core.decision import Affinity, Decision
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import FleetSnapshot
+from kvgate.types import Seconds, WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """What the driver looked up before asking a policy.
+
+    ``affinity`` is the store's binding for the request's session key (``None``
+    if the request has no key or the key is unknown). ``rng`` is the driver's
+    seeded random source: policies never use module-level ``random``.
+    """
+
+    fleet: FleetSnapshot
+    affinity: Affinity | None
+    rng: random.Random
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A routing policy: pure ``pick`` plus optional learning hooks."""
+
+    name: str
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        """Choose a worker (or refuse) for ``request``; must not do I/O."""
+        ...
+
+    def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """The driver sent ``request`` to ``worker`` (after the decision was applied)."""
+        ...
+
+    def on_usage(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
+        """The worker reported ``usage`` for ``request`` (cache feedback)."""
+        ...
+
+    def on_worker_removed(self, worker: WorkerId) -> None:
+        """``worker`` left the fleet: forget what is known about it."""
+        ...
+
+
+class PolicyBase:
+    """Convenience base with no-op hooks; policies override what they need."""
+
+    name: str = "base"
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        raise NotImplementedError
+
+    def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        return None
+
+    def on_usage(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
+        return None
+
+    def on_worker_removed(self, worker: WorkerId) -> None:
+        return None

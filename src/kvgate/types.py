@@ -1,0 +1,46 @@
+"""Shared aliases and small enums that every part of kvgate imports.
+
+Kept tiny and dependency-free so nothing imports in circles.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+from typing import TypeAlias
+
+WorkerId: TypeAlias = str
+"""A worker's identity: its base URL, e.g. ``http://127.0.0.1:8001``."""
+
+SessionKey: TypeAlias = str
+BlockHash: TypeAlias = int
+Seconds: TypeAlias = float
+
+
+class Priority(IntEnum):
+    """Request priority classes (header ``X-Priority``); higher is more important.
+
+    Shedding refuses ``SHEDDABLE`` first and ``CRITICAL`` last.
+    """
+
+    SHEDDABLE = 0
+    STANDARD = 1
+    CRITICAL = 2
+
+    @classmethod
+    def parse(cls, text: str | None) -> Priority:
+        """Parse a header value; unknown or missing values mean ``STANDARD``."""
+        if not text:
+            return cls.STANDARD
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            return cls.STANDARD
+
+
+class SessionSource(StrEnum):
+    """Where a request's session key came from."""
+
+    HEADER = "header"
+    USER = "user"
+    PREFIX = "prefix"
+    NONE = "none"
