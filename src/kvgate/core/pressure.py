@@ -1,0 +1,356 @@
+"""Memory pressure: per-worker watermark levels, session migration plans, shedding order.
+
+A worker's memory signal is the higher of its KV-cache usage and its GPU memory
+usage. Against it, with hysteresis:
+
+- ``NORMAL``: takes anything.
+- ``SOFT`` (usage ≥ ``soft_watermark``, 0.85): takes no new sessions.
+- ``HARD`` (usage ≥ ``hard_watermark``, 0.95): sessions are moved away.
+
+Levels rise as soon as a threshold is crossed and fall only once usage is below
+that threshold minus ``recovery_margin``, so a worker hovering at the mark does
+not flap. GPU temperature acts alongside: at ``temp_soft_c`` the worker is held
+at ``SOFT``; at ``temp_drain_c`` it is also flagged for draining (the driver
+marks it ``DRAINING``); both fall back ``temp_recovery_c`` degrees below.
+An unknown signal (never scraped, stale, NaN) keeps the level it had; a worker
+never seen before starts ``NORMAL``: missing data never escalates.
+
+Example config::
+
+    pressure:
+      soft_watermark: 0.85
+      hard_watermark: 0.95
+      recovery_margin: 0.05
+      temp_soft_c: 83
+      temp_drain_c: 90
+    migration:
+      prefill_tokens_per_s: 8000
+      request_service_s: 2.0
+      overshoot_penalty_s: 10.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
+from kvgate.types import Priority, Seconds, SessionKey, WorkerId
+
+_RANK = {Pressure.NORMAL: 0, Pressure.SOFT: 1, Pressure.HARD: 2}
+
+
+class PressureConfig(BaseModel):
+    """Watermarks (fractions of memory) and temperature limits (°C)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    soft_watermark: float = Field(default=0.85, gt=0, le=1)
+    hard_watermark: float = Field(default=0.95, gt=0, le=1)
+    recovery_margin: float = Field(default=0.05, ge=0, lt=1)
+    temp_soft_c: float = 83.0
+    temp_drain_c: float = 90.0
+    temp_recovery_c: float = Field(default=3.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.soft_watermark >= self.hard_watermark:
+            raise ValueError("soft_watermark must be below hard_watermark")
+        if self.temp_soft_c >= self.temp_drain_c:
+            raise ValueError("temp_soft_c must be below temp_drain_c")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PressureReading:
+    """A worker's pressure after one update.
+
+    ``usage`` is the memory signal used (``None`` if unknown this time);
+    ``changed`` is True when ``level`` or ``drain`` differ from before.
+    """
+
+    level: Pressure
+    drain: bool
+    usage: float | None
+    changed: bool
+
+
+@dataclass(slots=True)
+class _WorkerPressure:
+    memory: Pressure = Pressure.NORMAL
+    hot: bool = False
+    drain: bool = False
+    level: Pressure = Pressure.NORMAL
+    updated_at: Seconds = 0.0
+    above_soft_s: Seconds = 0.0
+    above_hard_s: Seconds = 0.0
+
+
+def memory_signal(kv_usage: float | None, gpu_mem_usage: float | None) -> float | None:
+    """The higher of the known memory fractions, or ``None`` if neither is known."""
+    known = [u for u in (kv_usage, gpu_mem_usage) if u is not None]
+    return max(known) if known else None
+
+
+class PressureTracker:
+    """Per-worker pressure state machine with hysteresis and time-above accounting."""
+
+    def __init__(self, config: PressureConfig | None = None) -> None:
+        self.config = config or PressureConfig()
+        self._workers: dict[WorkerId, _WorkerPressure] = {}
+
+    def update(
+        self,
+        worker: WorkerId,
+        now: Seconds,
+        *,
+        kv_usage: float | None = None,
+        gpu_mem_usage: float | None = None,
+        gpu_temp_c: float | None = None,
+    ) -> PressureReading:
+        """Feed one scrape's signals for ``worker`` at ``now``; returns the new level."""
+        state = self._workers.get(worker)
+        if state is None:
+            state = self._workers[worker] = _WorkerPressure(updated_at=now)
+        self._account(state, now)
+        before = (state.level, state.drain)
+
+        usage = memory_signal(kv_usage, gpu_mem_usage)
+        if usage is not None:
+            state.memory = self._memory_level(state.memory, usage)
+        if gpu_temp_c is not None:
+            cfg = self.config
+            state.drain = gpu_temp_c >= cfg.temp_drain_c or (
+                state.drain and gpu_temp_c >= cfg.temp_drain_c - cfg.temp_recovery_c
+            )
+            state.hot = (
+                state.drain
+                or gpu_temp_c >= cfg.temp_soft_c
+                or (state.hot and gpu_temp_c >= cfg.temp_soft_c - cfg.temp_recovery_c)
+            )
+        heat = Pressure.SOFT if state.hot else Pressure.NORMAL
+        state.level = max(state.memory, heat, key=_RANK.__getitem__)
+        return PressureReading(
+            level=state.level,
+            drain=state.drain,
+            usage=usage,
+            changed=(state.level, state.drain) != before,
+        )
+
+    def observe(self, state: WorkerState, now: Seconds) -> PressureReading:
+        """``update`` from a ``WorkerState``'s scraped fields."""
+        return self.update(
+            state.id,
+            now,
+            kv_usage=state.kv_usage,
+            gpu_mem_usage=state.gpu_mem_usage,
+            gpu_temp_c=state.gpu_temp_c,
+        )
+
+    def level(self, worker: WorkerId) -> Pressure:
+        """The worker's current level (``NORMAL`` if never updated)."""
+        state = self._workers.get(worker)
+        return state.level if state else Pressure.NORMAL
+
+    def draining(self, worker: WorkerId) -> bool:
+        """True while the worker's temperature calls for draining it."""
+        state = self._workers.get(worker)
+        return state.drain if state else False
+
+    def time_above(self, worker: WorkerId, level: Pressure, now: Seconds) -> Seconds:
+        """Seconds ``worker`` has spent at ``level`` or higher, up to ``now``."""
+        state = self._workers.get(worker)
+        if state is None or level is Pressure.NORMAL:
+            return 0.0
+        open_s = max(0.0, now - state.updated_at) if _RANK[state.level] >= _RANK[level] else 0.0
+        total = state.above_hard_s if level is Pressure.HARD else state.above_soft_s
+        return total + open_s
+
+    def forget(self, worker: WorkerId) -> None:
+        """``worker`` left the fleet."""
+        self._workers.pop(worker, None)
+
+    def _account(self, state: _WorkerPressure, now: Seconds) -> None:
+        elapsed = max(0.0, now - state.updated_at)
+        if _RANK[state.level] >= _RANK[Pressure.SOFT]:
+            state.above_soft_s += elapsed
+        if state.level is Pressure.HARD:
+            state.above_hard_s += elapsed
+        state.updated_at = max(state.updated_at, now)
+
+    def _memory_level(self, previous: Pressure, usage: float) -> Pressure:
+        cfg = self.config
+        if usage >= cfg.hard_watermark:
+            return Pressure.HARD
+        target = Pressure.SOFT if usage >= cfg.soft_watermark else Pressure.NORMAL
+        if _RANK[target] >= _RANK[previous]:
+            return target
+        # Falling: leave a level only once usage is a margin below its threshold.
+        if previous is Pressure.HARD and usage >= cfg.hard_watermark - cfg.recovery_margin:
+            return Pressure.HARD
+        if usage >= cfg.soft_watermark - cfg.recovery_margin:
+            return Pressure.SOFT
+        return Pressure.NORMAL
+
+
+class MigrationCostModel(BaseModel):
+    """What moving a session costs and what leaving it gains, in seconds.
+
+    Moving a session means its next request recomputes the whole context on the
+    target: ``cost = context_tokens / prefill_tokens_per_s``. Leaving it costs
+    its next request the pressured worker's queueing: waiting requests ×
+    ``request_service_s`` / running requests, plus ``overshoot_penalty_s`` scaled
+    by how far usage is past the soft mark (0 at the mark, full at 100%), which
+    stands for the preemptions and recomputation an overfull cache causes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefill_tokens_per_s: float = Field(default=8000.0, gt=0)
+    request_service_s: float = Field(default=2.0, ge=0)
+    overshoot_penalty_s: float = Field(default=10.0, ge=0)
+
+
+class SessionLoad(NamedTuple):
+    """One session held by a worker, as the store lists it."""
+
+    session_key: SessionKey
+    last_active: Seconds
+    context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move ``session_key``'s affinity from ``from_worker`` to ``to_worker``."""
+
+    session_key: SessionKey
+    from_worker: WorkerId
+    to_worker: WorkerId
+    reason: str
+    expected_gain_s: Seconds
+    cost_s: Seconds
+
+
+@dataclass(slots=True)
+class _Target:
+    worker: WorkerState
+    usage: float
+    capacity: float
+    load: int
+
+
+def _queue_delay(worker: WorkerState, cost: MigrationCostModel) -> Seconds:
+    return (worker.waiting or 0) * cost.request_service_s / max(1, worker.running or 0)
+
+
+def plan_migrations(
+    worker: WorkerState,
+    sessions: Iterable[SessionLoad | tuple[SessionKey, Seconds, int]],
+    fleet: FleetSnapshot,
+    cost: MigrationCostModel | None = None,
+    config: PressureConfig | None = None,
+) -> list[Migration]:
+    """Which sessions to move off a ``HARD``-pressured ``worker``, and where.
+
+    Cheapest first (smallest context, then idlest), each only if its gain beats
+    its cost, each to the least-loaded target that still stays under the soft
+    mark after taking it, until the worker's projected usage is under the soft
+    mark. Targets must be routable, ``NORMAL`` and below their in-flight limit.
+
+    Usage is projected on KV usage (what moving sessions frees), or GPU memory
+    usage when KV is unknown. The worker's capacity in tokens is
+    ``kv_capacity_tokens`` when known, else inferred from its sessions' total
+    context and its usage; a target of unknown capacity is assumed the same size.
+    Returns ``[]`` when the worker is not ``HARD``, its usage is unknown, or no
+    target fits.
+    """
+    cost = cost or MigrationCostModel()
+    config = config or PressureConfig()
+    if worker.pressure is not Pressure.HARD:
+        return []
+    usage = worker.kv_usage if worker.kv_usage is not None else worker.gpu_mem_usage
+    if usage is None:
+        return []
+    loads = sorted(
+        (SessionLoad(*s) for s in sessions),
+        key=lambda s: (s.context_tokens, s.last_active, s.session_key),
+    )
+    total_tokens = sum(s.context_tokens for s in loads)
+    capacity = float(worker.kv_capacity_tokens or 0) or (total_tokens / usage if usage > 0 else 0.0)
+    if capacity <= 0:
+        return []
+    targets = [
+        _Target(
+            worker=w,
+            usage=w.kv_usage if w.kv_usage is not None else (w.gpu_mem_usage or 0.0),
+            capacity=float(w.kv_capacity_tokens or 0) or capacity,
+            load=w.load,
+        )
+        for w in fleet.workers
+        if w.id != worker.id and w.accepts_new_sessions and not w.full
+    ]
+    soft = config.soft_watermark
+    reason = f"pressure_{worker.pressure}"
+    source_queue = _queue_delay(worker, cost)
+    plan: list[Migration] = []
+    for session in loads:
+        if usage < soft:
+            break
+        fits = [t for t in targets if t.usage + session.context_tokens / t.capacity < soft]
+        if not fits:
+            continue
+        target = min(fits, key=lambda t: (t.load, t.usage, t.worker.id))
+        overshoot = max(0.0, usage - soft) / (1.0 - soft) * cost.overshoot_penalty_s
+        gain = source_queue + overshoot - _queue_delay(target.worker, cost)
+        move_cost = session.context_tokens / cost.prefill_tokens_per_s
+        if gain <= move_cost:
+            continue
+        plan.append(
+            Migration(
+                session_key=session.session_key,
+                from_worker=worker.id,
+                to_worker=target.worker.id,
+                reason=reason,
+                expected_gain_s=gain,
+                cost_s=move_cost,
+            )
+        )
+        usage -= session.context_tokens / capacity
+        target.usage += session.context_tokens / target.capacity
+        target.load += 1
+    return plan
+
+
+def fleet_pressure(fleet: FleetSnapshot) -> Pressure:
+    """The lowest pressure among routable workers: how pressured the fleet is as a whole.
+
+    ``NORMAL`` when no worker is routable (that is not a pressure matter).
+    """
+    levels = [w.pressure for w in fleet.workers if w.routable]
+    return min(levels, key=_RANK.__getitem__) if levels else Pressure.NORMAL
+
+
+def shed_rank(priority: Priority, is_new_session: bool) -> tuple[int, int]:
+    """Sort key for what to refuse first: new sessions before affine ones, low priority first."""
+    return (0 if is_new_session else 1, int(priority))
+
+
+def should_shed(priority: Priority, is_new_session: bool, fleet: FleetSnapshot) -> bool:
+    """Whether memory pressure alone means refusing this request.
+
+    Only when no routable worker is ``NORMAL``. Every worker at least ``SOFT``:
+    refuse new sessions below ``CRITICAL`` (a critical one still lands on the
+    least pressured worker). Every worker ``HARD``: refuse all new sessions and
+    ``SHEDDABLE`` affine ones; affine standard and critical work continues, as
+    its cache is already resident. The refusal reason is ``pressure_<level>`` of
+    ``fleet_pressure``.
+    """
+    level = fleet_pressure(fleet)
+    if level is Pressure.NORMAL:
+        return False
+    if level is Pressure.SOFT:
+        return is_new_session and priority < Priority.CRITICAL
+    return is_new_session or priority is Priority.SHEDDABLE
