@@ -1,0 +1,154 @@
+"""The paged KV cache: chained block hashes and the GPU block pool.
+
+Like vLLM's prefix caching, only full blocks are hashed, and a block's hash covers
+every token before it, so two sequences share KV exactly as far as their hash
+chains agree. The pool counts blocks rather than naming physical ones: hashed
+blocks are reference-counted by hash, unhashed (private) blocks are a number.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import xxhash
+
+from kvgate.types import BlockHash
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int) -> list[BlockHash]:
+    """Hashes of the full blocks of ``tokens``; block i's hash covers blocks 0..i (xxh3-64)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    data = array("q", tokens).tobytes()
+    step = block_size * 8
+    digest = xxhash.xxh3_64_intdigest
+    hashes: list[BlockHash] = []
+    prev = 0
+    for end in range(step, len(data) + 1, step):
+        # The previous hash is the seed, so each hash depends on the whole prefix.
+        prev = digest(data[end - step : end], prev)
+        hashes.append(prev)
+    return hashes
+
+
+class BlockPool:
+    """GPU KV blocks: prefix-cached blocks by hash with reference counts, plus private blocks.
+
+    A hashed block with reference count 0 stays cached but is *evictable*; evictable
+    blocks are kept in least-recently-freed order and evicted oldest first when a
+    block is needed. ``reserved`` counts blocks promised to admitted requests (used
+    when preemption is off) that nobody else may take.
+    """
+
+    __slots__ = ("_evictable", "_on_evict", "capacity", "evictions", "private", "refs", "reserved")
+
+    def __init__(self, capacity: int, on_evict: Callable[[BlockHash], None] | None = None) -> None:
+        self.capacity = capacity
+        self.refs: dict[BlockHash, int] = {}
+        self._evictable: OrderedDict[BlockHash, None] = OrderedDict()
+        self.private = 0
+        self.reserved = 0
+        self.evictions = 0
+        self._on_evict = on_evict
+
+    @property
+    def num_free(self) -> int:
+        """Blocks holding nothing."""
+        return self.capacity - len(self.refs) - self.private
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks no request holds (they may be evicted)."""
+        return len(self._evictable)
+
+    @property
+    def num_in_use(self) -> int:
+        """Blocks held by at least one request."""
+        return len(self.refs) - len(self._evictable) + self.private
+
+    def available(self, own_reservation: int = 0) -> int:
+        """Blocks a request holding ``own_reservation`` reserved blocks could obtain now."""
+        return (
+            self.capacity
+            - len(self.refs)
+            - self.private
+            + len(self._evictable)
+            - self.reserved
+            + own_reservation
+        )
+
+    def evictable_hashes(self) -> list[BlockHash]:
+        """Evictable block hashes, next to be evicted first."""
+        return list(self._evictable)
+
+    def match(self, hashes: Sequence[BlockHash], limit: int) -> int:
+        """How many leading hashes of ``hashes[:limit]`` are cached on the GPU."""
+        refs = self.refs
+        n = 0
+        while n < limit and hashes[n] in refs:
+            n += 1
+        return n
+
+    def ref(self, block: BlockHash) -> None:
+        """Take one more reference to a cached block (it stops being evictable)."""
+        count = self.refs[block]
+        if count == 0:
+            del self._evictable[block]
+        self.refs[block] = count + 1
+
+    def make_room(self, blocks: int) -> None:
+        """Evict least recently used blocks until ``blocks`` are free; the caller checked room."""
+        missing = blocks - self.num_free
+        if missing <= 0:
+            return
+        evictable = self._evictable
+        refs = self.refs
+        on_evict = self._on_evict
+        for _ in range(missing):
+            block, _none = evictable.popitem(last=False)
+            del refs[block]
+            if on_evict is not None:
+                on_evict(block)
+        self.evictions += missing
+
+    def insert(self, block: BlockHash) -> None:
+        """Fill a free block with ``block`` and hold one reference to it."""
+        if block in self.refs:
+            # The same hash twice in one chain, or computed concurrently by another
+            # request: share the cached copy; the block made free stays free.
+            self.ref(block)
+        else:
+            self.refs[block] = 1
+
+    def promote(self, block: BlockHash) -> None:
+        """A held private block just became full with hash ``block``: cache it (or share)."""
+        self.private -= 1
+        self.insert(block)
+
+    def release(self, blocks: Iterable[BlockHash]) -> None:
+        """Drop one reference to each block; unreferenced blocks become evictable in order."""
+        refs = self.refs
+        evictable = self._evictable
+        for block in blocks:
+            count = refs[block] - 1
+            refs[block] = count
+            if count == 0:
+                evictable[block] = None
+
+    def discard(self, block: BlockHash) -> bool:
+        """Remove an evictable block from the GPU (offload); False if absent or in use."""
+        if self.refs.get(block) != 0:
+            return False
+        del self._evictable[block]
+        del self.refs[block]
+        return True
+
+    def clear_evictable(self) -> int:
+        """Forget every evictable block (as vLLM's ``reset_prefix_cache``); returns how many."""
+        n = len(self._evictable)
+        for block in self._evictable:
+            del self.refs[block]
+        self._evictable.clear()
+        return n

@@ -1,0 +1,259 @@
+"""``Engine``: the pure model of one inference engine (vLLM-like), driven with injected time.
+
+The live emulated worker calls ``step`` in real time, one scheduler iteration at a
+time; the simulator calls it in virtual time with a ``horizon`` so consecutive
+decode-only iterations are fused. Both get the same model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvgate.engine.config import EngineConfig
+from kvgate.engine.gpu import GpuThermal
+from kvgate.engine.profiles import MIB
+from kvgate.engine.records import EngineRequest, OffloadResult, StepResult
+from kvgate.engine.scheduler import Scheduler
+from kvgate.engine.stats import Counters, EngineStats
+from kvgate.types import BlockHash, Seconds
+
+# The busy fraction of a step that batches nothing still heats the GPU: decode is
+# memory-bound but draws well over half of board power on real devices.
+_BASE_UTILISATION = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """Where one session's blocks are: on the GPU, in the CPU or disk tier, or nowhere."""
+
+    gpu: int
+    cpu: int
+    disk: int
+    missing: int
+
+
+class Engine:
+    """One inference engine: paged KV cache with prefix caching, a batching scheduler,
+    offload tiers, a latency model and a GPU model. Pure: time is always passed in.
+    """
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self._counters = Counters()
+        self._scheduler = Scheduler(self.config, self._counters)
+        self._thermal = GpuThermal(
+            self.config.idle_temp_c, self.config.max_temp_c, self.config.thermal_time_constant_s
+        )
+        self._sessions: OrderedDict[str, EngineRequest] = OrderedDict()
+        self._busy_until: Seconds = float("-inf")
+        self._busy_utilisation = 0.0
+
+    # -- requests ---------------------------------------------------------------------
+
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """True when a request of this size could ever run here (its KV fits the GPU)."""
+        return self._scheduler.blocks_for(prompt_tokens + max_tokens) <= self.config.num_gpu_blocks
+
+    def submit(self, request: EngineRequest, now: Seconds) -> None:
+        """Queue ``request`` (arrival time ``now``) at the tail of the waiting queue.
+
+        Raises ``ValueError`` for a request id already live, non-positive token
+        counts, or a request whose prompt and ``max_tokens`` cannot fit in the whole
+        KV cache (vLLM refuses those too, as longer than the model's max length).
+        """
+        if request.request_id in self._scheduler.sequences:
+            raise ValueError(f"request {request.request_id!r} is already in the engine")
+        if request.prompt_tokens < 1 or request.max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if not self.fits(request.prompt_tokens, request.max_tokens):
+            raise ValueError(
+                f"request {request.request_id!r} needs "
+                f"{request.prompt_tokens + request.max_tokens} tokens of KV cache; "
+                f"the engine holds {self.config.kv_capacity_tokens}"
+            )
+        self._scheduler.add(request, now)
+        if request.session_id is not None:
+            sessions = self._sessions
+            sessions[request.session_id] = request
+            sessions.move_to_end(request.session_id)
+            if len(sessions) > self.config.max_tracked_sessions:
+                sessions.popitem(last=False)
+
+    def abort(self, request_id: str, now: Seconds) -> bool:
+        """Drop a live request (the client went away) and free its blocks; False if unknown."""
+        self._thermal.advance(now, 0.0)
+        if self._scheduler.abort(request_id) is None:
+            return False
+        self._counters.aborted += 1
+        return True
+
+    def has_work(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._scheduler.sequences)
+
+    def is_live(self, request_id: str) -> bool:
+        """True while ``request_id`` is waiting or running."""
+        return request_id in self._scheduler.sequences
+
+    def step(self, now: Seconds, horizon: Seconds | None = None) -> StepResult:
+        """Run one scheduler iteration starting at ``now``; see ``StepResult``.
+
+        With ``horizon`` set, consecutive decode-only iterations with nothing
+        admissible waiting are fused, up to ``now + horizon`` or the next finish
+        (at least one iteration runs). The driver calls again at ``now + duration``.
+        A result with ``steps == 0`` means there was nothing to run.
+        """
+        thermal = self._thermal
+        thermal.advance(now, 0.0)
+        result = self._scheduler.step(now, horizon)
+        if result.steps:
+            load = min(1.0, self._scheduler.last_utilisation)
+            utilisation = _BASE_UTILISATION + (1 - _BASE_UTILISATION) * load
+            thermal.advance(now + result.duration, utilisation)
+            self._busy_until = now + result.duration
+            self._busy_utilisation = utilisation
+        return result
+
+    # -- offload ----------------------------------------------------------------------
+
+    def offload(
+        self,
+        session_ids: Iterable[str] = (),
+        block_hashes: Iterable[BlockHash] = (),
+        now: Seconds = 0.0,
+    ) -> OffloadResult:
+        """Move the named sessions' and blocks' cached KV that no request holds off the GPU.
+
+        Blocks go to the CPU tier (then disk, LRU), or are dropped when there is
+        no offload capacity. A later request whose chain reaches them brings them
+        back for their transfer time instead of recomputing them.
+        """
+        self._thermal.advance(now, 0.0)
+        wanted: dict[BlockHash, None] = {}
+        for session_id in session_ids:
+            wanted.update(dict.fromkeys(self.session_blocks(session_id)))
+        wanted.update(dict.fromkeys(block_hashes))
+        pool = self._scheduler.pool
+        store = self._scheduler.offload
+        offloaded = dropped = in_use = not_resident = 0
+        seconds = 0.0
+        # Tail blocks first, so a chain's head is the most recent entry of the tier
+        # and the last to be demoted or dropped.
+        for block in reversed(list(wanted)):
+            count = pool.refs.get(block)
+            if count is None:
+                not_resident += 1
+            elif count:
+                in_use += 1
+            else:
+                pool.discard(block)
+                cost = store.put(block)
+                if cost is None:
+                    dropped += 1
+                else:
+                    offloaded += 1
+                    seconds += cost
+        self._counters.offloaded_blocks += offloaded
+        return OffloadResult(offloaded, dropped, in_use, not_resident, seconds)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no request holds (vLLM's reset); returns how many."""
+        return self._scheduler.pool.clear_evictable()
+
+    # -- read access ------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return len(self._scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the waiting queue (preempted ones included)."""
+        return len(self._scheduler.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of GPU blocks in use, 0..1."""
+        pool = self._scheduler.pool
+        return pool.num_in_use / pool.capacity
+
+    def session_ids(self) -> list[str]:
+        """Sessions the engine remembers, least recently active first (bounded)."""
+        return list(self._sessions)
+
+    def session_blocks(self, session_id: str) -> list[BlockHash]:
+        """The cacheable block hashes of the session's latest request, in chain order."""
+        request = self._sessions.get(session_id)
+        if request is None:
+            return []
+        full = request.prompt_tokens // self.config.block_size
+        blocks = list(request.block_hashes[:full])
+        if len(blocks) == full:
+            blocks.extend(request.output_block_hashes)
+        return blocks
+
+    def block_location(self, block: BlockHash) -> str | None:
+        """``"gpu"``, ``"cpu"``, ``"disk"`` or None: where a cached block is."""
+        if block in self._scheduler.pool.refs:
+            return "gpu"
+        return self._scheduler.offload.locate(block)
+
+    def residency(self, session_id: str) -> Residency:
+        """Where the session's blocks are now."""
+        counts = {"gpu": 0, "cpu": 0, "disk": 0}
+        missing = 0
+        for block in self.session_blocks(session_id):
+            where = self.block_location(block)
+            if where is None:
+                missing += 1
+            else:
+                counts[where] += 1
+        return Residency(counts["gpu"], counts["cpu"], counts["disk"], missing)
+
+    def cached_prefix_tokens(self, block_hashes: Sequence[BlockHash], prompt_tokens: int) -> int:
+        """Tokens of this prompt a request admitted now would find on the GPU (no side effects)."""
+        if not self.config.enable_prefix_caching:
+            return 0
+        bs = self.config.block_size
+        limit = min(len(block_hashes), (prompt_tokens - 1) // bs)
+        return self._scheduler.pool.match(block_hashes, max(limit, 0)) * bs
+
+    def stats(self, now: Seconds) -> EngineStats:
+        """Counters and gauges at ``now``, in vLLM's and DCGM's terms."""
+        temp = self._thermal.advance(now, 0.0)
+        config = self.config
+        scheduler = self._scheduler
+        pool = scheduler.pool
+        counters = self._counters
+        in_use = pool.num_in_use
+        return EngineStats(
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            kv_usage=in_use / pool.capacity,
+            num_gpu_blocks=pool.capacity,
+            block_size=config.block_size,
+            gpu_blocks_in_use=in_use,
+            gpu_blocks_cached=pool.num_evictable,
+            prefix_cache_queries=counters.prefix_queries,
+            prefix_cache_hits=counters.prefix_hits,
+            preemptions=counters.preemptions,
+            requests_finished=counters.finished,
+            requests_aborted=counters.aborted,
+            prompt_tokens_total=counters.prompt_tokens,
+            generation_tokens_total=counters.generation_tokens,
+            ttft=counters.ttft.snapshot(),
+            e2e=counters.e2e.snapshot(),
+            offloaded_blocks=counters.offloaded_blocks,
+            restored_blocks=counters.restored_blocks,
+            evicted_blocks=pool.evictions,
+            cpu_offload_blocks_used=len(scheduler.offload.cpu),
+            disk_offload_blocks_used=len(scheduler.offload.disk),
+            gpu_temp_c=temp,
+            gpu_mem_used_mib=config.weights_mib + in_use * config.kv_bytes_per_block / MIB,
+            gpu_mem_total_mib=config.gpu_total_mib,
+            gpu_utilisation=self._busy_utilisation if now < self._busy_until else 0.0,
+            steps=counters.steps,
+        )

@@ -1,0 +1,108 @@
+import pytest
+
+from kvgate.engine.blocks import BlockPool, chain_hashes
+
+
+def test_only_full_blocks_are_hashed() -> None:
+    assert len(chain_hashes(list(range(47)), 16)) == 2
+    assert len(chain_hashes(list(range(48)), 16)) == 3
+    assert chain_hashes([], 16) == []
+
+
+def test_hashes_are_chained() -> None:
+    base = list(range(64))
+    changed_first = [999, *base[1:]]
+    changed_third = [*base[:40], 999, *base[41:]]
+    h = chain_hashes(base, 16)
+    assert all(a != b for a, b in zip(h, chain_hashes(changed_first, 16), strict=True))
+    h3 = chain_hashes(changed_third, 16)
+    assert h3[:2] == h[:2]
+    assert h3[2:] != h[2:]
+
+
+def test_same_block_at_another_position_hashes_differently() -> None:
+    block = list(range(16))
+    h = chain_hashes(block * 2, 16)
+    assert h[0] != h[1]
+
+
+def test_bad_block_size() -> None:
+    with pytest.raises(ValueError):
+        chain_hashes([1, 2, 3], 0)
+
+
+def test_pool_counts_free_in_use_and_evictable() -> None:
+    pool = BlockPool(10)
+    pool.make_room(3)
+    for block in (1, 2, 3):
+        pool.insert(block)
+    pool.private += 2
+    assert (pool.num_free, pool.num_in_use, pool.num_evictable) == (5, 5, 0)
+    pool.release([3, 2])
+    assert (pool.num_free, pool.num_in_use, pool.num_evictable) == (5, 3, 2)
+    assert pool.available() == 7
+
+
+def test_pool_evicts_least_recently_freed_first() -> None:
+    pool = BlockPool(4)
+    for block in (1, 2, 3, 4):
+        pool.insert(block)
+    pool.release([2])
+    pool.release([4, 1])
+    pool.release([3])
+    assert pool.evictable_hashes() == [2, 4, 1, 3]
+    pool.make_room(2)
+    assert set(pool.refs) == {1, 3}
+    assert pool.evictions == 2
+
+
+def test_ref_protects_a_block_from_eviction() -> None:
+    pool = BlockPool(2)
+    pool.insert(1)
+    pool.insert(2)
+    pool.release([1, 2])
+    pool.ref(1)
+    pool.make_room(1)
+    assert set(pool.refs) == {1}
+    assert pool.match([1, 2], 2) == 1
+
+
+def test_shared_blocks_are_reference_counted() -> None:
+    pool = BlockPool(4)
+    pool.insert(7)
+    pool.insert(7)  # a second request computing the same block shares it
+    assert pool.refs[7] == 2
+    pool.release([7])
+    assert pool.num_evictable == 0
+    pool.release([7])
+    assert pool.num_evictable == 1
+
+
+def test_discard_only_takes_unreferenced_blocks() -> None:
+    pool = BlockPool(4)
+    pool.insert(1)
+    pool.insert(2)
+    pool.release([2])
+    assert not pool.discard(1)
+    assert pool.discard(2)
+    assert not pool.discard(3)
+    assert pool.num_free == 3
+
+
+def test_promote_turns_a_private_block_into_a_cached_one() -> None:
+    pool = BlockPool(4)
+    pool.private = 1
+    pool.promote(9)
+    assert pool.private == 0
+    assert pool.refs[9] == 1
+
+
+def test_on_evict_sees_each_evicted_block() -> None:
+    seen: list[int] = []
+    pool = BlockPool(2, on_evict=seen.append)
+    pool.insert(1)
+    pool.insert(2)
+    pool.release([2, 1])
+    pool.make_room(2)
+    assert seen == [2, 1]
+    assert pool.clear_evictable() == 0
