@@ -1,0 +1,204 @@
+"""The OpenAI request bodies the worker accepts, and its OpenAI-shaped errors.
+
+Requests are validated by pydantic models that allow unknown fields (clients send
+sampling parameters the emulation ignores); anything malformed becomes an
+``ApiError`` with status 400, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvgate.engine.tokenizer import tokenize
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {message, type, code, param}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body OpenAI sends with this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        """This error as an aiohttp response."""
+        return web.json_response(self.body(), status=self.status)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's prompt: its tokens, and its text when it was given as text."""
+
+    tokens: list[int]
+    text: str | None
+
+    @classmethod
+    def of_text(cls, text: str) -> Prompt:
+        """A text prompt, tokenized by the engine's tokenizer."""
+        return cls(tokens=tokenize(text), text=text)
+
+
+class TextPart(BaseModel):
+    """One part of a multi-part message content; only text parts carry tokens."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One chat message; ``content`` may be a string, parts, or absent (tool calls)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text, parts joined."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content if part.type == "text")
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: whether the final chunk carries ``usage``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """True when a streamed answer ends with a usage-only chunk."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_output(self) -> int | None:
+        """The output length the client asked for, if any."""
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """The body of ``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def requested_output(self) -> int | None:
+        """``max_completion_tokens`` wins over the deprecated ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def parsed_prompt(self) -> Prompt:
+        """The prompt as the engine sees it: the messages through the chat template."""
+        return Prompt.of_text(render_chat(self.messages))
+
+
+class CompletionRequest(_GenerationRequest):
+    """The body of ``POST /v1/completions``; ``prompt`` is text or token ids."""
+
+    prompt: str | list[str] | list[int] = Field(min_length=1)
+
+    def parsed_prompt(self) -> Prompt:
+        """Text is tokenized; a list of token ids is taken as the tokens themselves."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return Prompt.of_text(prompt)
+        if all(isinstance(item, int) for item in prompt):
+            return Prompt(tokens=[int(item) for item in prompt], text=None)
+        if len(prompt) != 1:
+            raise ApiError(400, "only one prompt per request is supported", param="prompt")
+        return Prompt.of_text(str(prompt[0]))
+
+
+def render_chat(messages: list[ChatMessage]) -> str:
+    """Messages through a fixed chat template, ending with the assistant's turn.
+
+    Fixed separators make a conversation's earlier turns a textual prefix of its
+    later requests, so their KV blocks are shared as in a real engine.
+    """
+    parts = [f"<|{m.role}|>\n{m.text()}<|end|>\n" for m in messages]
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+async def read_body(request: web.Request, model: type[_Model]) -> _Model:
+    """The request's JSON body validated as ``model``; ``ApiError(400)`` otherwise."""
+    raw = await request.read()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """The first pydantic error as an OpenAI 400, naming the offending field."""
+    first = exc.errors()[0]
+    param = _param(first.get("loc", ()))
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "missing":
+        return ApiError(400, f"missing required parameter: {param!r}", param=param)
+    return ApiError(400, f"invalid value for {param!r}: {message}", param=param)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """The field path of a pydantic error, without the union-member tags it adds."""
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in _UNION_TAGS):
+            break
+        parts.append(str(part))
+    return ".".join(parts) or None
