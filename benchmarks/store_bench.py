@@ -1,0 +1,251 @@
+"""Affinity store benchmark: memory footprint of MemoryStore and ops/s of both backends.
+
+    .venv/bin/python benchmarks/store_bench.py [--sessions 1000000] [--ops 50000]
+                                               [--redis-ops 10000] [--no-redis] [--json PATH]
+
+Footprint: 1M sessions (16 workers, 2 versions, 24-character keys) written through
+the public async API, measured as RSS growth and as tracemalloc's live bytes.
+Throughput: get and compare-and-set on MemoryStore, and on a redis-server started
+on a free port: one await at a time, 64 in flight, and pipelined in batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvgate.core.decision import Affinity
+from kvgate.store import MemoryStore, RedisStore
+from kvgate.store.scripts import Scripts
+from kvgate.testing_redis import RedisServer, find_redis_server
+
+WORKERS = [f"http://10.0.{i // 8}.{i % 8}:8000" for i in range(16)]
+VERSIONS = ["v2.1", "v3.0-beta"]
+TTL = 3600.0
+BATCH = 100
+IN_FLIGHT = 64
+
+
+def session(i: int) -> str:
+    """A realistic session key: 24 characters, like a hashed X-Session-ID."""
+    return f"sess-{i:019d}"
+
+
+def affinity(i: int, worker_shift: int = 0) -> Affinity:
+    """The binding for session ``i``."""
+    return Affinity(session(i), WORKERS[(i + worker_shift) % 16], VERSIONS[i % 2], float(i))
+
+
+def rss_bytes() -> int:
+    """This process's resident set size, from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def fill(store: MemoryStore, n: int) -> None:
+    """Write ``n`` sessions through the async API."""
+    for i in range(n):
+        await store.set(affinity(i), TTL)
+
+
+async def footprint(n: int, with_tracemalloc: bool) -> dict[str, float]:
+    """Bytes per session held by a MemoryStore of ``n`` sessions."""
+    gc.collect()
+    before = rss_bytes()
+    store = MemoryStore(max_sessions=n)
+    started = time.perf_counter()
+    await fill(store, n)
+    fill_s = time.perf_counter() - started
+    gc.collect()
+    rss = rss_bytes() - before
+    result = {"sessions": n, "rss_mb": rss / 1e6, "rss_bytes_per_session": rss / n,
+              "fill_s": fill_s, "sets_per_s": n / fill_s}  # fmt: skip
+    started = time.perf_counter()
+    counted = sum((await store.counts()).values())
+    result["counts_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    oldest = await store.sessions_of(WORKERS[0], limit=100)
+    result["sessions_of_100_s"] = time.perf_counter() - started
+    assert counted == n and len(oldest) == 100
+    await store.close()
+    del store
+    gc.collect()
+    if with_tracemalloc:
+        tracemalloc.start()
+        store = MemoryStore(max_sessions=n)
+        await fill(store, n)
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        result["traced_mb"] = traced / 1e6
+        result["traced_bytes_per_session"] = traced / n
+        await store.close()
+    return result
+
+
+async def timed(
+    label: str, n: int, one: Callable[[int], Awaitable[Any]], in_flight: int = 1
+) -> dict[str, Any]:
+    """Run ``one(i)`` for i < n with ``in_flight`` concurrent callers; ops/s and latency."""
+    latencies: list[float] = []
+
+    async def caller(offset: int) -> None:
+        for i in range(offset, n, in_flight):
+            started = time.perf_counter()
+            await one(i)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(k) for k in range(in_flight)))
+    elapsed = time.perf_counter() - started
+    qs = statistics.quantiles(latencies, n=100)
+    return {"op": label, "ops": n, "ops_per_s": n / elapsed,
+            "p50_us": qs[49] * 1e6, "p99_us": qs[98] * 1e6}  # fmt: skip
+
+
+async def batched(label: str, n: int, batch: Callable[[range], Awaitable[Any]]) -> dict[str, Any]:
+    """Run ``batch`` over slices of ``BATCH`` indexes; ops/s counts single operations."""
+    latencies: list[float] = []
+    started = time.perf_counter()
+    for low in range(0, n, BATCH):
+        t0 = time.perf_counter()
+        await batch(range(low, min(n, low + BATCH)))
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - started
+    qs = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {"op": f"{label} (batch {BATCH})", "ops": n, "ops_per_s": n / elapsed,
+            "p50_us": qs[49] * 1e6, "p99_us": qs[98] * 1e6}  # fmt: skip
+
+
+async def memory_ops(n: int) -> list[dict[str, Any]]:
+    """get/CAS/touch throughput on MemoryStore."""
+    store = MemoryStore()
+    rows = [
+        await timed("cas new (wins)", n, lambda i: store.compare_and_set(
+            session(i), None, affinity(i), TTL)),
+        await timed("cas existing (loses)", n, lambda i: store.compare_and_set(
+            session(i), None, affinity(i, 1), TTL)),
+        await timed("get hit", n, lambda i: store.get(session(i))),
+        await timed("touch", n, lambda i: store.touch(session(i), float(i), TTL)),
+    ]  # fmt: skip
+    for row in rows:
+        row["backend"] = "memory"
+    await store.close()
+    return rows
+
+
+async def redis_ops(n: int) -> list[dict[str, Any]]:
+    """get/CAS throughput on a local redis-server: sequential, concurrent, pipelined."""
+    with RedisServer() as server:
+        store = RedisStore(
+            server.url,
+            socket_timeout=2.0,
+            connect_timeout=2.0,
+            max_connections=IN_FLIGHT,
+            prefix="bench:",
+        )
+        scripts = Scripts(store._redis, "bench-pipe:")  # same connection pool, own keys
+
+        async def cas_pipelined(indexes: range) -> None:
+            pipe = store._redis.pipeline(transaction=False)
+            for i in indexes:
+                await scripts.compare_and_set(session(i), None, affinity(i), TTL, pipe)
+            await pipe.execute()
+
+        async def get_pipelined(indexes: range) -> None:
+            await store.get_many([session(i) for i in indexes])
+
+        rows = [
+            await timed("cas new (wins)", n, lambda i: store.compare_and_set(
+                session(i), None, affinity(i), TTL)),
+            await timed("get hit", n, lambda i: store.get(session(i))),
+            await timed(f"cas new, {IN_FLIGHT} in flight", n, lambda i: store.compare_and_set(
+                session(n + i), None, affinity(n + i), TTL), IN_FLIGHT),
+            await timed(f"get hit, {IN_FLIGHT} in flight", n, lambda i: store.get(session(i)),
+                        IN_FLIGHT),
+            await batched("cas new, pipelined", n, cas_pipelined),
+            await batched("get hit, pipelined", n, get_pipelined),
+        ]  # fmt: skip
+        errors = store.errors_total  # nonzero means some calls were served by the fallback
+        await store.close()
+    for row in rows:
+        row["backend"] = "redis"
+        row["store_errors_total"] = errors
+    return rows
+
+
+def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -> None:
+    """Print the results as two tables."""
+    table = Table(title=f"MemoryStore footprint, {int(mem['sessions']):,} sessions")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row(
+        "RSS growth", f"{mem['rss_mb']:.0f} MB ({mem['rss_bytes_per_session']:.0f} B/session)"
+    )
+    if "traced_mb" in mem:
+        table.add_row(
+            "tracemalloc live",
+            f"{mem['traced_mb']:.0f} MB ({mem['traced_bytes_per_session']:.0f} B/session)",
+        )
+    table.add_row("fill (async set)", f"{mem['fill_s']:.1f} s ({mem['sets_per_s']:,.0f} sets/s)")
+    table.add_row("counts() over all", f"{mem['counts_s'] * 1e3:.1f} ms")
+    table.add_row("sessions_of(limit=100)", f"{mem['sessions_of_100_s'] * 1e3:.1f} ms")
+    console.print(table)
+
+    table = Table(title="Affinity store throughput (single client process)")
+    for name in ("backend", "operation", "ops/s", "p50 µs", "p99 µs"):
+        table.add_column(name, justify="left" if name in ("backend", "operation") else "right")
+    if any(row.get("store_errors_total") for row in ops):
+        console.print("[red]redis calls failed during the run: some ops hit the fallback[/red]")
+    for row in ops:
+        table.add_row(row["backend"], row["op"], f"{row['ops_per_s']:,.0f}",
+                      f"{row['p50_us']:,.1f}", f"{row['p99_us']:,.1f}")  # fmt: skip
+    console.print(table)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every measurement and return the results."""
+    mem = await footprint(args.sessions, not args.no_tracemalloc)
+    ops = await memory_ops(args.ops)
+    if not args.no_redis and find_redis_server() is not None:
+        ops += await redis_ops(args.redis_ops)
+    return {"footprint": mem, "ops": ops}
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1_000_000)
+    parser.add_argument("--ops", type=int, default=50_000, help="operations per memory test")
+    parser.add_argument("--redis-ops", type=int, default=10_000, help="operations per redis test")
+    parser.add_argument("--no-redis", action="store_true", help="skip the redis measurements")
+    parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (faster)")
+    parser.add_argument("--asyncio", action="store_true", help="plain asyncio, not uvloop")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    options = parse_args()
+    if options.asyncio:
+        results = asyncio.run(main(options))
+    else:
+        import uvloop  # the gateway's event loop
+
+        results = uvloop.run(main(options))
+    render(Console(), results["footprint"], results["ops"])
+    if options.json:
+        options.json.write_text(json.dumps(results, indent=2))

@@ -1,0 +1,92 @@
+"""The one async interface every affinity store backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from kvgate.core.decision import Affinity
+from kvgate.types import Seconds, SessionKey, WorkerId
+
+
+@runtime_checkable
+class AffinityStore(Protocol):
+    """Affinity bindings, rollout blobs and leases, shared by whoever uses the store.
+
+    Never raises because its backend is unwell: a backend that can fail (Redis)
+    serves from a local fallback instead and says so through ``degraded`` and
+    ``errors_total``, which the gateway exports as metrics.
+    """
+
+    @property
+    def degraded(self) -> bool:
+        """True while the store serves from a local fallback instead of its backend."""
+        ...
+
+    @property
+    def errors_total(self) -> int:
+        """Backend operations that failed since the store was opened."""
+        ...
+
+    async def get(self, key: SessionKey) -> Affinity | None:
+        """The live binding for ``key``, or ``None``."""
+        ...
+
+    async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
+        """``get`` for many keys in one round trip, in the order given."""
+        ...
+
+    async def set(self, affinity: Affinity, ttl: Seconds) -> None:
+        """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""
+        ...
+
+    async def compare_and_set(
+        self, key: SessionKey, expected_worker: WorkerId | None, affinity: Affinity, ttl: Seconds
+    ) -> Affinity:
+        """Atomically bind ``key`` to ``affinity`` if it is unbound or bound to ``expected_worker``.
+
+        Returns the binding in force afterwards: ``affinity`` if this call won, the
+        binding another replica placed first otherwise. ``expected_worker=None``
+        means "only if absent"; an absent binding matches any expectation.
+        """
+        ...
+
+    async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
+        """Mark ``key`` active at ``now`` and extend its life by ``ttl``; False if unbound."""
+        ...
+
+    async def delete(self, key: SessionKey) -> bool:
+        """Forget ``key``'s binding; False if there was none."""
+        ...
+
+    async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
+        """Bindings to ``worker``, least recently active first (for draining and migration)."""
+        ...
+
+    async def counts(self) -> dict[WorkerId, int]:
+        """Live sessions per worker; workers with none are left out."""
+        ...
+
+    async def get_blob(self, name: str) -> bytes | None:
+        """A named opaque value (rollout state), or ``None``."""
+        ...
+
+    async def put_blob(self, name: str, data: bytes) -> None:
+        """Store a named opaque value; the last writer wins."""
+        ...
+
+    async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
+        """Take or renew the lease ``name`` for ``holder`` for ``ttl`` seconds.
+
+        True if ``holder`` holds it afterwards. At most one holder at a time: this is
+        how one gateway replica among many becomes the rollout controller.
+        """
+        ...
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        """Give up the lease ``name`` if ``holder`` holds it; True if it did."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and background tasks; the store is unusable afterwards."""
+        ...

@@ -1,0 +1,387 @@
+"""``RedisStore``: affinity state shared by gateway replicas through Redis.
+
+A request never fails because the store did. Every call goes to Redis with short
+socket timeouts; the results are mirrored into a local ``MemoryStore``. When a call
+fails the store turns **degraded**: it logs once, serves every call from the local
+map (marking what it writes there as dirty), and probes Redis in the background
+with exponential backoff. When Redis answers again the dirty bindings are written
+back and the store serves from Redis again.
+
+Resync rule: for each binding made or refreshed locally during the outage, a
+compare-and-set that expects the local worker. So where Redis has no binding (it
+expired, or Redis restarted empty) or the same worker, ours is written; where another
+replica bound the session elsewhere meanwhile, Redis wins and we adopt its binding.
+Sessions deleted locally are deleted in Redis only if still bound to the worker we
+deleted them from (any worker, if this replica never knew the binding). Bindings that
+were in Redis before the outage but only mirrored here are not written back: after a
+Redis restart they are re-placed on first use, like any unknown session. Blobs
+written locally are written back (last writer wins). Leases are never granted while
+degraded, only renewed by the holder this process already recorded: no controller
+for a while is safer than two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, Literal, TypeVar
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from kvgate.core.decision import Affinity
+from kvgate.store.memory import Clock, MemoryStore
+from kvgate.store.scripts import Scripts
+from kvgate.types import Seconds, SessionKey, WorkerId
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_ANY_WORKER: Final = ""  # dirty marker: deleted locally without knowing the worker
+_RESYNC_BATCH: Final = 256
+
+
+class _Down(enum.Enum):
+    DOWN = 0
+
+
+_DOWN: Final = _Down.DOWN
+
+_FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
+
+
+class RedisStore:
+    """An ``AffinityStore`` in Redis, with a local fallback map for outages.
+
+    ``errors_total`` (failed Redis round trips, probes included), ``degraded``,
+    ``fallbacks_total`` (calls answered locally during outages) and
+    ``resyncs_total`` (outages recovered from) are for the gateway's metrics.
+
+    Options: ``prefix`` namespaces every key; ``socket_timeout``/``connect_timeout``
+    bound how long a sick Redis can hold up one call; ``backoff_initial``/``_max``
+    pace the background probes; ``max_connections`` bounds the pool;
+    ``fallback_max_sessions`` bounds the local map and ``max_dirty`` the bindings
+    remembered for resync (oldest dropped first, counted in ``dirty_dropped_total``).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "kvgate:",
+        socket_timeout: Seconds = 0.1,
+        connect_timeout: Seconds = 0.25,
+        backoff_initial: Seconds = 0.05,
+        backoff_max: Seconds = 2.0,
+        fallback_max_sessions: int = 1_000_000,
+        max_dirty: int = 100_000,
+        max_connections: int = 32,
+        clock: Clock = time.monotonic,
+        client: Redis | None = None,
+    ) -> None:
+        self.url = url
+        if client is None:
+            # A bounded pool: a burst of requests waits briefly for a connection
+            # instead of opening hundreds (whose connects time out on a busy host).
+            pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=connect_timeout,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
+            )
+            client = Redis.from_pool(pool)
+        self._redis = client
+        self._scripts = Scripts(self._redis, prefix)
+        self.local = MemoryStore(fallback_max_sessions, clock)
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._max_dirty = max_dirty
+        # session -> None (push on resync) or the worker it was deleted from locally
+        self._dirty: dict[SessionKey, WorkerId | None] = {}
+        self._dirty_blobs: set[str] = set()
+        self._degraded = False
+        self._errors_total = 0
+        self.fallbacks_total = 0
+        self.resyncs_total = 0
+        self.dirty_dropped_total = 0
+        self._recovery: asyncio.Task[None] | None = None
+        self._recovering = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is unreachable and calls are answered locally."""
+        return self._degraded
+
+    @property
+    def errors_total(self) -> int:
+        """Failed Redis round trips since the store was opened."""
+        return self._errors_total
+
+    @property
+    def prefix(self) -> str:
+        """The namespace every key of this store starts with."""
+        return self._scripts.prefix
+
+    # -- bindings ---------------------------------------------------------------
+
+    async def get(self, key: SessionKey) -> Affinity | None:
+        """The live binding for ``key``, or ``None``."""
+        reply = await self._remote(lambda: self._scripts.get(key))
+        if reply is _DOWN:
+            return await self.local.get(key)
+        return await self._mirror_read(key, reply)
+
+    async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
+        """``get`` for many keys, pipelined into one round trip."""
+
+        async def fetch() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                await self._scripts.get(key, pipe)
+            return await pipe.execute()
+
+        replies = await self._remote(fetch)
+        if replies is _DOWN:
+            return await self.local.get_many(keys)
+        return [
+            await self._mirror_read(key, reply) for key, reply in zip(keys, replies, strict=True)
+        ]
+
+    async def set(self, affinity: Affinity, ttl: Seconds) -> None:
+        """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""
+        reply = await self._remote(lambda: self._scripts.set(affinity, ttl))
+        if reply is _DOWN:
+            self._mark_dirty(affinity.session_key, None)
+        await self.local.set(affinity, ttl)
+
+    async def compare_and_set(
+        self, key: SessionKey, expected_worker: WorkerId | None, affinity: Affinity, ttl: Seconds
+    ) -> Affinity:
+        """Atomically bind ``key`` unless another binding is in force; the binding in force."""
+        reply = await self._remote(
+            lambda: self._scripts.compare_and_set(key, expected_worker, affinity, ttl)
+        )
+        if reply is _DOWN:
+            result = await self.local.compare_and_set(key, expected_worker, affinity, ttl)
+            if result.worker == affinity.worker:
+                self._mark_dirty(key, None)
+            return result
+        _, result = Scripts.decode_cas(key, reply)
+        await self.local.set(result, ttl)
+        return result
+
+    async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
+        """Record activity at ``now`` and extend the binding by ``ttl``; False if unbound."""
+        reply = await self._remote(lambda: self._scripts.touch(key, now, ttl))
+        local = await self.local.touch(key, now, ttl)
+        if reply is _DOWN:
+            if local:
+                self._mark_dirty(key, None)
+            return local
+        return bool(int(reply))
+
+    async def delete(self, key: SessionKey) -> bool:
+        """Forget ``key``'s binding; False if there was none."""
+        reply = await self._remote(lambda: self._scripts.delete(key))
+        known = await self.local.get(key)
+        await self.local.delete(key)
+        if reply is _DOWN:
+            self._mark_dirty(key, known.worker if known else _ANY_WORKER)
+            return known is not None
+        return bool(int(reply))
+
+    async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
+        """Bindings to ``worker``, least recently active first (local ones while degraded)."""
+        reply = await self._remote(lambda: self._scripts.sessions_of(worker, limit))
+        if reply is _DOWN:
+            return await self.local.sessions_of(worker, limit)
+        return reply
+
+    async def counts(self) -> dict[WorkerId, int]:
+        """Live sessions per worker (this replica's local view while degraded)."""
+        reply = await self._remote(self._scripts.counts)
+        if reply is _DOWN:
+            return await self.local.counts()
+        return reply
+
+    # -- blobs and leases -------------------------------------------------------
+
+    async def get_blob(self, name: str) -> bytes | None:
+        """A named opaque value, or ``None``."""
+        key = self._scripts.blob_key(name)
+        reply = await self._remote(lambda: self._redis.get(key))
+        if reply is _DOWN:
+            return await self.local.get_blob(name)
+        if reply is None:
+            return None
+        data = reply.encode() if isinstance(reply, str) else reply
+        await self.local.put_blob(name, data)
+        return data
+
+    async def put_blob(self, name: str, data: bytes) -> None:
+        """Store a named opaque value; the last writer wins."""
+        key = self._scripts.blob_key(name)
+        reply = await self._remote(lambda: self._redis.set(key, data))
+        if reply is _DOWN:
+            self._dirty_blobs.add(name)
+        await self.local.put_blob(name, data)
+
+    async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
+        """Take or renew lease ``name``; while degraded, only renew one already held."""
+        reply = await self._remote(lambda: self._scripts.acquire_lease(name, holder, ttl))
+        if reply is _DOWN:
+            if self.local.lease_holder(name) != holder:
+                return False
+            return await self.local.acquire_lease(name, holder, ttl)
+        if reply:
+            self.local.grant_lease(name, holder, ttl)
+        else:
+            await self.local.release_lease(name, holder)
+        return reply
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        """Give up lease ``name`` if ``holder`` holds it."""
+        reply = await self._remote(lambda: self._scripts.release_lease(name, holder))
+        local = await self.local.release_lease(name, holder)
+        return local if reply is _DOWN else reply
+
+    async def close(self) -> None:
+        """Stop probing, close connections, forget the local map."""
+        self._closed = True
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
+        await self._redis.aclose()
+        await self.local.close()
+
+    # -- failure handling -------------------------------------------------------
+
+    async def _remote(self, call: Callable[[], Awaitable[T]]) -> T | Literal[_Down.DOWN]:
+        """Run ``call`` against Redis, or say it is down (and turn degraded)."""
+        if self._degraded:
+            self.fallbacks_total += 1
+            return _DOWN
+        try:
+            return await call()
+        except _FAILURES as exc:
+            self._errors_total += 1
+            self.fallbacks_total += 1
+            self._enter_degraded(exc)
+            return _DOWN
+
+    async def _mirror_read(self, key: SessionKey, reply: Any) -> Affinity | None:
+        found = Scripts.decode_get(key, reply)
+        if found is None:
+            await self.local.delete(key)
+            return None
+        affinity, remaining = found
+        if remaining > 0:
+            await self.local.set(affinity, remaining)
+        return affinity
+
+    def _mark_dirty(self, key: SessionKey, deleted_from: WorkerId | None) -> None:
+        self._dirty.pop(key, None)  # re-insert so the dict stays oldest-first
+        self._dirty[key] = deleted_from
+        if len(self._dirty) > self._max_dirty:
+            del self._dirty[next(iter(self._dirty))]
+            self.dirty_dropped_total += 1
+
+    def _enter_degraded(self, exc: BaseException) -> None:
+        if self._degraded or self._closed:
+            return
+        self._degraded = True
+        logger.warning(
+            "affinity store degraded: redis at %s unreachable (%s: %s); "
+            "serving from the local fallback map until it returns",
+            self.url,
+            type(exc).__name__,
+            exc,
+        )
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def try_recover(self) -> bool:
+        """Probe Redis now and, if it answers, resync and leave degraded mode.
+
+        True if the store is healthy afterwards. The background task calls this
+        with backoff; an operator (or a test) may call it to skip the wait.
+        """
+        async with self._recovering:
+            if not self._degraded:
+                return True
+            try:
+                await self._redis.ping()
+                await self._resync()
+            except _FAILURES:
+                self._errors_total += 1
+                return False
+            # _resync returned with nothing dirty and no await since: safe to flip.
+            self._degraded = False
+            self.resyncs_total += 1
+            logger.warning("affinity store recovered: redis at %s is back, resynced", self.url)
+            return True
+
+    async def _recover(self) -> None:
+        delay = self._backoff_initial
+        while self._degraded:
+            await asyncio.sleep(delay)
+            if await self.try_recover():
+                break
+            delay = min(delay * 2, self._backoff_max)
+        if self._recovery is asyncio.current_task():
+            self._recovery = None
+
+    async def _resync(self) -> None:
+        """Write back what was done locally while degraded, until nothing is dirty."""
+        while self._dirty_blobs:
+            name = self._dirty_blobs.pop()
+            data = await self.local.get_blob(name)
+            try:
+                if data is not None:
+                    await self._redis.set(self._scripts.blob_key(name), data)
+            except _FAILURES:
+                self._dirty_blobs.add(name)
+                raise
+        while self._dirty:
+            batch = [self._dirty.popitem() for _ in range(min(_RESYNC_BATCH, len(self._dirty)))]
+            try:
+                await self._push(batch)
+            except _FAILURES:
+                for key, deleted_from in batch:
+                    self._dirty.setdefault(key, deleted_from)
+                raise
+
+    async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
+        t = self.local.clock()
+        pipe = self._redis.pipeline(transaction=False)
+        queued: list[tuple[SessionKey, Seconds] | None] = []  # one per queued command
+        for key, deleted_from in batch:
+            if deleted_from is not None:
+                await self._scripts.delete(key, deleted_from, pipe)
+                queued.append(None)
+                continue
+            affinity = self.local.table.get(key, t)
+            deadline = self.local.table.deadline(key, t)
+            if affinity is None or deadline is None:
+                continue  # expired locally meanwhile: nothing to claim
+            await self._scripts.compare_and_set(key, affinity.worker, affinity, deadline - t, pipe)
+            queued.append((key, deadline - t))
+        if not queued:
+            return
+        replies = await pipe.execute()
+        for pushed, reply in zip(queued, replies, strict=True):
+            if pushed is not None and pushed[0] not in self._dirty:
+                key, ttl = pushed  # adopt what is in force, unless rewritten locally since
+                _, in_force = Scripts.decode_cas(key, reply)
+                await self.local.set(in_force, ttl)

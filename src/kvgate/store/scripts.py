@@ -1,0 +1,299 @@
+"""The Redis side of ``RedisStore``: key layout, Lua scripts, and reply decoding.
+
+Key layout under a prefix ``P`` (default ``kvgate:``):
+
+- ``P s:<session>``: hash ``w`` (worker), ``v`` (version), ``t`` (last_active), with
+  the binding's TTL as the key's own expiry;
+- ``P wa:<worker>``: sorted set of the worker's sessions scored by last_active
+  (``sessions_of`` order);
+- ``P we:<worker>``: the same sessions scored by expiry (Redis server ms), so
+  expired sessions are pruned from both indexes without scanning;
+- ``P workers``: set of workers that may have sessions (for ``counts``);
+- ``P blob:<name>`` and ``P lease:<name>``: rollout state and leases.
+
+Every write that touches a binding runs as one Lua script, so the binding and both
+indexes change together and compare-and-set is atomic across gateway replicas.
+Scripts derive index keys from the prefix, so on Redis Cluster the prefix must carry
+a hash tag (``kvgate:{aff}:``) to keep every key in one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
+
+from kvgate.core.decision import Affinity
+from kvgate.types import Seconds, SessionKey, WorkerId
+
+_COMMON = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function unindex(p, w, k)
+  redis.call('ZREM', p .. 'wa:' .. w, k)
+  redis.call('ZREM', p .. 'we:' .. w, k)
+end
+local function bind(p, skey, k, w, v, t, ttl)
+  local old = redis.call('HGET', skey, 'w')
+  if old and old ~= w then unindex(p, old, k) end
+  redis.call('HSET', skey, 'w', w, 'v', v, 't', t)
+  redis.call('PEXPIRE', skey, ttl)
+  redis.call('ZADD', p .. 'wa:' .. w, t, k)
+  redis.call('ZADD', p .. 'we:' .. w, now_ms() + ttl, k)
+  redis.call('SADD', p .. 'workers', w)
+end
+local function purge(p, w)
+  local we = p .. 'we:' .. w
+  local gone = redis.call('ZRANGEBYSCORE', we, '-inf', now_ms(), 'LIMIT', 0, 1000)
+  while #gone > 0 do
+    redis.call('ZREM', we, unpack(gone))
+    redis.call('ZREM', p .. 'wa:' .. w, unpack(gone))
+    gone = redis.call('ZRANGEBYSCORE', we, '-inf', now_ms(), 'LIMIT', 0, 1000)
+  end
+  return redis.call('ZCARD', we)
+end
+"""
+
+# KEYS[1] session; ARGV: prefix, session key
+_GET = """
+local cur = redis.call('HMGET', KEYS[1], 'w', 'v', 't')
+if not cur[1] then return false end
+return {cur[1], cur[2], cur[3], redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] session; ARGV: prefix, session, worker, version, last_active, ttl_ms
+_SET = """
+bind(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]))
+return 1
+"""
+
+# KEYS[1] session; ARGV: prefix, session, has_expected, expected, worker, version,
+# last_active, ttl_ms. Replies {won, worker, version, last_active}.
+_CAS = """
+local cur = redis.call('HMGET', KEYS[1], 'w', 'v', 't')
+if cur[1] and not (ARGV[3] == '1' and cur[1] == ARGV[4]) then
+  return {0, cur[1], cur[2], cur[3]}
+end
+bind(ARGV[1], KEYS[1], ARGV[2], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]))
+return {1, ARGV[5], ARGV[6], ARGV[7]}
+"""
+
+# KEYS[1] session; ARGV: prefix, session, last_active, ttl_ms
+_TOUCH = """
+local w = redis.call('HGET', KEYS[1], 'w')
+if not w then return 0 end
+local ttl = tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 't', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', ARGV[1] .. 'wa:' .. w, ARGV[3], ARGV[2])
+redis.call('ZADD', ARGV[1] .. 'we:' .. w, now_ms() + ttl, ARGV[2])
+return 1
+"""
+
+# KEYS[1] session; ARGV: prefix, session, only_if_worker ('' = whoever)
+_DELETE = """
+local w = redis.call('HGET', KEYS[1], 'w')
+if not w then return 0 end
+if ARGV[3] ~= '' and w ~= ARGV[3] then return 0 end
+redis.call('DEL', KEYS[1])
+unindex(ARGV[1], w, ARGV[2])
+return 1
+"""
+
+# ARGV: prefix, worker, stop index (-1 = all). Replies flat {session, version, t, ...}.
+_SESSIONS_OF = """
+local p, w = ARGV[1], ARGV[2]
+purge(p, w)
+local out = {}
+for _, k in ipairs(redis.call('ZRANGE', p .. 'wa:' .. w, 0, tonumber(ARGV[3]))) do
+  local cur = redis.call('HMGET', p .. 's:' .. k, 'w', 'v', 't')
+  if cur[1] == w then
+    out[#out + 1] = k
+    out[#out + 1] = cur[2]
+    out[#out + 1] = cur[3]
+  end
+end
+return out
+"""
+
+# ARGV: prefix. Replies flat {worker, count, ...}.
+_COUNTS = """
+local p = ARGV[1]
+local out = {}
+for _, w in ipairs(redis.call('SMEMBERS', p .. 'workers')) do
+  local n = purge(p, w)
+  if n == 0 then
+    redis.call('SREM', p .. 'workers', w)
+  else
+    out[#out + 1] = w
+    out[#out + 1] = n
+  end
+end
+return out
+"""
+
+# KEYS[1] lease; ARGV: holder, ttl_ms
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS[1] lease; ARGV: holder
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+Client = Redis | Pipeline
+
+
+def ttl_ms(ttl: Seconds) -> int:
+    """A TTL in whole milliseconds, at least 1 (Redis rejects 0)."""
+    return max(1, round(ttl * 1000))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_affinity(key: SessionKey, worker: Any, version: Any, last_active: Any) -> Affinity:
+    """An ``Affinity`` from a script's reply fields."""
+    return Affinity(key, _text(worker), _text(version), float(_text(last_active)))
+
+
+class Scripts:
+    """The store's Lua scripts bound to one client, with typed argument builders.
+
+    Each method queues on a pipeline when given one (and returns what the
+    pipeline returns) or runs at once; ``decode_*`` turn raw replies into values.
+    """
+
+    def __init__(self, redis: Redis, prefix: str) -> None:
+        self.prefix = prefix
+
+        def register(body: str) -> AsyncScript:
+            return redis.register_script(_COMMON + body)
+
+        self._get = register(_GET)
+        self._set = register(_SET)
+        self._cas = register(_CAS)
+        self._touch = register(_TOUCH)
+        self._delete = register(_DELETE)
+        self._sessions_of = register(_SESSIONS_OF)
+        self._counts = register(_COUNTS)
+        self._acquire = register(_ACQUIRE)
+        self._release = register(_RELEASE)
+
+    def session_key(self, key: SessionKey) -> str:
+        """The Redis key holding ``key``'s binding."""
+        return f"{self.prefix}s:{key}"
+
+    def blob_key(self, name: str) -> str:
+        """The Redis key holding blob ``name``."""
+        return f"{self.prefix}blob:{name}"
+
+    def lease_key(self, name: str) -> str:
+        """The Redis key holding lease ``name``."""
+        return f"{self.prefix}lease:{name}"
+
+    async def get(self, key: SessionKey, client: Client | None = None) -> Any:
+        """Queue or run a read of ``key``: reply is fields and PTTL, or nil."""
+        return await self._get([self.session_key(key)], [self.prefix, key], client)
+
+    @staticmethod
+    def decode_get(key: SessionKey, reply: Any) -> tuple[Affinity, Seconds] | None:
+        """The binding and its remaining TTL in seconds, or ``None``."""
+        if not reply:
+            return None
+        worker, version, last_active, pttl = reply
+        remaining = int(pttl) / 1000 if int(pttl) > 0 else 0.0
+        return decode_affinity(key, worker, version, last_active), remaining
+
+    async def set(self, affinity: Affinity, ttl: Seconds, client: Client | None = None) -> Any:
+        """Queue or run an unconditional bind."""
+        key = affinity.session_key
+        return await self._set(
+            [self.session_key(key)],
+            [self.prefix, key, affinity.worker, affinity.version, repr(affinity.last_active),
+             ttl_ms(ttl)],
+            client,
+        )  # fmt: skip
+
+    async def compare_and_set(
+        self,
+        key: SessionKey,
+        expected: WorkerId | None,
+        affinity: Affinity,
+        ttl: Seconds,
+        client: Client | None = None,
+    ) -> Any:
+        """Queue or run a compare-and-set; decode with ``decode_cas``."""
+        args = [
+            self.prefix,
+            key,
+            "0" if expected is None else "1",
+            expected or "",
+            affinity.worker,
+            affinity.version,
+            repr(affinity.last_active),
+            ttl_ms(ttl),
+        ]
+        return await self._cas([self.session_key(key)], args, client)
+
+    @staticmethod
+    def decode_cas(key: SessionKey, reply: Any) -> tuple[bool, Affinity]:
+        """Whether the write won, and the binding in force."""
+        won, worker, version, last_active = reply
+        return bool(int(won)), decode_affinity(key, worker, version, last_active)
+
+    async def touch(
+        self, key: SessionKey, now: Seconds, ttl: Seconds, client: Client | None = None
+    ) -> Any:
+        """Queue or run a touch; reply 1 if the binding existed."""
+        return await self._touch(
+            [self.session_key(key)], [self.prefix, key, repr(now), ttl_ms(ttl)], client
+        )
+
+    async def delete(
+        self, key: SessionKey, only_if_worker: WorkerId = "", client: Client | None = None
+    ) -> Any:
+        """Queue or run a delete (only if bound to ``only_if_worker``, when given)."""
+        return await self._delete(
+            [self.session_key(key)], [self.prefix, key, only_if_worker], client
+        )
+
+    async def sessions_of(self, worker: WorkerId, limit: int | None) -> list[Affinity]:
+        """Live bindings to ``worker``, least recently active first."""
+        stop = -1 if limit is None else limit - 1
+        if stop < -1 or limit == 0:
+            return []
+        reply: Sequence[Any] = await self._sessions_of([], [self.prefix, worker, stop])
+        return [
+            decode_affinity(_text(reply[i]), worker, reply[i + 1], reply[i + 2])
+            for i in range(0, len(reply), 3)
+        ]
+
+    async def counts(self) -> dict[WorkerId, int]:
+        """Live sessions per worker (pruning expired ones as it goes)."""
+        reply: Sequence[Any] = await self._counts([], [self.prefix])
+        return {_text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
+        """Take or renew lease ``name``; True if ``holder`` holds it afterwards."""
+        reply = await self._acquire([self.lease_key(name)], [holder, ttl_ms(ttl)])
+        return bool(int(reply))
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        """Drop lease ``name`` if ``holder`` holds it."""
+        reply = await self._release([self.lease_key(name)], [holder])
+        return bool(int(reply))
