@@ -15,9 +15,13 @@ app = typer.Typer(
 def _register() -> None:
     # Each part owns a ``command`` module with ``register(app)``; registration is
     # explicit and in one place so the CLI's shape is visible here.
+    from kvgate.gateway import command as gateway_command
+    from kvgate.sim import command as sim_command
     from kvgate.workersim import command as workersim_command
 
     workersim_command.register(app)
+    gateway_command.register(app)
+    sim_command.register(app)
 
 
 _register()

@@ -20,7 +20,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 async def wait_until(
     condition: Callable[[], bool | Awaitable[bool]],
-    timeout: float = 10.0,
+    timeout: float = 10.0,  # noqa: ASYNC109 - a polling deadline, not an I/O timeout
     interval: float = 0.01,
     message: str = "condition",
 ) -> None:

@@ -24,8 +24,19 @@ class RequestFeatures:
     priority: Priority = Priority.STANDARD
     pinned_version: str | None = None
     stream: bool = False
+    prefix_key: SessionKey | None = None
 
     @property
     def has_session(self) -> bool:
         """True when the client named a session (header or ``user`` field)."""
         return self.session_key is not None
+
+    @property
+    def affinity_key(self) -> SessionKey | None:
+        """The key the driver looks up and writes affinity under.
+
+        The client's session key when there is one, else ``prefix_key`` (a hash of
+        the conversation's opening: system prompt plus first user message), so an
+        agent that sends no key still sticks to the worker holding its cache.
+        """
+        return self.session_key if self.session_key is not None else self.prefix_key

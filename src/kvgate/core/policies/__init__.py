@@ -1,0 +1,67 @@
+"""Every routing policy, registered explicitly in one place.
+
+Config picks a policy by name (``policy: prefix_affinity``); ``default`` is used
+when none is named. An unknown name raises ``UnknownPolicyError`` at start-up.
+Each call of ``default_registry`` returns a fresh registry, and each ``build``
+a fresh policy with its own state, so side-by-side runs never share an index.
+"""
+
+from __future__ import annotations
+
+from kvgate.core.policies.consistent_hash import ConsistentHash, ConsistentHashConfig
+from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
+from kvgate.core.policies.least_request import LeastRequest, LeastRequestConfig
+from kvgate.core.policies.power_of_two import PowerOfTwo, PowerOfTwoConfig
+from kvgate.core.policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from kvgate.core.policies.random_choice import RandomChoice, RandomConfig
+from kvgate.core.policies.round_robin import RoundRobin, RoundRobinConfig
+from kvgate.core.policies.session_affinity import SessionAffinity, SessionAffinityConfig
+from kvgate.core.registry import PolicyRegistry, PolicySpec, UnknownPolicyError
+
+DEFAULT_POLICY = "default"
+"""The policy used when the config names none."""
+
+
+def default_registry() -> PolicyRegistry:
+    """A registry holding every built-in policy."""
+    return PolicyRegistry(
+        [
+            PolicySpec(
+                "default",
+                DefaultConfig,
+                DefaultPolicy,
+                "sessions stick; new work goes to its cached prefix, else bounded hash",
+            ),
+            PolicySpec("round_robin", RoundRobinConfig, RoundRobin, "each candidate in turn"),
+            PolicySpec("random", RandomConfig, RandomChoice, "uniform random candidate"),
+            PolicySpec("least_request", LeastRequestConfig, LeastRequest, "least loaded"),
+            PolicySpec("power_of_two", PowerOfTwoConfig, PowerOfTwo, "less loaded of two random"),
+            PolicySpec(
+                "session_affinity",
+                SessionAffinityConfig,
+                SessionAffinity,
+                "sticky sessions, migrated over a load threshold",
+            ),
+            PolicySpec(
+                "prefix_affinity",
+                PrefixAffinityConfig,
+                PrefixAffinity,
+                "longest cached prefix unless overloaded (bounded loads)",
+            ),
+            PolicySpec(
+                "consistent_hash",
+                ConsistentHashConfig,
+                ConsistentHash,
+                "rendezvous hashing with bounded loads",
+            ),
+        ]
+    )
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "PolicyRegistry",
+    "PolicySpec",
+    "UnknownPolicyError",
+    "default_registry",
+]

@@ -1,0 +1,241 @@
+"""What the gateway adds: the same load sent directly to emulated workers and through it.
+
+Runs emulated workers (``kvgate worker-sim``, high time scale) and the gateway
+(``kvgate serve``) as subprocesses, then drives small non-streaming and
+streaming requests at each concurrency from several client processes, first
+straight at the workers (spread evenly), then through the gateway. Prints the
+added latency (p50/p99), the added time to first byte for streams, the
+throughput ratio, and the gateway process's CPU time per request (from
+``/proc/<pid>/stat``).
+
+    .venv/bin/python benchmarks/overhead.py --duration 5 --concurrency 32,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from kvgate.testing import free_port, wait_until_sync
+
+KVGATE = str(Path(sys.executable).parent / "kvgate")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Result:
+    """Latencies (seconds) of one load run, plus its wall time and error count."""
+
+    latencies: list[float]
+    ttfts: list[float]
+    errors: int
+    elapsed: float
+
+    @property
+    def throughput(self) -> float:
+        """Completed requests per second."""
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (0 when empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _drive(
+    urls: list[str], concurrency: int, duration: float, stream: bool, offset: int
+) -> tuple[list[float], list[float], int]:
+    body = {"model": "demo", "prompt": "hello world", "max_tokens": 16 if stream else 4}
+    if stream:
+        body["stream"] = True
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    errors = 0
+    deadline = time.monotonic() + duration
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def loop(slot: int) -> None:
+            nonlocal errors
+            url = urls[(slot + offset) % len(urls)] + "/v1/completions"
+            while time.monotonic() < deadline:
+                start = time.perf_counter()
+                first: float | None = None
+                try:
+                    async with session.post(url, json=body) as resp:
+                        async for _chunk in resp.content.iter_any():
+                            if first is None:
+                                first = time.perf_counter() - start
+                        ok = resp.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - start)
+                    ttfts.append(first or 0.0)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(loop(i) for i in range(concurrency)))
+    return latencies, ttfts, errors
+
+
+def _client(
+    args: tuple[list[str], int, float, bool, int],
+) -> tuple[list[float], list[float], int]:
+    urls, concurrency, duration, stream, offset = args
+    try:
+        import uvloop
+
+        return uvloop.run(_drive(urls, concurrency, duration, stream, offset))  # type: ignore[no-any-return]
+    except ImportError:
+        return asyncio.run(_drive(urls, concurrency, duration, stream, offset))
+
+
+def run_load(
+    urls: list[str], concurrency: int, duration: float, stream: bool, clients: int
+) -> Result:
+    """Drive ``concurrency`` closed-loop requesters spread over ``clients`` processes."""
+    shares = [concurrency // clients + (i < concurrency % clients) for i in range(clients)]
+    jobs = [(urls, n, duration, stream, i) for i, n in enumerate(shares) if n]
+    start = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
+        parts = pool.map(_client, jobs)
+    elapsed = time.perf_counter() - start
+    return Result(
+        latencies=[x for p in parts for x in p[0]],
+        ttfts=[x for p in parts for x in p[1]],
+        errors=sum(p[2] for p in parts),
+        elapsed=elapsed,
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _healthy(url: str) -> bool:
+    async def probe() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(url) as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    return asyncio.run(probe())
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A subprocess running until the block ends, started once ``ready_url`` answers 200."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_sync(lambda: _healthy(ready_url), timeout=30, interval=0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    """Parse options, run every scenario, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
+    parser.add_argument("--concurrency", default="32,256")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=2, help="load generator processes")
+    parser.add_argument("--time-scale", type=float, default=1000.0)
+    # Round robin spreads load as the direct runs do, so only the overhead differs.
+    parser.add_argument("--policy", default="round_robin")
+    opts = parser.parse_args()
+    levels = [int(x) for x in opts.concurrency.split(",")]
+
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for i in range(opts.workers):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(
+                process(
+                    [
+                        KVGATE,
+                        "worker-sim",
+                        "--port",
+                        str(port),
+                        "--profile",
+                        "fast",
+                        "--time-scale",
+                        str(opts.time_scale),
+                        "--seed",
+                        str(i),
+                        "--log-level",
+                        "warning",
+                    ],
+                    url + "/health",
+                )
+            )
+            urls.append(url)
+        gport = free_port()
+        gateway_url = f"http://127.0.0.1:{gport}"
+        serve = [KVGATE, "serve", "--port", str(gport), "--policy", opts.policy]
+        for url in urls:
+            serve += ["--worker", url]
+        gateway = stack.enter_context(process(serve, gateway_url + "/readyz"))
+
+        print(
+            f"{opts.workers} workers (fast, x{opts.time_scale:g}), {opts.clients} client "
+            f"processes, {opts.duration:g}s per run, {os.cpu_count()} CPUs, policy {opts.policy}"
+        )
+        header = (
+            f"{'load':<16}{'direct p50/p99 ms':>20}{'gateway p50/p99 ms':>21}"
+            f"{'added p50/p99 ms':>19}{'added ttft p50':>16}{'thru ratio':>12}"
+            f"{'cpu ms/req':>12}{'errors':>8}"
+        )
+        print(header)
+        for stream in (False, True):
+            for level in levels:
+                direct = run_load(urls, level, opts.duration, stream, opts.clients)
+                before = cpu_seconds(gateway.pid)
+                through = run_load([gateway_url], level, opts.duration, stream, opts.clients)
+                cpu = cpu_seconds(gateway.pid) - before
+                d50, d99 = quantile(direct.latencies, 0.5), quantile(direct.latencies, 0.99)
+                g50, g99 = quantile(through.latencies, 0.5), quantile(through.latencies, 0.99)
+                ttft = statistics.median(through.ttfts or [0.0]) - statistics.median(
+                    direct.ttfts or [0.0]
+                )
+                per_req = 1000 * cpu / max(1, len(through.latencies))
+                name = f"{'stream' if stream else 'plain'} c={level}"
+                print(
+                    f"{name:<16}{d50 * 1e3:>9.2f}/{d99 * 1e3:<10.2f}{g50 * 1e3:>10.2f}/"
+                    f"{g99 * 1e3:<10.2f}{(g50 - d50) * 1e3:>8.2f}/{(g99 - d99) * 1e3:<10.2f}"
+                    f"{(ttft * 1e3 if stream else float('nan')):>16.2f}"
+                    f"{through.throughput / max(direct.throughput, 1e-9):>12.2f}"
+                    f"{per_req:>12.3f}{direct.errors + through.errors:>8}"
+                )
+                print(
+                    f"{'':<16}direct {direct.throughput:,.0f} req/s, "
+                    f"gateway {through.throughput:,.0f} req/s"
+                )
+
+
+if __name__ == "__main__":
+    main()

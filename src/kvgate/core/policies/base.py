@@ -1,0 +1,145 @@
+"""What every policy shares: its config base, the candidate filter, refusals, load order.
+
+The candidate rule is the one safety property all policies keep: a request may
+go only to a worker that is routable (not ejected or draining), not full, of the
+pinned version if one is pinned, and either accepts new sessions (no memory
+pressure) or is the worker the request's session is already bound to and is not
+under hard pressure (an affine session may stay on a soft-pressure worker).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvgate.core.decision import AffinityWrite, Decision
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import Health, Pressure, WorkerState
+from kvgate.core.policy import RouteContext
+
+ThresholdKind = Literal["in_flight", "fraction"]
+
+# Enum member lookups cost a few hundred ns each on 3.11; the hot loops below
+# compare against these module constants instead (identity first in ``in``).
+_ROUTABLE = (Health.HEALTHY, Health.DEGRADED)
+_NORMAL = Pressure.NORMAL
+_SOFT = Pressure.SOFT
+_HARD = Pressure.HARD
+
+
+class PolicyConfig(BaseModel):
+    """Options every policy has; policy configs extend it (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After when refusing")
+
+
+def candidates(request: RequestFeatures, ctx: RouteContext) -> list[WorkerState]:
+    """The workers ``request`` may be sent to, in fleet order (see the module docs)."""
+    affine = ctx.affinity.worker if ctx.affinity is not None else None
+    pinned = request.pinned_version
+    # Comprehensions with inlined ``routable`` / ``full``: this runs over every
+    # worker on every request.
+    if affine is None and pinned is None:
+        return [
+            w
+            for w in ctx.fleet.workers
+            if w.pressure is _NORMAL and w.health in _ROUTABLE and w.in_flight < w.max_in_flight
+        ]
+    return [
+        w
+        for w in ctx.fleet.workers
+        if w.health in _ROUTABLE
+        and w.in_flight < w.max_in_flight
+        and (pinned is None or w.version == pinned)
+        and (w.pressure is _NORMAL or (w.pressure is _SOFT and w.id == affine))
+    ]
+
+
+def refuse(request: RequestFeatures, ctx: RouteContext, retry_after: float) -> Decision:
+    """Why nothing qualified: no worker at all, none healthy, or all full or pressured."""
+    workers = ctx.fleet.workers
+    if request.pinned_version is not None:
+        workers = tuple(w for w in workers if w.version == request.pinned_version)
+    if not workers:
+        return Decision.refuse("no_worker", retry_after)
+    if not any(w.routable for w in workers):
+        return Decision.refuse("no_healthy_worker", retry_after)
+    return Decision.refuse("capacity_full", retry_after)
+
+
+def load_order(worker: WorkerState) -> tuple[int, float, str]:
+    """Sort key, least loaded first: load, then KV usage, then id (deterministic)."""
+    return (worker.load, worker.kv_usage or 0.0, worker.id)
+
+
+def least_loaded(workers: list[WorkerState]) -> WorkerState:
+    """The least loaded of a non-empty list: ``min`` by ``load_order``, written out for speed."""
+    best = workers[0]
+    best_load = best.in_flight + (best.waiting or 0)
+    for w in workers:
+        load = w.in_flight + (w.waiting or 0)
+        # Build the full key only on a tie or better; most workers lose on load alone.
+        if load > best_load or w is best:
+            continue
+        if load < best_load or (w.kv_usage or 0.0, w.id) < (best.kv_usage or 0.0, best.id):
+            best, best_load = w, load
+    return best
+
+
+def under_threshold(worker: WorkerState, kind: ThresholdKind, threshold: float) -> bool:
+    """True when ``worker``'s load is under a sticky threshold.
+
+    ``in_flight``: load below ``threshold`` requests; ``fraction``: load below
+    ``threshold × max_in_flight``. Load counts the worker's own waiting queue
+    when scraped, since queued work is what a session would wait behind.
+    """
+    limit = threshold if kind == "in_flight" else threshold * worker.max_in_flight
+    return worker.load < limit
+
+
+def route(
+    worker: WorkerState,
+    reason: str,
+    request: RequestFeatures | None = None,
+    expected: str | None = None,
+) -> Decision:
+    """A decision for ``worker``; with ``request``, also bind its affinity key there."""
+    write = None
+    key = request.affinity_key if request is not None else None
+    if key is not None:
+        write = AffinityWrite(key, worker.id, worker.version, expected=expected)
+    return Decision(worker=worker.id, reason=reason, version=worker.version, affinity=write)
+
+
+def affinity_status(
+    request: RequestFeatures,
+    ctx: RouteContext,
+    kind: ThresholdKind,
+    threshold: float,
+    load_cap: int | None = None,
+) -> tuple[WorkerState | None, str]:
+    """Whether the session may stay on its bound worker: ``(worker, "hit")`` or ``(None, why)``.
+
+    ``why`` is ``new`` (no binding), ``lost`` (worker gone, ejected or draining),
+    ``version`` (it serves another version than the one pinned), ``pressure``
+    (hard memory pressure) or ``overloaded`` (full, over the sticky threshold, or
+    with ``load_cap``, holding more than that many requests after this one).
+    """
+    affinity = ctx.affinity
+    if affinity is None:
+        return None, "new"
+    worker = ctx.fleet.get(affinity.worker)
+    if worker is None or worker.health not in _ROUTABLE:
+        return None, "lost"
+    if request.pinned_version is not None and worker.version != request.pinned_version:
+        return None, "version"
+    if worker.pressure is _HARD:
+        return None, "pressure"
+    if worker.full or not under_threshold(worker, kind, threshold):
+        return None, "overloaded"
+    if load_cap is not None and worker.load + 1 > load_cap:
+        return None, "overloaded"
+    return worker, "hit"

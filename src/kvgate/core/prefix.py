@@ -1,0 +1,305 @@
+"""Request features from an OpenAI request body: session key, priority, prefix blocks.
+
+The prompt's canonical text (chat: each message's role and text in order, with
+fixed separators; completions: the prompt) is cut into fixed-size blocks and
+hashed as a chain, as paged-attention engines do: block ``i``'s hash is xxh3-64
+of block ``i`` seeded with block ``i-1``'s hash, so it covers blocks ``0..i``.
+Two requests share a cached prefix exactly as far as their chains agree. The
+trailing partial block is hashed too, so short prompts still have a key.
+
+Blocks are measured in characters by default. ``block_mode: tokens`` is the seam
+for tokenizer-based blocks: the caller passes a ``tokenize`` function and the
+chain is computed over token ids, ``block_tokens`` per block.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvgate.core.features import RequestFeatures
+from kvgate.core.session import header_value, prefix_key_for, session_key_from
+from kvgate.types import BlockHash, Priority
+
+Endpoint = Literal["chat", "completions"]
+Tokenizer = Callable[[str], Sequence[int]]
+
+ROLE_SEP = "\x1f"  # between a message's role and its text
+MESSAGE_SEP = "\x1e"  # after each message
+PART_SEP = "\n"  # between text parts, as chat templates join them
+OBJECT_MARK = "\x1d"  # before a non-text part or a tool call
+TOKEN_SEP = "\x1c"  # between token ids of a pre-tokenized prompt (chars mode)
+
+_MASK64 = (1 << 64) - 1
+
+
+class InvalidRequestError(ValueError):
+    """The request body has the wrong shape; the gateway answers 400.
+
+    ``param`` names the offending field as OpenAI does (``"messages"``,
+    ``"messages[2].content"``), or is ``None`` for the body as a whole.
+    """
+
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+InvalidRequest = InvalidRequestError
+"""Short alias of ``InvalidRequestError``."""
+
+
+class FeatureConfig(BaseModel):
+    """How request features are extracted (the ``features:`` section of the config).
+
+    Example::
+
+        features:
+          session_header: X-Session-ID
+          use_user_field: true
+          block_chars: 256
+          max_blocks: 64
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session_header: str = "X-Session-ID"
+    use_user_field: bool = True
+    priority_header: str = "X-Priority"
+    version_header: str = "X-Model-Version"
+    allow_version_pin: bool = True
+    max_session_key_chars: int = Field(default=256, ge=8)
+    block_mode: Literal["chars", "tokens"] = "chars"
+    block_chars: int = Field(default=256, ge=1)
+    block_tokens: int = Field(default=16, ge=1)
+    max_blocks: int = Field(default=64, ge=1)
+    hash_seed: int = Field(default=0, ge=0, le=_MASK64)
+    derive_prefix_key: bool = True
+    prefix_key_chars: int = Field(default=1024, ge=1)
+
+
+def text_chain_hashes(
+    text: str, block_chars: int, max_blocks: int, seed: int = 0
+) -> tuple[BlockHash, ...]:
+    """Chained xxh3-64 hashes of ``text`` cut into ``block_chars``-character blocks."""
+    hashes: list[int] = []
+    h = seed
+    digest = xxhash.xxh3_64_intdigest
+    end = min(len(text), block_chars * max_blocks)
+    if text.isascii():
+        # One character is one byte: encode once and hash views of the buffer.
+        view = memoryview(text[:end].encode())
+        for start in range(0, end, block_chars):
+            h = digest(view[start : start + block_chars], h)
+            hashes.append(h)
+    else:
+        for start in range(0, end, block_chars):
+            h = digest(text[start : start + block_chars].encode(), h)
+            hashes.append(h)
+    return tuple(hashes)
+
+
+def token_chain_hashes(
+    tokens: Sequence[int], block_tokens: int, max_blocks: int, seed: int = 0
+) -> tuple[BlockHash, ...]:
+    """Chained xxh3-64 hashes of token ids, ``block_tokens`` ids per block."""
+    packed = array("q", tokens[: block_tokens * max_blocks]).tobytes()
+    step = block_tokens * 8
+    hashes: list[int] = []
+    h = seed
+    view = memoryview(packed)
+    for start in range(0, len(packed), step):
+        h = xxhash.xxh3_64_intdigest(view[start : start + step], h)
+        hashes.append(h)
+    return tuple(hashes)
+
+
+def _digest(value: object) -> str:
+    return format(xxhash.xxh3_64_intdigest(repr(value).encode()), "016x")
+
+
+def _content_text(content: object, param: str) -> str:
+    """A message's content as text; non-text parts become short stable markers."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError("content must be a string or a list of parts", param)
+    pieces: list[str] = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise InvalidRequestError("each content part must be an object", f"{param}[{j}]")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequestError("a text part needs a string 'text'", f"{param}[{j}].text")
+            pieces.append(text)
+        else:
+            # An image (or audio) changes the KV the engine computes, so two prompts
+            # differing only there must not share blocks past it.
+            pieces.append(f"{OBJECT_MARK}{kind}:{_digest(part.get(str(kind), part))}")
+    return PART_SEP.join(pieces)
+
+
+def _tool_calls_text(calls: object) -> str:
+    if not isinstance(calls, list):
+        return ""
+    pieces: list[str] = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            pieces.append(f"{OBJECT_MARK}{fn.get('name', '')}{ROLE_SEP}{fn.get('arguments', '')}")
+    return "".join(pieces)
+
+
+def chat_canonical_text(messages: object) -> tuple[str, int]:
+    """The canonical text of chat ``messages`` and where the conversation's opening ends.
+
+    The opening is every message up to and including the first one that is not a
+    system (or developer) message: it names the conversation, and it does not
+    change as later turns are appended.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("'messages' must be a non-empty list", "messages")
+    parts: list[str] = []
+    opening_end = -1
+    length = 0
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequestError("each message must be an object", param)
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequestError("each message needs a string 'role'", f"{param}.role")
+        text = _content_text(message.get("content"), f"{param}.content")
+        piece = role + ROLE_SEP + text + _tool_calls_text(message.get("tool_calls")) + MESSAGE_SEP
+        parts.append(piece)
+        length += len(piece)
+        if opening_end < 0 and role not in ("system", "developer"):
+            opening_end = length
+    return "".join(parts), (opening_end if opening_end >= 0 else length)
+
+
+def completion_prompt(prompt: object) -> str | list[int]:
+    """The completions ``prompt`` as text, or as token ids when it was pre-tokenized.
+
+    A list of strings is a batch to OpenAI; for routing its texts are joined, since
+    the batch goes to one worker and shares its cache there.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return PART_SEP.join(prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) for p in prompt):
+            flat = [t for p in prompt for t in p]
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in flat):
+                return flat
+    raise InvalidRequestError(
+        "'prompt' must be a string, a non-empty list of strings, or token ids", "prompt"
+    )
+
+
+def _infer_endpoint(body: Mapping[str, Any]) -> Endpoint:
+    if "messages" in body:
+        return "chat"
+    if "prompt" in body:
+        return "completions"
+    raise InvalidRequestError("missing 'messages' (chat) or 'prompt' (completions)", "messages")
+
+
+def build_features(
+    body: object,
+    headers: Mapping[str, str],
+    config: FeatureConfig | None = None,
+    *,
+    request_id: str,
+    endpoint: Endpoint | None = None,
+    tokenize: Tokenizer | None = None,
+) -> RequestFeatures:
+    """``RequestFeatures`` for one OpenAI request; raises ``InvalidRequestError`` on a bad body.
+
+    ``endpoint`` is inferred from the body (``messages`` or ``prompt``) when not
+    given. ``tokenize`` is required only with ``block_mode: tokens``.
+    """
+    cfg = config if config is not None else _DEFAULT_CONFIG
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("'model' is required and must be a string", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequestError("'stream' must be a boolean", "stream")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequestError("'user' must be a string", "user")
+
+    kind = endpoint if endpoint is not None else _infer_endpoint(body)
+    prompt: str | list[int]
+    if kind == "chat":
+        prompt, opening_end = chat_canonical_text(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise InvalidRequestError("'prompt' is required", "prompt")
+        prompt = completion_prompt(body["prompt"])
+        opening_end = cfg.prefix_key_chars
+
+    text = prompt if isinstance(prompt, str) else TOKEN_SEP.join(map(str, prompt))
+    hashes = _prefix_hashes(prompt, text, cfg, tokenize)
+
+    session_key, source = session_key_from(
+        headers,
+        body,
+        header=cfg.session_header,
+        use_user_field=cfg.use_user_field,
+        max_chars=cfg.max_session_key_chars,
+    )
+    prefix_key = None
+    if session_key is None and cfg.derive_prefix_key:
+        limit = min(opening_end, cfg.block_chars * cfg.max_blocks)
+        prefix_key = prefix_key_for(text[:limit], cfg.hash_seed)
+
+    pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
+    if pinned is not None:
+        pinned = pinned.strip() or None
+    return RequestFeatures(
+        request_id=request_id,
+        model=model,
+        session_key=session_key,
+        session_source=source,
+        prefix_hashes=hashes,
+        prompt_chars=len(text),
+        priority=Priority.parse(header_value(headers, cfg.priority_header)),
+        pinned_version=pinned,
+        stream=stream,
+        prefix_key=prefix_key,
+    )
+
+
+def _prefix_hashes(
+    prompt: str | list[int], text: str, cfg: FeatureConfig, tokenize: Tokenizer | None
+) -> tuple[BlockHash, ...]:
+    if cfg.block_mode == "chars":
+        return text_chain_hashes(text, cfg.block_chars, cfg.max_blocks, cfg.hash_seed)
+    if isinstance(prompt, list):
+        tokens: Sequence[int] = prompt
+    elif tokenize is None:
+        raise ValueError("block_mode 'tokens' needs a tokenize function")
+    else:
+        tokens = tokenize(prompt)
+    return token_chain_hashes(tokens, cfg.block_tokens, cfg.max_blocks, cfg.hash_seed)
+
+
+_DEFAULT_CONFIG = FeatureConfig()

@@ -1,0 +1,266 @@
+"""A bounded, approximate index of which prefix blocks each worker holds.
+
+Built only from the gateway's own routing history (no worker telemetry), it
+remembers, per worker, the block hashes recently sent there, in LRU order, and
+forgets roughly when the worker's KV cache would:
+
+- each worker holds at most ``kv_capacity_tokens / tokens_per_block`` blocks when
+  the worker's KV capacity is known, else ``default_worker_blocks``;
+- all workers together hold at most ``max_total_blocks`` (each worker gets an
+  equal share of that), so memory is bounded whatever the traffic;
+- the worker's own ``cached_tokens`` reports correct it: when a worker reports
+  far fewer cached tokens than the index predicted, it is evicting sooner than
+  its KV capacity suggests (running requests' decode blocks take the room), so
+  its share shrinks multiplicatively; each confirmed prediction grows it back a
+  little (AIMD). The request's own blocks are kept: the worker has just computed
+  them, and they are its most recently used.
+
+Chains are inserted last block first, so a chain's leading blocks are the most
+recently used and its tail is forgotten first, as engines evict.
+
+Lookups cost one dictionary probe per block: a block hash maps to a bitmask of
+the workers holding it, and the walk intersects masks along the chain.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvgate.types import BlockHash, WorkerId
+
+
+class PrefixIndexConfig(BaseModel):
+    """Size bounds and feedback rates of the prefix index.
+
+    Example::
+
+        index:
+          block_chars: 256          # must equal features.block_chars
+          default_worker_blocks: 4096
+          max_total_blocks: 500000
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_chars: int = Field(default=256, ge=1)
+    chars_per_token: float = Field(default=4.0, gt=0)
+    default_worker_blocks: int = Field(default=4096, ge=1)
+    min_worker_blocks: int = Field(default=16, ge=1)
+    max_total_blocks: int = Field(default=500_000, ge=1)
+    miss_tolerance: float = Field(default=0.5, ge=0, le=1)
+    miss_decrease: float = Field(default=0.7, gt=0, le=1)
+    hit_increase: float = Field(default=0.02, ge=0, le=1)
+    min_scale: float = Field(default=0.05, gt=0, le=1)
+    max_pending: int = Field(default=65_536, ge=1)
+
+
+class PrefixIndex:
+    """Per-worker LRU sets of block hashes with a global bound (see module docs)."""
+
+    def __init__(self, config: PrefixIndexConfig | None = None) -> None:
+        self.config = config if config is not None else PrefixIndexConfig()
+        self._holders: dict[BlockHash, int] = {}
+        self._lru: dict[WorkerId, OrderedDict[BlockHash, None]] = {}
+        self._bit: dict[WorkerId, int] = {}
+        self._by_bit: list[WorkerId | None] = []
+        self._base: dict[WorkerId, int] = {}
+        self._scale: dict[WorkerId, float] = {}
+        self._pending: OrderedDict[str, tuple[WorkerId, int]] = OrderedDict()
+
+    # -- sizes ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Block entries held over all workers (what the memory bound counts)."""
+        return sum(len(lru) for lru in self._lru.values())
+
+    def workers(self) -> Iterator[WorkerId]:
+        """Workers the index currently knows."""
+        return iter(self._lru)
+
+    def worker_blocks(self, worker: WorkerId) -> int:
+        """Block entries held for ``worker``."""
+        lru = self._lru.get(worker)
+        return len(lru) if lru is not None else 0
+
+    def distinct_blocks(self) -> int:
+        """Distinct block hashes held by at least one worker."""
+        return len(self._holders)
+
+    def capacity(self, worker: WorkerId) -> int:
+        """The most blocks the index keeps for ``worker`` right now."""
+        cfg = self.config
+        base = self._base.get(worker, cfg.default_worker_blocks)
+        scaled = max(cfg.min_worker_blocks, int(base * self._scale.get(worker, 1.0)))
+        share = max(1, cfg.max_total_blocks // max(1, len(self._lru)))
+        return min(scaled, share)
+
+    def set_kv_capacity(self, worker: WorkerId, kv_capacity_tokens: int | None) -> None:
+        """Size ``worker``'s share from its KV capacity in tokens (``None``: unknown)."""
+        if kv_capacity_tokens is None or kv_capacity_tokens <= 0:
+            blocks = self.config.default_worker_blocks
+        else:
+            tokens_per_block = self.config.block_chars / self.config.chars_per_token
+            blocks = max(1, int(kv_capacity_tokens / tokens_per_block))
+        if self._base.get(worker) != blocks:
+            self._base[worker] = blocks
+            if worker in self._lru:
+                self._trim(worker)
+
+    # -- learning ------------------------------------------------------------
+
+    def insert(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
+        """Record that ``worker`` was sent a request with this chain."""
+        if not hashes:
+            return
+        lru = self._lru.get(worker)
+        if lru is None:
+            lru = self._add_worker(worker)
+        mask = 1 << self._bit[worker]
+        holders = self._holders
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                holders[h] = holders.get(h, 0) | mask
+        self._trim(worker)
+
+    def note_routed(self, request_id: str, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
+        """Remember what the index predicted for ``worker``, then insert the chain."""
+        predicted = self.match_worker(hashes, worker)
+        pending = self._pending
+        pending[request_id] = (worker, predicted)
+        if len(pending) > self.config.max_pending:
+            pending.popitem(last=False)
+        self.insert(worker, hashes)
+
+    def note_usage(
+        self,
+        request_id: str,
+        worker: WorkerId,
+        prompt_chars: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+    ) -> bool | None:
+        """Correct ``worker``'s share by its reported ``cached_tokens``.
+
+        Returns True when the prediction held, False when it was a miss (the share
+        shrank), ``None`` when there was nothing to judge.
+        """
+        entry = self._pending.pop(request_id, None)
+        if entry is None or entry[0] != worker or entry[1] <= 0 or worker not in self._lru:
+            return None
+        cfg = self.config
+        predicted_chars = entry[1] * cfg.block_chars
+        if prompt_chars > 0:
+            # The trailing block may be partial; never predict more than the prompt.
+            predicted_chars = min(predicted_chars, prompt_chars)
+        if prompt_tokens > 0 and prompt_chars > 0:
+            reported_chars = cached_tokens * prompt_chars / prompt_tokens
+        else:
+            reported_chars = cached_tokens * cfg.chars_per_token
+        scale = self._scale.get(worker, 1.0)
+        if reported_chars < predicted_chars * (1.0 - cfg.miss_tolerance):
+            self._scale[worker] = max(cfg.min_scale, scale * cfg.miss_decrease)
+            self._trim(worker)
+            return False
+        self._scale[worker] = min(1.0, scale + cfg.hit_increase)
+        return True
+
+    def remove_worker(self, worker: WorkerId) -> None:
+        """Forget everything about ``worker``."""
+        lru = self._lru.pop(worker, None)
+        self._base.pop(worker, None)
+        self._scale.pop(worker, None)
+        if lru is None:
+            return
+        bit = self._bit.pop(worker)
+        self._by_bit[bit] = None
+        keep = ~(1 << bit)
+        holders = self._holders
+        for h in lru:
+            mask = holders[h] & keep
+            if mask:
+                holders[h] = mask
+            else:
+                del holders[h]
+
+    # -- lookup --------------------------------------------------------------
+
+    def match(self, hashes: Sequence[BlockHash], min_depth: int = 1) -> dict[WorkerId, int]:
+        """For every worker holding at least ``min_depth`` leading blocks: how many it holds."""
+        if not hashes:
+            return {}
+        holders = self._holders
+        alive = holders.get(hashes[0], 0)
+        result: dict[WorkerId, int] = {}
+        if not alive:
+            return result
+        depth = 1
+        for h in hashes[1:]:
+            nxt = alive & holders.get(h, 0)
+            if nxt != alive:
+                if depth >= min_depth:
+                    self._record(alive & ~nxt, depth, result)
+                alive = nxt
+                if not alive:
+                    return result
+            depth += 1
+        self._record(alive, depth, result)
+        return result
+
+    def match_worker(self, hashes: Sequence[BlockHash], worker: WorkerId) -> int:
+        """How many leading blocks of the chain ``worker`` holds."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return 0
+        depth = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            depth += 1
+        return depth
+
+    # -- internals -----------------------------------------------------------
+
+    def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
+        # Masks are often dense (a shared system prompt is on every worker): walking
+        # the binary string in C beats peeling bits off one by one.
+        bits = bin(mask)[:1:-1]
+        result.update(
+            {w: depth for w, bit in zip(self._by_bit, bits, strict=False) if bit == "1" and w}
+        )
+
+    def _add_worker(self, worker: WorkerId) -> OrderedDict[BlockHash, None]:
+        try:
+            bit = self._by_bit.index(None)
+            self._by_bit[bit] = worker
+        except ValueError:
+            bit = len(self._by_bit)
+            self._by_bit.append(worker)
+        self._bit[worker] = bit
+        lru: OrderedDict[BlockHash, None] = OrderedDict()
+        self._lru[worker] = lru
+        # One more worker shrinks everyone's share of the global bound.
+        for other in list(self._lru):
+            if other != worker:
+                self._trim(other)
+        return lru
+
+    def _trim(self, worker: WorkerId) -> None:
+        lru = self._lru[worker]
+        cap = self.capacity(worker)
+        if len(lru) <= cap:
+            return
+        keep = ~(1 << self._bit[worker])
+        holders = self._holders
+        while len(lru) > cap:
+            h, _ = lru.popitem(last=False)
+            mask = holders[h] & keep
+            if mask:
+                holders[h] = mask
+            else:
+                del holders[h]

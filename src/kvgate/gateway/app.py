@@ -1,0 +1,204 @@
+"""One gateway: its parts wired together, and the aiohttp application that serves it.
+
+``Gateway`` owns the worker pool, the policy (built by name from the registry,
+so an unknown name fails here, at start-up), the store, the router, the health
+checker and the metrics. ``build_app`` puts it behind the HTTP endpoints:
+
+- ``POST /v1/chat/completions``, ``POST /v1/completions``: routed and forwarded
+- ``GET /v1/models``: the models the fleet serves
+- ``GET /healthz``: the process is alive
+- ``GET /readyz``: a routable worker exists and the gateway is not draining
+- ``GET /metrics``: the gateway's own Prometheus metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from kvgate.core.policies import default_registry
+from kvgate.core.policy import Policy
+from kvgate.core.registry import PolicyRegistry
+from kvgate.gateway import middleware
+from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.health import HealthChecker
+from kvgate.gateway.logs import AccessLog
+from kvgate.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.proxy import Proxy, models_payload
+from kvgate.gateway.queue import AdmissionQueue
+from kvgate.gateway.retry import RetryBudget
+from kvgate.gateway.router import AffinityStoreLike, Router
+from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.store import open_store
+
+log = logging.getLogger("kvgate.gateway")
+
+
+class Gateway:
+    """Every part of one gateway process, and its lifecycle (start, drain, stop)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: PolicyRegistry | None = None,
+        policy: Policy | None = None,
+        store: AffinityStoreLike | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy or (registry or default_registry()).build(
+            config.policy.name, config.policy.options
+        )
+        self._owns_store = store is None
+        self.store = store if store is not None else open_store(config.store.url)
+        self.queue = AdmissionQueue(config.admission.queue_size)
+        t = config.timeouts
+        timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
+        default_max = config.admission.worker_max_in_flight
+        workers = [Worker(wc, Upstream(wc.url, timeouts), default_max) for wc in config.workers]
+        self.pool = WorkerPool(workers, config.health.stale_after, self.queue)
+        self.metrics = GatewayMetrics(lambda: self.pool.gauge_rows(time.monotonic()))
+        self.health = HealthChecker(self.pool, config.health, config.outlier)
+        self.rng = random.Random(config.seed)
+        r = config.retries
+        self.budget = RetryBudget(r.budget_ratio, r.budget_min, r.backoff_base_s, r.backoff_max_s)
+        self.router = Router(
+            self.pool,
+            self.policy,
+            self.store,
+            self.metrics,
+            config.admission,
+            affinity_ttl=config.store.affinity_ttl_s,
+            rng=self.rng,
+        )
+        self.draining = False
+        self.proxy = Proxy(
+            self.pool,
+            self.router,
+            budget=self.budget,
+            metrics=self.metrics,
+            passive=self.health,
+            access_log=AccessLog(config.json_logs),
+            features=config.features,
+            max_retries=r.count,
+            response_headers=config.response_headers,
+            strip_client_auth=bool(config.api_keys),
+            draining=lambda: self.draining,
+            rng=self.rng,
+        )
+
+    def ready(self) -> bool:
+        """True when not draining and some worker can take a request."""
+        if self.draining:
+            return False
+        now = time.monotonic()
+        return any(
+            w.model is not None and w.state(now, self.pool.stale_after).routable for w in self.pool
+        )
+
+    async def start(self) -> None:
+        """Probe every worker once (learning models), then keep probing in the background."""
+        await self.health.probe_all()
+        for worker in self.pool:
+            if worker.model is None:
+                log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
+        self.health.start()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests and wait up to ``grace_s`` for in-flight ones; True if idle."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self.proxy.idle.wait(), grace_s)
+        except TimeoutError:
+            log.warning("drain timeout: %d requests still in flight", self.proxy.in_flight)
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Stop probing and close connections and the store."""
+        await self.health.stop()
+        for worker in self.pool:
+            await worker.upstream.close()
+        if self._owns_store:
+            close = getattr(self.store, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
+
+
+GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
+
+
+async def _models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    return web.json_response(models_payload(gateway.pool.models()))
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    if gateway.ready():
+        return web.json_response({"status": "ready"})
+    status = "draining" if gateway.draining else "no healthy worker"
+    return web.json_response({"status": status}, status=503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    return web.Response(body=gateway.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    """The aiohttp application serving ``gateway`` (started and stopped with the app)."""
+    config = gateway.config
+    stack: list[Middleware] = [
+        middleware.errors,
+        middleware.header_limit(config.limits.max_header_bytes, config.limits.max_headers),
+    ]
+    if config.api_keys:
+        stack.append(middleware.api_keys(config.api_keys))
+    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=stack)
+    app[GATEWAY_KEY] = gateway
+    proxy = gateway.proxy
+    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
+    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+
+    async def _start(app: web.Application) -> None:
+        await gateway.start()
+
+    async def _stop(app: web.Application) -> None:
+        await gateway.stop()
+
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+def runner_options(config: GatewayConfig) -> dict[str, object]:
+    """Keyword arguments for ``web.AppRunner`` serving a gateway app.
+
+    The parser's own header limits sit well above the configured ones so that
+    oversized headers reach the middleware and get a proper 431.
+    """
+    limit = config.limits.max_header_bytes
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "max_field_size": max(limit * 4, 65536),
+        "max_line_size": max(limit * 4, 65536),
+        "max_headers": config.limits.max_headers * 4,
+    }

@@ -1,0 +1,71 @@
+"""``kvgate serve``: run the gateway from a config file or from command-line options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgate.core.registry import UnknownPolicyError
+from kvgate.gateway.config import ConfigError, GatewayConfig, load_config, with_overrides
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command to the ``kvgate`` CLI."""
+    app.command("serve")(serve)
+
+
+def serve(
+    *,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="The gateway's YAML config file.")
+    ] = None,
+    worker: Annotated[
+        list[str] | None,
+        typer.Option("--worker", "-w", help="A worker's base URL (repeat for each worker)."),
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Routing policy name.")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port to listen on.")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
+    ] = None,
+    processes: Annotated[
+        int | None, typer.Option(help="Server processes sharing the port (SO_REUSEPORT).")
+    ] = None,
+    json_logs: Annotated[
+        bool | None, typer.Option("--json-logs/--text-logs", help="One JSON line per request.")
+    ] = None,
+) -> None:
+    """Serve the OpenAI API in front of a fleet of workers, routing for KV-cache reuse."""
+    try:
+        base = load_config(config) if config is not None else GatewayConfig()
+        cfg = with_overrides(
+            base,
+            workers=worker or (),
+            policy=policy,
+            host=host,
+            port=port,
+            store=store,
+            processes=processes,
+            json_logs=json_logs,
+        )
+        if not cfg.workers:
+            raise ConfigError("no workers: give --worker URL (repeatable) or a config file")
+        # Build once here so an unknown policy or bad options fail before forking.
+        from kvgate.core.policies import default_registry
+
+        default_registry().build(cfg.policy.name, cfg.policy.options)
+    except (ConfigError, UnknownPolicyError, ValueError) as exc:
+        typer.echo(f"kvgate serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    from kvgate.gateway.server import run
+
+    try:
+        status = run(cfg)
+    except ConfigError as exc:
+        typer.echo(f"kvgate serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(status)

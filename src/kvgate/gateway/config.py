@@ -1,0 +1,246 @@
+"""The gateway's configuration: one YAML file validated by typed models.
+
+Every option has a default that works on one machine with no external service,
+so ``kvgate serve --worker URL`` needs nothing else. Unknown keys and bad values
+are refused at start-up with a message naming the key.
+
+Example ``kvgate.yaml``::
+
+    listen: {host: 0.0.0.0, port: 8000}
+    policy: {name: prefix_affinity, options: {}}
+    store: {url: "redis://127.0.0.1:6379/0"}
+    workers:
+      - {url: "http://10.0.0.5:8000", model: llama-3-8b, version: v2.1}
+      - {url: "http://10.0.0.6:8000", dcgm_url: "http://10.0.0.6:9400/metrics"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kvgate.core.admission import AdmissionConfig
+from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
+from kvgate.core.policies import DEFAULT_POLICY
+from kvgate.core.prefix import FeatureConfig
+
+
+class ConfigError(ValueError):
+    """The configuration is unreadable or invalid; the message names the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
+class WorkerConfig(_Model):
+    """One worker: where it is and what it serves (learned from /v1/models if unset)."""
+
+    url: str
+    model: str | None = None
+    version: str | None = None
+    metrics_url: str | None = None
+    dcgm_url: str | None = None
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Overrides ``admission.worker_max_in_flight`` for this worker."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    api_key: str | None = None
+    offload_url: str | None = None
+
+    _url = field_validator("url")(_check_url)
+
+    @field_validator("metrics_url", "dcgm_url", "offload_url")
+    @classmethod
+    def _optional_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+    @property
+    def scrape_url(self) -> str:
+        """The worker's engine metrics endpoint (``url + /metrics`` by default)."""
+        return self.metrics_url or f"{self.url}/metrics"
+
+
+class ListenConfig(_Model):
+    """Where the gateway listens and how many server processes share the port."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    processes: int = Field(default=1, ge=1, le=256)
+
+
+class PolicyConfig(_Model):
+    """The routing policy, chosen by name from the registry, and its options."""
+
+    name: str = DEFAULT_POLICY
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoreConfig(_Model):
+    """Where affinities live: ``memory`` (one process) or ``redis://HOST:PORT/DB``."""
+
+    url: str = "memory"
+    affinity_ttl_s: float = Field(default=3600.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://")):
+            raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
+        return value
+
+
+class TimeoutsConfig(_Model):
+    """Upstream timeouts in seconds: connect, first byte (and between bytes), whole request."""
+
+    connect_s: float = Field(default=2.0, gt=0)
+    first_byte_s: float = Field(default=120.0, gt=0)
+    total_s: float = Field(default=600.0, gt=0)
+
+
+class RetriesConfig(_Model):
+    """Retries on another worker before the first byte, within an Envoy-style budget."""
+
+    count: int = Field(default=2, ge=0)
+    budget_ratio: float = Field(default=0.2, ge=0, le=1)
+    budget_min: int = Field(default=3, ge=0)
+    backoff_base_s: float = Field(default=0.025, ge=0)
+    backoff_max_s: float = Field(default=0.25, ge=0)
+
+
+class HealthConfig(_Model):
+    """Active checks: ``GET /health`` plus a metrics scrape on an interval.
+
+    ``fall`` failed probes in a row take a worker out, ``rise`` passed ones bring
+    it back (HAProxy).
+    """
+
+    interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    stale_after_s: float | None = Field(default=None, gt=0)
+    """Scraped signals older than this count as unknown; default three intervals."""
+    fall: int = Field(default=3, ge=1)
+    rise: int = Field(default=2, ge=1)
+
+    @property
+    def stale_after(self) -> float:
+        """The effective staleness limit in seconds."""
+        return self.stale_after_s if self.stale_after_s is not None else 3 * self.interval_s
+
+    def tracker_config(self) -> HealthCheckConfig:
+        """The ``fall``/``rise`` thresholds for ``core.outlier.HealthTracker``."""
+        return HealthCheckConfig(fall=self.fall, rise=self.rise, initially_healthy=True)
+
+
+class LimitsConfig(_Model):
+    """Request size limits (413 over the body limit, 431 over the header limits)."""
+
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    max_header_bytes: int = Field(default=8190, ge=256)
+    max_headers: int = Field(default=128, ge=1)
+
+
+class GatewayConfig(_Model):
+    """The whole gateway configuration (the root of ``kvgate.yaml``)."""
+
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    workers: list[WorkerConfig] = Field(default_factory=list)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    features: FeatureConfig = Field(default_factory=FeatureConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    retries: RetriesConfig = Field(default_factory=RetriesConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    api_keys: list[str] = Field(default_factory=list)
+    admin_token: str | None = None
+    response_headers: bool = True
+    json_logs: bool = False
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    seed: int = 0
+
+    @field_validator("workers")
+    @classmethod
+    def _unique_workers(cls, value: list[WorkerConfig]) -> list[WorkerConfig]:
+        seen: set[str] = set()
+        for worker in value:
+            if worker.url in seen:
+                raise ValueError(f"worker {worker.url} listed twice")
+            seen.add(worker.url)
+        return value
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(part) for part in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{key}: {msg}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Mapping[str, Any] | None) -> GatewayConfig:
+    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys."""
+    try:
+        return GatewayConfig.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a YAML configuration file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(f"config {path}: the top level must be a mapping")
+    return parse_config(data)
+
+
+def with_overrides(
+    config: GatewayConfig,
+    *,
+    workers: Sequence[str] = (),
+    policy: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    store: str | None = None,
+    processes: int | None = None,
+    json_logs: bool | None = None,
+) -> GatewayConfig:
+    """``config`` with command-line options applied on top (validated again)."""
+    data = config.model_dump(mode="python")
+    if workers:
+        data["workers"] = [{"url": url} for url in workers]
+    if policy is not None and policy != config.policy.name:
+        data["policy"] = {"name": policy, "options": {}}
+    if json_logs is not None:
+        data["json_logs"] = json_logs
+    listen = data["listen"]
+    if host is not None:
+        listen["host"] = host
+    if port is not None:
+        listen["port"] = port
+    if processes is not None:
+        listen["processes"] = processes
+    if store is not None:
+        data["store"]["url"] = store
+    return parse_config(data)

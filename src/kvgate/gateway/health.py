@@ -1,0 +1,195 @@
+"""Worker health: active probes and scrapes on an interval, passive outlier detection.
+
+Every ``interval`` each worker gets ``GET /health`` and, when that passes, a
+scrape of its metrics endpoint (and of its DCGM exporter when configured),
+mapped through ``parse_worker_metrics`` into the worker's signals with their
+time. HAProxy-style ``fall``/``rise`` decides up and down; a worker whose very
+first probe fails is down at once. Live request outcomes feed Envoy-style
+outlier detection (``core.outlier``), which never ejects more than its
+configured share; a passing probe brings an ejected worker back.
+
+Workers configured without a model learn it (and their version, if advertised)
+from ``GET /v1/models``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
+from kvgate.gateway.config import HealthConfig
+from kvgate.gateway.errors import UpstreamError
+from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
+
+log = logging.getLogger("kvgate.gateway.health")
+
+
+class HealthChecker:
+    """Probes every worker on an interval and applies live outcomes (outlier detection)."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        config: HealthConfig,
+        outlier: OutlierConfig,
+        *,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.config = config
+        self.mono = mono
+        self.tracker = HealthTracker(config.tracker_config())
+        self.outlier = OutlierDetector(outlier)
+        self.outlier.set_workers(w.id for w in pool)
+        self._probed: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    # -- passive (live requests) ------------------------------------------------
+
+    def success(self, worker: Worker) -> None:
+        """A live request on ``worker`` was answered without a server error."""
+        self.outlier.record_success(worker.id, self.mono())
+
+    def failure(self, worker: Worker) -> None:
+        """A live request on ``worker`` failed; may eject it."""
+        if self.outlier.record_failure(worker.id, self.mono()):
+            worker.ejected = True
+            log.warning(
+                "worker %s ejected after consecutive failures (ejection #%d)",
+                worker.id,
+                self.outlier.ejection_count(worker.id),
+            )
+            self.pool.changed()
+
+    # -- active (probes) --------------------------------------------------------
+
+    async def probe_all(self) -> None:
+        """Probe every worker once, concurrently."""
+        await asyncio.gather(*(self.probe(w) for w in self.pool))
+        self.pool.reindex()
+
+    async def probe(self, worker: Worker) -> None:
+        """One active check of ``worker``: health, model discovery, metrics scrape."""
+        ok = await self._health_ok(worker)
+        if ok and worker.model is None:
+            await self._discover(worker)
+            ok = worker.model is not None
+        if ok:
+            await self._scrape(worker)
+        self._apply_probe(worker, ok)
+
+    def _apply_probe(self, worker: Worker, ok: bool) -> None:
+        now = self.mono()
+        before = worker.probe_ok, worker.ejected
+        if worker.id not in self._probed:
+            self._probed.add(worker.id)
+            if not ok:
+                # No earlier evidence it ever served: down at once, not after ``fall``.
+                for _ in range(self.tracker.config.fall):
+                    self.tracker.record_probe(worker.id, False, now)
+            else:
+                self.tracker.record_probe(worker.id, True, now)
+        else:
+            transition = self.tracker.record_probe(worker.id, ok, now)
+            if transition is Transition.DOWN:
+                log.warning("worker %s failed %d probes: down", worker.id, self.config.fall)
+            elif transition is Transition.UP:
+                log.info("worker %s passed %d probes: up", worker.id, self.config.rise)
+        worker.probe_ok = self.tracker.is_healthy(worker.id)
+        if ok and self.outlier.probe_succeeded(worker.id, now):
+            log.info("worker %s back from ejection after a passing probe", worker.id)
+        worker.ejected = self.outlier.is_ejected(worker.id, now)
+        if (worker.probe_ok, worker.ejected) != before:
+            self.pool.changed()
+
+    async def _health_ok(self, worker: Worker) -> bool:
+        try:
+            status, _ = await worker.upstream.get(
+                f"{worker.id}/health", self.config.timeout_s, self._auth(worker)
+            )
+        except UpstreamError:
+            return False
+        return status == 200
+
+    async def _discover(self, worker: Worker) -> None:
+        try:
+            status, body = await worker.upstream.get(
+                f"{worker.id}/v1/models", self.config.timeout_s, self._auth(worker)
+            )
+            cards = json.loads(body).get("data") if status == 200 else None
+        except (UpstreamError, ValueError, AttributeError):
+            return
+        if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict):
+            log.warning("worker %s lists no model at /v1/models", worker.id)
+            return
+        card = cards[0]
+        model = card.get("id")
+        if not isinstance(model, str) or not model:
+            return
+        version = card.get("version") or card.get("kvgate_version")
+        worker.model = model
+        if worker.config.version is None and isinstance(version, str) and version:
+            worker.version = version
+        log.info("worker %s serves model %r version %r", worker.id, model, worker.version)
+
+    async def _scrape(self, worker: Worker) -> None:
+        urls = [worker.config.scrape_url]
+        if worker.config.dcgm_url is not None:
+            urls.append(worker.config.dcgm_url)
+        results = await asyncio.gather(*(self._scrape_one(worker, url) for url in urls))
+        if any(r is None for r in results):
+            return  # partial data is stale data: keep the previous (ageing) signals
+        signals = results[0]
+        assert signals is not None
+        if len(results) > 1 and results[1] is not None:
+            signals = merge(signals, results[1])
+        worker.signals = signals
+        worker.signals_at = self.mono()
+
+    async def _scrape_one(self, worker: Worker, url: str) -> WorkerSignals | None:
+        try:
+            status, body = await worker.upstream.get(url, self.config.timeout_s)
+            if status != 200:
+                return None
+            return parse_worker_metrics(body.decode("utf-8", "replace"), now=time.time())
+        except (UpstreamError, ScrapeError):
+            return None
+
+    @staticmethod
+    def _auth(worker: Worker) -> dict[str, str] | None:
+        key = worker.config.api_key
+        return {"Authorization": f"Bearer {key}"} if key else None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start probing on the interval in the background."""
+        self._stop.clear()
+        self._task = asyncio.create_task(self._run(), name="kvgate-health")
+
+    async def stop(self) -> None:
+        """Stop probing."""
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.config.interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                await self.probe_all()
+            except Exception:
+                log.exception("health probe round failed")

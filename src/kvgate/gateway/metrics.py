@@ -1,0 +1,177 @@
+"""Every metric the gateway exports, declared in this one module.
+
+Each gateway app owns a ``GatewayMetrics`` with its own ``CollectorRegistry`` (no
+process-wide registry), so several gateways can run side by side in one test.
+Per-worker gauges (in flight, health) are read from the worker pool at scrape
+time rather than updated on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerGaugeRow:
+    """One worker's values for the scrape-time gauges."""
+
+    worker: str
+    model: str
+    version: str
+    in_flight: int
+    health: str
+    ejected: bool
+
+
+class _WorkerCollector(Collector):
+    """Reads per-worker gauges from the pool when Prometheus scrapes."""
+
+    def __init__(self, rows: Callable[[], Iterable[WorkerGaugeRow]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "kvgate_worker_in_flight",
+            "Requests in flight through this gateway, per worker.",
+            labels=["worker", "model", "version"],
+        )
+        healthy = GaugeMetricFamily(
+            "kvgate_worker_healthy",
+            "1 when the worker takes traffic (healthy or degraded), else 0.",
+            labels=["worker", "model", "version", "state"],
+        )
+        for row in self._rows():
+            in_flight.add_metric([row.worker, row.model, row.version], row.in_flight)
+            healthy.add_metric(
+                [row.worker, row.model, row.version, row.health],
+                0.0 if row.health in ("ejected", "draining") else 1.0,
+            )
+        yield in_flight
+        yield healthy
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, in a registry of their own."""
+
+    def __init__(self, worker_rows: Callable[[], Iterable[WorkerGaugeRow]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "kvgate_requests_total",
+            "Requests answered, by model, version, worker, status code and route reason.",
+            ["model", "version", "worker", "code", "reason"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "kvgate_request_duration_seconds",
+            "Whole request time as the gateway saw it.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvgate_time_to_first_token_seconds",
+            "Time from request arrival to the first response byte (first chunk for streams).",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "kvgate_retries_total",
+            "Attempts retried on another worker.",
+            ["model"],
+            registry=r,
+        )
+        self.retries_denied = Counter(
+            "kvgate_retries_budget_exhausted_total",
+            "Retries refused because the retry budget was spent.",
+            ["model"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "kvgate_upstream_errors_total",
+            "Failed upstream attempts, by worker and kind (unavailable, timeout, status, broken).",
+            ["worker", "kind"],
+            registry=r,
+        )
+        self.sheds = Counter(
+            "kvgate_shed_total",
+            "Requests refused with 429/503, by reason and priority.",
+            ["reason", "priority"],
+            registry=r,
+        )
+        self.affinity = Counter(
+            "kvgate_affinity_lookups_total",
+            "Session-key lookups in the store, by result (hit, miss, error).",
+            ["result"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "kvgate_queue_wait_seconds",
+            "Time spent in the admission queue waiting for a free worker.",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens_total",
+            "Prompt tokens reported in responses' usage.",
+            ["model", "worker"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "kvgate_cached_tokens_total",
+            "Prompt tokens served from the worker's prefix cache (usage cached_tokens).",
+            ["model", "worker"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "kvgate_completion_tokens_total",
+            "Completion tokens reported in responses' usage.",
+            ["model", "worker"],
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "kvgate_store_errors_total",
+            "Affinity store operations that failed (never fail a request).",
+            ["op"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "kvgate_client_disconnects_total",
+            "Requests whose client went away before the response finished.",
+            ["model"],
+            registry=r,
+        )
+        if worker_rows is not None:
+            r.register(_WorkerCollector(worker_rows))
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,115 @@
+"""The gateway's middleware: pure callables wrapping the inner handler, stacked in ``app``.
+
+Outermost is the last-resort error middleware: every error leaves the gateway in
+the OpenAI shape with the right status, and nothing unexpected becomes a
+traceback on the wire (it is logged and answered with a plain 500).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Iterable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from kvgate.gateway.errors import (
+    BodyTooLargeError,
+    GatewayError,
+    HeadersTooLargeError,
+    NotFoundError,
+    UnauthorizedError,
+    error_body,
+)
+
+log = logging.getLogger("kvgate.gateway")
+
+REQUEST_ID = "X-Request-ID"
+REQUEST_ID_KEY = web.RequestKey("kvgate.request_id", str)
+"""Where the proxy leaves the request id, so error responses carry it too."""
+
+
+def _with_request_id(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    request_id = request.get(REQUEST_ID_KEY)
+    if request_id is not None:
+        response.headers[REQUEST_ID] = request_id
+    return response
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error into an OpenAI-shaped response; log the unexpected ones."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _with_request_id(request, exc.response())
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            return _with_request_id(
+                request, BodyTooLargeError(exc.text or "body too large").response()
+            )
+        if exc.status == 404:
+            return NotFoundError(f"no route for {request.method} {request.path}").response()
+        if exc.status < 400:
+            raise
+        err = GatewayError(
+            exc.reason or "request failed",
+            status=exc.status,
+            type="invalid_request_error" if exc.status < 500 else "server_error",
+            code=str(exc.status),
+            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+        )
+        return _with_request_id(request, err.response())
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        response = web.Response(
+            status=500,
+            body=error_body("internal gateway error", "server_error", "internal_error"),
+            content_type="application/json",
+        )
+        return _with_request_id(request, response)
+
+
+def header_limit(max_bytes: int, max_count: int) -> Middleware:
+    """Refuse requests with more than ``max_bytes`` of headers or ``max_count`` of them (431)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        raw = request.raw_headers
+        if len(raw) > max_count:
+            raise HeadersTooLargeError(f"{len(raw)} request headers, over the limit of {max_count}")
+        total = 0
+        for name, value in raw:
+            total += len(name) + len(value) + 4
+        if total > max_bytes:
+            raise HeadersTooLargeError(
+                f"request headers are {total} bytes, over the limit of {max_bytes}"
+            )
+        return await handler(request)
+
+    return check
+
+
+def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
+    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401)."""
+    allowed = [k.encode() for k in keys]
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(protected_prefix):
+            auth = request.headers.get("Authorization", "")
+            scheme, _, token = auth.partition(" ")
+            given = token.strip().encode()
+            if scheme.lower() != "bearer" or not any(
+                hmac.compare_digest(given, key) for key in allowed
+            ):
+                raise UnauthorizedError(
+                    "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
+                )
+        return await handler(request)
+
+    return check

@@ -1,0 +1,194 @@
+"""The worker pool: every worker the gateway knows, its live state and accounting.
+
+The gateway keeps its own per-worker in-flight count, so routing never waits on
+a scrape. Scraped signals carry their age: older than ``stale_after`` they are
+reported as unknown (``None``), never as good. A ``FleetSnapshot`` is built per
+request from this state; it is a handful of small frozen records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from kvgate.core.fleet import FleetSnapshot, Health, WorkerState
+from kvgate.gateway.config import WorkerConfig
+from kvgate.gateway.metrics import WorkerGaugeRow
+from kvgate.gateway.queue import AdmissionQueue
+from kvgate.gateway.upstream import Upstream
+from kvgate.types import WorkerId
+
+_NEVER = float("-inf")
+
+
+class Signals(Protocol):
+    """What the gateway reads from a worker's scraped metrics (``None`` = unknown)."""
+
+    @property
+    def running(self) -> int | None: ...
+    @property
+    def waiting(self) -> int | None: ...
+    @property
+    def kv_usage(self) -> float | None: ...
+    @property
+    def gpu_temp_c(self) -> float | None: ...
+    @property
+    def gpu_mem_used_mib(self) -> float | None: ...
+    @property
+    def gpu_mem_total_mib(self) -> float | None: ...
+
+
+class Worker:
+    """One worker: its config, upstream client, health and the gateway's accounting."""
+
+    __slots__ = (
+        "config",
+        "draining",
+        "ejected",
+        "id",
+        "in_flight",
+        "labels",
+        "max_in_flight",
+        "model",
+        "probe_ok",
+        "signals",
+        "signals_at",
+        "upstream",
+        "version",
+    )
+
+    def __init__(
+        self, config: WorkerConfig, upstream: Upstream, default_max_in_flight: int = 256
+    ) -> None:
+        self.id: WorkerId = config.url
+        self.config = config
+        self.upstream = upstream
+        self.model: str | None = config.model
+        self.version: str = config.version or "default"
+        self.max_in_flight = config.max_in_flight or default_max_in_flight
+        self.labels = tuple(sorted(config.labels.items()))
+        self.in_flight = 0
+        self.probe_ok = False
+        self.ejected = False
+        self.draining = False
+        self.signals: Signals | None = None
+        self.signals_at = _NEVER
+
+    def health(self, now: float, stale_after: float) -> Health:
+        """Health as routing sees it; ``now`` is the monotonic clock."""
+        if not self.probe_ok or self.ejected:
+            return Health.EJECTED
+        if self.draining:
+            return Health.DRAINING
+        if self.signals is None or now - self.signals_at > stale_after:
+            return Health.DEGRADED
+        return Health.HEALTHY
+
+    def state(self, now: float, stale_after: float) -> WorkerState:
+        """This worker as a ``WorkerState`` for a snapshot."""
+        health = self.health(now, stale_after)
+        sig = self.signals if health is Health.HEALTHY else None
+        if sig is None:
+            return WorkerState(
+                id=self.id,
+                model=self.model or "",
+                version=self.version,
+                health=health,
+                in_flight=self.in_flight,
+                max_in_flight=self.max_in_flight,
+                labels=self.labels,
+            )
+        mem_usage = None
+        if sig.gpu_mem_used_mib is not None and sig.gpu_mem_total_mib:
+            mem_usage = sig.gpu_mem_used_mib / sig.gpu_mem_total_mib
+        return WorkerState(
+            id=self.id,
+            model=self.model or "",
+            version=self.version,
+            health=health,
+            in_flight=self.in_flight,
+            max_in_flight=self.max_in_flight,
+            running=sig.running,
+            waiting=sig.waiting,
+            kv_usage=sig.kv_usage,
+            gpu_temp_c=sig.gpu_temp_c,
+            gpu_mem_usage=mem_usage,
+            labels=self.labels,
+        )
+
+
+class WorkerPool:
+    """Every worker, indexed by model, with in-flight accounting and wake-ups."""
+
+    def __init__(self, workers: list[Worker], stale_after: float, queue: AdmissionQueue) -> None:
+        self._workers = {w.id: w for w in workers}
+        self.stale_after = stale_after
+        self.queue = queue
+        self._by_model: dict[str, list[Worker]] = {}
+        self.reindex()
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(self._workers.values())
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def get(self, worker_id: WorkerId) -> Worker | None:
+        """The worker with this id, or ``None``."""
+        return self._workers.get(worker_id)
+
+    def reindex(self) -> None:
+        """Rebuild the model index (after model discovery)."""
+        by_model: dict[str, list[Worker]] = {}
+        for worker in self._workers.values():
+            if worker.model is not None:
+                by_model.setdefault(worker.model, []).append(worker)
+        self._by_model = by_model
+
+    def serves(self, model: str) -> bool:
+        """True when some worker is configured for or advertised ``model``."""
+        return model in self._by_model
+
+    def models(self) -> dict[str, list[str]]:
+        """Model name -> the versions its workers serve."""
+        return {
+            model: sorted({w.version for w in workers})
+            for model, workers in sorted(self._by_model.items())
+        }
+
+    def snapshot(self, model: str, now_wall: float, now_mono: float) -> FleetSnapshot:
+        """The fleet serving ``model`` at this instant."""
+        stale = self.stale_after
+        workers = self._by_model.get(model, ())
+        return FleetSnapshot(now_wall, tuple(w.state(now_mono, stale) for w in workers))
+
+    def acquire(self, worker: Worker) -> None:
+        """Count a request as in flight on ``worker``."""
+        worker.in_flight += 1
+
+    def release(self, worker: Worker) -> None:
+        """A request on ``worker`` finished: free its slot and wake one waiter."""
+        worker.in_flight -= 1
+        self.queue.wake_one()
+
+    def changed(self) -> None:
+        """A worker's routability changed: every waiter tries again."""
+        self.queue.wake_all()
+
+    def in_flight(self) -> int:
+        """Requests in flight on every worker."""
+        return sum(w.in_flight for w in self._workers.values())
+
+    def gauge_rows(self, now_mono: float) -> list[WorkerGaugeRow]:
+        """Per-worker values for the scrape-time gauges."""
+        return [
+            WorkerGaugeRow(
+                worker=w.id,
+                model=w.model or "",
+                version=w.version,
+                in_flight=w.in_flight,
+                health=w.health(now_mono, self.stale_after).value,
+                ejected=w.ejected,
+            )
+            for w in self._workers.values()
+        ]

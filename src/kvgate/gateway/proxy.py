@@ -1,0 +1,472 @@
+"""Forwarding one OpenAI request to a worker: retries, streaming pass-through, usage.
+
+A request is retried on another worker only before its first byte went to the
+client: on a connection failure, or a 5xx/429 answer, within the retry budget.
+Streams are written to the client chunk by chunk as they arrive; the ``usage``
+of the final event is read from a bounded tail after the stream has ended.
+A client that goes away cancels the upstream request (the connection is
+dropped), so the worker stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from kvgate.core import prefix
+from kvgate.core.features import RequestFeatures
+from kvgate.core.prefix import Endpoint, FeatureConfig
+from kvgate.gateway.errors import (
+    BadGatewayError,
+    BodyTooLargeError,
+    DrainingError,
+    GatewayError,
+    GatewayTimeoutError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NoHealthyWorkerError,
+    OverloadedError,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from kvgate.gateway.logs import AccessLog, AccessRecord
+from kvgate.gateway.metrics import GatewayMetrics
+from kvgate.gateway.middleware import REQUEST_ID_KEY
+from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.retry import RetryBudget
+from kvgate.gateway.router import Placement, Router
+from kvgate.gateway.upstream import UpstreamResponse
+from kvgate.gateway.usage import StreamTap, Usage, usage_from_body
+
+log = logging.getLogger("kvgate.gateway.proxy")
+
+REQUEST_ID = "X-Request-ID"
+WORKER_HEADER = "X-Kvgate-Worker"
+VERSION_HEADER = "X-Kvgate-Model-Version"
+REASON_HEADER = "X-Kvgate-Route-Reason"
+
+# RFC 9110 hop-by-hop headers, plus those the client library sets itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "x-request-id",
+    }
+)
+
+
+class PassiveHealth(Protocol):
+    """Where live request outcomes go (outlier detection)."""
+
+    def success(self, worker: Worker) -> None:
+        """A request on ``worker`` got a non-error answer."""
+
+    def failure(self, worker: Worker) -> None:
+        """A request on ``worker`` failed (unreachable, 5xx, broken)."""
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What one request's answer was, for metrics and the access log."""
+
+    status: int = 0
+    placement: Placement | None = None
+    ttft: float | None = None
+    usage: Usage | None = None
+    retries: int = 0
+    budgeted: int = 0
+
+
+class Proxy:
+    """Handles ``/v1/chat/completions`` and ``/v1/completions`` end to end."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        router: Router,
+        *,
+        budget: RetryBudget,
+        metrics: GatewayMetrics,
+        passive: PassiveHealth,
+        access_log: AccessLog,
+        features: FeatureConfig,
+        max_retries: int,
+        response_headers: bool,
+        strip_client_auth: bool,
+        draining: Callable[[], bool],
+        rng: random.Random,
+    ) -> None:
+        self.pool = pool
+        self.router = router
+        self.budget = budget
+        self.metrics = metrics
+        self.passive = passive
+        self.access_log = access_log
+        self.features = features
+        self.max_retries = max_retries
+        self.response_headers = response_headers
+        self.strip_client_auth = strip_client_auth
+        self.draining = draining
+        self.rng = rng
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions``."""
+        return await self.handle(request, "/v1/chat/completions", "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions``."""
+        return await self.handle(request, "/v1/completions", "completions")
+
+    async def handle(
+        self, request: web.Request, path: str, endpoint: Endpoint
+    ) -> web.StreamResponse:
+        """Parse, route, forward (with retries) and answer one request."""
+        started = time.monotonic()
+        request_id = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        request[REQUEST_ID_KEY] = request_id
+        if self.draining():
+            raise DrainingError("the gateway is shutting down")
+        self.in_flight += 1
+        self.idle.clear()
+        outcome = _Outcome()
+        features: RequestFeatures | None = None
+        try:
+            body = await self._read_body(request)
+            features = self._features(body, request, request_id, endpoint)
+            return await self._forward(
+                request, path, body=body, features=features, started=started, outcome=outcome
+            )
+        except GatewayError as exc:
+            outcome.status = exc.status
+            raise
+        except asyncio.CancelledError:
+            outcome.status = 499
+            if features is not None:
+                self.metrics.client_disconnects.labels(features.model).inc()
+            raise
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self.idle.set()
+            self._record(features, outcome, started, request_id)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise BodyTooLargeError(
+                f"request body is larger than the limit of {request.app._client_max_size} bytes"
+            ) from exc
+
+    def _features(
+        self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
+    ) -> RequestFeatures:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise InvalidRequestError("the request body is not valid JSON") from None
+        try:
+            features = prefix.build_features(
+                payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
+            )
+        except prefix.InvalidRequest as exc:
+            raise InvalidRequestError(exc.message, param=exc.param) from None
+        if not self.pool.serves(features.model):
+            raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
+        return features
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        *,
+        body: bytes,
+        features: RequestFeatures,
+        started: float,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        affinity = await self.router.lookup(features)
+        budget = self.budget
+        budget.requests += 1
+        excluded: frozenset[str] = frozenset()
+        last_failure: UpstreamError | None = None
+        try:
+            while True:
+                try:
+                    placement = await self.router.place(features, affinity, excluded)
+                except NoHealthyWorkerError:
+                    if outcome.retries and last_failure is not None:
+                        raise self._client_error(last_failure, features) from None
+                    raise
+                outcome.placement = placement
+                worker = placement.worker
+                try:
+                    upstream = await worker.upstream.post(
+                        path, body, self._upstream_headers(request, worker, features.request_id)
+                    )
+                    if upstream.status == 429 or upstream.status >= 500:
+                        await self._drain_error(upstream)
+                        raise UpstreamError(status=upstream.status)
+                except UpstreamError as exc:
+                    self.pool.release(worker)
+                    last_failure = exc
+                    self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+                    if exc.status != 429:
+                        self.passive.failure(worker)
+                    if not exc.retryable or outcome.retries >= self.max_retries:
+                        raise self._client_error(exc, features) from None
+                    if exc.status is not None:
+                        # A worker that answered 5xx/429 may be overloaded: its retries
+                        # spend the budget. A connection failure did no work anywhere,
+                        # so re-picking it adds no load and is only bounded by count.
+                        if not budget.allow():
+                            self.metrics.retries_denied.labels(features.model).inc()
+                            raise self._client_error(exc, features) from None
+                        outcome.budgeted += 1
+                    outcome.retries += 1
+                    self.metrics.retries.labels(features.model).inc()
+                    excluded = excluded | {worker.id}
+                    if placement.bound is not None:
+                        affinity = placement.bound  # what this attempt bound; a retry moves it
+                    await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
+                    continue
+                except BaseException:
+                    self.pool.release(worker)
+                    raise
+                break
+            if upstream.status < 500:
+                self.passive.success(worker)
+            return await self._respond(
+                request,
+                features=features,
+                placement=placement,
+                upstream=upstream,
+                started=started,
+                outcome=outcome,
+            )
+        finally:
+            budget.requests -= 1
+            budget.give_back(outcome.budgeted)
+
+    async def _drain_error(self, upstream: UpstreamResponse) -> None:
+        # Read the small error body so the connection can be reused.
+        try:
+            await upstream.read()
+        except UpstreamError:
+            upstream.close()
+
+    def _client_error(self, exc: UpstreamError, features: RequestFeatures) -> GatewayError:
+        if isinstance(exc, UpstreamTimeout):
+            return GatewayTimeoutError(
+                f"the worker serving {features.model!r} did not answer in time"
+            )
+        if exc.status == 429:
+            self.metrics.sheds.labels("upstream_429", features.priority.name.lower()).inc()
+            return OverloadedError(
+                "every worker tried is overloaded; retry later",
+                retry_after=1.0,
+                reason="upstream_429",
+            )
+        return BadGatewayError(f"upstream failure serving {features.model!r}: {exc}")
+
+    def _upstream_headers(
+        self, request: web.Request, worker: Worker, request_id: str
+    ) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        connection = request.headers.get("Connection")
+        drop = _HOP_BY_HOP
+        if connection:
+            drop = drop | {t.strip().lower() for t in connection.split(",")}
+        for name, value in request.headers.items():
+            if name.lower() not in drop:
+                headers[name] = value
+        headers[REQUEST_ID] = request_id
+        api_key = worker.config.api_key
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        elif self.strip_client_auth:
+            headers.pop("Authorization", None)
+            headers.pop("authorization", None)
+        return headers
+
+    def _response_headers(
+        self, upstream: UpstreamResponse, placement: Placement, request_id: str
+    ) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict()
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP_BY_HOP:
+                headers.add(name, value)
+        headers[REQUEST_ID] = request_id
+        if self.response_headers:
+            headers[WORKER_HEADER] = placement.worker.id
+            headers[VERSION_HEADER] = placement.version
+            headers[REASON_HEADER] = placement.reason
+        return headers
+
+    async def _respond(
+        self,
+        request: web.Request,
+        *,
+        features: RequestFeatures,
+        placement: Placement,
+        upstream: UpstreamResponse,
+        started: float,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        worker = placement.worker
+        headers = self._response_headers(upstream, placement, features.request_id)
+        done = False
+        try:
+            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                response, done = await self._stream(request, upstream, headers, started, outcome)
+            else:
+                data = await upstream.read()
+                outcome.ttft = time.monotonic() - started
+                response = web.Response(body=data, status=upstream.status, headers=headers)
+                outcome.status = upstream.status
+                await response.prepare(request)
+                await response.write_eof()
+                outcome.usage = usage_from_body(data)
+                done = True
+        except UpstreamError as exc:
+            # The whole-body read failed before anything was sent: a 502.
+            self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+            self.passive.failure(worker)
+            raise BadGatewayError(f"upstream failure serving {features.model!r}: {exc}") from None
+        except ConnectionResetError:
+            self._client_gone(features.model, outcome)
+            return web.Response(status=499)
+        finally:
+            if not done:
+                upstream.close()
+            self.pool.release(worker)
+        if done:
+            usage = outcome.usage
+            await self.router.finished(
+                features,
+                placement,
+                usage.prompt if usage is not None else None,
+                usage.cached if usage is not None else None,
+            )
+        return response
+
+    async def _stream(
+        self,
+        request: web.Request,
+        upstream: UpstreamResponse,
+        headers: CIMultiDict[str],
+        started: float,
+        outcome: _Outcome,
+    ) -> tuple[web.StreamResponse, bool]:
+        """Pass an SSE stream through; True when it ran to its end."""
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        outcome.status = upstream.status
+        await response.prepare(request)
+        tap = StreamTap()
+        try:
+            async for chunk in upstream.chunks():
+                if outcome.ttft is None:
+                    outcome.ttft = time.monotonic() - started
+                await response.write(chunk)
+                tap.feed(chunk)
+            await response.write_eof()
+        except UpstreamError as exc:
+            # Bytes already went to the client: no retry and no error body. Cut the
+            # connection so the client sees an incomplete stream, not a finished one.
+            assert outcome.placement is not None
+            self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
+            self.passive.failure(outcome.placement.worker)
+            outcome.status = 502
+            if request.transport is not None:
+                request.transport.close()
+            return response, False
+        except ConnectionResetError:
+            # The client went away mid-stream; dropping the upstream tells the worker.
+            assert outcome.placement is not None
+            self._client_gone(outcome.placement.worker.model or "", outcome)
+            return response, False
+        outcome.usage = tap.usage()
+        return response, True
+
+    def _client_gone(self, model: str, outcome: _Outcome) -> None:
+        outcome.status = 499
+        self.metrics.client_disconnects.labels(model).inc()
+
+    def _record(
+        self,
+        features: RequestFeatures | None,
+        outcome: _Outcome,
+        started: float,
+        request_id: str,
+    ) -> None:
+        duration = time.monotonic() - started
+        model = features.model if features is not None else ""
+        placement = outcome.placement
+        worker = placement.worker.id if placement is not None else ""
+        version = placement.version if placement is not None else ""
+        reason = placement.reason if placement is not None else "error"
+        status = outcome.status or 500
+        m = self.metrics
+        m.requests.labels(model, version, worker, str(status), reason).inc()
+        if features is not None and placement is not None:
+            m.request_duration.labels(model, version).observe(duration)
+            if outcome.ttft is not None:
+                m.ttft.labels(model, version).observe(outcome.ttft)
+            usage = outcome.usage
+            if usage is not None:
+                m.prompt_tokens.labels(model, worker).inc(usage.prompt)
+                m.cached_tokens.labels(model, worker).inc(usage.cached)
+                m.completion_tokens.labels(model, worker).inc(usage.completion)
+        if self.access_log.enabled:
+            self.access_log.write(
+                AccessRecord(
+                    request_id=request_id,
+                    model=model,
+                    worker=worker,
+                    version=version,
+                    reason=reason,
+                    status=status,
+                    ttft=outcome.ttft,
+                    duration=duration,
+                    retries=outcome.retries,
+                )
+            )
+
+
+def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:
+    """The ``GET /v1/models`` body for the models the fleet serves."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "kvgate",
+                "versions": versions,
+            }
+            for model, versions in models.items()
+        ],
+    }

@@ -1,0 +1,244 @@
+"""The stateful routing seam: store lookup, policy pick, admission, affinity write.
+
+Per request: features -> (if it has an affinity key) ``store.get`` -> ``policy.pick``
+on a fresh snapshot -> if every worker is at its in-flight limit, wait in the
+bounded admission queue up to the priority's max wait, else 429 -> apply the
+decision: count the request in flight, ``compare_and_set`` the affinity (if
+another replica won, follow the binding in force when it is routable), and tell
+the policy. After the response: ``policy.on_usage`` and ``store.touch``.
+
+The store is advisory: its errors are counted and logged, never fail a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvgate.core.admission import (
+    AdmissionConfig,
+    Admit,
+    Queue,
+    Shed,
+    admit,
+    fleet_saturation,
+    timed_out,
+)
+from kvgate.core.decision import Affinity, Decision
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policy import Policy, RouteContext
+from kvgate.gateway.errors import NoHealthyWorkerError, OverloadedError
+from kvgate.gateway.metrics import GatewayMetrics
+from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.types import Priority, Seconds, SessionKey, WorkerId
+
+CAPACITY_FULL = "capacity_full"
+"""The reason a policy gives when every candidate is at its in-flight limit."""
+
+log = logging.getLogger("kvgate.gateway.router")
+
+
+class AffinityStoreLike(Protocol):
+    """The part of ``kvgate.store.AffinityStore`` the router uses."""
+
+    async def get(self, key: SessionKey) -> Affinity | None: ...
+
+    async def compare_and_set(
+        self,
+        key: SessionKey,
+        expected_worker: WorkerId | None,
+        affinity: Affinity,
+        ttl: Seconds,
+    ) -> Affinity: ...
+
+    async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> object: ...
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where one attempt of a request went, after the decision was applied."""
+
+    worker: Worker
+    reason: str
+    version: str
+    queued_s: float = 0.0
+    wrote_affinity: bool = False
+    bound: Affinity | None = None
+    """The binding in force after this attempt's write (a retry expects it)."""
+
+
+class Router:
+    """Turns request features into a placed, counted attempt on one worker."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        policy: Policy,
+        store: AffinityStoreLike,
+        metrics: GatewayMetrics,
+        admission: AdmissionConfig,
+        *,
+        affinity_ttl: Seconds,
+        rng: random.Random,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.store = store
+        self.metrics = metrics
+        self.admission = admission
+        self.ttl = affinity_ttl
+        self.rng = rng
+        self.wall = wall
+        self.mono = mono
+
+    async def lookup(self, features: RequestFeatures) -> Affinity | None:
+        """The store's binding for the request's affinity key (``None`` on miss or error)."""
+        key = features.affinity_key
+        if key is None:
+            return None
+        try:
+            found = await self.store.get(key)
+        except Exception:
+            self._store_failed("get")
+            self.metrics.affinity.labels("error").inc()
+            return None
+        self.metrics.affinity.labels("hit" if found is not None else "miss").inc()
+        return found
+
+    async def place(
+        self,
+        features: RequestFeatures,
+        affinity: Affinity | None,
+        excluded: frozenset[WorkerId] = frozenset(),
+    ) -> Placement:
+        """Pick a worker (waiting in the admission queue if all are full) and apply it.
+
+        Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
+        """
+        queue = self.pool.queue
+        cfg = self.admission
+        priority = features.priority
+        queued_at: float | None = None
+        deadline = 0.0
+        while True:
+            snap = self.pool.snapshot(features.model, self.wall(), self.mono())
+            snap = snap.without(excluded)
+            if not any(w.routable for w in snap.workers):
+                raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
+            verdict = admit(cfg, priority, len(queue), fleet_saturation(snap, cfg.kv_saturated))
+            if isinstance(verdict, Admit):
+                decision = self.policy.pick(features, RouteContext(snap, affinity, self.rng))
+                if decision.worker is not None:
+                    worker = self.pool.get(decision.worker)
+                    if worker is not None:
+                        break
+                    log.error("policy picked unknown worker %s", decision.worker)
+                    decision = Decision.refuse("invalid_decision")
+                if decision.reason != CAPACITY_FULL:
+                    # Shed for the policy's own reasons (pressure, priority): no queueing.
+                    raise self._shed(features, decision.reason, decision.retry_after)
+                verdict = admit(cfg, priority, len(queue), 1.0)
+            if isinstance(verdict, Shed):
+                raise self._shed(features, verdict.reason, verdict.retry_after)
+            assert isinstance(verdict, Queue)  # admit() at full saturation never admits
+            # Queue: every routable worker is at its in-flight limit; wait for a slot.
+            now = self.mono()
+            if queued_at is None:
+                queued_at = now
+                deadline = now + verdict.max_wait
+            if not await queue.wait(priority, deadline - now):
+                self._observe_wait(priority, self.mono() - queued_at)
+                late = timed_out(cfg, len(queue))
+                raise self._shed(features, late.reason, late.retry_after)
+
+        queued_s = 0.0
+        if queued_at is not None:
+            queued_s = self.mono() - queued_at
+            self._observe_wait(priority, queued_s)
+        self.pool.acquire(worker)
+        placement = Placement(
+            worker=worker,
+            reason=decision.reason,
+            version=decision.version or worker.version,
+            queued_s=queued_s,
+        )
+        if decision.affinity is not None:
+            await self._bind(features, decision, placement, excluded)
+        self.policy.on_routed(features, placement.worker.id, self.wall())
+        return placement
+
+    async def _bind(
+        self,
+        features: RequestFeatures,
+        decision: Decision,
+        place: Placement,
+        excluded: frozenset[WorkerId],
+    ) -> None:
+        """Write the decision's affinity; follow another replica's binding if it won."""
+        write = decision.affinity
+        assert write is not None
+        wanted = Affinity(write.session_key, write.worker, write.version, self.wall())
+        try:
+            bound = await self.store.compare_and_set(
+                write.session_key, write.expected, wanted, self.ttl
+            )
+        except Exception:
+            self._store_failed("compare_and_set")
+            return
+        place.wrote_affinity = True
+        place.bound = bound
+        if bound.worker == place.worker.id or bound.worker in excluded:
+            return
+        other = self.pool.get(bound.worker)
+        if other is None or other.model != features.model:
+            return
+        state = other.state(self.mono(), self.pool.stale_after)
+        if state.routable and not state.full:
+            self.pool.release(place.worker)
+            self.pool.acquire(other)
+            place.worker = other
+            place.version = bound.version or other.version
+            place.reason = "affinity_race"
+
+    def _observe_wait(self, priority: Priority, seconds: float) -> None:
+        self.metrics.queue_wait.labels(priority.name.lower()).observe(seconds)
+
+    def _shed(
+        self, features: RequestFeatures, reason: str, retry_after: float | None
+    ) -> OverloadedError:
+        self.metrics.sheds.labels(reason, features.priority.name.lower()).inc()
+        return OverloadedError(
+            f"the fleet serving {features.model!r} is overloaded ({reason}); retry later",
+            retry_after=retry_after or 1.0,
+            reason=reason,
+        )
+
+    async def finished(
+        self,
+        features: RequestFeatures,
+        placement: Placement,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+    ) -> None:
+        """After the response: cache feedback to the policy and refresh the affinity TTL."""
+        now = self.wall()
+        if prompt_tokens is not None:
+            self.policy.on_usage(
+                features, placement.worker.id, prompt_tokens, cached_tokens or 0, now
+            )
+        key = features.affinity_key
+        if key is not None and not placement.wrote_affinity:
+            try:
+                await self.store.touch(key, now, self.ttl)
+            except Exception:
+                self._store_failed("touch")
+
+    def _store_failed(self, op: str) -> None:
+        self.metrics.store_errors.labels(op).inc()
+        log.warning("affinity store %s failed", op, exc_info=True)

@@ -1,0 +1,160 @@
+"""``kvgate sim``: compare routing policies on one workload in virtual time."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvgate.sim.experiment import Experiment, workload_factory
+from kvgate.sim.report import print_tables, results_json, write_results
+from kvgate.sim.simulation import Progress as ProgressFn
+from kvgate.sim.simulation import SimConfig
+from kvgate.sim.workloads import parse_options
+
+DEFAULT_REQUESTS = 2000
+"""Requests taken from an endless synthetic workload when neither a count nor a duration is set."""
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
+    if not text:
+        return None, []
+    param, sep, values = text.partition("=")
+    if not sep or not _split(values):
+        raise typer.BadParameter("expected PARAM=v1,v2,...", param_hint="--sweep")
+    return param.strip().replace("-", "_"), _split(values)
+
+
+def sim(
+    *,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"
+        ),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Workers in the fleet")] = 4,
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated policy names to compare")
+    ] = "round_robin,least_request,prefix_affinity,default",
+    seed: Annotated[
+        int, typer.Option(help="Seed of the workload and the policies' randomness")
+    ] = 0,
+    rate_scale: Annotated[
+        float, typer.Option(min=0.0, help="Multiply the arrival rate (traces: replay faster)")
+    ] = 1.0,
+    out: Annotated[Path | None, typer.Option(help="Write results.json and plots here")] = None,
+    requests: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many requests")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(min=0.0, help="Stop arrivals after this many simulated seconds")
+    ] = None,
+    profile: Annotated[
+        str, typer.Option(help="Engine latency profile(s), comma-separated, given out in turn")
+    ] = "h100-llama3-8b",
+    kv_blocks: Annotated[
+        str, typer.Option(help="KV blocks per worker (comma-separated, in turn); 0 = GPU's")
+    ] = "0",
+    block_size: Annotated[int, typer.Option(min=1, help="Engine KV block size (tokens)")] = 64,
+    scrape_interval: Annotated[
+        float, typer.Option(min=0.001, help="Seconds between worker metric scrapes")
+    ] = 2.0,
+    max_in_flight: Annotated[
+        int | None, typer.Option(min=1, help="The gateway's in-flight limit per worker")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(help="Policy option KEY=VALUE for every policy that has it (repeatable)"),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(help="PARAM=v1,v2,...: rerun for each value (rate, workers, a threshold...)"),
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Compare routing policies on one workload in virtual time (discrete-event simulation)."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped to a file: keep the table on one line per row
+    try:
+        make = workload_factory(
+            workload=workload,
+            trace=str(trace) if trace is not None else None,
+            seed=seed,
+            rate_scale=rate_scale,
+        )
+        limit = requests
+        if limit is None and duration is None and workload is not None:
+            limit = DEFAULT_REQUESTS
+        config = SimConfig(
+            workers=workers,
+            profiles=tuple(_split(profile)),
+            kv_blocks=tuple(int(v) for v in _split(kv_blocks)),
+            block_size=block_size,
+            scrape_interval=scrape_interval,
+            seed=seed,
+            max_requests=limit,
+            duration=duration,
+        )
+        if max_in_flight is not None:
+            admission = config.admission.model_copy(update={"worker_max_in_flight": max_in_flight})
+            config = dataclasses.replace(config, admission=admission)
+        for index in range(min(workers, len(config.profiles) * len(config.kv_blocks))):
+            config.engine_config(index)  # unknown profiles fail here
+        policy_options: dict[str, object] = {}
+        for item in option or []:
+            policy_options.update(parse_options(item))
+        sweep_param, sweep_values = _parse_sweep(sweep)
+        experiment = Experiment(
+            make, _split(policies), config, policy_options, sweep_param, sweep_values
+        )
+        experiment.check()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    if progress:
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+
+        def track(label: str, total: int) -> ProgressFn:
+            task = bar.add_task(label, total=total)
+            return lambda done: bar.update(task, completed=done)
+
+        with bar:
+            points = experiment.run(track)
+    else:
+        points = experiment.run()
+
+    wall = [{run.policy: run.wall_s for run in point.runs} for point in points]
+    print_tables(console, points, wall)
+    if out is not None:
+        from kvgate.sim.plots import write_plots  # matplotlib loads only when plots are asked for
+
+        results = results_json(points, config, sweep_param, policy_options)
+        write_results(out / "results.json", results)
+        written = write_plots(points, out, sweep_param)
+        console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in written)}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``kvgate sim`` to the command line."""
+    app.command("sim")(sim)

@@ -1,0 +1,172 @@
+"""Experiments: several policies on one workload, optionally swept over a parameter.
+
+Every policy sees the same requests (the workload is replayed from the start for
+each) on a fresh fleet with the same seed, and the infinite-cache bound is
+computed once per workload. A sweep repeats that for each value of one
+parameter: a fleet setting (``workers``, ``kv_blocks``, ``scrape_interval``...),
+an admission limit, the arrival rate, a workload option, or a policy option
+(given to every policy that has it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.core.admission import AdmissionConfig
+from kvgate.core.policies import default_registry
+from kvgate.sim.bound import Bound, infinite_cache_bound
+from kvgate.sim.prompts import PromptCodec
+from kvgate.sim.simulation import Progress, RunResult, SimConfig, Simulation
+from kvgate.sim.traces import MooncakeTrace, RagPulseTrace, open_trace
+from kvgate.sim.workloads import SyntheticWorkload, Workload, build_workload, workload_options
+
+WorkloadFactory = Callable[[Mapping[str, object]], Workload]
+"""Builds the workload for one sweep point from workload-level overrides."""
+
+_FLEET_PARAMS = {
+    "workers": int,
+    "kv_blocks": int,
+    "block_size": int,
+    "max_num_seqs": int,
+    "max_batched_tokens": int,
+    "scrape_interval": float,
+    "affinity_ttl": float,
+    "seed": int,
+}
+_RATE_PARAMS = ("rate", "rate_scale")
+
+
+def workload_factory(
+    *, workload: str | None, trace: str | None, seed: int, rate_scale: float
+) -> WorkloadFactory:
+    """A factory for ``--workload NAME[:opts]`` or ``--trace FILE`` (exactly one)."""
+    if (workload is None) == (trace is None):
+        raise ValueError("give exactly one of a workload name or a trace file")
+    if trace is not None:
+        path = trace
+        open_trace(path, rate_scale)  # fail early on a bad path
+
+        def make_trace(overrides: Mapping[str, object]) -> Workload:
+            scale = rate_scale
+            for key, value in overrides.items():
+                if key not in _RATE_PARAMS:
+                    raise ValueError(f"a trace has no option {key!r}; sweep rate or rate_scale")
+                scale = float(str(value)) if key == "rate_scale" else scale * float(str(value))
+            loaded: MooncakeTrace | RagPulseTrace = open_trace(path, scale)
+            return loaded
+
+        return make_trace
+    spec = workload or ""
+    build_workload(spec, seed, rate_scale)  # fail early on a bad name or option
+
+    def make_synthetic(overrides: Mapping[str, object]) -> Workload:
+        scale = rate_scale
+        options = dict(overrides)
+        if "rate_scale" in options:
+            scale = float(str(options.pop("rate_scale")))
+        built: SyntheticWorkload = build_workload(spec, seed, scale, options)
+        return built
+
+    return make_synthetic
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """All policies at one sweep point (or the only point of a plain comparison)."""
+
+    value: object
+    workload: dict[str, Any]
+    bound: Bound
+    runs: list[RunResult]
+
+
+@dataclass
+class Experiment:
+    """Policies to compare, the fleet, the workload, and an optional sweep."""
+
+    make_workload: WorkloadFactory
+    policies: Sequence[str]
+    config: SimConfig
+    policy_options: Mapping[str, object] = field(default_factory=dict)
+    sweep_param: str | None = None
+    sweep_values: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        registry = default_registry()
+        for name in self.policies:
+            registry[name]  # an unknown name fails here, before any run
+        if self.sweep_param is not None and not self.sweep_values:
+            raise ValueError("a sweep needs at least one value")
+
+    def _options_for(self, policy: str, extra: Mapping[str, object]) -> dict[str, Any]:
+        fields = default_registry()[policy].config.model_fields
+        merged = {**self.policy_options, **extra}
+        return {k: v for k, v in merged.items() if k in fields}
+
+    def _point(self, value: str | None) -> tuple[SimConfig, dict[str, object], dict[str, object]]:
+        """The fleet config, workload overrides and policy options of one sweep point."""
+        config = self.config
+        param = self.sweep_param
+        if param is None or value is None:
+            return config, {}, {}
+        if param in _FLEET_PARAMS:
+            number = _FLEET_PARAMS[param](value)
+            if param == "kv_blocks":
+                return dataclasses.replace(config, kv_blocks=(int(number),)), {}, {}
+            return dataclasses.replace(config, **{param: number}), {}, {}
+        if param in AdmissionConfig.model_fields:
+            admission = config.admission.model_copy(update={param: float(value)})
+            admission = AdmissionConfig.model_validate(admission.model_dump())
+            return dataclasses.replace(config, admission=admission), {}, {}
+        if param in _RATE_PARAMS:
+            return config, {param: value}, {}
+        probe = self.make_workload({})
+        if param in workload_options(probe.name):
+            return config, {param: value}, {}
+        registry = default_registry()
+        if any(param in registry[p].config.model_fields for p in self.policies):
+            return config, {}, {param: value}
+        raise ValueError(
+            f"cannot sweep {param!r}: not a fleet setting, admission limit, workload option "
+            "or option of any chosen policy"
+        )
+
+    def check(self) -> None:
+        """Validate every sweep point's settings before spending time on runs."""
+        values: Sequence[str | None] = list(self.sweep_values) or [None]
+        for value in values:
+            self._point(value)
+
+    def run(self, progress: Callable[[str, int], Progress] | None = None) -> list[PointResult]:
+        """Every sweep point, every policy; ``progress(label, total)`` gives a per-run callback."""
+        points: list[PointResult] = []
+        values: Sequence[str | None] = list(self.sweep_values) if self.sweep_param else [None]
+        for value in values:
+            config, overrides, extra = self._point(value)
+            workload = self.make_workload(overrides)
+            codec = PromptCodec(config.block_size, config.features, model=config.model)
+            bound = infinite_cache_bound(config.limited(workload.requests()), codec)
+            runs: list[RunResult] = []
+            for policy in self.policies:
+                label = policy if value is None else f"{policy} {self.sweep_param}={value}"
+                sim = Simulation(
+                    config, workload.requests(), policy, self._options_for(policy, extra), codec
+                )
+                result = sim.run(progress(label, bound.requests) if progress is not None else None)
+                result.summary["hit_rate_of_bound"] = (
+                    round(result.summary["hit_rate"] / bound.hit_rate, 6)
+                    if bound.hit_rate
+                    else None
+                )
+                runs.append(result)
+            shown: object = value
+            if value is not None:
+                try:
+                    shown = float(value) if "." in value or "e" in value.lower() else int(value)
+                except ValueError:
+                    shown = value
+            points.append(PointResult(shown, workload.describe(), bound, runs))
+        return points

@@ -1,0 +1,176 @@
+"""What one simulated run measured: per-request latencies, cache hits, load, sheds.
+
+The recorder keeps a few numbers per finished request (for exact percentiles)
+and a per-worker load series sampled at scrape instants, thinned by halving
+whenever it grows past ``max_samples`` so long runs stay bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvgate.types import Seconds
+
+
+def _percentile(values: array[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return float(np.percentile(np.frombuffer(values, dtype=np.float64), q))
+
+
+def _r(value: float, digits: int = 6) -> float:
+    """Rounded for the report: stable text, no spurious precision."""
+    return round(value, digits) if math.isfinite(value) else 0.0
+
+
+@dataclass
+class LoadSeries:
+    """Per-worker in-flight counts and KV usage over time, at most ``max_samples`` points."""
+
+    workers: int
+    max_samples: int = 1_000
+    stride: int = 1
+    _seen: int = 0
+    times: list[float] = field(default_factory=list)
+    in_flight: list[list[int]] = field(default_factory=list)
+    kv_usage: list[list[float]] = field(default_factory=list)
+
+    def sample(self, now: Seconds, in_flight: list[int], kv_usage: list[float]) -> None:
+        """Offer one sample; every ``stride``-th is kept."""
+        self._seen += 1
+        if (self._seen - 1) % self.stride:
+            return
+        self.times.append(now)
+        self.in_flight.append(in_flight)
+        self.kv_usage.append(kv_usage)
+        if len(self.times) >= self.max_samples:
+            # Keep every other point and sample half as often from now on.
+            self.times = self.times[::2]
+            self.in_flight = self.in_flight[::2]
+            self.kv_usage = self.kv_usage[::2]
+            self.stride *= 2
+
+    def to_json(self) -> dict[str, Any]:
+        """Times and per-worker series (``in_flight[i]`` is worker i's series)."""
+        return {
+            "times": [_r(t, 3) for t in self.times],
+            "in_flight": [[row[i] for row in self.in_flight] for i in range(self.workers)],
+            "kv_usage": [[_r(row[i], 4) for row in self.kv_usage] for i in range(self.workers)],
+        }
+
+
+class RunRecorder:
+    """Collects one run's measurements as events happen."""
+
+    def __init__(self, worker_ids: list[str], max_samples: int = 1_000) -> None:
+        self.worker_ids = worker_ids
+        self.ttft: array[float] = array("d")
+        self.e2e: array[float] = array("d")
+        self.queue: array[float] = array("d")
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.output_tokens = 0
+        self.offered = 0
+        self.finished = 0
+        self.preemptions = 0
+        self.migrations = 0
+        self.sheds: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.served = [0] * len(worker_ids)
+        self.first_arrival: Seconds | None = None
+        self.last_finish: Seconds = 0.0
+        self.load = LoadSeries(len(worker_ids), max_samples)
+
+    def arrived(self, now: Seconds) -> None:
+        """One request reached the gateway."""
+        self.offered += 1
+        if self.first_arrival is None:
+            self.first_arrival = now
+
+    def routed(self, reason: str, migrated: bool) -> None:
+        """A decision placed a request (``migrated``: it moved a session's affinity)."""
+        self.reasons[reason] += 1
+        if migrated:
+            self.migrations += 1
+
+    def shed(self, reason: str) -> None:
+        """A request was refused."""
+        self.sheds[reason] += 1
+
+    def finish(
+        self,
+        worker: int,
+        *,
+        ttft: Seconds,
+        e2e: Seconds,
+        queued: Seconds,
+        prompt_tokens: int,
+        cached_tokens: int,
+        output_tokens: int,
+        now: Seconds,
+    ) -> None:
+        """A request completed on worker index ``worker``."""
+        self.finished += 1
+        self.ttft.append(ttft)
+        self.e2e.append(e2e)
+        self.queue.append(queued)
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+        self.output_tokens += output_tokens
+        self.served[worker] += 1
+        self.last_finish = max(self.last_finish, now)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache, as a fraction of prompt tokens."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def summary(self, bound_hit_rate: float | None = None) -> dict[str, Any]:
+        """The run's figures, JSON-ready (seconds for times)."""
+        duration = self.last_finish - (self.first_arrival or 0.0)
+        served = self.served
+        mean = sum(served) / len(served) if served else 0.0
+        std = math.sqrt(sum((s - mean) ** 2 for s in served) / len(served)) if served else 0.0
+        hit = self.hit_rate
+        out: dict[str, Any] = {
+            "requests": self.offered,
+            "finished": self.finished,
+            "shed": sum(self.sheds.values()),
+            "sheds": dict(sorted(self.sheds.items())),
+            "duration_s": _r(duration, 3),
+            "throughput": _r(self.finished / duration if duration > 0 else 0.0, 4),
+            "output_tokens_per_s": _r(self.output_tokens / duration if duration > 0 else 0.0, 2),
+            "hit_rate": _r(hit),
+            "hit_rate_of_bound": _r(hit / bound_hit_rate) if bound_hit_rate else None,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_mean": _r(sum(self.ttft) / len(self.ttft) if self.ttft else 0.0),
+            "ttft_p50": _r(_percentile(self.ttft, 50)),
+            "ttft_p90": _r(_percentile(self.ttft, 90)),
+            "ttft_p99": _r(_percentile(self.ttft, 99)),
+            "e2e_p50": _r(_percentile(self.e2e, 50)),
+            "e2e_p99": _r(_percentile(self.e2e, 99)),
+            "queue_mean": _r(sum(self.queue) / len(self.queue) if self.queue else 0.0),
+            "queue_p99": _r(_percentile(self.queue, 99)),
+            "load_max_over_mean": _r(max(served) / mean if mean else 0.0, 4),
+            "load_cv": _r(std / mean if mean else 0.0, 4),
+            "served": dict(zip(self.worker_ids, served, strict=True)),
+            "preemptions": self.preemptions,
+            "migrations": self.migrations,
+            "reasons": dict(sorted(self.reasons.items())),
+        }
+        return out
+
+    def ttft_sorted(self, points: int = 200) -> list[float]:
+        """TTFT quantiles at ``points`` evenly spaced levels (for the CDF plot)."""
+        if not self.ttft:
+            return []
+        values = np.frombuffer(self.ttft, dtype=np.float64)
+        levels = np.linspace(0, 100, points)
+        return [_r(float(v)) for v in np.percentile(values, levels)]

@@ -1,0 +1,64 @@
+"""The simulator's request record: arrival time, prompt structure and output length.
+
+A prompt is a sequence of *segments* ``(segment_id, tokens)``: a system prompt, a
+document, a chat turn, one Mooncake 512-token block. Two prompts share a cached
+prefix exactly as far as their segment sequences agree; ``kvgate.sim.prompts``
+cuts segments into engine blocks and into the gateway's text blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvgate.types import Priority, Seconds
+
+Segment = tuple[int, int]
+"""``(segment_id, tokens)``: one piece of prompt content; same id, same content."""
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One request as a workload or trace produces it, in arrival order.
+
+    ``opening`` is how many leading segments form the conversation's opening (the
+    system prompt and first user message, from which the gateway derives a session
+    key when the client sends none); 0 means a completions-style prompt, keyed by
+    its first characters. ``reply`` is the segment the engine's output becomes in
+    the next turn's prompt, when a next turn will re-send it.
+    """
+
+    arrival: Seconds
+    request_id: str
+    segments: tuple[Segment, ...]
+    prompt_tokens: int
+    max_tokens: int
+    session_id: str | None = None
+    priority: Priority = Priority.STANDARD
+    opening: int = 0
+    reply: Segment | None = None
+
+    @classmethod
+    def of(
+        cls,
+        arrival: Seconds,
+        request_id: str,
+        segments: tuple[Segment, ...],
+        max_tokens: int,
+        *,
+        session_id: str | None = None,
+        priority: Priority = Priority.STANDARD,
+        opening: int = 0,
+        reply: Segment | None = None,
+    ) -> SimRequest:
+        """A request whose prompt length is the sum of its segments' tokens."""
+        return cls(
+            arrival=arrival,
+            request_id=request_id,
+            segments=segments,
+            prompt_tokens=sum(tokens for _, tokens in segments),
+            max_tokens=max(1, max_tokens),
+            session_id=session_id,
+            priority=priority,
+            opening=opening,
+            reply=reply,
+        )

@@ -1,0 +1,261 @@
+"""The discrete-event loop: workload arrivals, engine steps and metric scrapes in virtual time.
+
+Events are ``(time, counter, kind, worker)`` in a heap; the counter breaks ties so
+a run is a pure function of its inputs (as SimPy's event queue). Arrivals are
+pulled from the workload one at a time, so memory is bounded by the fleet.
+
+Each worker alternates ``engine.step(now, horizon)`` and the step's end. The
+horizon is the time to the next arrival (or, while requests wait in the
+gateway's queue, to the next event of any kind): nothing can reach the engine
+before then, so fusing decode-only iterations up to it changes no result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.core.admission import AdmissionConfig
+from kvgate.core.policies import default_registry
+from kvgate.core.prefix import FeatureConfig
+from kvgate.engine import EngineConfig, EngineRequest, StepResult
+from kvgate.sim.gateway import SimGateway
+from kvgate.sim.metrics import RunRecorder
+from kvgate.sim.prompts import PromptCodec
+from kvgate.sim.request import SimRequest
+from kvgate.sim.worker import SimWorker
+from kvgate.types import Seconds
+
+_STEP = 0
+_SCRAPE = 1
+_NO_ARRIVAL_HORIZON = 3600.0  # fuse freely once the workload is exhausted
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The fleet and the gateway's settings for one run.
+
+    ``profiles`` and ``kv_blocks`` are assigned to workers in turn (worker i gets
+    ``profiles[i % len(profiles)]``), so ``("h100-llama3-8b", "a100-llama3-8b")``
+    makes a mixed fleet. ``kv_blocks`` 0 means what the profile's GPU holds.
+    ``scrape_interval`` is how often worker metrics refresh (the live gateway's
+    health interval); signals older than ``stale_after`` count as unknown.
+    """
+
+    workers: int = 4
+    profiles: tuple[str, ...] = ("h100-llama3-8b",)
+    kv_blocks: tuple[int, ...] = (0,)
+    block_size: int = 64
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    scrape_interval: Seconds = 2.0
+    stale_after: Seconds | None = None
+    affinity_ttl: Seconds = 3600.0
+    admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig.model_validate({}))
+    features: FeatureConfig = field(default_factory=lambda: FeatureConfig.model_validate({}))
+    seed: int = 0
+    max_requests: int | None = None
+    duration: Seconds | None = None
+    model: str = "sim"
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("the fleet needs at least one worker")
+        if not self.profiles or not self.kv_blocks:
+            raise ValueError("profiles and kv_blocks need at least one value each")
+        if self.scrape_interval <= 0:
+            raise ValueError("scrape_interval must be positive")
+
+    def engine_config(self, index: int) -> EngineConfig:
+        """The engine config of worker ``index``."""
+        return EngineConfig(
+            block_size=self.block_size,
+            num_gpu_blocks=self.kv_blocks[index % len(self.kv_blocks)],
+            max_num_seqs=self.max_num_seqs,
+            max_batched_tokens=self.max_batched_tokens,
+            profile=self.profiles[index % len(self.profiles)],
+        )
+
+    def limited(self, requests: Iterable[SimRequest]) -> Iterator[SimRequest]:
+        """``requests`` cut at ``max_requests`` and at arrivals past ``duration``."""
+        stream: Iterator[SimRequest] = iter(requests)
+        if self.duration is not None:
+            stream = itertools.takewhile(lambda r: r.arrival <= (self.duration or 0.0), stream)
+        if self.max_requests is not None:
+            stream = itertools.islice(stream, self.max_requests)
+        return stream
+
+
+@dataclass
+class RunResult:
+    """One policy's run: its name and options, the summary, and the raw recorder."""
+
+    policy: str
+    options: dict[str, Any]
+    summary: dict[str, Any]
+    recorder: RunRecorder
+    wall_s: float = 0.0  # wall-clock seconds the run took; never part of results.json
+
+
+class Simulation:
+    """One run of one policy over one workload on a fresh fleet."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: Iterable[SimRequest],
+        policy: str,
+        options: dict[str, Any] | None = None,
+        codec: PromptCodec | None = None,
+    ) -> None:
+        self.config = config
+        self.policy_name = policy
+        self.options = dict(options or {})
+        self.codec = codec or PromptCodec(config.block_size, config.features, model=config.model)
+        stale = config.stale_after if config.stale_after is not None else 3 * config.scrape_interval
+        max_in_flight = config.admission.worker_max_in_flight
+        self.workers = [
+            SimWorker(
+                i,
+                config.engine_config(i),
+                model=config.model,
+                max_in_flight=max_in_flight,
+                stale_after=stale,
+            )
+            for i in range(config.workers)
+        ]
+        self.recorder = RunRecorder([w.id for w in self.workers])
+        self.gateway = SimGateway(
+            self.workers,
+            default_registry().build(policy, self.options),
+            self.codec,
+            self.recorder,
+            self._submit,
+            admission=config.admission,
+            affinity_ttl=config.affinity_ttl,
+            rng=random.Random(config.seed),
+        )
+        self._requests = config.limited(requests)
+        self._events: list[tuple[Seconds, int, int, int]] = []
+        self._counter = itertools.count()
+        self._pending: list[StepResult | None] = [None] * len(self.workers)
+        self._next: SimRequest | None = None
+        self._next_scrape: Seconds = 0.0
+        self.step_calls = 0  # engine.step calls that ran something (a cost measure)
+
+    def _push(self, at: Seconds, kind: int, worker: int) -> None:
+        heapq.heappush(self._events, (at, next(self._counter), kind, worker))
+
+    def _submit(self, worker: SimWorker, request: EngineRequest, now: Seconds) -> None:
+        worker.engine.submit(request, now)
+        if not worker.busy:
+            worker.busy = True
+            self._push(now, _STEP, worker.index)
+
+    def run(self, progress: Progress | None = None, every: int = 500) -> RunResult:
+        """Run until every request has finished or been refused."""
+        started = time.perf_counter()
+        events = self._events
+        gateway = self.gateway
+        requests = self._requests
+        self._next = next(requests, None)
+        self._push(0.0, _SCRAPE, -1)
+        arrived = 0
+        while True:
+            upcoming = self._next
+            if events and (upcoming is None or events[0][0] <= upcoming.arrival):
+                now, _, kind, index = heapq.heappop(events)
+                if kind == _STEP:
+                    self._step(self.workers[index], now)
+                else:
+                    self._scrape(now)
+            elif upcoming is not None:
+                gateway.arrive(upcoming, upcoming.arrival)
+                arrived += 1
+                if progress is not None and arrived % every == 0:
+                    progress(arrived)
+                self._next = next(requests, None)
+            else:
+                break
+        gateway.expire_waiters()
+        if progress is not None:
+            progress(arrived)
+        summary = self.recorder.summary()
+        wall = time.perf_counter() - started
+        return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
+
+    def _horizon(self, now: Seconds) -> Seconds:
+        """How far this worker may fuse decode steps: until anything could reach it."""
+        upcoming = self._next
+        horizon = upcoming.arrival - now if upcoming is not None else _NO_ARRIVAL_HORIZON
+        # The next scrape must read the engine as it is then, not after a fused step.
+        horizon = min(horizon, self._next_scrape - now)
+        if self.gateway.queue_depth and self._events:
+            # A finish elsewhere would hand a waiter to any worker, this one included.
+            horizon = min(horizon, self._events[0][0] - now)
+        return max(horizon, 0.0)
+
+    def _step(self, worker: SimWorker, now: Seconds) -> None:
+        """The worker's previous step ends at ``now``: deliver it, start the next."""
+        index = worker.index
+        pending = self._pending
+        events = self._events
+        engine = worker.engine
+        while True:
+            result = pending[index]
+            pending[index] = None
+            if result is not None:
+                if result.preempted:
+                    self.recorder.preemptions += len(result.preempted)
+                for done in result.finished:
+                    self.gateway.finished(done, now)
+            if not engine.has_work():
+                break
+            result = engine.step(now, self._horizon(now))
+            if not result.steps:
+                break
+            self.step_calls += 1
+            pending[index] = result
+            end = now + result.duration
+            upcoming = self._next
+            if (events and events[0][0] <= end) or (
+                upcoming is not None and upcoming.arrival <= end
+            ):
+                heapq.heappush(events, (end, next(self._counter), _STEP, index))
+                return
+            # Nothing else happens before this step ends: deliver it without the heap.
+            now = end
+        worker.busy = False
+
+    def _scrape(self, now: Seconds) -> None:
+        """Every worker's metrics are read; the next scrape is scheduled while work remains."""
+        workers = self.workers
+        for worker in workers:
+            worker.scrape(now)
+        self.recorder.load.sample(
+            now,
+            [w.in_flight for w in workers],
+            [w.signals[2] if w.signals else 0.0 for w in workers],
+        )
+        interval = self.config.scrape_interval
+        busy = any(w.busy for w in workers) or self.gateway.queue_depth > 0
+        upcoming = self._next
+        self._next_scrape = _NO_ARRIVAL_HORIZON + now
+        if busy:
+            self._next_scrape = now + interval
+        elif upcoming is not None:
+            # An idle fleet's signals do not change: skip to the last scrape before
+            # the next arrival, on the same grid.
+            skips = max(1, math.floor((upcoming.arrival - now) / interval))
+            self._next_scrape = now + skips * interval
+        else:
+            return
+        self._push(self._next_scrape, _SCRAPE, -1)

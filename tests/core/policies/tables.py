@@ -1,0 +1,62 @@
+"""Small builders for the fleet tables policy tests run on."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from kvgate.core.decision import Affinity
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import FleetSnapshot, WorkerState
+from kvgate.core.policy import RouteContext
+from kvgate.types import SessionSource
+
+
+def worker(worker_id: str, **fields: Any) -> WorkerState:
+    """A worker of model ``m`` with the given fields."""
+    return WorkerState(id=worker_id, model="m", **fields)
+
+
+def fleet(*workers: WorkerState, now: float = 0.0) -> FleetSnapshot:
+    """A snapshot of ``workers``."""
+    return FleetSnapshot(now, tuple(workers))
+
+
+def ctx(
+    snapshot: FleetSnapshot, bound_to: str | None = None, key: str = "s", seed: int = 0
+) -> RouteContext:
+    """A route context; ``bound_to`` sets the session's affinity."""
+    affinity = Affinity(key, bound_to, "default") if bound_to is not None else None
+    return RouteContext(snapshot, affinity, random.Random(seed))
+
+
+def request(
+    request_id: str = "r",
+    *,
+    session: str | None = None,
+    hashes: tuple[int, ...] = (),
+    prefix_key: str | None = None,
+    pinned: str | None = None,
+) -> RequestFeatures:
+    """A request; ``session`` is a client-supplied key (header)."""
+    return RequestFeatures(
+        request_id=request_id,
+        model="m",
+        session_key=session,
+        session_source=SessionSource.HEADER if session else SessionSource.NONE,
+        prefix_hashes=hashes,
+        prompt_chars=256 * len(hashes),
+        pinned_version=pinned,
+        prefix_key=prefix_key,
+    )
+
+
+def chain(group: int, length: int, tail: int | None = None) -> tuple[int, ...]:
+    """A fake hash chain: ``length`` blocks of ``group``'s prefix, the last replaced by ``tail``.
+
+    Only equality matters to the index, so readable integers stand in for hashes.
+    """
+    blocks = [group * 1000 + i for i in range(length)]
+    if tail is not None and blocks:
+        blocks[-1] = tail
+    return tuple(blocks)

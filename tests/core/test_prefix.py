@@ -1,0 +1,294 @@
+"""Request features from OpenAI bodies: validation, canonical text, chained block hashes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvgate.core.prefix import (
+    FeatureConfig,
+    InvalidRequestError,
+    build_features,
+    chat_canonical_text,
+    text_chain_hashes,
+    token_chain_hashes,
+)
+from kvgate.types import Priority
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
+
+
+def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), **extra}
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+# -- validation -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": [user("hi")]}, "model"),
+        ({"model": 3, "messages": [user("hi")]}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": "hi"}, "messages"),
+        ({"model": "m", "messages": ["hi"]}, "messages[0]"),
+        ({"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (
+            {
+                "model": "m",
+                "messages": [user("a"), {"role": "user", "content": [{"type": "text"}]}],
+            },
+            "messages[1].content[0].text",
+        ),
+        ({"model": "m", "messages": [user("a")], "stream": "yes"}, "stream"),
+        ({"model": "m", "messages": [user("a")], "user": 7}, "user"),
+        ({"model": "m", "prompt": 5}, "prompt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+    ],
+)
+def test_malformed_bodies_raise_invalid_request_naming_the_param(
+    body: Any, param: str | None
+) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        build_features(body, {}, request_id="r")
+    assert info.value.param == param
+    assert info.value.message
+
+
+def test_completions_endpoint_requires_prompt() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        build_features({"model": "m"}, {}, request_id="r", endpoint="completions")
+    assert info.value.param == "prompt"
+
+
+# -- session key, priority, version ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "body_user", "config", "key", "source"),
+    [
+        ({"X-Session-ID": "h1"}, "u1", FeatureConfig(), "h1", "header"),
+        ({"x-session-id": "h1"}, "u1", FeatureConfig(), "h1", "header"),
+        ({"X-Session-ID": "   "}, "u1", FeatureConfig(), "u1", "user"),
+        ({}, "u1", FeatureConfig(), "u1", "user"),
+        ({}, "u1", FeatureConfig(use_user_field=False), None, "none"),
+        ({}, None, FeatureConfig(), None, "none"),
+        (
+            {"X-Conv": "c9", "X-Session-ID": "h1"},
+            "u1",
+            FeatureConfig(session_header="X-Conv"),
+            "c9",
+            "header",
+        ),
+    ],
+)
+def test_session_key_header_then_user_then_none(
+    headers: dict[str, str],
+    body_user: str | None,
+    config: FeatureConfig,
+    key: str | None,
+    source: str,
+) -> None:
+    body = chat(SYSTEM, user("hello"))
+    if body_user is not None:
+        body["user"] = body_user
+    features = build_features(body, headers, config, request_id="r")
+    assert features.session_key == key
+    assert features.session_source == source
+    assert features.has_session is (key is not None)
+
+
+def test_over_long_session_key_is_hashed_to_a_bounded_key() -> None:
+    raw = "k" * 10_000
+    features = build_features(chat(user("hi")), {"X-Session-ID": raw}, request_id="r")
+    assert features.session_key is not None
+    assert len(features.session_key) < 64
+    again = build_features(chat(user("hi")), {"X-Session-ID": raw}, request_id="r2")
+    assert again.session_key == features.session_key
+
+
+@pytest.mark.parametrize(
+    ("value", "priority"),
+    [
+        ("critical", Priority.CRITICAL),
+        ("Sheddable", Priority.SHEDDABLE),
+        ("standard", Priority.STANDARD),
+        ("urgent!!", Priority.STANDARD),
+        (None, Priority.STANDARD),
+    ],
+)
+def test_priority_from_header(value: str | None, priority: Priority) -> None:
+    headers = {"X-Priority": value} if value is not None else {}
+    assert build_features(chat(user("hi")), headers, request_id="r").priority is priority
+
+
+def test_version_pin_from_header_and_can_be_disabled() -> None:
+    headers = {"X-Model-Version": " v3 "}
+    assert build_features(chat(user("hi")), headers, request_id="r").pinned_version == "v3"
+    off = FeatureConfig(allow_version_pin=False)
+    assert build_features(chat(user("hi")), headers, off, request_id="r").pinned_version is None
+
+
+def test_stream_model_and_request_id_are_carried() -> None:
+    features = build_features(chat(user("hi"), stream=True), {}, request_id="abc")
+    assert (features.request_id, features.model, features.stream) == ("abc", "m", True)
+
+
+# -- canonical text and chains ----------------------------------------------
+
+
+def test_text_parts_and_string_content_canonicalise_alike() -> None:
+    as_string = chat_canonical_text([user("look at this")])[0]
+    as_parts = chat_canonical_text(
+        [{"role": "user", "content": [{"type": "text", "text": "look at this"}]}]
+    )[0]
+    assert as_parts == as_string
+
+
+def test_role_is_part_of_the_canonical_text() -> None:
+    as_user = chat_canonical_text([user("same words")])[0]
+    as_system = chat_canonical_text([{"role": "system", "content": "same words"}])[0]
+    assert as_user != as_system
+
+
+def test_images_change_the_chain_after_the_text_before_them() -> None:
+    def with_image(url: str) -> tuple[int, ...]:
+        part = {"type": "image_url", "image_url": {"url": url}}
+        message = {"role": "user", "content": [{"type": "text", "text": "x" * 600}, part]}
+        return build_features(chat(message), {}, request_id="r").prefix_hashes
+
+    a, b = with_image("http://a/cat.png"), with_image("http://a/dog.png")
+    assert a[:2] == b[:2]  # the 600 leading characters fill two whole blocks
+    assert a[-1] != b[-1]
+
+
+def test_tool_calls_enter_the_canonical_text() -> None:
+    def call(args: str) -> str:
+        fn = {"name": "search", "arguments": args}
+        message = {"role": "assistant", "content": None, "tool_calls": [{"function": fn}]}
+        return chat_canonical_text([user("q"), message])[0]
+
+    assert call('{"q": 1}') != call('{"q": 2}')
+
+
+def test_chain_hashes_follow_the_definition() -> None:
+    text = "abcdefghij"
+    first = xxhash.xxh3_64_intdigest(b"abcd", 0)
+    second = xxhash.xxh3_64_intdigest(b"efgh", first)
+    third = xxhash.xxh3_64_intdigest(b"ij", second)
+    assert text_chain_hashes(text, 4, 10) == (first, second, third)
+    assert text_chain_hashes(text, 4, 2) == (first, second)
+
+
+def test_blocks_are_characters_not_bytes() -> None:
+    text = "héllo wörld"
+    first = xxhash.xxh3_64_intdigest("héll".encode(), 0)
+    second = xxhash.xxh3_64_intdigest("o wö".encode(), first)
+    assert text_chain_hashes(text, 4, 2) == (first, second)
+
+
+@given(
+    common=st.text(min_size=0, max_size=700),
+    tail_a=st.text(min_size=1, max_size=300),
+    tail_b=st.text(min_size=1, max_size=300),
+    block=st.sampled_from([1, 7, 64, 256]),
+)
+def test_chains_agree_exactly_as_far_as_the_prompts_agree(
+    common: str, tail_a: str, tail_b: str, block: int
+) -> None:
+    a, b = common + tail_a, common + tail_b
+    agree = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    ha, hb = text_chain_hashes(a, block, 10_000), text_chain_hashes(b, block, 10_000)
+    whole = agree // block
+    assert ha[:whole] == hb[:whole]
+    if a != b and whole < min(len(ha), len(hb)):
+        assert ha[whole] != hb[whole]
+
+
+def test_max_blocks_and_block_size_bound_the_chain() -> None:
+    body = chat(user("z" * 5000))
+    features = build_features(
+        body, {}, FeatureConfig(block_chars=100, max_blocks=7), request_id="r"
+    )
+    assert len(features.prefix_hashes) == 7
+    assert features.prompt_chars > 5000
+
+
+def test_a_longer_conversation_extends_the_chain_of_the_shorter() -> None:
+    turn1 = chat(SYSTEM, user("first question " * 30))
+    turn2 = chat(
+        SYSTEM,
+        user("first question " * 30),
+        {"role": "assistant", "content": "an answer " * 40},
+        user("second"),
+    )
+    h1 = build_features(turn1, {}, request_id="1").prefix_hashes
+    h2 = build_features(turn2, {}, request_id="2").prefix_hashes
+    full_blocks = build_features(turn1, {}, request_id="1").prompt_chars // 256
+    assert h2[:full_blocks] == h1[:full_blocks]
+    assert len(h2) > len(h1)
+
+
+def test_completions_prompt_string_list_and_tokens() -> None:
+    as_text = build_features({"model": "m", "prompt": "a\nb"}, {}, request_id="r")
+    as_list = build_features({"model": "m", "prompt": ["a", "b"]}, {}, request_id="r")
+    assert as_text.prefix_hashes == as_list.prefix_hashes
+    tokens = build_features({"model": "m", "prompt": [1, 2, 3]}, {}, request_id="r")
+    assert len(tokens.prefix_hashes) == 1
+
+
+def test_token_block_mode_uses_the_given_tokenizer() -> None:
+    config = FeatureConfig(block_mode="tokens", block_tokens=2)
+    features = build_features(
+        chat(user("abcde")),
+        {},
+        config,
+        request_id="r",
+        tokenize=lambda text: [ord(c) for c in text],
+    )
+    text = chat_canonical_text([user("abcde")])[0]
+    assert features.prefix_hashes == token_chain_hashes([ord(c) for c in text], 2, 64)
+    with pytest.raises(ValueError, match="tokenize"):
+        build_features(chat(user("abcde")), {}, config, request_id="r")
+    ids = build_features({"model": "m", "prompt": [5, 6, 7]}, {}, config, request_id="r")
+    assert ids.prefix_hashes == token_chain_hashes([5, 6, 7], 2, 64)
+
+
+# -- prefix-derived key -----------------------------------------------------
+
+
+def test_prefix_key_names_the_conversation_not_the_shared_system_prompt() -> None:
+    turn1 = chat(SYSTEM, user("plan a trip"))
+    turn2 = chat(SYSTEM, user("plan a trip"), {"role": "assistant", "content": "ok"}, user("more"))
+    other = chat(SYSTEM, user("write a poem"))
+    k1, k2, k3 = (build_features(b, {}, request_id="r").prefix_key for b in (turn1, turn2, other))
+    assert k1 is not None
+    assert k1 == k2
+    assert k1 != k3
+
+
+def test_prefix_key_is_absent_with_a_client_key_or_when_disabled() -> None:
+    body = chat(user("hi"))
+    with_header = build_features(body, {"X-Session-ID": "s"}, request_id="r")
+    assert with_header.prefix_key is None
+    assert with_header.affinity_key == "s"
+    off = build_features(body, {}, FeatureConfig(derive_prefix_key=False), request_id="r")
+    assert off.prefix_key is None
+    assert off.affinity_key is None
+    on = build_features(body, {}, request_id="r")
+    assert on.affinity_key == on.prefix_key
+    assert on.session_source == "none"

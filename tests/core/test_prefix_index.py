@@ -1,0 +1,161 @@
+"""The prefix index: longest-prefix lookups, per-worker and global bounds, feedback."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvgate.core.prefix_index import PrefixIndex, PrefixIndexConfig
+
+from .policies.tables import chain
+
+
+def small(**fields: float) -> PrefixIndex:
+    return PrefixIndex(PrefixIndexConfig(**fields))  # type: ignore[arg-type]
+
+
+def assert_consistent(index: PrefixIndex) -> None:
+    """Every worker's LRU entries and the block -> workers masks describe the same sets."""
+    rebuilt: dict[int, int] = {}
+    for worker, lru in index._lru.items():
+        bit = 1 << index._bit[worker]
+        for h in lru:
+            rebuilt[h] = rebuilt.get(h, 0) | bit
+    assert rebuilt == index._holders
+
+
+def test_match_reports_each_workers_leading_depth() -> None:
+    index = PrefixIndex()
+    index.insert("a", chain(1, 6))
+    index.insert("b", chain(1, 3))
+    index.insert("c", chain(2, 4))
+    assert index.match(chain(1, 8)) == {"a": 6, "b": 3}
+    assert index.match(chain(2, 2)) == {"c": 2}
+    assert index.match(chain(3, 5)) == {}
+    assert index.match(()) == {}
+    assert index.match_worker(chain(1, 8), "a") == 6
+
+
+def test_a_gap_in_the_chain_ends_the_match() -> None:
+    index = PrefixIndex()
+    index.insert("a", chain(1, 2))
+    index.insert("a", (1000, 1001, 9999, 1003))
+    assert index.match(chain(1, 4)) == {"a": 2}
+
+
+def test_per_worker_capacity_evicts_least_recent_chain_tail_first() -> None:
+    index = small(default_worker_blocks=5, min_worker_blocks=1)
+    index.insert("a", chain(1, 3))
+    index.insert("a", chain(2, 3))
+    assert index.worker_blocks("a") == 5
+    # Group 1 was used least recently; its tail went first, its head survives.
+    assert index.match(chain(1, 3)) == {"a": 2}
+    assert index.match(chain(2, 3)) == {"a": 3}
+    assert_consistent(index)
+
+
+def test_reuse_refreshes_a_chain() -> None:
+    index = small(default_worker_blocks=6, min_worker_blocks=1)
+    index.insert("a", chain(1, 3))
+    index.insert("a", chain(2, 3))
+    index.insert("a", chain(1, 3))
+    index.insert("a", chain(3, 3))
+    assert index.match(chain(1, 3)) == {"a": 3}
+    assert index.match(chain(2, 3)) == {}
+
+
+def test_capacity_follows_the_workers_kv_capacity() -> None:
+    index = small(block_chars=256, chars_per_token=4.0, default_worker_blocks=1000)
+    index.set_kv_capacity("a", 64 * 50)  # 64 tokens per block -> 50 blocks
+    index.set_kv_capacity("b", None)
+    assert index.capacity("a") == 50
+    assert index.capacity("b") == 1000
+    for group in range(30):
+        index.insert("a", chain(group, 4))
+    assert index.worker_blocks("a") == 50
+
+
+def test_global_bound_shares_memory_between_workers() -> None:
+    index = small(default_worker_blocks=1000, max_total_blocks=100, min_worker_blocks=1)
+    for w in range(10):
+        for group in range(20):
+            index.insert(f"w{w}", chain(group + 100 * w, 5))
+    assert len(index) <= 100
+    assert all(index.worker_blocks(f"w{w}") <= 10 for w in range(10))
+    assert_consistent(index)
+
+
+def test_removing_a_worker_forgets_it_and_frees_its_bit() -> None:
+    index = PrefixIndex()
+    index.insert("a", chain(1, 4))
+    index.insert("b", chain(1, 4))
+    index.remove_worker("a")
+    assert index.match(chain(1, 4)) == {"b": 4}
+    assert "a" not in set(index.workers())
+    index.insert("c", chain(2, 2))
+    assert index.match(chain(2, 2)) == {"c": 2}
+    index.remove_worker("b")
+    index.remove_worker("c")
+    index.remove_worker("never-seen")
+    assert len(index) == 0
+    assert index.distinct_blocks() == 0
+
+
+def test_far_fewer_cached_tokens_than_predicted_shrinks_the_workers_share() -> None:
+    index = small(default_worker_blocks=100, min_worker_blocks=1, miss_decrease=0.5)
+    index.note_routed("r1", "a", chain(1, 10))
+    index.note_routed("r2", "a", chain(1, 10))  # predicted: 10 blocks cached
+    assert (
+        index.note_usage("r2", "a", prompt_chars=2560, prompt_tokens=640, cached_tokens=0) is False
+    )
+    assert index.capacity("a") == 50
+    index.note_routed("r3", "a", chain(1, 10))
+    hit = index.note_usage("r3", "a", prompt_chars=2560, prompt_tokens=640, cached_tokens=600)
+    assert hit is True
+    assert index.capacity("a") > 50
+
+
+def test_usage_without_a_prediction_teaches_nothing() -> None:
+    index = small(default_worker_blocks=100)
+    index.note_routed("r1", "a", chain(1, 10))  # nothing cached yet: predicted 0
+    assert index.note_usage("r1", "a", 2560, 640, 0) is None
+    assert index.note_usage("unknown", "a", 2560, 640, 0) is None
+    assert index.capacity("a") == 100
+
+
+def test_pending_predictions_are_bounded() -> None:
+    index = small(max_pending=3)
+    for i in range(10):
+        index.note_routed(f"r{i}", "a", chain(1, 2))
+    assert index.note_usage("r0", "a", 512, 128, 0) is None
+    assert index.note_usage("r9", "a", 512, 128, 0) is False
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "remove", "kv", "usage"]),
+            st.integers(0, 5),
+            st.integers(0, 12),
+            st.integers(1, 9),
+        ),
+        max_size=80,
+    )
+)
+def test_random_operations_keep_every_bound(ops: list[tuple[str, int, int, int]]) -> None:
+    index = small(default_worker_blocks=20, max_total_blocks=60, min_worker_blocks=2)
+    for n, (op, w, group, length) in enumerate(ops):
+        worker = f"w{w}"
+        if op == "insert":
+            index.note_routed(f"r{n}", worker, chain(group, length))
+        elif op == "remove":
+            index.remove_worker(worker)
+        elif op == "kv":
+            index.set_kv_capacity(worker, group * 64)
+        else:
+            index.note_usage(f"r{n - 1}", worker, 256 * length, 64 * length, group)
+        assert len(index) <= 60
+        for known in index.workers():
+            assert index.worker_blocks(known) <= index.capacity(known)
+    assert_consistent(index)

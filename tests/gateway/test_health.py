@@ -1,0 +1,83 @@
+"""Active probes, scraped signals with their age, and passive outlier ejection."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from kvgate.core.fleet import Health
+from kvgate.gateway.config import WorkerConfig
+from kvgate.gateway.pool import Worker
+from kvgate.gateway.scrape import WorkerSignals
+from kvgate.gateway.testing import running_gateway
+from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.testing import wait_until
+from kvgate.workersim.runner import WorkerHandle
+
+from .conftest import gateway_config, set_faults
+
+
+def _worker() -> Worker:
+    config = WorkerConfig(url="http://127.0.0.1:1", model="m")
+    return Worker(config, Upstream(config.url, Timeouts(1, 1, 1)))
+
+
+def test_stale_signals_count_as_unknown_not_as_good() -> None:
+    worker = _worker()
+    worker.probe_ok = True
+    worker.signals = WorkerSignals(running=3, waiting=1, kv_usage=0.5)
+    worker.signals_at = 100.0
+    fresh = worker.state(now=101.0, stale_after=3.0)
+    stale = worker.state(now=110.0, stale_after=3.0)
+    assert fresh.health is Health.HEALTHY and fresh.kv_usage == 0.5 and fresh.waiting == 1
+    assert stale.health is Health.DEGRADED
+    assert stale.kv_usage is None and stale.waiting is None and stale.running is None
+
+
+def test_a_worker_never_probed_or_ejected_takes_no_traffic() -> None:
+    worker = _worker()
+    assert not worker.state(0.0, 3.0).routable
+    worker.probe_ok = True
+    worker.ejected = True
+    assert worker.state(0.0, 3.0).health is Health.EJECTED
+
+
+async def test_probes_learn_model_version_and_signals(workers: list[WorkerHandle]) -> None:
+    config = gateway_config(
+        workers,
+        workers=[{"url": workers[0].url}, {"url": workers[1].url, "version": "pinned"}],
+    )
+    async with running_gateway(config) as gw:
+        first, second = gw.gateway.pool
+        assert (first.model, first.version) == ("demo", "v1")
+        assert (second.model, second.version) == ("demo", "pinned")
+        assert first.signals is not None and first.signals.engine == "vllm"
+        assert first.state(first.signals_at, 1.0).health is Health.HEALTHY
+
+
+async def test_failing_worker_is_ejected_and_comes_back_when_healthy(
+    workers: list[WorkerHandle],
+) -> None:
+    bad = workers[0]
+    config = gateway_config(
+        workers,
+        outlier={"consecutive_failures": 3, "probe_readmit_after_s": 0.3},
+        policy={"name": "round_robin"},
+    )
+    await set_faults(bad, error_rate=1.0)
+    async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+        url = gw.openai_base + "/completions"
+        body = {"model": "demo", "prompt": "x", "max_tokens": 2}
+        pooled = gw.gateway.pool.get(bad.url)
+        assert pooled is not None
+        for _ in range(8):
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200  # retried on the good worker
+        assert pooled.ejected
+        await set_faults(bad, error_rate=0.0)
+        await wait_until(lambda: not pooled.ejected, message="readmitted after a probe")
+        served_by = set()
+        for _ in range(6):
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                served_by.add(resp.headers["X-Kvgate-Worker"])
+    assert bad.url in served_by
