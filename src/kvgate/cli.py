@@ -15,6 +15,8 @@ app = typer.Typer(
 def _register() -> None:
     # Each part owns a ``command`` module with ``register(app)``; registration is
     # explicit and in one place so the CLI's shape is visible here.
+    from kvgate.bench import command as bench_command
+    from kvgate.demo import command as demo_command
     from kvgate.gateway import command as gateway_command
     from kvgate.sim import command as sim_command
     from kvgate.workersim import command as workersim_command
@@ -22,6 +24,8 @@ def _register() -> None:
     workersim_command.register(app)
     gateway_command.register(app)
     sim_command.register(app)
+    bench_command.register(app)
+    demo_command.register(app)
 
 
 _register()

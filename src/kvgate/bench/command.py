@@ -1,0 +1,131 @@
+"""``kvgate bench``: replay a simulator workload or trace live against any OpenAI endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvgate.bench.report import results_table
+from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
+from kvgate.sim.experiment import workload_factory
+from kvgate.sim.prompts import CHARS_PER_TOKEN
+from kvgate.sim.report import write_results
+from kvgate.sim.workloads import Workload
+
+
+def bench(
+    *,
+    target: Annotated[
+        str, typer.Option(help="Base URL of an OpenAI-compatible endpoint (gateway or worker)")
+    ],
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"
+        ),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write results.json here")] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(min=1, help=f"Send this many requests (synthetic default {DEFAULT_REQUESTS})"),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Most requests in flight (and open connections)")
+    ] = 64,
+    rate_scale: Annotated[
+        float, typer.Option(min=0.0, help="Multiply the arrival rate (traces: replay faster)")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic workload")] = 0,
+    model: Annotated[
+        str | None, typer.Option(help="Model to ask for; default: the target's first")
+    ] = None,
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Target's model seconds per real second (emulated workers' --time-scale); "
+            "arrivals are compressed by it and latencies reported in model seconds",
+        ),
+    ] = 1.0,
+    label: Annotated[str, typer.Option(help="Name of this run in the table and results")] = "live",
+    block_size: Annotated[
+        int, typer.Option(min=1, help="Engine KV block size the infinite-cache bound assumes")
+    ] = 16,
+    chars_per_token: Annotated[
+        int, typer.Option(min=1, help="Characters of prompt text per workload token")
+    ] = CHARS_PER_TOKEN,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token for the target")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Replay a workload live against an OpenAI-compatible endpoint and report like `kvgate sim`."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    if time_scale <= 0:
+        raise typer.BadParameter("must be positive", param_hint="--time-scale")
+    try:
+        make = workload_factory(
+            workload=workload,
+            trace=str(trace) if trace is not None else None,
+            seed=seed,
+            rate_scale=rate_scale,
+        )
+        chosen: Workload = make({})
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    limit = requests if requests is not None or workload is None else DEFAULT_REQUESTS
+    options: dict[str, Any] = {
+        "requests": limit,
+        "concurrency": concurrency,
+        "model": model,
+        "time_scale": time_scale,
+        "label": label,
+        "block_size": block_size,
+        "chars_per_token": chars_per_token,
+        "api_key": api_key,
+    }
+    try:
+        if progress:
+            bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            task = bar.add_task(f"{label} {chosen.name}", total=None)
+            with bar:
+                results = asyncio.run(
+                    run_bench(
+                        target,
+                        chosen,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total),
+                        **options,
+                    )
+                )
+        else:
+            results = asyncio.run(run_bench(target, chosen, **options))
+    except (ValueError, RuntimeError, OSError) as exc:
+        typer.echo(f"kvgate bench: {exc}", err=True)
+        raise typer.Exit(1) from None
+    console.print(results_table(results))
+    if out is not None:
+        write_results(out / "results.json", results)
+        console.print(f"wrote {out / 'results.json'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``kvgate bench`` to the command line."""
+    app.command("bench")(bench)

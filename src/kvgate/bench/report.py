@@ -1,0 +1,165 @@
+"""What a live run measured, in the simulator's terms: summary, results.json, table.
+
+Outcomes are fed to the simulator's ``RunRecorder`` so percentiles, hit rate
+(cached tokens / prompt tokens, summed over answered requests), throughput and
+load spread are computed by the same code as ``kvgate sim``. Times are reported
+in *model* seconds: real seconds times ``time_scale`` (1 against a real fleet;
+the emulated fleet's time scale against emulated workers).
+
+The sim's queue and preemption figures cannot be seen from a client and are
+left out; the client's own wait for a free connection slot is reported instead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from kvgate.bench.replay import Outcome
+from kvgate.sim.bound import Bound
+from kvgate.sim.metrics import RunRecorder
+
+UNNAMED_WORKER = "target"
+"""Worker name for answers without an ``X-Kvgate-Worker`` header (a bare server)."""
+
+_CLIENT_INVISIBLE = ("queue_mean", "queue_p99", "preemptions", "migrations")
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 6) if values else 0.0
+
+
+def summarize(
+    outcomes: Sequence[Outcome],
+    *,
+    time_scale: float = 1.0,
+    bound: Bound | None = None,
+    workers: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The run's figures, shaped as one policy's entry of ``kvgate sim``'s results.json.
+
+    ``workers`` lists the fleet's worker ids when known, so a worker that served
+    nothing still counts in the load spread.
+    """
+    seen = [o.answer.worker or UNNAMED_WORKER for o in outcomes if o.answer.ok]
+    ids = list(dict.fromkeys([*workers, *sorted(set(seen))]))
+    if not ids:
+        ids = [UNNAMED_WORKER]
+    index = {worker: i for i, worker in enumerate(ids)}
+    recorder = RunRecorder(ids)
+    errors: Counter[str] = Counter()
+    missing_usage = 0
+    waits: list[float] = []
+    for outcome in sorted(outcomes, key=lambda o: o.arrival):
+        answer = outcome.answer
+        recorder.arrived(outcome.arrival * time_scale)
+        waits.append(max(0.0, answer.sent - outcome.due) * time_scale)
+        if answer.reason:
+            recorder.routed(answer.reason, migrated=False)
+        if answer.status == 429:
+            recorder.shed("429")
+            continue
+        if not answer.ok:
+            errors[_error_kind(answer.status, answer.error)] += 1
+            continue
+        if answer.prompt_tokens is None:
+            missing_usage += 1
+        first = answer.first_token if answer.first_token is not None else answer.finished
+        recorder.finish(
+            index[answer.worker or UNNAMED_WORKER],
+            ttft=(first - answer.sent) * time_scale,
+            e2e=(answer.finished - answer.sent) * time_scale,
+            queued=0.0,
+            prompt_tokens=answer.prompt_tokens or 0,
+            cached_tokens=answer.cached_tokens or 0,
+            output_tokens=answer.completion_tokens or 0,
+            now=answer.finished * time_scale,
+        )
+    bound_rate = bound.hit_rate if bound is not None else None
+    summary = recorder.summary(bound_rate)
+    for key in _CLIENT_INVISIBLE:
+        summary.pop(key, None)
+    summary.update(
+        {
+            "errors": sum(errors.values()),
+            "error_kinds": dict(sorted(errors.items())),
+            "missing_usage": missing_usage,
+            "client_wait_mean": round(sum(waits) / len(waits), 6) if waits else 0.0,
+            "client_wait_p99": _percentile(waits, 99),
+            "time_scale": time_scale,
+        }
+    )
+    return summary
+
+
+def _error_kind(status: int, error: str | None) -> str:
+    if status:
+        return f"http_{status}"
+    text = error or "unknown"
+    return text.split(":", 1)[0].strip() or "unknown"
+
+
+def results_document(
+    runs: Mapping[str, dict[str, Any]],
+    *,
+    workload: dict[str, Any],
+    bound: Bound,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """``results.json``: the sim's shape, one entry per label (policy or target) under
+    ``"policies"``, the infinite-cache bound at the top level."""
+    rate = round(bound.hit_rate, 6)
+    return {
+        "workload": workload,
+        "config": config,
+        "bound_hit_rate": rate,
+        "bound": {
+            "hit_rate": rate,
+            "requests": bound.requests,
+            "prompt_tokens": bound.prompt_tokens,
+            "cached_tokens": bound.cached_tokens,
+        },
+        "policies": dict(runs),
+    }
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}ms" if seconds < 10 else f"{seconds:.1f}s"
+
+
+def results_table(results: Mapping[str, Any], title: str | None = None) -> Table:
+    """One row per entry of ``results["policies"]``, with the columns of ``kvgate sim``'s
+    table that a client can measure, plus errors and sheds."""
+    name = results.get("workload", {}).get("name", "workload")
+    bound = float(results.get("bound_hit_rate", 0.0))
+    heading = title or f"{name}: infinite-cache bound hit rate {bound:.1%}"
+    table = Table(title=heading, title_justify="left")
+    columns = (
+        "policy", "done", "req/s", "hit", "/bound", "TTFT p50", "p90", "p99",
+        "e2e p50", "p99", "max/mean", "CV", "errors", "shed",
+    )  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for label, s in results.get("policies", {}).items():
+        of_bound = s.get("hit_rate_of_bound")
+        table.add_row(
+            label,
+            f"{s['finished']}/{s['requests']}",
+            f"{s['throughput']:.2f}",
+            f"{s['hit_rate']:.1%}",
+            f"{of_bound:.1%}" if of_bound is not None else "-",
+            _time(s["ttft_p50"]),
+            _time(s["ttft_p90"]),
+            _time(s["ttft_p99"]),
+            _time(s["e2e_p50"]),
+            _time(s["e2e_p99"]),
+            f"{s['load_max_over_mean']:.2f}",
+            f"{s['load_cv']:.2f}",
+            str(s["errors"]),
+            str(s["shed"]),
+        )
+    return table

@@ -1,0 +1,95 @@
+"""``run_bench``: one workload replayed live against one OpenAI-compatible target."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from kvgate.bench.client import BenchClient, normalize_target
+from kvgate.bench.payloads import PayloadBuilder
+from kvgate.bench.replay import Replay
+from kvgate.bench.report import results_document, summarize
+from kvgate.sim.bound import Bound, infinite_cache_bound
+from kvgate.sim.prompts import CHARS_PER_TOKEN, PromptCodec
+from kvgate.sim.request import SimRequest
+from kvgate.sim.workloads import Workload
+
+DEFAULT_REQUESTS = 200
+"""Requests taken from an endless synthetic workload when no count is given."""
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)`` after every answered request."""
+
+
+def limited(workload: Workload, requests: int | None) -> Iterator[SimRequest]:
+    """The workload's requests from the start, at most ``requests`` of them."""
+    stream = workload.requests()
+    return stream if requests is None else itertools.islice(stream, requests)
+
+
+def workload_bound(workload: Workload, requests: int | None, block_size: int = 16) -> Bound:
+    """The infinite-cache bound of the requests a run will send (the sim's own code)."""
+    return infinite_cache_bound(limited(workload, requests), PromptCodec(block_size))
+
+
+async def run_bench(
+    target: str,
+    workload: Workload,
+    *,
+    requests: int | None = DEFAULT_REQUESTS,
+    concurrency: int = 64,
+    model: str | None = None,
+    time_scale: float = 1.0,
+    label: str = "live",
+    workers: Sequence[str] = (),
+    block_size: int = 16,
+    chars_per_token: int = CHARS_PER_TOKEN,
+    session_header: str = "X-Session-ID",
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Replay ``workload`` against ``target`` and return a ``results.json`` document.
+
+    The document has the shape of ``kvgate sim``'s: ``bound_hit_rate`` and one
+    entry under ``"policies"`` named ``label``. ``requests`` caps the workload
+    (None: all of a trace). ``model`` defaults to the first one the target lists.
+    ``time_scale`` is the target's model seconds per real second: arrivals are
+    compressed by it and latencies reported in model seconds (1 for a real
+    fleet). ``block_size`` is the engine block size the infinite-cache bound
+    assumes. ``workers`` names the fleet's workers (``X-Kvgate-Worker``
+    values) so idle ones count in the load spread.
+    """
+    if time_scale <= 0:
+        raise ValueError("time_scale must be positive")
+    base = normalize_target(target)
+    bound = workload_bound(workload, requests, block_size)
+    async with BenchClient(
+        base, concurrency=concurrency, timeout_s=timeout_s, api_key=api_key
+    ) as client:
+        name = model or await client.first_model()
+        builder = PayloadBuilder(
+            name, chars_per_token=chars_per_token, session_header=session_header
+        )
+        total = bound.requests
+        replay = Replay(
+            client,
+            builder,
+            time_scale=time_scale,
+            progress=(lambda done: progress(done, total)) if progress is not None else None,
+        )
+        outcomes = await replay.run(limited(workload, requests))
+    summary = summarize(outcomes, time_scale=time_scale, bound=bound, workers=workers)
+    config = {
+        "target": base,
+        "model": name,
+        "requests": requests,
+        "concurrency": concurrency,
+        "time_scale": time_scale,
+        "block_size": block_size,
+        "chars_per_token": chars_per_token,
+    }
+    return results_document(
+        {label: summary}, workload=workload.describe(), bound=bound, config=config
+    )
