@@ -51,6 +51,19 @@ def test_session_turns_resend_the_whole_context_and_grow(name: str) -> None:
         assert all(t.opening == 2 for t in turns)
 
 
+def test_chat_sessions_can_share_a_few_system_prompts_and_open_with_their_own_document() -> None:
+    requests = take("chat", 1500, system_prompts=4, doc_tokens=2000)
+    firsts = {r.session_id: r for r in reversed(requests)}  # each session's first turn
+    assert {r.segments[0] for r in firsts.values()} == {(i, 512) for i in range(4)}
+    documents = [r.segments[1] for r in firsts.values()]
+    assert len({seg_id for seg_id, _ in documents}) == len(documents)  # one per session
+    assert all(1000 <= tokens <= 3000 for _, tokens in documents)
+    # The opening is the system prompt and the first user message (document, question).
+    assert all(r.opening == 3 for r in requests)
+    # The defaults draw nothing new: the plain chat stream is unchanged.
+    assert take("chat", 300) == take("chat", 300, system_prompts=1, doc_tokens=0)
+
+
 def test_agent_sessions_have_many_turns_on_long_context() -> None:
     requests = take("agent", 3000, rate=50.0)
     turns = Counter(r.session_id for r in requests)

@@ -18,6 +18,7 @@ from kvgate.bench.report import results_document
 from kvgate.core.policies import default_registry
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet
 from kvgate.gateway.testing import running_gateway
+from kvgate.sim.prompts import CHARS_PER_TOKEN
 from kvgate.sim.workloads import build_workload
 
 DEFAULT_POLICIES = (
@@ -50,9 +51,9 @@ class DemoConfig:
     seed: int = 0
     concurrency: int = 256
     health_interval_s: float = 0.2
-    chars_per_token: int = 2
-    """The emulated tokenizer reads the workload's pseudo-text at about two characters
-    a token, so 2 keeps live prompt lengths close to the workload's token counts."""
+    chars_per_token: int = CHARS_PER_TOKEN
+    """Characters of pseudo-text per workload token; the engine's tokenizer reads the
+    simulator's pseudo-text at this ratio, so live prompts match the workload's counts."""
 
     def check(self) -> None:
         """Fail on an unknown policy or workload before anything starts."""

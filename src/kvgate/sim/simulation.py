@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.core.admission import AdmissionConfig
-from kvgate.core.policies import default_registry
+from kvgate.core.policies import default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.gateway import SimGateway
@@ -133,9 +133,12 @@ class Simulation:
             for i in range(config.workers)
         ]
         self.recorder = RunRecorder([w.id for w in self.workers])
+        registry = default_registry()
+        # As the live gateway does: the prefix index counts the features' blocks.
+        options = with_feature_blocks(registry, policy, self.options, config.features)
         self.gateway = SimGateway(
             self.workers,
-            default_registry().build(policy, self.options),
+            registry.build(policy, options),
             self.codec,
             self.recorder,
             self._submit,

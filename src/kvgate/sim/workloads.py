@@ -183,9 +183,12 @@ def _single_turn_stream(
 
 @dataclass(frozen=True, slots=True)
 class ChatConfig:
-    """Multi-turn chat: one app-wide system prompt, sessions whose context grows.
+    """Multi-turn chat: shared system prompts, sessions whose context grows.
 
-    Example: ``--workload chat:rate=20,turns_mean=8,think_s=10``.
+    Each session uses one of ``system_prompts`` system prompts (uniformly) and,
+    with ``doc_tokens`` > 0, opens with a document of its own (about that many
+    tokens) in its first user message. Example:
+    ``--workload chat:rate=20,turns_mean=8,think_s=10,system_prompts=4,doc_tokens=2000``.
     """
 
     rate: float = 10.0
@@ -197,6 +200,8 @@ class ChatConfig:
     output_tokens: int = 200
     think_s: float = 15.0
     session_ids: bool = True
+    system_prompts: int = 1
+    doc_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,10 +297,15 @@ class SyntheticWorkload:
 
 
 def _chat(name: str, seed: int, arrival: ArrivalSpec, c: ChatConfig) -> Iterator[SimRequest]:
-    system: Segment = (0, c.system_tokens)  # id 0 is the system prompt
+    prompts = max(1, c.system_prompts)  # ids 0..prompts-1 are the system prompts
 
     def open_session(rng: random.Random, ids: _Ids, key: str) -> _Session:
-        return _Session(key, [system], _turns(rng, c.turns_mean, c.turns_max))
+        # Draw only what the options ask for, so the defaults keep their stream.
+        system: Segment = (rng.randrange(prompts) if prompts > 1 else 0, c.system_tokens)
+        context = [system]
+        if c.doc_tokens > 0:
+            context.append((ids.take(), _around(rng, c.doc_tokens)))
+        return _Session(key, context, _turns(rng, c.turns_mean, c.turns_max))
 
     def next_turn(rng: random.Random, ids: _Ids, s: _Session) -> tuple[list[Segment], int]:
         return [(ids.take(), _around(rng, c.user_tokens))], _around(rng, c.output_tokens)
@@ -309,8 +319,9 @@ def _chat(name: str, seed: int, arrival: ArrivalSpec, c: ChatConfig) -> Iterator
         open_session=open_session,
         next_turn=next_turn,
         session_ids=c.session_ids,
-        reserved=1,
-        opening=2,  # the system prompt and the first user message
+        reserved=prompts,
+        # The system prompt and the first user message (the document and question).
+        opening=3 if c.doc_tokens > 0 else 2,
     )
 
 

@@ -1,17 +1,27 @@
 """The real-time driver: runs one ``Engine`` against the event loop's clock.
 
 Model time is real elapsed time multiplied by ``time_scale``. One background task
-loops: step the engine at the model clock's ``now``, wait until the step's model
-duration has passed in real time, then hand the step's events to the queues of
-the requests they belong to. With no work it sleeps on an ``asyncio.Event`` that
-``submit`` sets. Steps never overlap in model time; waits shorter than a timer
-tick are not slept, so events may arrive up to ``_MIN_SLEEP_S`` early, never late
-by design.
+loops: step the engine, wait until the step's model end has come in real time,
+then hand the step's events to the queues of the requests they belong to. With
+no work it sleeps on an ``asyncio.Event`` that ``submit`` sets.
+
+Model time runs on an absolute timeline, as the simulator's does: while the
+engine is busy a step starts where the previous one ended, not when the loop got
+round to it, and an idle engine starts at the arrival that woke it. Timer
+overshoot and the loop's own overhead are then absorbed by the next waits
+instead of adding up step after step, which at a large time scale would inflate
+every latency by the overhead times the scale. So that a step never computes a
+request before it came, ``submit`` stamps the request with the model clock and
+the loop hands it to the engine at the first step starting at or after that
+instant (and fuses decode steps no further). Events are never delivered before
+their model time: model time never runs ahead of real time times the scale. If
+the loop falls more than ``_MAX_LAG_S`` behind, the timeline jumps forward.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -25,8 +35,14 @@ logger = logging.getLogger(__name__)
 _IDLE_RETRY_S = 0.01
 """Real seconds to wait when the engine has work but cannot make progress."""
 
-_MIN_SLEEP_S = 0.001
-"""Shortest real wait worth a timer; events may come this much early, never more."""
+_TICK_S = 0.001
+"""The event loop's timer resolution (uvloop's, and epoll's)."""
+
+_MAX_LAG_S = 0.05
+"""Real seconds the timeline may trail real time (an overloaded loop) before it jumps."""
+
+_RECENT = 10_000
+"""Finished requests ``EngineDriver.recent`` keeps (benchmarks read model-time latencies)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +96,10 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._origin: float | None = None
+        # Submitted requests not yet in the engine, stamped with their arrival.
+        self._arrivals: collections.deque[tuple[float, EngineRequest]] = collections.deque()
+        self.recent: collections.deque[FinishedRequest] = collections.deque(maxlen=_RECENT)
+        """The engine's records of the latest finished requests (model times), oldest first."""
         self.steps = 0
         self.aborts = 0
         self.failed = False
@@ -126,15 +146,34 @@ class EngineDriver:
         """Enqueue ``request`` in the engine; its events arrive on the returned queue."""
         if self.failed:
             raise EngineUnavailableError("the engine's stepping task has failed")
-        self.engine.submit(request, self.now())
+        self._check(request)
+        self._arrivals.append((self.now(), request))
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._queues[request.request_id] = queue
         self._wake.set()
         return queue
 
+    def _check(self, request: EngineRequest) -> None:
+        """Refuse now what ``Engine.submit`` would refuse when the request reaches it."""
+        if request.request_id in self._queues:
+            raise ValueError(f"request {request.request_id!r} is already in the engine")
+        if request.prompt_tokens < 1 or request.max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if not self.engine.fits(request.prompt_tokens, request.max_tokens):
+            raise ValueError(
+                f"request {request.request_id!r} needs "
+                f"{request.prompt_tokens + request.max_tokens} tokens of KV cache; "
+                f"the engine holds {self.engine.config.kv_capacity_tokens}"
+            )
+
     def abort(self, request_id: str) -> bool:
         """The client went away: free the request in the engine and drop its queue."""
         self._queues.pop(request_id, None)
+        for i, (_, pending) in enumerate(self._arrivals):
+            if pending.request_id == request_id:
+                del self._arrivals[i]
+                self.aborts += 1
+                return True
         aborted = self.engine.abort(request_id, self.now())
         if aborted:
             self.aborts += 1
@@ -157,15 +196,33 @@ class EngineDriver:
     # -- the loop ------------------------------------------------------------
 
     async def _run(self) -> None:
-        cursor = 0.0  # model time the last step ended: steps never overlap
+        # Model time the last step ended, while the engine has been busy since.
+        cursor: float | None = None
+        floor = float("-inf")  # steps never overlap
+        arrivals = self._arrivals
+        engine = self.engine
         while True:
-            if not self.engine.has_work():
+            if not arrivals and not engine.has_work():
+                cursor = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start = max(self.now(), cursor)
+            now = self.now()
+            if cursor is not None and engine.has_work():
+                start = cursor
+            else:  # an idle engine starts when the request that woke it came
+                start = min(now, arrivals[0][0]) if arrivals else now
+            start = max(start, floor, now - _MAX_LAG_S * self.time_scale)
+            horizon = self._horizon
             try:
-                result = self.engine.step(start, horizon=self._horizon)
+                while arrivals and arrivals[0][0] <= start:
+                    at, request = arrivals.popleft()
+                    engine.submit(request, at)
+                if arrivals:
+                    # Nothing may be fused past the next arrival, as in the simulator.
+                    gap = arrivals[0][0] - start
+                    horizon = gap if horizon is None else min(horizon, gap)
+                result = engine.step(start, horizon=horizon)
             except Exception:
                 # A model bug must not silently wedge every request: fail them all.
                 logger.exception("engine step failed at t=%.6f", start)
@@ -174,18 +231,24 @@ class EngineDriver:
                     queue.put_nowait(EngineFailed())
                 raise
             if result.steps == 0:
-                # Work that cannot be scheduled yet: wait for a change or a moment.
+                # Work that cannot be scheduled yet (or not arrived yet on the
+                # timeline): wait for a change or a moment.
+                cursor = None
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), _IDLE_RETRY_S)
                 continue
             self.steps += 1
-            cursor = start + result.duration
+            cursor = floor = start + result.duration
+            # A step whose end is already past (the loop is behind) only yields, so
+            # I/O still runs between steps; the timeline catches up by itself.
             lead = (cursor - self.now()) / self.time_scale
-            # Event-loop timers are coarse (uvloop's tick is 1 ms): a shorter wait is
-            # carried as a lead of the model clock instead, so a large time scale is
-            # not capped at one step per tick.
-            await asyncio.sleep(lead if lead >= _MIN_SLEEP_S else 0)
+            await asyncio.sleep(max(lead, 0.0))
+            lead = (cursor - self.now()) / self.time_scale
+            if lead > 0:
+                # The timer fired early (uvloop rounds delays down to whole ticks):
+                # wait one more tick rather than deliver before the step's end.
+                await asyncio.sleep(lead + _TICK_S)
             self._deliver(result)
 
     def _deliver(self, result: StepResult) -> None:
@@ -203,6 +266,7 @@ class EngineDriver:
             queue = queues.get(preempted_id)
             if queue is not None:
                 queue.put_nowait(Preempted())
+        self.recent.extend(result.finished)
         for finished in result.finished:
             queue = queues.get(finished.request_id)
             if queue is not None:
