@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from kvgate.gateway.usage import StreamTap, Usage, usage_from_body
+import pytest
+
+from kvgate.gateway.usage import (
+    StreamTap,
+    Usage,
+    UsageStripper,
+    client_wants_stream_usage,
+    usage_from_body,
+    with_stream_usage,
+)
 
 USAGE = {
     "prompt_tokens": 40,
@@ -42,3 +52,56 @@ def test_stream_tap_without_usage_and_with_a_long_stream() -> None:
     assert tap.usage() is None
     tap.feed(_event({"usage": {"prompt_tokens": 3, "completion_tokens": 1}}))
     assert tap.usage() == Usage(prompt=3, completion=1, cached=0)
+
+
+def _stream(events: list[object], crlf: bool = False) -> bytes:
+    body = b"".join(_event(e) for e in events) + b"data: [DONE]\n\n"
+    return body.replace(b"\n", b"\r\n") if crlf else body
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+@pytest.mark.parametrize("step", [1, 7, 10_000])
+def test_usage_stripper_hides_what_the_client_did_not_ask_for(crlf: bool, step: int) -> None:
+    upstream = _stream(
+        [{"choices": [{"text": f"tok {i}"}], "usage": None} for i in range(20)]
+        + [{"choices": [], "usage": USAGE}],
+        crlf,
+    )
+    stripper = UsageStripper()
+    out = b"".join(
+        stripper.feed(upstream[start : start + step]) for start in range(0, len(upstream), step)
+    )
+    out += stripper.flush()
+    # Exactly what a worker sends without include_usage, byte for byte.
+    assert out == _stream([{"choices": [{"text": f"tok {i}"}]} for i in range(20)], crlf)
+    assert stripper.usage == Usage(prompt=40, completion=8, cached=32)
+
+
+def test_usage_stripper_passes_other_events_unchanged() -> None:
+    stripper = UsageStripper()
+    text = _event({"choices": [{"text": 'the word "usage" in quotes'}]})
+    assert stripper.feed(text) == text
+    assert stripper.feed(b": keep-alive comment\n\n") == b": keep-alive comment\n\n"
+    assert stripper.feed(b'data: not json, mentions "usage"') == b""  # held: incomplete
+    assert stripper.flush() == b'data: not json, mentions "usage"'
+    assert stripper.usage is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"model": "m", "stream": True},
+        {"model": "m", "stream": True, "stream_options": {"include_usage": False}},
+        {"model": "m", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+    ],
+)
+def test_with_stream_usage_asks_for_usage_and_keeps_the_rest(payload: dict[str, Any]) -> None:
+    assert not client_wants_stream_usage(payload)
+    asked = json.loads(with_stream_usage(json.dumps(payload).encode(), payload))
+    assert client_wants_stream_usage(asked)
+    assert {k: v for k, v in asked.items() if k != "stream_options"} == {
+        k: v for k, v in payload.items() if k != "stream_options"
+    }
+    extra = {k: v for k, v in (payload.get("stream_options") or {}).items()}
+    extra["include_usage"] = True
+    assert asked["stream_options"] == extra

@@ -37,6 +37,8 @@ from typing import NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvgate.core.decision import Affinity, AffinityWrite, Decision
+from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
 from kvgate.types import Priority, Seconds, SessionKey, WorkerId
 
@@ -354,3 +356,48 @@ def should_shed(priority: Priority, is_new_session: bool, fleet: FleetSnapshot) 
     if level is Pressure.SOFT:
         return is_new_session and priority < Priority.CRITICAL
     return is_new_session or priority is Priority.SHEDDABLE
+
+
+def overflow_target(fleet: FleetSnapshot, affine: WorkerId | None = None) -> WorkerState | None:
+    """Where a request ``should_shed`` let through goes when every worker is pressured.
+
+    Policies place nothing new on a pressured worker, so once no routable
+    worker is ``NORMAL`` a request that is not shed (critical new work, affine
+    standard work) would wait for nothing. It goes to its own worker when that
+    is routable and not full, unless it is ``HARD`` while another is not (its
+    cache is resident there), else to the least pressured, then least loaded,
+    routable worker with a free slot.
+    ``None`` when the fleet is not wholly pressured or no worker has a slot.
+    """
+    if fleet_pressure(fleet) is Pressure.NORMAL:
+        return None
+    open_ = [w for w in fleet.workers if w.routable and not w.full]
+    if not open_:
+        return None
+    if affine is not None:
+        own = fleet.get(affine)
+        all_hard = all(w.pressure is Pressure.HARD for w in open_)
+        if own is not None and own in open_ and (own.pressure is not Pressure.HARD or all_hard):
+            return own
+    return min(open_, key=lambda w: (_RANK[w.pressure], w.load, w.kv_usage or 0.0, w.id))
+
+
+def overflow_decision(
+    request: RequestFeatures, affinity: Affinity | None, fleet: FleetSnapshot
+) -> Decision | None:
+    """A ``pressure_overflow`` decision for ``overflow_target``, or ``None``.
+
+    Binds the request's affinity key to the chosen worker (a compare-and-set
+    against the old binding), as a policy's placement would.
+    """
+    bound = affinity.worker if affinity is not None else None
+    target = overflow_target(fleet, bound)
+    if target is None:
+        return None
+    key = request.affinity_key
+    write = None
+    if key is not None and target.id != bound:
+        write = AffinityWrite(key, target.id, target.version, expected=bound)
+    return Decision(
+        worker=target.id, reason="pressure_overflow", version=target.version, affinity=write
+    )

@@ -26,11 +26,15 @@ from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy
 from kvgate.core.registry import PolicyRegistry
 from kvgate.gateway import middleware
+from kvgate.gateway.admin import setup_admin
 from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.control import ControlPlane
+from kvgate.gateway.drain import DrainApi
 from kvgate.gateway.health import HealthChecker
 from kvgate.gateway.logs import AccessLog
 from kvgate.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.pressure import PressureDriver
 from kvgate.gateway.proxy import Proxy, models_payload
 from kvgate.gateway.queue import AdmissionQueue
 from kvgate.gateway.retry import RetryBudget
@@ -54,7 +58,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.policy = policy or (registry or default_registry()).build(
-            config.policy.name, config.policy.options
+            config.policy.name, config.policy_options()
         )
         self._owns_store = store is None
         self.store = store if store is not None else open_store(config.store.url)
@@ -69,6 +73,14 @@ class Gateway:
         self.rng = random.Random(config.seed)
         r = config.retries
         self.budget = RetryBudget(r.budget_ratio, r.budget_min, r.backoff_base_s, r.backoff_max_s)
+        self.control = ControlPlane(
+            config,
+            self.pool,
+            store=self.store,
+            metrics=self.metrics,
+            health=self.health,
+            policy=self.policy,
+        )
         self.router = Router(
             self.pool,
             self.policy,
@@ -77,7 +89,18 @@ class Gateway:
             config.admission,
             affinity_ttl=config.store.affinity_ttl_s,
             rng=self.rng,
+            versions=self.control.versions,
         )
+        self.pressure = PressureDriver(
+            self.pool,
+            self.store,
+            self.metrics,
+            config.pressure,
+            affinity_ttl=config.store.affinity_ttl_s,
+            relieve_interval_s=config.health.interval_s,
+        )
+        self.health.scrape_listeners.append(self.pressure.observe)
+        self.router.usage_listeners.append(self.pressure.record_usage)
         self.draining = False
         self.proxy = Proxy(
             self.pool,
@@ -92,6 +115,8 @@ class Gateway:
             strip_client_auth=bool(config.api_keys),
             draining=lambda: self.draining,
             rng=self.rng,
+            stream_usage=config.stream_usage,
+            outcomes=self.control.recorder,
         )
 
     def ready(self) -> bool:
@@ -110,6 +135,7 @@ class Gateway:
             if worker.model is None:
                 log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
         self.health.start()
+        await self.control.start()
 
     async def drain(self, grace_s: float) -> bool:
         """Refuse new requests and wait up to ``grace_s`` for in-flight ones; True if idle."""
@@ -123,7 +149,9 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop probing and close connections and the store."""
+        await self.control.stop()
         await self.health.stop()
+        await self.pressure.stop()
         for worker in self.pool:
             await worker.upstream.close()
         if self._owns_store:
@@ -176,6 +204,9 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
+    if config.admin.enabled:
+        setup_admin(app, gateway.control)
 
     async def _start(app: web.Application) -> None:
         await gateway.start()

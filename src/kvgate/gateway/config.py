@@ -21,12 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
-from kvgate.core.policies import DEFAULT_POLICY
+from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
+from kvgate.core.pressure import MigrationCostModel, PressureConfig
+from kvgate.gateway.control_config import (
+    AdminConfig,
+    ModelVersionsConfig,
+    RolloutsConfig,
+    is_loopback,
+)
 
 
 class ConfigError(ValueError):
@@ -68,6 +82,11 @@ class WorkerConfig(_Model):
     def scrape_url(self) -> str:
         """The worker's engine metrics endpoint (``url + /metrics`` by default)."""
         return self.metrics_url or f"{self.url}/metrics"
+
+    @property
+    def offload_endpoint(self) -> str:
+        """Where to ask the worker to offload sessions' KV (``url + /kv/offload`` by default)."""
+        return self.offload_url or f"{self.url}/kv/offload"
 
 
 class ListenConfig(_Model):
@@ -149,6 +168,24 @@ class LimitsConfig(_Model):
     max_headers: int = Field(default=128, ge=1)
 
 
+class PressureSettings(PressureConfig):
+    """The ``pressure:`` section: watermarks (``core.pressure``) and how the gateway acts.
+
+    With ``enabled: false`` every worker stays ``NORMAL`` and nothing is migrated.
+    ``relieve_interval_s`` spaces migration rounds on one ``HARD`` worker (default:
+    the health interval, i.e. at most one round per scrape).
+    """
+
+    enabled: bool = True
+    migration: MigrationCostModel = Field(default_factory=MigrationCostModel)
+    max_sessions_scanned: int = Field(default=1000, ge=1)
+    relieve_interval_s: float | None = Field(default=None, gt=0)
+    offload: bool = True
+    offload_timeout_s: float = Field(default=2.0, gt=0)
+    tracked_sessions: int = Field(default=65_536, ge=1)
+    default_context_tokens: int = Field(default=1024, ge=1)
+
+
 class GatewayConfig(_Model):
     """The whole gateway configuration (the root of ``kvgate.yaml``)."""
 
@@ -163,12 +200,19 @@ class GatewayConfig(_Model):
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    pressure: PressureSettings = Field(default_factory=PressureSettings)
     api_keys: list[str] = Field(default_factory=list)
     admin_token: str | None = None
     response_headers: bool = True
+    stream_usage: bool = True
+    """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
+    that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
     drain_timeout_s: float = Field(default=30.0, ge=0)
     seed: int = 0
+    models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
 
     @field_validator("workers")
     @classmethod
@@ -179,6 +223,31 @@ class GatewayConfig(_Model):
                 raise ValueError(f"worker {worker.url} listed twice")
             seen.add(worker.url)
         return value
+
+    @model_validator(mode="after")
+    def _admin_needs_token(self) -> GatewayConfig:
+        # The admin API moves traffic between model versions: never open to a network.
+        if self.admin.enabled and not self.admin_token and not is_loopback(self.listen.host):
+            raise ValueError(
+                f"admin_token: required when the admin API is enabled and listen.host "
+                f"{self.listen.host!r} is not a loopback address (set admin_token, or "
+                "admin.enabled: false)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _index_blocks_match_features(self) -> GatewayConfig:
+        # A prefix index counting other blocks than the features hash never matches.
+        self.policy_options()
+        return self
+
+    def policy_options(self) -> dict[str, Any]:
+        """The policy's options, its prefix index sized by ``features`` (see
+        ``core.policies.with_feature_blocks``); ``ValueError`` when they disagree."""
+        registry = default_registry()
+        if self.policy.name not in registry:
+            return dict(self.policy.options)  # refused by name when the gateway starts
+        return with_feature_blocks(registry, self.policy.name, self.policy.options, self.features)
 
 
 def _describe(exc: ValidationError) -> str:

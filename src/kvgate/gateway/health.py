@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
 from kvgate.gateway.config import HealthConfig
@@ -28,6 +29,12 @@ from kvgate.gateway.pool import Worker, WorkerPool
 from kvgate.gateway.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
 
 log = logging.getLogger("kvgate.gateway.health")
+
+
+class ScrapeListener(Protocol):
+    """Told of every successful scrape (the pressure driver listens)."""
+
+    def __call__(self, worker: Worker, signals: WorkerSignals) -> None: ...
 
 
 class HealthChecker:
@@ -48,6 +55,7 @@ class HealthChecker:
         self.outlier = OutlierDetector(outlier)
         self.outlier.set_workers(w.id for w in pool)
         self._probed: set[str] = set()
+        self.scrape_listeners: list[ScrapeListener] = []
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -152,6 +160,8 @@ class HealthChecker:
             signals = merge(signals, results[1])
         worker.signals = signals
         worker.signals_at = self.mono()
+        for listener in self.scrape_listeners:
+            listener(worker, signals)
 
     async def _scrape_one(self, worker: Worker, url: str) -> WorkerSignals | None:
         try:

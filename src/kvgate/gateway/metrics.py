@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -169,9 +169,136 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        # Memory pressure (gateway/pressure.py) and drains (gateway/drain.py).
+        self.pressure_level = Gauge(
+            "kvgate_worker_pressure_level",
+            "Memory pressure per worker: 0 normal, 1 soft (no new sessions), 2 hard (move away).",
+            ["worker"],
+            registry=r,
+        )
+        self.pressure_seconds = Counter(
+            "kvgate_worker_pressure_seconds_total",
+            "Seconds a worker spent at or above each watermark (soft, hard).",
+            ["worker", "level"],
+            registry=r,
+        )
+        self.preemptions_seen = Counter(
+            "kvgate_worker_preemptions_total",
+            "Preemptions the worker reported (increase of its own counter between scrapes).",
+            ["worker"],
+            registry=r,
+        )
+        self.migrations = Counter(
+            "kvgate_migrations_total",
+            "Migration rounds that moved sessions off a worker, by reason.",
+            ["worker", "reason"],
+            registry=r,
+        )
+        self.sessions_moved = Counter(
+            "kvgate_sessions_moved_total",
+            "Sessions whose affinity was rewritten to another worker, by reason.",
+            ["worker", "reason"],
+            registry=r,
+        )
+        self.offloads = Counter(
+            "kvgate_offloads_total",
+            "KV offload calls to a worker, by reason and result (ok, error).",
+            ["worker", "reason", "result"],
+            registry=r,
+        )
+        self.offloaded_blocks = Counter(
+            "kvgate_offloaded_blocks_total",
+            "KV blocks a worker reported moving to its offload tier at the gateway's request.",
+            ["worker"],
+            registry=r,
+        )
+        self.drains = Counter(
+            "kvgate_worker_drains_total",
+            "Drains started, by cause (admin, temperature).",
+            ["worker", "cause"],
+            registry=r,
+        )
+        self.rollout = RolloutMetrics(r)
         if worker_rows is not None:
             r.register(_WorkerCollector(worker_rows))
 
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class RolloutMetrics:
+    """Per-version traffic and rollout metrics (``GatewayMetrics.rollout``).
+
+    Request rate and error rate per version: ``kvgate_version_attempts_total``
+    (every attempt on a worker of the version, ``outcome`` ok or error, as the
+    canary gates count them); latency and TTFT histograms per version are
+    ``kvgate_request_duration_seconds`` and ``kvgate_time_to_first_token_seconds``.
+    """
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.attempts = Counter(
+            "kvgate_version_attempts_total",
+            "Attempts on workers of each model version, by outcome (ok, error).",
+            ["model", "version", "outcome"],
+            registry=r,
+        )
+        self.weight = Gauge(
+            "kvgate_version_weight_percent",
+            "Share of new traffic each model version receives, in percent.",
+            ["model", "version"],
+            registry=r,
+        )
+        self.state = Gauge(
+            "kvgate_rollout_state",
+            "1 for the state each rollout is in (pending, progressing, paused, ...), else 0.",
+            ["rollout", "state"],
+            registry=r,
+        )
+        self.step = Gauge(
+            "kvgate_rollout_step",
+            "The step each rollout is at, counting from 1.",
+            ["rollout"],
+            registry=r,
+        )
+        self.canary_weight = Gauge(
+            "kvgate_rollout_canary_weight_percent",
+            "The canary's weight in each rollout, in percent.",
+            ["rollout"],
+            registry=r,
+        )
+        self.gate_value = Gauge(
+            "kvgate_rollout_gate_value",
+            "Each gate's value at the last evaluation (ratios for *_vs_baseline gates).",
+            ["rollout", "gate"],
+            registry=r,
+        )
+        self.evaluations = Counter(
+            "kvgate_rollout_evaluations_total",
+            "Rollout evaluations, by result (waiting, advanced, inconclusive, rolled_back, ...).",
+            ["rollout", "result"],
+            registry=r,
+        )
+        self.rollbacks = Counter(
+            "kvgate_rollout_rollbacks_total",
+            "Rollouts rolled back automatically, by the gate that failed.",
+            ["rollout", "gate"],
+            registry=r,
+        )
+        self.alerts = Counter(
+            "kvgate_rollout_alerts_total",
+            "Rollout alerts raised, by reason, and whether the webhook took them.",
+            ["rollout", "reason", "delivery"],
+            registry=r,
+        )
+        self.quality_scores = Counter(
+            "kvgate_quality_samples_total",
+            "Sampled responses sent to the quality evaluator, by result (scored, dropped, failed).",
+            ["model", "version", "result"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "kvgate_rollout_controller_leader",
+            "1 while this replica holds the rollout controller lease.",
+            registry=r,
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from kvgate.core.fleet import FleetSnapshot, Health, WorkerState
+from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.metrics import WorkerGaugeRow
 from kvgate.gateway.queue import AdmissionQueue
@@ -50,6 +50,7 @@ class Worker:
         "labels",
         "max_in_flight",
         "model",
+        "pressure",
         "probe_ok",
         "signals",
         "signals_at",
@@ -71,6 +72,7 @@ class Worker:
         self.probe_ok = False
         self.ejected = False
         self.draining = False
+        self.pressure = Pressure.NORMAL
         self.signals: Signals | None = None
         self.signals_at = _NEVER
 
@@ -94,6 +96,7 @@ class Worker:
                 model=self.model or "",
                 version=self.version,
                 health=health,
+                pressure=self.pressure,
                 in_flight=self.in_flight,
                 max_in_flight=self.max_in_flight,
                 labels=self.labels,
@@ -106,6 +109,7 @@ class Worker:
             model=self.model or "",
             version=self.version,
             health=health,
+            pressure=self.pressure,
             in_flight=self.in_flight,
             max_in_flight=self.max_in_flight,
             running=sig.running,
@@ -136,6 +140,22 @@ class WorkerPool:
     def get(self, worker_id: WorkerId) -> Worker | None:
         """The worker with this id, or ``None``."""
         return self._workers.get(worker_id)
+
+    def add(self, worker: Worker) -> None:
+        """Add a worker at run time (``ValueError`` if its id is taken)."""
+        if worker.id in self._workers:
+            raise ValueError(f"worker {worker.id} is already in the pool")
+        self._workers[worker.id] = worker
+        self.reindex()
+        self.changed()
+
+    def remove(self, worker_id: WorkerId) -> Worker | None:
+        """Take a worker out of the pool (drain it first); the removed worker or ``None``."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is not None:
+            self.reindex()
+            self.changed()
+        return worker
 
     def reindex(self) -> None:
         """Rebuild the model index (after model discovery)."""

@@ -3,7 +3,10 @@
 A request is retried on another worker only before its first byte went to the
 client: on a connection failure, or a 5xx/429 answer, within the retry budget.
 Streams are written to the client chunk by chunk as they arrive; the ``usage``
-of the final event is read from a bounded tail after the stream has ended.
+of the final event is read from a bounded tail after the stream has ended. With
+``stream_usage`` (the default) the worker is asked for usage on every stream, so
+the policy gets its cache feedback; a client that did not ask for it does not
+see it (``usage.UsageStripper``).
 A client that goes away cancels the upstream request (the connection is
 dropped), so the worker stops generating.
 """
@@ -18,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -42,11 +45,19 @@ from kvgate.gateway.errors import (
 from kvgate.gateway.logs import AccessLog, AccessRecord
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.middleware import REQUEST_ID_KEY
+from kvgate.gateway.outcomes import OutcomeRecorder
 from kvgate.gateway.pool import Worker, WorkerPool
 from kvgate.gateway.retry import RetryBudget
 from kvgate.gateway.router import Placement, Router
 from kvgate.gateway.upstream import UpstreamResponse
-from kvgate.gateway.usage import StreamTap, Usage, usage_from_body
+from kvgate.gateway.usage import (
+    StreamTap,
+    Usage,
+    UsageStripper,
+    client_wants_stream_usage,
+    usage_from_body,
+    with_stream_usage,
+)
 
 log = logging.getLogger("kvgate.gateway.proxy")
 
@@ -94,6 +105,13 @@ class _Outcome:
     usage: Usage | None = None
     retries: int = 0
     budgeted: int = 0
+    strip_usage: bool = False
+    """The gateway asked the worker for stream usage the client did not ask for."""
+    reported: bool = False
+    """The current placement's failure already went to the outcome recorder."""
+    body: bytes = b""
+    sample: bytes | None = None
+    """The response body, kept only when it was sampled for the quality evaluator."""
 
 
 class Proxy:
@@ -114,6 +132,8 @@ class Proxy:
         strip_client_auth: bool,
         draining: Callable[[], bool],
         rng: random.Random,
+        stream_usage: bool = True,
+        outcomes: OutcomeRecorder | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -127,6 +147,8 @@ class Proxy:
         self.strip_client_auth = strip_client_auth
         self.draining = draining
         self.rng = rng
+        self.stream_usage = stream_usage
+        self.outcomes = outcomes
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -154,7 +176,12 @@ class Proxy:
         features: RequestFeatures | None = None
         try:
             body = await self._read_body(request)
-            features = self._features(body, request, request_id, endpoint)
+            features, payload = self._features(body, request, request_id, endpoint)
+            if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
+                # Ask for usage anyway: it is the policy's only cache feedback on streams.
+                body = with_stream_usage(body, payload)
+                outcome.strip_usage = True
+            outcome.body = body
             return await self._forward(
                 request, path, body=body, features=features, started=started, outcome=outcome
             )
@@ -182,7 +209,8 @@ class Proxy:
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
-    ) -> RequestFeatures:
+    ) -> tuple[RequestFeatures, dict[str, Any]]:
+        """The request's features and its decoded body; 400/404 errors on a bad one."""
         try:
             payload = json.loads(body)
         except ValueError:
@@ -195,7 +223,7 @@ class Proxy:
             raise InvalidRequestError(exc.message, param=exc.param) from None
         if not self.pool.serves(features.model):
             raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
-        return features
+        return features, payload
 
     async def _forward(
         self,
@@ -221,6 +249,7 @@ class Proxy:
                         raise self._client_error(last_failure, features) from None
                     raise
                 outcome.placement = placement
+                outcome.reported = False
                 worker = placement.worker
                 try:
                     upstream = await worker.upstream.post(
@@ -235,6 +264,9 @@ class Proxy:
                     self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
                     if exc.status != 429:
                         self.passive.failure(worker)
+                        if self.outcomes is not None:
+                            self.outcomes.attempt_failed(features.model, placement.version)
+                            outcome.reported = True
                     if not exc.retryable or outcome.retries >= self.max_retries:
                         raise self._client_error(exc, features) from None
                     if exc.status is not None:
@@ -350,6 +382,10 @@ class Proxy:
                 await response.write_eof()
                 outcome.usage = usage_from_body(data)
                 done = True
+                recorder = self.outcomes
+                version = placement.version
+                if recorder is not None and recorder.wants_sample(features.model, version):
+                    outcome.sample = data
         except UpstreamError as exc:
             # The whole-body read failed before anything was sent: a 502.
             self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
@@ -385,12 +421,18 @@ class Proxy:
         outcome.status = upstream.status
         await response.prepare(request)
         tap = StreamTap()
+        stripper = UsageStripper() if outcome.strip_usage else None
         try:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
-                await response.write(chunk)
-                tap.feed(chunk)
+                data = stripper.feed(chunk) if stripper is not None else chunk
+                if not data:
+                    continue
+                await response.write(data)
+                tap.feed(data)
+            if stripper is not None and (rest := stripper.flush()):
+                await response.write(rest)
             await response.write_eof()
         except UpstreamError as exc:
             # Bytes already went to the client: no retry and no error body. Cut the
@@ -407,7 +449,7 @@ class Proxy:
             assert outcome.placement is not None
             self._client_gone(outcome.placement.worker.model or "", outcome)
             return response, False
-        outcome.usage = tap.usage()
+        outcome.usage = stripper.usage if stripper is not None else tap.usage()
         return response, True
 
     def _client_gone(self, model: str, outcome: _Outcome) -> None:
@@ -439,6 +481,8 @@ class Proxy:
                 m.prompt_tokens.labels(model, worker).inc(usage.prompt)
                 m.cached_tokens.labels(model, worker).inc(usage.cached)
                 m.completion_tokens.labels(model, worker).inc(usage.completion)
+        if self.outcomes is not None and features is not None and placement is not None:
+            _report(self.outcomes, features.model, placement.version, outcome, duration)
         if self.access_log.enabled:
             self.access_log.write(
                 AccessRecord(
@@ -453,6 +497,26 @@ class Proxy:
                     retries=outcome.retries,
                 )
             )
+
+
+def _report(
+    recorder: OutcomeRecorder, model: str, version: str, outcome: _Outcome, duration: float
+) -> None:
+    """One request's outcome for its version's windows (a failed last attempt is already in)."""
+    status = outcome.status or 500
+    if outcome.reported or status == 499:
+        return  # a client that went away says nothing about the version
+    error = status >= 500
+    ok = status < 400
+    recorder.finished(
+        model,
+        version,
+        error=error,
+        latency_s=duration if ok else None,
+        ttft_s=outcome.ttft if ok else None,
+    )
+    if outcome.sample is not None and ok:
+        recorder.sample(model, version, outcome.body, outcome.sample)
 
 
 def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:

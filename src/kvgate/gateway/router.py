@@ -31,9 +31,11 @@ from kvgate.core.admission import (
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policy import Policy, RouteContext
+from kvgate.core.pressure import fleet_pressure, overflow_decision, should_shed
 from kvgate.gateway.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.versions import VersionRegistry, of_version
 from kvgate.types import Priority, Seconds, SessionKey, WorkerId
 
 CAPACITY_FULL = "capacity_full"
@@ -86,8 +88,11 @@ class Router:
         rng: random.Random,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        versions: VersionRegistry | None = None,
     ) -> None:
         self.pool = pool
+        self.versions = versions
+        """Model versions: a split model's request sees only its assigned version's workers."""
         self.policy = policy
         self.store = store
         self.metrics = metrics
@@ -96,6 +101,8 @@ class Router:
         self.rng = rng
         self.wall = wall
         self.mono = mono
+        self.usage_listeners: list[Callable[[SessionKey, int], None]] = []
+        """Told each finished session's prompt tokens (the pressure driver's context sizes)."""
 
     async def lookup(self, features: RequestFeatures) -> Affinity | None:
         """The store's binding for the request's affinity key (``None`` on miss or error)."""
@@ -126,14 +133,22 @@ class Router:
         priority = features.priority
         queued_at: float | None = None
         deadline = 0.0
+        version = self.versions.assign(features, affinity) if self.versions is not None else None
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono())
             snap = snap.without(excluded)
+            if version is not None:
+                snap = of_version(snap, version)
             if not any(w.routable for w in snap.workers):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
+            if should_shed(priority, affinity is None, snap):
+                # Every worker is memory-pressured: new and low-priority work goes first.
+                raise self._shed(features, f"pressure_{fleet_pressure(snap)}", cfg.retry_after_s)
             verdict = admit(cfg, priority, len(queue), fleet_saturation(snap, cfg.kv_saturated))
             if isinstance(verdict, Admit):
                 decision = self.policy.pick(features, RouteContext(snap, affinity, self.rng))
+                if decision.reason == CAPACITY_FULL:
+                    decision = overflow_decision(features, affinity, snap) or decision
                 if decision.worker is not None:
                     worker = self.pool.get(decision.worker)
                     if worker is not None:
@@ -233,6 +248,9 @@ class Router:
                 features, placement.worker.id, prompt_tokens, cached_tokens or 0, now
             )
         key = features.affinity_key
+        if key is not None and prompt_tokens is not None:
+            for listener in self.usage_listeners:
+                listener(key, prompt_tokens)
         if key is not None and not placement.wrote_affinity:
             try:
                 await self.store.touch(key, now, self.ttl)

@@ -5,16 +5,29 @@ in-flight requests and streams finish up to ``drain_timeout_s``, then the
 process exits. With ``listen.processes > 1`` the parent starts that many server
 processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
 with its own state; they share affinities only through a Redis store.
+
+The parent supervises: it waits until every server process listens (or has
+failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
+start-up still drains every process; it reports a process that dies while the
+others serve, and exits 0 only when every process drained cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
+import os
 import signal
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -24,6 +37,17 @@ from kvgate.gateway.logs import configure_logging
 
 log = logging.getLogger("kvgate.gateway.server")
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that make a gateway drain and exit."""
+
+STARTUP_TIMEOUT_S = 60.0
+"""A server process not listening this long after it was started is killed."""
+
+DRAIN_CUT_SHORT = 3
+"""Exit status of a server process whose drain deadline cut in-flight requests off."""
+
+_T = TypeVar("_T")
+
 
 async def serve(
     config: GatewayConfig,
@@ -31,14 +55,17 @@ async def serve(
     reuse_port: bool = False,
     on_listening: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return."""
+) -> bool:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
+
+    True when every in-flight request finished within ``drain_timeout_s``.
+    """
     gateway = Gateway(config)
     runner = web.AppRunner(build_app(gateway), **runner_options(config))  # type: ignore[arg-type]
     await runner.setup()
     stopping = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stopping.set)
     try:
@@ -62,48 +89,213 @@ async def serve(
             on_listening(port)
         await stopping.wait()
         log.info("draining: new requests refused, waiting up to %.0fs", config.drain_timeout_s)
-        await gateway.drain(config.drain_timeout_s)
+        drained = await gateway.drain(config.drain_timeout_s)
     finally:
         await runner.cleanup()
     log.info("stopped")
+    return drained
 
 
-def _run_one(config: GatewayConfig, reuse_port: bool) -> None:
-    configure_logging(config.json_logs)
+def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``main`` on uvloop (asyncio's own loop where uvloop is missing)."""
     try:
         import uvloop
-
-        uvloop.run(serve(config, reuse_port=reuse_port))
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(serve(config, reuse_port=reuse_port))
+        return asyncio.run(main)
+    result: _T = uvloop.run(main)
+    return result
+
+
+def _run_one(config: GatewayConfig) -> None:
+    configure_logging(config.json_logs)
+    _run_loop(serve(config))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel send SIGTERM (a drain) to this process when the parent dies."""
+    if sys.platform != "linux":  # pragma: no cover - PR_SET_PDEATHSIG is Linux-only
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> None:
+    """One of several server processes: report the port on ``ready`` once listening.
+
+    The stop signals arrive blocked (the parent blocked them around the spawn and
+    the mask survives exec): one sent during start-up stays pending until the
+    loop's handlers are installed, then drains as usual instead of killing.
+    """
+    _die_with_parent(parent_pid)
+    configure_logging(config.json_logs)
+
+    def listening(port: int) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        with contextlib.suppress(OSError):
+            ready.send(port)
+        ready.close()
+
+    drained = _run_loop(serve(config, reuse_port=True, on_listening=listening))
+    sys.exit(0 if drained else DRAIN_CUT_SHORT)
+
+
+@dataclass(slots=True)
+class _Child:
+    """One supervised server process and what the parent knows of it."""
+
+    index: int
+    process: BaseProcess
+    ready: Connection | None
+    """The parent's end of the "listening" pipe, until the child reported or died."""
+    listening: bool = False
+    exited: bool = False
+
+    @property
+    def starting(self) -> bool:
+        """Neither listening nor dead yet."""
+        return not self.listening and not self.exited
+
+
+class _Supervisor:
+    """Starts the server processes, forwards stop signals, reports deaths, sums up."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.children: list[_Child] = []
+        self.received: list[int] = []
+        self.forwarded = 0
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+
+    def run(self) -> int:
+        """Serve until every child has exited; the exit status (0: all drained)."""
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        old_wakeup = signal.set_wakeup_fd(self._wake_w)
+        try:
+            self._start()
+            return self._supervise()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            for index in range(self.config.listen.processes):
+                reader, writer = ctx.Pipe(duplex=False)
+                process = ctx.Process(
+                    target=_run_child,
+                    args=(self.config, writer, os.getpid()),
+                    name=f"kvgate-serve-{index}",
+                )
+                try:
+                    process.start()
+                except BaseException:
+                    for child in self.children:
+                        child.process.kill()
+                        child.process.join()
+                    raise
+                writer.close()
+                self.children.append(_Child(index, process, reader))
+        finally:
+            # Signals that came meanwhile are delivered now, to _on_signal.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def _supervise(self) -> int:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not all(child.exited for child in self.children):
+            waitables: list[Any] = [self._wake_r]
+            for child in self.children:
+                if child.ready is not None:
+                    waitables.append(child.ready)
+                if not child.exited:
+                    waitables.append(child.process.sentinel)
+            starting = any(child.starting for child in self.children)
+            timeout = max(0.0, deadline - time.monotonic()) if starting else None
+            wait(waitables, timeout)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_r, 512):
+                    pass
+            self._check_children()
+            if starting and time.monotonic() >= deadline:
+                self._kill_laggards()
+            if not any(child.starting for child in self.children):
+                self._forward()
+        return self._status()
+
+    def _check_children(self) -> None:
+        alive = sum(not child.exited for child in self.children)
+        for child in self.children:
+            if child.ready is not None and child.ready.poll():
+                with contextlib.suppress(EOFError, OSError):
+                    port = child.ready.recv()
+                    child.listening = True
+                    log.info("gateway process %d (pid %s) listening on port %s",
+                             child.index, child.process.pid, port)  # fmt: skip
+                child.ready.close()
+                child.ready = None
+            if not child.exited and not child.process.is_alive():
+                child.process.join()
+                child.exited = True
+                alive -= 1
+                self._report_exit(child, alive)
+
+    def _report_exit(self, child: _Child, alive: int) -> None:
+        code = child.process.exitcode
+        total = len(self.children)
+        if self.received and code == 0:
+            log.info("gateway process %d drained and exited", child.index)
+        elif self.received and code == DRAIN_CUT_SHORT:
+            log.warning("gateway process %d exited with requests still in flight", child.index)
+        elif not child.listening:
+            log.error("gateway process %d failed to start (exit status %s); %d of %d serving",
+                      child.index, code, alive, total)  # fmt: skip
+        else:
+            log.error("gateway process %d died unexpectedly (exit status %s); %d of %d serving",
+                      child.index, code, alive, total)  # fmt: skip
+        if alive == 0 and not self.received:
+            log.error("every gateway process has exited")
+
+    def _kill_laggards(self) -> None:
+        for child in self.children:
+            if child.starting and child.process.is_alive():
+                log.error("gateway process %d not listening after %.0fs: killing it",
+                          child.index, STARTUP_TIMEOUT_S)  # fmt: skip
+                child.process.kill()
+
+    def _forward(self) -> None:
+        # Each child drains on its own; the parent passes every stop signal on once.
+        for signum in self.received[self.forwarded :]:
+            for child in self.children:
+                if not child.exited and child.process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.process.pid, signum)
+        self.forwarded = len(self.received)
+
+    def _status(self) -> int:
+        codes = [child.process.exitcode for child in self.children]
+        if all(code == 0 for code in codes):
+            return 0
+        log.error("gateway processes exited with statuses %s", codes)
+        return 1
 
 
 def run(config: GatewayConfig) -> int:
     """Serve ``config`` in this process, or in ``listen.processes`` children; exit status."""
-    processes = config.listen.processes
-    if processes == 1:
-        _run_one(config, reuse_port=False)
+    if config.listen.processes == 1:
+        _run_one(config)
         return 0
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
     configure_logging(config.json_logs)
-    ctx = multiprocessing.get_context("spawn")
-    children = [
-        ctx.Process(target=_run_one, args=(config, True), name=f"kvgate-serve-{i}")
-        for i in range(processes)
-    ]
-    for child in children:
-        child.start()
-
-    def forward(signum: int, _frame: object) -> None:
-        # Each child drains on SIGTERM on its own; the parent only passes it on.
-        for child in children:
-            if child.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    child.terminate()
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    for child in children:
-        child.join()
-    return max((abs(child.exitcode or 0) for child in children), default=0)
+    return _Supervisor(config).run()

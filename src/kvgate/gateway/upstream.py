@@ -150,6 +150,18 @@ class Upstream:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, started=False) from exc
 
+    async def post_short(
+        self, url: str, body: bytes, limit_s: float, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """A short POST (a control call such as a KV offload); whole body read."""
+        try:
+            async with self.session.post(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=limit_s)
+            ) as resp:
+                return resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _translate(exc, started=False) from exc
+
     async def close(self) -> None:
         """Close every pooled connection."""
         if self._session is not None:

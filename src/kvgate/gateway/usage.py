@@ -3,11 +3,17 @@
 Streams are forwarded chunk by chunk; the tap only keeps a bounded tail of the
 bytes already sent and, once the stream ends, looks for the last server-sent
 event that carries a non-null ``usage``. Nothing is parsed while forwarding.
+
+A stream only carries usage when the client set ``stream_options.include_usage``.
+When it did not, the gateway asks the worker anyway (``with_stream_usage``) and
+forwards through a ``UsageStripper``, which hides what the client did not ask for.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +92,96 @@ class StreamTap:
                 if found is not None:
                     return found
         return None
+
+
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,?')
+"""``"usage": null``, with its comma: what a worker adds to every chunk once usage is asked.
+
+Inside a JSON string a quote is escaped, so an unescaped ``"usage"`` is always a key."""
+
+
+def _event_end(buf: bytearray | bytes, start: int = 0) -> int:
+    """The index just past the first complete SSE event in ``buf``, or -1."""
+    lf = buf.find(b"\n\n", start)
+    crlf = buf.find(b"\r\n\r\n", start)
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf + 4
+    return lf + 2 if lf >= 0 else -1
+
+
+class UsageStripper:
+    """Forwards an SSE stream whose ``usage`` the gateway asked for but the client did not.
+
+    The worker was asked for ``stream_options.include_usage`` so the gateway learns
+    the stream's ``cached_tokens``; the client gets the stream it asked for: the
+    usage-only final event (empty ``choices``) is kept back (its usage remembered in
+    ``usage``), and the ``"usage": null`` fields on other events are removed. All
+    other bytes pass unchanged. Events are forwarded whole: a partial event waits
+    for its end (upstream chunks almost always end on an event boundary).
+    """
+
+    __slots__ = ("_buf", "usage")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self.usage: Usage | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of ``chunk`` (and of earlier partial events) to forward now."""
+        buf = self._buf
+        if not buf and b'"usage"' not in chunk and chunk.endswith(b"\n\n"):
+            return chunk  # the common case: whole events, nothing to change
+        buf += chunk
+        out = bytearray()
+        start = 0
+        while (end := _event_end(buf, start)) >= 0:
+            out += self._filter(bytes(buf[start:end]))
+            start = end
+        del buf[:start]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """What is left when the stream ends (an unterminated last event)."""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        return self._filter(rest) if rest else b""
+
+    def _filter(self, event: bytes) -> bytes:
+        if b'"usage"' not in event:
+            return event
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                payload = json.loads(line[5:])
+            except ValueError:
+                return event
+            found = usage_from(payload)
+            if found is None:
+                break
+            self.usage = found
+            if isinstance(payload, dict) and payload.get("choices") == []:
+                return b""  # the usage-only event the client did not ask for
+            return event  # usage riding on a content event: the worker sends it anyway
+        return _NULL_USAGE.sub(b"", event)
+
+
+def client_wants_stream_usage(payload: Mapping[str, Any]) -> bool:
+    """True when a streaming request's ``stream_options.include_usage`` is set."""
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def with_stream_usage(body: bytes, payload: Mapping[str, Any]) -> bytes:
+    """``body`` (the JSON of ``payload``) asking for ``stream_options.include_usage``.
+
+    When the client sent no ``stream_options`` the field is spliced in front of its
+    bytes, which are otherwise left as they were; else the body is re-encoded.
+    """
+    if "stream_options" not in payload:
+        head = body.lstrip()
+        if head.startswith(b"{") and not head[1:].lstrip().startswith(b"}"):
+            return b'{"stream_options":{"include_usage":true},' + head[1:]
+    options = payload.get("stream_options")
+    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps({**payload, "stream_options": merged}).encode()

@@ -8,6 +8,10 @@ a fresh policy with its own state, so side-by-side runs never share an index.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 from kvgate.core.policies.consistent_hash import ConsistentHash, ConsistentHashConfig
 from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
 from kvgate.core.policies.least_request import LeastRequest, LeastRequestConfig
@@ -16,6 +20,7 @@ from kvgate.core.policies.prefix_affinity import PrefixAffinity, PrefixAffinityC
 from kvgate.core.policies.random_choice import RandomChoice, RandomConfig
 from kvgate.core.policies.round_robin import RoundRobin, RoundRobinConfig
 from kvgate.core.policies.session_affinity import SessionAffinity, SessionAffinityConfig
+from kvgate.core.prefix import FeatureConfig
 from kvgate.core.registry import PolicyRegistry, PolicySpec, UnknownPolicyError
 
 DEFAULT_POLICY = "default"
@@ -58,10 +63,43 @@ def default_registry() -> PolicyRegistry:
     )
 
 
+def with_feature_blocks(
+    registry: PolicyRegistry, name: str, options: Mapping[str, Any], features: FeatureConfig
+) -> dict[str, Any]:
+    """``options`` of policy ``name`` with its prefix index sized by ``features``' blocks.
+
+    The index counts blocks of the chains ``features`` builds, so its
+    ``block_chars`` must be theirs: it is filled in when unset (in token mode, as
+    ``block_tokens`` × the index's ``chars_per_token``), and a different value set
+    by hand is refused with ``ValueError``. Policies without an index are untouched.
+    """
+    merged = dict(options)
+    if "index" not in registry[name].config.model_fields:
+        return merged
+    index = dict(merged.get("index") or {})
+    if features.block_mode == "chars":
+        block_chars = features.block_chars
+    else:
+        chars_per_token = float(index.get("chars_per_token", 4.0))
+        block_chars = max(1, math.ceil(features.block_tokens * chars_per_token))
+    given = index.get("block_chars")
+    if given is None:
+        index["block_chars"] = block_chars
+    elif features.block_mode == "chars" and given != block_chars:
+        raise ValueError(
+            f"policy {name!r}: index.block_chars is {given} but features.block_chars is "
+            f"{block_chars}; they must be equal (leave index.block_chars unset to follow "
+            "features.block_chars)"
+        )
+    merged["index"] = index
+    return merged
+
+
 __all__ = [
     "DEFAULT_POLICY",
     "PolicyRegistry",
     "PolicySpec",
     "UnknownPolicyError",
     "default_registry",
+    "with_feature_blocks",
 ]

@@ -8,16 +8,28 @@ Used when the config names no policy. In order:
    the sticky threshold and holds at most ``ceil(sticky_load_factor × mean
    load) + sticky_slack`` requests: ``affinity_hit``.
 2. Otherwise (a new session, or one whose worker is gone or overloaded; a
-   migration avoids the old worker and workers over the sticky threshold):
-   a. the worker this replica's prefix index says holds the longest prefix, if
-      the match is good enough and the worker not overloaded (bounded loads,
-      as ``prefix_affinity``): ``prefix_match``;
-   b. else the rendezvous choice, with bounded loads, of the chain hash of the
-      first ``hash_blocks`` blocks (or of the session key when there is no
-      prompt): ``hash_primary`` / ``hash_bounded_walk``. Replicas that share no
-      prefix index still agree here, and requests sharing an opening (a system
-      prompt) land together, so it is cached once;
-   c. else least loaded: ``least_loaded``.
+   migration avoids the old worker and workers over the sticky threshold), when
+   the request will be bound (it has an affinity key) or this replica's prefix
+   index knows some of its prefix: the cheapest worker, where a worker costs
+   its load × ``load_cost_tokens`` (in prefix blocks) minus the blocks of the
+   prompt the index says it holds. Workers at the bounded-load cap
+   (``ceil(bounded_load_factor × mean load) + load_slack`` after this request)
+   or at ``kv_high`` KV usage are skipped. So a long cached prefix (a document,
+   a 2k-token system prompt) draws its requests to its worker, while a short
+   shared one (a chat app's system prompt, cheap to compute anywhere) does not
+   herd every new session onto the worker that happened to compute it first:
+   new sessions spread by load. Reasons: ``prefix_match`` (the worker holding
+   the longest match), ``imbalance_least_loaded`` (load outweighed a longer
+   match elsewhere), ``least_loaded`` (nothing cached anywhere).
+3. A request that will not be bound and whose prefix nobody holds takes the
+   rendezvous choice, with bounded loads, of the chain hash of its first
+   ``hash_blocks`` blocks: ``hash_primary`` / ``hash_bounded_walk``. Replicas
+   that share no prefix index agree there, and requests sharing an opening land
+   together. With no prompt either: ``least_loaded``.
+
+   Bound sessions need no hash to agree: their later turns follow the binding,
+   and two replicas placing the same new session at once settle on one worker
+   through the store's compare-and-set.
    A migration's reason says why it moved (``affinity_overloaded_migrated``,
    ``affinity_lost_migrated``, ``affinity_pressure_migrated``,
    ``affinity_version_migrated``). The new binding is written with an
@@ -26,15 +38,16 @@ Used when the config names no policy. In order:
 Why it beats each component alone:
 
 - ``session_affinity`` places new sessions least loaded, so a session's first
-  turn never finds a cached system prompt; here it goes where that prefix is.
+  turn never finds a cached system prompt or document; here it goes where that
+  prefix is when it is worth more than the load difference.
 - ``prefix_affinity`` only knows what this replica routed, and forgets it when
   its index evicts; the session binding lives in the shared store, so a
   conversation keeps its worker across replicas and index evictions. Its
   bounded-load cap still stops herding onto one warm worker.
 - ``consistent_hash`` moves a key whenever the load bound makes it walk and
   moves it back when load falls, losing the cache twice; here a move is
-  recorded once and sticks. And the prefix index finds a cached copy even when
-  the key hashes elsewhere (after a walk, or when workers joined).
+  recorded once and sticks. And it sends every session sharing an opening to
+  one worker; here sessions spread.
 
 Example::
 
@@ -43,20 +56,22 @@ Example::
       threshold_kind: fraction
       threshold: 0.8
       sticky_load_factor: 2.0
-      match_threshold: 0.3
       bounded_load_factor: 1.5
+      load_cost_tokens: 256
       hash_blocks: 4
       hash_load_factor: 1.25
 """
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field
 
 from kvgate.core.decision import Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
-from kvgate.core.hashing import bounded_load_cap, bounded_rendezvous, key_hash
+from kvgate.core.hashing import bounded_load_cap, bounded_rendezvous
 from kvgate.core.policies.base import (
     ThresholdKind,
     affinity_status,
@@ -70,13 +85,18 @@ from kvgate.core.policies.consistent_hash import prefix_hash_key
 from kvgate.core.policies.prefix_affinity import (
     PrefixLearning,
     PrefixPlacementConfig,
-    place_by_prefix,
 )
 from kvgate.core.policy import RouteContext
+from kvgate.types import Seconds, WorkerId
 
 
 class DefaultConfig(PrefixPlacementConfig):
-    """Options of ``default``: stickiness, prefix placement and the hash fallback."""
+    """Options of ``default``: stickiness, prefix placement and the hash fallback.
+
+    Of the prefix placement options, ``bounded_load_factor``, ``load_slack``,
+    ``kv_high`` and ``index`` apply; ``match_threshold`` and ``balance_*`` are
+    ``prefix_affinity``'s rules, which ``load_cost_tokens`` replaces here.
+    """
 
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
@@ -85,6 +105,10 @@ class DefaultConfig(PrefixPlacementConfig):
     hash_blocks: int = Field(default=4, ge=1)
     hash_load_factor: float = Field(default=1.25, ge=1)
     use_prefix_key: bool = True
+    load_cost_tokens: float = Field(default=256.0, ge=0)
+    """Uncached prompt tokens one request of load is worth when placing new work."""
+    recent_half_life_s: float = Field(default=60.0, gt=0)
+    """Half-life of the per-worker count of recently routed requests (a tie-break)."""
 
 
 class DefaultPolicy(PrefixLearning):
@@ -95,6 +119,28 @@ class DefaultPolicy(PrefixLearning):
     def __init__(self, config: DefaultConfig | None = None) -> None:
         self.config = config if config is not None else DefaultConfig()
         super().__init__(self.config.index)
+        # Requests routed to each worker, decayed: (count, as of when). Among equally
+        # loaded workers a new session goes to the one that got least lately, so a
+        # trickle of sessions at low load does not pile onto one worker id.
+        self._recent: dict[WorkerId, tuple[float, Seconds]] = {}
+
+    def _recent_count(self, worker: WorkerId, now: Seconds) -> float:
+        """Requests routed to ``worker`` lately, halved every ``recent_half_life_s``."""
+        entry = self._recent.get(worker)
+        if entry is None:
+            return 0.0
+        count, at = entry
+        return count * math.exp2(-max(0.0, now - at) / self.config.recent_half_life_s)
+
+    def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """Index the request's chain on ``worker`` and count it as recent there."""
+        super().on_routed(request, worker, now)
+        self._recent[worker] = (self._recent_count(worker, now) + 1.0, now)
+
+    def on_worker_removed(self, worker: WorkerId) -> None:
+        """Forget the worker's blocks and counts."""
+        super().on_worker_removed(worker)
+        self._recent.pop(worker, None)
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay, or place (prefix, hash, least loaded), or refuse; see the module docs."""
@@ -123,26 +169,76 @@ class DefaultPolicy(PrefixLearning):
             if not pool:
                 return Decision.refuse("capacity_full", cfg.retry_after_s)
 
-        worker, reason = self._place(request, pool)
+        keyed = request.has_session or (cfg.use_prefix_key and request.prefix_key is not None)
+        worker, reason = self._place(request, pool, keyed, ctx.fleet.now)
         self._remember_capacity(worker)
         if why != "new":
             reason = f"affinity_{why}_migrated"
-        keyed = request.has_session or (cfg.use_prefix_key and request.prefix_key is not None)
         return route(worker, reason, request if keyed else None, expected=old)
 
-    def _place(self, request: RequestFeatures, pool: list[WorkerState]) -> tuple[WorkerState, str]:
+    def _place(
+        self, request: RequestFeatures, pool: list[WorkerState], keyed: bool, now: Seconds
+    ) -> tuple[WorkerState, str]:
         cfg = self.config
-        placed = place_by_prefix(request, pool, self.index, cfg)
-        if placed is not None and placed[1] == "prefix_match":
-            return placed
-        # A good match whose workers are all overloaded falls through to the hash,
-        # so replicas send the overflow to the same next worker.
+        hashes = request.prefix_hashes
+        matches = self.index.match(hashes) if hashes else {}
+        if matches or keyed:
+            # A bound session's later turns follow the binding, so where it starts
+            # is free to balance; replicas placing it at once agree by compare-and-set.
+            return self._cheapest(pool, matches, now)
+        # Nothing cached and nothing to bind: replicas agree through the hash.
         key = prefix_hash_key(request, cfg.hash_blocks)
-        if key is None and request.affinity_key is not None:
-            key = key_hash(request.affinity_key)
         if key is not None:
             chosen = bounded_rendezvous(key, pool, cfg.hash_load_factor)
             if chosen is not None:
                 worker, walked = chosen
                 return worker, "hash_bounded_walk" if walked else "hash_primary"
         return least_loaded(pool), "least_loaded"
+
+    def _cheapest(
+        self, pool: list[WorkerState], matches: dict[str, int], now: Seconds
+    ) -> tuple[WorkerState, str]:
+        """The worker where new work costs least: its uncached blocks plus weighted load.
+
+        Workers at the bounded-load cap or at ``kv_high`` are skipped (least loaded
+        wins if that leaves none); ties go to the lower load, then the fewer
+        requests routed there lately, the lower KV usage, the id.
+        """
+        cfg = self.config
+        index_cfg = self.index.config
+        per_load = cfg.load_cost_tokens * index_cfg.chars_per_token / index_cfg.block_chars
+        # One pass over plain locals: this runs for every worker on every new session.
+        loads = [w.in_flight + (w.waiting or 0) for w in pool]
+        cap = bounded_load_cap(sum(loads), len(pool), cfg.bounded_load_factor, cfg.load_slack)
+        kv_high = cfg.kv_high
+        get = matches.get
+        best: WorkerState | None = None
+        best_cost = math.inf
+        best_tie: tuple[int, float, float, str] | None = None
+        for w, load in zip(pool, loads, strict=True):
+            if load >= cap:
+                continue
+            kv = w.kv_usage or 0.0
+            if kv >= kv_high:
+                continue
+            # The prompt's own length is the same everywhere: only the cached part differs.
+            cost = per_load * load - get(w.id, 0)
+            if cost < best_cost:
+                best, best_cost, best_tie = w, cost, None
+            elif cost == best_cost and best is not None:
+                # Ties are common at low load; only then is the tie-break worth computing.
+                if best_tie is None:
+                    best_tie = self._tie(best, now)
+                tie = self._tie(w, now)
+                if tie < best_tie:
+                    best, best_tie = w, tie
+        top = max(matches.values(), default=0)
+        if best is None:
+            return least_loaded(pool), "imbalance_least_loaded" if top else "least_loaded"
+        if not top:
+            return best, "least_loaded"
+        return best, "prefix_match" if get(best.id, 0) == top else "imbalance_least_loaded"
+
+    def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
+        """Order among equal costs: load, recent requests, KV usage, id."""
+        return (worker.load, self._recent_count(worker.id, now), worker.kv_usage or 0.0, worker.id)

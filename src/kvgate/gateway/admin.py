@@ -1,0 +1,284 @@
+"""The admin API: model versions, weights, workers and rollouts, behind a bearer token.
+
+Every admin route needs ``Authorization: Bearer <admin_token>`` when a token is
+configured (the gateway does not start with the admin API on a non-loopback
+address without one). Errors use the OpenAI shape: a bad body is 400 naming
+the field (``param``), an unknown rollout, model, version or worker 404, an
+action the current state forbids 409.
+
+    GET    /admin/models                               versions, weights, workers
+    PUT    /admin/models/{model}/weights               {"weights": {"v2": 90, "v3": 10}}
+    POST   /admin/models/{model}/versions              {"version": "v3", "weight": 0}
+    DELETE /admin/models/{model}/versions/{version}
+    POST   /admin/models/{model}/stable                {"version": "v3"}
+    GET    /admin/workers
+    POST   /admin/workers                              a worker config: {"url": ..., ...}
+    DELETE /admin/workers?url=URL[&wait=true]          stop routing; in-flight finish
+    GET    /admin/rollouts
+    POST   /admin/rollouts                             a RolloutSpec; starts it (201)
+    GET    /admin/rollouts/{id}
+    POST   /admin/rollouts/{id}/pause|resume|promote|abort  (promote?step=true: one step)
+
+Other parts add their own admin routes with ``add_admin_route``; they get the
+same authentication.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvgate.core.rollout import RolloutSpec
+from kvgate.gateway.config import WorkerConfig
+from kvgate.gateway.control import ControlPlane
+from kvgate.gateway.errors import InvalidRequestError, NotFoundError, UnauthorizedError
+from kvgate.gateway.rollouts import ACTIONS, RolloutConflictError
+
+_M = TypeVar("_M", bound=BaseModel)
+
+ADMIN_KEY = web.AppKey("kvgate.admin", ControlPlane)
+"""Where ``setup_admin`` leaves the control plane; its presence enables admin routes."""
+
+
+def check_admin(request: web.Request) -> ControlPlane:
+    """The control plane, once the request is authorised (401 if not; 404 if disabled)."""
+    control = request.app.get(ADMIN_KEY)
+    if control is None:
+        raise NotFoundError(f"no route for {request.method} {request.path}")
+    token = control.admin_token
+    if token is not None:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            raise UnauthorizedError(
+                "the admin API needs 'Authorization: Bearer <admin_token>'",
+                code="invalid_admin_token",
+            )
+    return control
+
+
+def add_admin_route(app: web.Application, method: str, path: str, handler: Handler) -> None:
+    """Register an admin route; the handler runs only for an authorised request."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        check_admin(request)
+        return await handler(request)
+
+    guarded.__doc__ = handler.__doc__
+    app.router.add_route(method, path, guarded)
+
+
+class _WeightsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    weights: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(min_length=1)
+
+
+class _VersionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str = Field(min_length=1)
+    weight: float = Field(default=0.0, ge=0)
+
+
+class _StableBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str = Field(min_length=1)
+
+
+def invalid(exc: ValidationError, prefix: str = "") -> InvalidRequestError:
+    """A 400 naming the first invalid field of a body."""
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(body)"
+    msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+    return InvalidRequestError(f"{prefix}{field}: {msg}", param=field)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = json.loads(await request.read() or b"null")
+    except ValueError:
+        raise InvalidRequestError("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return data
+
+
+def _parse(kind: type[_M], data: Mapping[str, Any]) -> _M:
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+# -- models and versions ----------------------------------------------------------
+
+
+async def get_models(request: web.Request) -> web.Response:
+    """``GET /admin/models``: every model's versions, weights, stable version, workers."""
+    return _json({"models": check_admin(request).versions.describe()})
+
+
+def _no_rollout(control: ControlPlane, model: str) -> None:
+    active = control.rollouts.active_for(model)
+    if active is not None:
+        raise RolloutConflictError(
+            f"rollout {active.spec.rollout_id} controls the weights of {model!r}; "
+            "pause, promote or abort it first",
+        )
+
+
+async def put_weights(request: web.Request) -> web.Response:
+    """``PUT /admin/models/{model}/weights``: change some versions' weights."""
+    control = check_admin(request)
+    model = request.match_info["model"]
+    body = _parse(_WeightsBody, await _body(request))
+    _no_rollout(control, model)
+    versions = control.versions.set_weights(model, body.weights)
+    await control.rollouts.publish_model(model)
+    return _json(versions.to_dict())
+
+
+async def post_version(request: web.Request) -> web.Response:
+    """``POST /admin/models/{model}/versions``: register a version (weight 0 by default)."""
+    control = check_admin(request)
+    model = request.match_info["model"]
+    body = _parse(_VersionBody, await _body(request))
+    if body.weight:
+        _no_rollout(control, model)
+    versions = control.versions.add_version(model, body.version, body.weight)
+    await control.rollouts.publish_model(model)
+    return _json(versions.to_dict(), status=201)
+
+
+async def delete_version(request: web.Request) -> web.Response:
+    """``DELETE /admin/models/{model}/versions/{version}``: forget a version."""
+    control = check_admin(request)
+    model, version = request.match_info["model"], request.match_info["version"]
+    active = control.rollouts.active_for(model)
+    if active is not None and version in (active.spec.baseline, active.spec.canary):
+        raise RolloutConflictError(f"version {version!r} is in rollout {active.spec.rollout_id}")
+    versions = control.versions.remove_version(model, version)
+    await control.rollouts.publish_model(model)
+    return _json(versions.to_dict())
+
+
+async def post_stable(request: web.Request) -> web.Response:
+    """``POST /admin/models/{model}/stable``: mark a version stable."""
+    control = check_admin(request)
+    model = request.match_info["model"]
+    body = _parse(_StableBody, await _body(request))
+    _no_rollout(control, model)
+    versions = control.versions.set_stable(model, body.version)
+    await control.rollouts.publish_model(model)
+    return _json(versions.to_dict())
+
+
+# -- workers ---------------------------------------------------------------------
+
+
+def _worker_view(control: ControlPlane) -> list[dict[str, Any]]:
+    pool = control.membership.pool
+    now = time.monotonic()
+    return [
+        {
+            "url": w.id,
+            "model": w.model,
+            "version": w.version,
+            "health": w.health(now, pool.stale_after).value,
+            "in_flight": w.in_flight,
+        }
+        for w in pool
+    ]
+
+
+async def get_workers(request: web.Request) -> web.Response:
+    """``GET /admin/workers``: every worker, its version, health and load."""
+    return _json({"workers": _worker_view(check_admin(request))})
+
+
+async def post_worker(request: web.Request) -> web.Response:
+    """``POST /admin/workers``: add a worker (probed before it takes traffic)."""
+    control = check_admin(request)
+    config = _parse(WorkerConfig, await _body(request))
+    worker = await control.membership.add(config)
+    return _json(
+        {"url": worker.id, "model": worker.model, "version": worker.version, "up": worker.probe_ok},
+        status=201,
+    )
+
+
+async def delete_worker(request: web.Request) -> web.Response:
+    """``DELETE /admin/workers?url=URL``: stop routing to a worker; in-flight requests finish."""
+    control = check_admin(request)
+    url = request.query.get("url")
+    if not url:
+        raise InvalidRequestError("give the worker's url as ?url=", param="url")
+    wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
+    worker = await control.membership.remove(url.rstrip("/"), wait=wait)
+    return _json({"url": worker.id, "removed": True, "in_flight": worker.in_flight})
+
+
+# -- rollouts --------------------------------------------------------------------
+
+
+async def get_rollouts(request: web.Request) -> web.Response:
+    """``GET /admin/rollouts``: every known rollout's status."""
+    return _json({"rollouts": check_admin(request).rollouts.statuses()})
+
+
+async def post_rollout(request: web.Request) -> web.Response:
+    """``POST /admin/rollouts``: start a rollout (201 with its status)."""
+    control = check_admin(request)
+    data = await _body(request)
+    try:
+        spec = RolloutSpec.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+    return _json(await control.rollouts.create(spec), status=201)
+
+
+async def get_rollout(request: web.Request) -> web.Response:
+    """``GET /admin/rollouts/{id}``: one rollout's state, step, weights and gates."""
+    control = check_admin(request)
+    return _json(await control.rollouts.status(request.match_info["id"]))
+
+
+async def post_action(request: web.Request) -> web.Response:
+    """``POST /admin/rollouts/{id}/{action}``: pause, resume, promote or abort."""
+    control = check_admin(request)
+    rollout_id, action = request.match_info["id"], request.match_info["action"]
+    one_step = request.query.get("step", "").lower() in ("1", "true", "yes")
+    return _json(await control.rollouts.act(rollout_id, action, full=not one_step))
+
+
+def setup_admin(app: web.Application, control: ControlPlane) -> None:
+    """Enable the admin API on ``app`` and add its routes."""
+    app[ADMIN_KEY] = control
+    actions = "|".join(ACTIONS)
+    routes: list[tuple[str, str, Handler]] = [
+        ("GET", "/admin/models", get_models),
+        ("PUT", "/admin/models/{model:.+}/weights", put_weights),
+        ("POST", "/admin/models/{model:.+}/versions", post_version),
+        ("DELETE", "/admin/models/{model:.+}/versions/{version}", delete_version),
+        ("POST", "/admin/models/{model:.+}/stable", post_stable),
+        ("GET", "/admin/workers", get_workers),
+        ("POST", "/admin/workers", post_worker),
+        ("DELETE", "/admin/workers", delete_worker),
+        ("GET", "/admin/rollouts", get_rollouts),
+        ("POST", "/admin/rollouts", post_rollout),
+        ("POST", f"/admin/rollouts/{{id:.+}}/{{action:{actions}}}", post_action),
+        ("GET", "/admin/rollouts/{id:.+}", get_rollout),
+    ]
+    for method, path, handler in routes:
+        add_admin_route(app, method, path, handler)

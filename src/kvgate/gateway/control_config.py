@@ -1,0 +1,142 @@
+"""Configuration of the gateway's control plane: model versions, rollouts, admin API.
+
+These sections of ``kvgate.yaml`` sit beside the data-plane ones in
+``gateway.config``. Example::
+
+    models:
+      llama-3-8b: {weights: {v2.1: 100, v3.0: 0}, stable: v2.1}
+    rollouts:
+      tick_s: 1.0
+      alert_webhook: "https://alerts.example/kvgate"
+      evaluator: {url: "http://127.0.0.1:9000/score", sample_rate: 0.05}
+    admin: {enabled: true}
+    admin_token: "..."   # required when listen.host is not a loopback address
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelVersionsConfig(_Model):
+    """One model's version weights (only ratios matter) and its stable version.
+
+    ``stable`` defaults to the version with the largest weight (ties: first by name).
+    A model with no entry here is not split by version: its requests may go to any
+    of its workers, whatever version they serve, until weights are set for it.
+    """
+
+    weights: dict[str, float] = Field(min_length=1)
+    stable: str | None = None
+
+    @field_validator("weights")
+    @classmethod
+    def _valid_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, weight in value.items():
+            if not name.strip():
+                raise ValueError("version names must be non-empty")
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"weight of {name!r} must be finite and >= 0")
+        if sum(value.values()) <= 0:
+            raise ValueError("weights must sum to more than 0")
+        return value
+
+    @model_validator(mode="after")
+    def _known_stable(self) -> Self:
+        if self.stable is not None and self.stable not in self.weights:
+            raise ValueError(f"stable version {self.stable!r} has no weight")
+        return self
+
+    def stable_version(self) -> str:
+        """The configured stable version, or the heaviest one."""
+        if self.stable is not None:
+            return self.stable
+        return min(self.weights, key=lambda name: (-self.weights[name], name))
+
+
+class EvaluatorConfig(_Model):
+    """The quality evaluator: an HTTP endpoint or a Python entry point (exactly one).
+
+    The endpoint is POSTed one sampled canary response (request and response
+    text) and answers ``{"score": <float>}``; the entry point ``module:function``
+    is called with the same mapping and returns the score (or an awaitable).
+    Samples beyond ``max_pending`` waiting ones are dropped, never queued.
+    """
+
+    url: str | None = None
+    entry_point: str | None = None
+    sample_rate: float = Field(default=0.1, gt=0, le=1)
+    timeout_s: float = Field(default=10.0, gt=0)
+    max_pending: int = Field(default=64, ge=1)
+    concurrency: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.url is None) == (self.entry_point is None):
+            raise ValueError("give exactly one of url and entry_point")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http(s) URL, got {self.url!r}")
+        if self.entry_point is not None and ":" not in self.entry_point:
+            raise ValueError("entry_point must look like 'module:function'")
+        return self
+
+
+class RolloutsConfig(_Model):
+    """How the rollout controller runs.
+
+    ``tick_s``: how often the background loop runs (each rollout is judged every
+    ``interval_s`` of its spec, on the next tick) and how often replicas poll
+    the store for weights. ``lease_ttl_s``: how long the controller lease lasts
+    without renewal (another replica takes over after it). ``bucket_s``: the
+    outcome windows' resolution (capped at a tenth of a rollout's window).
+    """
+
+    enabled: bool = True
+    tick_s: float = Field(default=1.0, gt=0)
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    bucket_s: float = Field(default=5.0, gt=0)
+    alert_webhook: str | None = None
+    alert_timeout_s: float = Field(default=5.0, gt=0)
+    evaluator: EvaluatorConfig | None = None
+    store_prefix: str = Field(default="kvgate", min_length=1)
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _lease_outlives_tick(self) -> Self:
+        if self.lease_ttl_s <= self.tick_s:
+            raise ValueError("lease_ttl_s must be longer than tick_s")
+        return self
+
+
+class AdminConfig(_Model):
+    """The admin API (``/admin/...``): versions, weights, workers, rollouts.
+
+    Every admin endpoint needs ``Authorization: Bearer <admin_token>`` when a
+    token is set; without one the API is only allowed on a loopback address.
+    """
+
+    enabled: bool = True
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

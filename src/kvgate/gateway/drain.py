@@ -1,0 +1,152 @@
+"""Draining a worker by hand, and what pressure looks like, through the admin API.
+
+- ``POST /admin/workers/{id}/drain``: the worker takes no new sessions and no
+  new requests; requests in flight finish. Its affine sessions move as they next
+  arrive (policies treat a draining worker's sessions as lost and rebind them).
+- ``POST /admin/workers/{id}/undrain``: it takes traffic again. A drain the GPU's
+  temperature calls for stays until the GPU cools, whatever the admin says.
+- ``GET /admin/pressure``: every worker's pressure level, drain causes, seconds
+  at or above each watermark, and the latest session moves.
+
+``{id}`` is the worker's id (its URL), its ``host:port``, or its index in the
+configuration; a URL's ``/`` may be sent percent-encoded. Requests need
+``Authorization: Bearer <admin_token>`` when ``admin_token`` is configured, and
+otherwise come from the loopback interface only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from kvgate.core.fleet import Pressure
+from kvgate.gateway.errors import GatewayError, NotFoundError, UnauthorizedError
+from kvgate.gateway.pool import Worker, WorkerPool
+from kvgate.gateway.pressure import PressureDriver
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class DrainApi:
+    """The drain and pressure admin endpoints of one gateway."""
+
+    def __init__(
+        self, pool: WorkerPool, driver: PressureDriver, admin_token: str | None = None
+    ) -> None:
+        self.pool = pool
+        self.driver = driver
+        self.admin_token = admin_token
+
+    def routes(self, guarded: bool = True) -> list[web.RouteDef]:
+        """The route table; ``guarded=False`` when the admin API already checks access."""
+        wrap = self._guard if guarded else _same
+        return [
+            web.post(r"/admin/workers/{id:.+}/drain", wrap(self.drain)),
+            web.post(r"/admin/workers/{id:.+}/undrain", wrap(self.undrain)),
+            web.get("/admin/pressure", wrap(self.status)),
+        ]
+
+    async def drain(self, request: web.Request) -> web.Response:
+        """``POST /admin/workers/{id}/drain``."""
+        return await self._set(request, True)
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        """``POST /admin/workers/{id}/undrain``."""
+        return await self._set(request, False)
+
+    async def status(self, request: web.Request) -> web.Response:
+        """``GET /admin/pressure``."""
+        now = time.monotonic()
+        tracker = self.driver.tracker
+        workers = [
+            {
+                "worker": w.id,
+                "pressure": w.pressure.value,
+                "draining": w.draining,
+                "drained_by_admin": w.id in self.driver.admin_drained,
+                "too_hot": tracker.draining(w.id),
+                "soft_seconds": round(tracker.time_above(w.id, Pressure.SOFT, now), 3),
+                "hard_seconds": round(tracker.time_above(w.id, Pressure.HARD, now), 3),
+            }
+            for w in self.pool
+        ]
+        moves = [
+            {
+                "session": m.session_key,
+                "from": m.from_worker,
+                "to": m.to_worker,
+                "reason": m.reason,
+                "offloaded": m.offloaded,
+            }
+            for m in list(self.driver.moves)[-100:]
+        ]
+        return web.json_response({"workers": workers, "recent_moves": moves})
+
+    async def _set(self, request: web.Request, drain: bool) -> web.Response:
+        worker = self.find(request.match_info["id"])
+        changed = self.driver.set_admin_drain(worker, drain)
+        return web.json_response(
+            {
+                "worker": worker.id,
+                "draining": worker.draining,
+                "drained_by_admin": worker.id in self.driver.admin_drained,
+                "changed": changed,
+                "in_flight": worker.in_flight,
+            }
+        )
+
+    def find(self, ref: str) -> Worker:
+        """The worker ``ref`` names (id, ``host:port`` or index); ``NotFoundError`` if none."""
+        ref = unquote(ref).rstrip("/")
+        worker = self.pool.get(ref)
+        if worker is not None:
+            return worker
+        for candidate in self.pool:
+            if candidate.id.split("://", 1)[-1] == ref:
+                return candidate
+        if ref.isdigit():
+            workers = list(self.pool)
+            if int(ref) < len(workers):
+                return workers[int(ref)]
+        raise NotFoundError(f"no worker {ref!r}")
+
+    def _guard(self, handler: _Handler) -> _Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            self._check(request)
+            return await handler(request)
+
+        return guarded
+
+    def _check(self, request: web.Request) -> None:
+        if self.admin_token is None:
+            if not _loopback(request.remote):
+                raise GatewayError(
+                    "the admin API answers only on loopback unless admin_token is set",
+                    status=403,
+                    type="permission_error",
+                    code="forbidden",
+                )
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.admin_token.encode()
+        ):
+            raise UnauthorizedError("missing or wrong admin token")
+
+
+def _same(handler: _Handler) -> _Handler:
+    return handler
+
+
+def _loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
