@@ -9,6 +9,10 @@ throughput ratio, and the gateway process's CPU time per request (from
 ``/proc/<pid>/stat``).
 
     .venv/bin/python benchmarks/overhead.py --duration 5 --concurrency 32,256
+
+With ``--rollout`` half the workers serve version v2 and a canary rollout v1 -> v2
+holds at 50% for the whole run (its step never ends), so the numbers include
+version assignment, the per-version snapshot filter and outcome recording.
 """
 
 from __future__ import annotations
@@ -141,6 +145,28 @@ def _healthy(url: str) -> bool:
     return asyncio.run(probe())
 
 
+def start_rollout(gateway_url: str) -> None:
+    """A rollout of demo v1 -> v2 parked at 50% (admin API on loopback needs no token)."""
+    spec = {
+        "model": "demo",
+        "baseline": "v1",
+        "canary": "v2",
+        "steps": [50, 100],
+        "min_step_duration_s": 1e9,
+        "interval_s": 1.0,
+    }
+
+    async def post() -> None:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gateway_url + "/admin/rollouts", json=spec) as r,
+        ):
+            if r.status != 201:
+                raise SystemExit(f"could not start the rollout: {r.status} {await r.text()}")
+
+    asyncio.run(post())
+
+
 @contextlib.contextmanager
 def process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
     """A subprocess running until the block ends, started once ``ready_url`` answers 200."""
@@ -166,6 +192,9 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=1000.0)
     # Round robin spreads load as the direct runs do, so only the overhead differs.
     parser.add_argument("--policy", default="round_robin")
+    parser.add_argument(
+        "--rollout", action="store_true", help="run with a canary rollout active (v1 -> v2 at 50%%)"
+    )
     opts = parser.parse_args()
     levels = [int(x) for x in opts.concurrency.split(",")]
 
@@ -187,6 +216,8 @@ def main() -> None:
                         str(opts.time_scale),
                         "--seed",
                         str(i),
+                        "--version",
+                        "v2" if opts.rollout and i % 2 else "v1",
                         "--log-level",
                         "warning",
                     ],
@@ -200,10 +231,13 @@ def main() -> None:
         for url in urls:
             serve += ["--worker", url]
         gateway = stack.enter_context(process(serve, gateway_url + "/readyz"))
+        if opts.rollout:
+            start_rollout(gateway_url)
 
         print(
             f"{opts.workers} workers (fast, x{opts.time_scale:g}), {opts.clients} client "
             f"processes, {opts.duration:g}s per run, {os.cpu_count()} CPUs, policy {opts.policy}"
+            + (", rollout v1 -> v2 at 50%" if opts.rollout else "")
         )
         header = (
             f"{'load':<16}{'direct p50/p99 ms':>20}{'gateway p50/p99 ms':>21}"

@@ -18,14 +18,18 @@ def _register() -> None:
     from kvgate.bench import command as bench_command
     from kvgate.demo import command as demo_command
     from kvgate.gateway import command as gateway_command
+    from kvgate.gateway import rollout_command
+    from kvgate.realengine import command as realengine_command
     from kvgate.sim import command as sim_command
     from kvgate.workersim import command as workersim_command
 
     workersim_command.register(app)
     gateway_command.register(app)
     sim_command.register(app)
+    realengine_command.register(app)
     bench_command.register(app)
     demo_command.register(app)
+    rollout_command.register(app)
 
 
 _register()
