@@ -195,3 +195,17 @@ async def test_a_mooncake_trace_replays_as_completions_sharing_prefixes(
     assert run["finished"] == run["requests"] == 4
     assert run["hit_rate"] > 0
     assert results["workload"]["name"] == "mooncake"
+
+
+async def test_worker_reported_timing_is_summarised_beside_client_timing() -> None:
+    # A realistic profile at time scale 10: the engine's own TTFT (model time) is
+    # reported next to the client's; the client sees at least what the engine spent.
+    options = fast_worker(profile="h100-llama3-8b", time_scale=10.0, kv_blocks=4096)
+    async with running_worker(options) as handle:
+        results = await run_bench(
+            handle.url, build_workload(CHAT, seed=5), requests=24, time_scale=10.0
+        )
+    run = results["policies"]["live"]
+    assert run["finished"] == 24
+    assert 0 < run["worker_ttft_p50"] <= run["worker_ttft_p99"]
+    assert run["worker_ttft_p50"] <= run["ttft_p50"]

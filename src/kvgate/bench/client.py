@@ -40,6 +40,8 @@ class Answer:
     completion_tokens: int | None = None
     worker: str | None = None
     reason: str | None = None
+    worker_ttft: float | None = None
+    """The worker's own TTFT (model seconds), when it reports ``kvgate_timing``."""
     text: str = ""
 
     @property
@@ -66,6 +68,9 @@ def _read_usage(answer: Answer, usage: dict[str, Any]) -> None:
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     answer.cached_tokens = int(cached) if cached is not None else None
+    timing = usage.get("kvgate_timing")
+    if isinstance(timing, dict) and "ttft_s" in timing:
+        answer.worker_ttft = float(timing["ttft_s"])
 
 
 class BenchClient:

@@ -54,6 +54,7 @@ def summarize(
     errors: Counter[str] = Counter()
     missing_usage = 0
     waits: list[float] = []
+    worker_ttfts: list[float] = []
     for outcome in sorted(outcomes, key=lambda o: o.arrival):
         answer = outcome.answer
         recorder.arrived(outcome.arrival * time_scale)
@@ -68,6 +69,8 @@ def summarize(
             continue
         if answer.prompt_tokens is None:
             missing_usage += 1
+        if answer.worker_ttft is not None:
+            worker_ttfts.append(answer.worker_ttft)
         first = answer.first_token if answer.first_token is not None else answer.finished
         recorder.finish(
             index[answer.worker or UNNAMED_WORKER],
@@ -93,6 +96,16 @@ def summarize(
             "time_scale": time_scale,
         }
     )
+    if worker_ttfts:
+        # The workers' own clocks: what routing changes, without the client's
+        # and gateway's CPU contention (see workersim's ``kvgate_timing``).
+        summary.update(
+            {
+                "worker_ttft_mean": round(sum(worker_ttfts) / len(worker_ttfts), 6),
+                "worker_ttft_p50": _percentile(worker_ttfts, 50),
+                "worker_ttft_p99": _percentile(worker_ttfts, 99),
+            }
+        )
     return summary
 
 
@@ -138,14 +151,22 @@ def results_table(results: Mapping[str, Any], title: str | None = None) -> Table
     bound = float(results.get("bound_hit_rate", 0.0))
     heading = title or f"{name}: infinite-cache bound hit rate {bound:.1%}"
     table = Table(title=heading, title_justify="left")
-    columns = (
+    columns: tuple[str, ...] = (
         "policy", "done", "req/s", "hit", "/bound", "TTFT p50", "p90", "p99",
         "e2e p50", "p99", "max/mean", "CV", "errors", "shed",
     )  # fmt: skip
+    runs = results.get("policies", {})
+    # Workers that report their own timing (kvgate_timing) get two more columns.
+    worker_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
+    if worker_timed:
+        columns = (*columns, "worker TTFT p50", "p99")
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
-    for label, s in results.get("policies", {}).items():
+    for label, s in runs.items():
         of_bound = s.get("hit_rate_of_bound")
+        worker_cells = (
+            (_time(s["worker_ttft_p50"]), _time(s["worker_ttft_p99"])) if worker_timed else ()
+        )
         table.add_row(
             label,
             f"{s['finished']}/{s['requests']}",
@@ -161,5 +182,6 @@ def results_table(results: Mapping[str, Any], title: str | None = None) -> Table
             f"{s['load_cv']:.2f}",
             str(s["errors"]),
             str(s["shed"]),
+            *worker_cells,
         )
     return table

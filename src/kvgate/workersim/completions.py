@@ -81,7 +81,13 @@ class _Run:
         """Usage as the engine reported it."""
         if self.info is not None:
             info = self.info
-            return Usage(info.prompt_tokens, info.output_tokens, info.cached_tokens)
+            return Usage(
+                info.prompt_tokens,
+                info.output_tokens,
+                info.cached_tokens,
+                ttft_s=info.ttft,
+                e2e_s=info.e2e,
+            )
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens or 0)
 
 

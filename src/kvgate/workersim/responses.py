@@ -59,15 +59,31 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
 
     def body(self) -> dict[str, Any]:
-        """OpenAI's ``usage`` object."""
-        return {
+        """OpenAI's ``usage`` object, plus the engine's own timing when known.
+
+        ``kvgate_timing`` holds the time to first token and end-to-end latency
+        the engine measured, in model seconds (queue wait + prefill, as a real
+        engine's own histograms record them). A benchmark on a crowded machine
+        reads these beside its wall-clock figures: they are what routing
+        changes, free of the harness's CPU contention. OpenAI clients ignore
+        the extra key.
+        """
+        body: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        if self.ttft_s is not None and self.e2e_s is not None:
+            body["kvgate_timing"] = {
+                "ttft_s": round(self.ttft_s, 6),
+                "e2e_s": round(self.e2e_s, 6),
+            }
+        return body
 
 
 @dataclass(frozen=True, slots=True)
