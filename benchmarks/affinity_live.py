@@ -245,16 +245,21 @@ def check_targets(results: dict[str, Any], processes: int) -> list[dict[str, Any
                 "met": all(hit > s["hit_rate"] for s in stateless.values()),
             }
         )
-        fastest = min(stateless, key=lambda n: stateless[n]["ttft_p99"])
-        p99 = default["ttft_p99"]
-        checks.append(
-            {
-                "target": "default p99 TTFT below every stateless policy's",
-                "measured": f"{p99 * 1e3:.0f}ms vs best stateless {fastest} "
-                f"{stateless[fastest]['ttft_p99'] * 1e3:.0f}ms",
-                "met": all(p99 < s["ttft_p99"] for s in stateless.values()),
-            }
-        )
+        # Client-observed TTFT includes this machine's CPU contention times the
+        # time scale; the workers' own clock (kvgate_timing) is what routing changes.
+        for key, where in (("ttft_p99", "client-observed"), ("worker_ttft_p99", "workers' clock")):
+            if key not in default:
+                continue
+            fastest = min(stateless, key=lambda n: stateless[n].get(key, float("inf")))
+            p99 = default[key]
+            checks.append(
+                {
+                    "target": f"default p99 TTFT ({where}) below every stateless policy's",
+                    "measured": f"{p99 * 1e3:.0f}ms vs best stateless {fastest} "
+                    f"{stateless[fastest][key] * 1e3:.0f}ms",
+                    "met": all(p99 < s[key] for s in stateless.values() if key in s),
+                }
+            )
     replicas = runs.get(REPLICAS_LABEL.format(n=processes))
     if replicas is not None:
         gap = replicas["hit_rate"] - hit
@@ -274,7 +279,7 @@ def policies_table(results: dict[str, Any]) -> Table:
     name = results["workload"]["name"]
     table = Table(title=f"{name}: infinite-cache bound hit rate {bound:.1%}", title_justify="left")
     columns = ("policy", "done", "hit", "/bound", "TTFT mean", "p50", "p99", "e2e p99",
-               "max/mean", "errors", "shed")  # fmt: skip
+               "max/mean", "errors", "shed", "worker TTFT mean", "p50", "p99")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for label, s in results["policies"].items():
@@ -290,6 +295,10 @@ def policies_table(results: dict[str, Any]) -> Table:
             f"{s['load_max_over_mean']:.2f}",
             str(s["errors"]),
             str(s["shed"]),
+            *(
+                f"{s[k] * 1e3:.0f}ms" if k in s else "-"
+                for k in ("worker_ttft_mean", "worker_ttft_p50", "worker_ttft_p99")
+            ),
         )
     return table
 
