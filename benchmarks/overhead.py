@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import multiprocessing
 import os
 import statistics
@@ -195,6 +196,7 @@ def main() -> None:
     parser.add_argument(
         "--rollout", action="store_true", help="run with a canary rollout active (v1 -> v2 at 50%%)"
     )
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     opts = parser.parse_args()
     levels = [int(x) for x in opts.concurrency.split(",")]
 
@@ -245,6 +247,7 @@ def main() -> None:
             f"{'cpu ms/req':>12}{'errors':>8}"
         )
         print(header)
+        rows: list[dict[str, object]] = []
         for stream in (False, True):
             for level in levels:
                 direct = run_load(urls, level, opts.duration, stream, opts.clients)
@@ -269,6 +272,27 @@ def main() -> None:
                     f"{'':<16}direct {direct.throughput:,.0f} req/s, "
                     f"gateway {through.throughput:,.0f} req/s"
                 )
+                rows.append(
+                    {
+                        "load": name,
+                        "direct_p50_ms": d50 * 1e3,
+                        "direct_p99_ms": d99 * 1e3,
+                        "gateway_p50_ms": g50 * 1e3,
+                        "gateway_p99_ms": g99 * 1e3,
+                        "added_p50_ms": (g50 - d50) * 1e3,
+                        "added_p99_ms": (g99 - d99) * 1e3,
+                        "added_ttft_p50_ms": ttft * 1e3 if stream else None,
+                        "direct_rps": direct.throughput,
+                        "gateway_rps": through.throughput,
+                        "throughput_ratio": through.throughput / max(direct.throughput, 1e-9),
+                        "cpu_ms_per_req": per_req,
+                        "errors": direct.errors + through.errors,
+                    }
+                )
+        if opts.json is not None:
+            meta = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), **vars(opts)}
+            meta["json"] = str(opts.json)
+            opts.json.write_text(json.dumps({"options": meta, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

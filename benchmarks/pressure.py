@@ -1,11 +1,14 @@
 """Memory pressure live: the same chat load with pressure handling on and off, in one run.
 
 Emulated workers (Llama-3-8B-on-H100 latency profile, a small KV cache, a CPU
-offload tier, high time scale) sit behind an in-process gateway running the
-``default`` policy (session affinity, then prefix placement). Every session
-opens with the same long system prompt, so affinity and prefix placement herd
-sessions onto few workers; as their conversations grow, the KV cache of a
-herded worker overflows and the engine preempts (recomputes) running requests.
+offload tier, high time scale) sit behind an in-process gateway running
+``session_affinity``: sessions (``X-Session-ID``) are bound to a worker and stay
+there; new sessions go to the least loaded worker, by request count. Every
+``--heavy-every``-th session is a long-document one (``--heavy-user-words`` per
+turn instead of ``--user-words``), and sessions start in order, so counting
+requests puts every heavy session on the same worker. Its conversations grow
+turn by turn until the running requests' KV outgrows that worker's cache and
+the engine preempts (recomputes) them, while the other workers have room.
 
 Each mode gets fresh workers and a fresh gateway and the same seeded load:
 ``--sessions`` closed-loop chat sessions, started ``--stagger-ms`` apart, each
@@ -18,7 +21,8 @@ Each mode gets fresh workers and a fresh gateway and the same seeded load:
 - time above the hard watermark: each worker's KV usage sampled every
   ``--sample-ms`` in process; total seconds and the longest stretch, against the
   gateway's scrape interval;
-- the gateway's sessions moved, offload calls and 429s.
+- the gateway's sessions moved, offload calls and 429s, and how many requests
+  it held for KV headroom on their worker (``core.pressure.kv_fits``).
 
     .venv/bin/python benchmarks/pressure.py
     .venv/bin/python benchmarks/pressure.py --sessions 48 --turns 8 --json out.json
@@ -66,9 +70,9 @@ class Settings:
     think_ms: float = 150.0
     system_words: int = 200
     user_words: int = 30
-    heavy_every: int = 0
+    heavy_every: int = 3
     heavy_user_words: int = 400
-    policy: str = "default"
+    policy: str = "session_affinity"
     max_tokens: int = 300
     scrape_ms: float = 50.0
     sample_ms: float = 5.0
@@ -100,6 +104,7 @@ class ModeResult:
     above_hard_longest_s: float
     kv_peak: float
     sessions_moved: float
+    kv_holds: int
     offloads: float
     sheds: float
     requests_by_worker: dict[str, int]
@@ -239,6 +244,7 @@ async def run_mode(settings: Settings, pressure: bool) -> ModeResult:
             moved = _gateway_total(gw, "kvgate_sessions_moved_total")
             offloads = _gateway_total(gw, "kvgate_offloads_total")
             sheds = _gateway_total(gw, "kvgate_shed_total")
+            holds = gw.gateway.router.kv_holds
     ok = [a for a in answers if a.ok]
     ttfts = [a.first_token - a.sent for a in ok if a.first_token is not None]
     prompt = sum(a.prompt_tokens or 0 for a in ok)
@@ -261,6 +267,7 @@ async def run_mode(settings: Settings, pressure: bool) -> ModeResult:
         above_hard_longest_s=max(trace.longest_s.values(), default=0.0),
         kv_peak=max(trace.peak.values(), default=0.0),
         sessions_moved=moved,
+        kv_holds=holds,
         offloads=offloads,
         sheds=sheds,
         requests_by_worker=served,
@@ -285,7 +292,11 @@ def _table(results: list[ModeResult], settings: Settings) -> str:
             "sessions moved / offloads / 429s",
             lambda r: f"{r.sessions_moved:.0f} / {r.offloads:.0f} / {r.sheds:.0f}",
         ),
-        ("requests per worker", lambda r: " ".join(str(v) for v in r.requests_by_worker.values())),
+        ("requests held for KV headroom", lambda r: str(r.kv_holds)),
+        (
+            "requests per worker",
+            lambda r: " ".join(map(str, sorted(r.requests_by_worker.values(), reverse=True))),
+        ),
         ("wall (s)", lambda r: f"{r.wall_s:.1f}"),
     ]
     width = max(len(name) for name, _ in rows)

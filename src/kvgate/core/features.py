@@ -25,6 +25,8 @@ class RequestFeatures:
     pinned_version: str | None = None
     stream: bool = False
     prefix_key: SessionKey | None = None
+    max_tokens: int | None = None
+    """The client's output limit (``max_tokens`` / ``max_completion_tokens``), if given."""
 
     @property
     def has_session(self) -> bool:

@@ -45,6 +45,8 @@ class WorkerState:
     waiting: int | None = None
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
+    kv_in_flight_tokens: int = 0
+    """The gateway's estimate of the KV tokens its in-flight requests will hold at their end."""
     gpu_temp_c: float | None = None
     gpu_mem_usage: float | None = None
     labels: tuple[tuple[str, str], ...] = ()

@@ -285,7 +285,17 @@ def build_features(
         pinned_version=pinned,
         stream=stream,
         prefix_key=prefix_key,
+        max_tokens=_max_tokens(body),
     )
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The request's output limit, if it names a positive integer one (never an error here)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _prefix_hashes(

@@ -15,6 +15,16 @@ marks it ``DRAINING``); both fall back ``temp_recovery_c`` degrees below.
 An unknown signal (never scraped, stale, NaN) keeps the level it had; a worker
 never seen before starts ``NORMAL``: missing data never escalates.
 
+Scrapes lag: one admitted request can move KV usage a lot within one scrape
+interval, and what preempts is running requests growing their KV during decode
+once free blocks run out. So the driver also counts what it sends: each
+request's KV demand (``kv_demand_tokens``: its prompt, estimated from its
+characters, plus its output limit) is added to its worker's in-flight estimate
+until it ends. ``projected_level`` marks a worker ``SOFT`` as soon as that
+estimate reaches the soft mark (new sessions go elsewhere before a scrape shows
+it), and ``kv_fits`` is the gate: a request is held at the gateway rather than
+sent to a worker whose estimate would pass the hard mark with it.
+
 Example config::
 
     pressure:
@@ -23,6 +33,9 @@ Example config::
       recovery_margin: 0.05
       temp_soft_c: 83
       temp_drain_c: 90
+      kv_gate: true
+      chars_per_token: 4.0
+      default_output_tokens: 256
     migration:
       prefill_tokens_per_s: 8000
       request_service_s: 2.0
@@ -31,6 +44,7 @@ Example config::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Self
@@ -56,6 +70,12 @@ class PressureConfig(BaseModel):
     temp_soft_c: float = 83.0
     temp_drain_c: float = 90.0
     temp_recovery_c: float = Field(default=3.0, ge=0)
+    kv_gate: bool = True
+    """Hold requests at the gateway while their worker lacks KV headroom for them."""
+    chars_per_token: float = Field(default=4.0, gt=0)
+    """Prompt characters per token, to estimate a request's KV demand."""
+    default_output_tokens: int = Field(default=256, ge=1)
+    """A request's output tokens when it sets no ``max_tokens``."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -196,6 +216,61 @@ class PressureTracker:
         if usage >= cfg.soft_watermark - cfg.recovery_margin:
             return Pressure.SOFT
         return Pressure.NORMAL
+
+
+def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
+    """KV tokens ``request`` holds at its end: its prompt (from its characters) plus its output."""
+    prompt = math.ceil(request.prompt_chars / config.chars_per_token)
+    return max(1, prompt + (request.max_tokens or config.default_output_tokens))
+
+
+def kv_committed_tokens(worker: WorkerState) -> float:
+    """KV tokens ``worker`` is committed to: the in-flight estimate, or scraped use if higher.
+
+    Scraped use covers work that did not come through this gateway; the
+    estimate covers what was sent since the last scrape and the decode growth
+    still ahead of running requests. 0 with unknown capacity.
+    """
+    capacity = worker.kv_capacity_tokens
+    if not capacity:
+        return 0.0
+    scraped = (worker.kv_usage or 0.0) * capacity
+    return max(float(worker.kv_in_flight_tokens), scraped)
+
+
+def projected_usage(worker: WorkerState) -> float | None:
+    """``kv_committed_tokens`` as a fraction of capacity; ``None`` with unknown capacity."""
+    capacity = worker.kv_capacity_tokens
+    return kv_committed_tokens(worker) / capacity if capacity else None
+
+
+def projected_level(level: Pressure, worker: WorkerState, config: PressureConfig) -> Pressure:
+    """``level`` raised to ``SOFT`` when the in-flight estimate reaches the soft mark.
+
+    Never raises to ``HARD``: a worker is hard-pressured on its own scraped
+    usage only (which is what moves sessions away); the estimate only keeps
+    new sessions off a worker that is about to fill.
+    """
+    if level is not Pressure.NORMAL:
+        return level
+    capacity = worker.kv_capacity_tokens
+    if capacity and worker.kv_in_flight_tokens >= config.soft_watermark * capacity:
+        return Pressure.SOFT
+    return level
+
+
+def kv_fits(worker: WorkerState, demand: int, config: PressureConfig) -> bool:
+    """True when ``worker`` has KV headroom for ``demand`` more tokens.
+
+    Headroom is the hard mark of its capacity less ``kv_committed_tokens``.
+    Always True with unknown capacity, with the gate off, or when nothing of
+    ours is in flight there (a request larger than the headroom runs alone
+    rather than never).
+    """
+    capacity = worker.kv_capacity_tokens
+    if not config.kv_gate or not capacity or worker.in_flight == 0:
+        return True
+    return kv_committed_tokens(worker) + demand <= config.hard_watermark * capacity
 
 
 class MigrationCostModel(BaseModel):

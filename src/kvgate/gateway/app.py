@@ -99,6 +99,13 @@ class Gateway:
             affinity_ttl=config.store.affinity_ttl_s,
             relieve_interval_s=config.health.interval_s,
         )
+        if config.pressure.enabled:
+            # Count what is sent between scrapes: new sessions leave a worker about to
+            # fill, and requests wait for KV headroom instead of being preempted.
+            self.pool.set_pressure_config(config.pressure)
+            if config.pressure.kv_gate:
+                self.router.kv_gate = config.pressure
+                self.router.kv_gate_max_wait_s = config.pressure.kv_gate_max_wait_s
         self.health.scrape_listeners.append(self.pressure.observe)
         self.router.usage_listeners.append(self.pressure.record_usage)
         self.draining = False

@@ -184,6 +184,8 @@ class PressureSettings(PressureConfig):
     offload_timeout_s: float = Field(default=2.0, gt=0)
     tracked_sessions: int = Field(default=65_536, ge=1)
     default_context_tokens: int = Field(default=1024, ge=1)
+    kv_gate_max_wait_s: float = Field(default=10.0, gt=0)
+    """Longest a request is held for KV headroom on its worker before it is sent anyway."""
 
 
 class GatewayConfig(_Model):

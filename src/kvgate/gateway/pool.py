@@ -9,9 +9,11 @@ request from this state; it is a handful of small frozen records.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Protocol
 
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
+from kvgate.core.pressure import PressureConfig, projected_level
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.metrics import WorkerGaugeRow
 from kvgate.gateway.queue import AdmissionQueue
@@ -47,10 +49,12 @@ class Worker:
         "ejected",
         "id",
         "in_flight",
+        "kv_in_flight_tokens",
         "labels",
         "max_in_flight",
         "model",
         "pressure",
+        "pressure_config",
         "probe_ok",
         "signals",
         "signals_at",
@@ -69,6 +73,10 @@ class Worker:
         self.max_in_flight = config.max_in_flight or default_max_in_flight
         self.labels = tuple(sorted(config.labels.items()))
         self.in_flight = 0
+        self.kv_in_flight_tokens = 0
+        """KV tokens the requests in flight here will hold at their end (estimated)."""
+        self.pressure_config: PressureConfig | None = None
+        """Watermarks for the in-flight KV estimate; ``None`` when pressure handling is off."""
         self.probe_ok = False
         self.ejected = False
         self.draining = False
@@ -91,7 +99,7 @@ class Worker:
         health = self.health(now, stale_after)
         sig = self.signals if health is Health.HEALTHY else None
         if sig is None:
-            return WorkerState(
+            state = WorkerState(
                 id=self.id,
                 model=self.model or "",
                 version=self.version,
@@ -101,10 +109,21 @@ class Worker:
                 max_in_flight=self.max_in_flight,
                 labels=self.labels,
             )
+            if self.signals is not None and self.kv_in_flight_tokens:
+                # The cache's size is configuration, not a reading: it does not go stale.
+                capacity = getattr(self.signals, "kv_capacity_tokens", None)
+                state = self._projected(
+                    replace(
+                        state,
+                        kv_capacity_tokens=capacity,
+                        kv_in_flight_tokens=self.kv_in_flight_tokens,
+                    )
+                )
+            return state
         mem_usage = None
         if sig.gpu_mem_used_mib is not None and sig.gpu_mem_total_mib:
             mem_usage = sig.gpu_mem_used_mib / sig.gpu_mem_total_mib
-        return WorkerState(
+        state = WorkerState(
             id=self.id,
             model=self.model or "",
             version=self.version,
@@ -115,10 +134,21 @@ class Worker:
             running=sig.running,
             waiting=sig.waiting,
             kv_usage=sig.kv_usage,
+            kv_capacity_tokens=getattr(sig, "kv_capacity_tokens", None),
+            kv_in_flight_tokens=self.kv_in_flight_tokens,
             gpu_temp_c=sig.gpu_temp_c,
             gpu_mem_usage=mem_usage,
             labels=self.labels,
         )
+        return self._projected(state) if self.kv_in_flight_tokens else state
+
+    def _projected(self, state: WorkerState) -> WorkerState:
+        """``state`` with its pressure raised by the in-flight KV estimate (``projected_level``)."""
+        config = self.pressure_config
+        if config is None:
+            return state
+        level = projected_level(state.pressure, state, config)
+        return state if level is state.pressure else replace(state, pressure=level)
 
 
 class WorkerPool:
@@ -129,6 +159,7 @@ class WorkerPool:
         self.stale_after = stale_after
         self.queue = queue
         self._by_model: dict[str, list[Worker]] = {}
+        self._pressure_config: PressureConfig | None = None
         self.reindex()
 
     def __iter__(self) -> Iterator[Worker]:
@@ -145,6 +176,7 @@ class WorkerPool:
         """Add a worker at run time (``ValueError`` if its id is taken)."""
         if worker.id in self._workers:
             raise ValueError(f"worker {worker.id} is already in the pool")
+        worker.pressure_config = self._pressure_config
         self._workers[worker.id] = worker
         self.reindex()
         self.changed()
@@ -156,6 +188,12 @@ class WorkerPool:
             self.reindex()
             self.changed()
         return worker
+
+    def set_pressure_config(self, config: PressureConfig | None) -> None:
+        """Watermarks every worker's in-flight KV estimate is judged against (``None``: off)."""
+        self._pressure_config = config
+        for worker in self._workers.values():
+            worker.pressure_config = config
 
     def reindex(self) -> None:
         """Rebuild the model index (after model discovery)."""
@@ -182,14 +220,23 @@ class WorkerPool:
         workers = self._by_model.get(model, ())
         return FleetSnapshot(now_wall, tuple(w.state(now_mono, stale) for w in workers))
 
-    def acquire(self, worker: Worker) -> None:
-        """Count a request as in flight on ``worker``."""
+    def acquire(self, worker: Worker, kv_tokens: int = 0) -> None:
+        """Count a request (holding ``kv_tokens`` of KV at its end) as in flight on ``worker``."""
         worker.in_flight += 1
+        worker.kv_in_flight_tokens += kv_tokens
 
-    def release(self, worker: Worker) -> None:
-        """A request on ``worker`` finished: free its slot and wake one waiter."""
+    def release(self, worker: Worker, kv_tokens: int = 0) -> None:
+        """A request on ``worker`` finished: free its slot and KV; wake waiters.
+
+        A request that held KV wakes every waiter: one held for KV headroom on
+        this worker may fit now, whoever is first in the queue.
+        """
         worker.in_flight -= 1
-        self.queue.wake_one()
+        worker.kv_in_flight_tokens = max(0, worker.kv_in_flight_tokens - kv_tokens)
+        if kv_tokens:
+            self.queue.wake_all()
+        else:
+            self.queue.wake_one()
 
     def changed(self) -> None:
         """A worker's routability changed: every waiter tries again."""

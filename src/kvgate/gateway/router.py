@@ -30,8 +30,16 @@ from kvgate.core.admission import (
 )
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import WorkerState
 from kvgate.core.policy import Policy, RouteContext
-from kvgate.core.pressure import fleet_pressure, overflow_decision, should_shed
+from kvgate.core.pressure import (
+    PressureConfig,
+    fleet_pressure,
+    kv_demand_tokens,
+    kv_fits,
+    overflow_decision,
+    should_shed,
+)
 from kvgate.gateway.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.pool import Worker, WorkerPool
@@ -71,6 +79,17 @@ class Placement:
     wrote_affinity: bool = False
     bound: Affinity | None = None
     """The binding in force after this attempt's write (a retry expects it)."""
+    kv_tokens: int = 0
+    """The KV demand counted in flight on ``worker`` (given back on release)."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """How long one request has been held at the gateway for KV headroom."""
+
+    priority: Priority
+    since: float | None = None
+    seconds: float = 0.0
 
 
 class Router:
@@ -101,6 +120,12 @@ class Router:
         self.rng = rng
         self.wall = wall
         self.mono = mono
+        self.kv_gate: PressureConfig | None = None
+        """Watermarks for holding requests until their worker has KV headroom (None: off)."""
+        self.kv_gate_max_wait_s = 10.0
+        """Longest a request is held for KV headroom; then it is sent anyway."""
+        self.kv_holds = 0
+        """Requests held at least once for KV headroom (for benchmarks and tests)."""
         self.usage_listeners: list[Callable[[SessionKey, int], None]] = []
         """Told each finished session's prompt tokens (the pressure driver's context sizes)."""
 
@@ -115,7 +140,8 @@ class Router:
             self._store_failed("get")
             self.metrics.affinity.labels("error").inc()
             return None
-        self.metrics.affinity.labels("hit" if found is not None else "miss").inc()
+        m = self.metrics
+        m.child(m.affinity, "hit" if found is not None else "miss").inc()
         return found
 
     async def place(
@@ -134,6 +160,9 @@ class Router:
         queued_at: float | None = None
         deadline = 0.0
         version = self.versions.assign(features, affinity) if self.versions is not None else None
+        gate = self.kv_gate
+        demand = kv_demand_tokens(features, gate) if gate is not None else 0
+        held = _Held(priority)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono())
             snap = snap.without(excluded)
@@ -152,7 +181,10 @@ class Router:
                 if decision.worker is not None:
                     worker = self.pool.get(decision.worker)
                     if worker is not None:
-                        break
+                        state = snap.get(worker.id)
+                        if state is None or not await self._hold_for_kv(state, demand, held):
+                            break
+                        continue
                     log.error("policy picked unknown worker %s", decision.worker)
                     decision = Decision.refuse("invalid_decision")
                 if decision.reason != CAPACITY_FULL:
@@ -176,12 +208,14 @@ class Router:
         if queued_at is not None:
             queued_s = self.mono() - queued_at
             self._observe_wait(priority, queued_s)
-        self.pool.acquire(worker)
+        queued_s += held.seconds
+        self.pool.acquire(worker, demand)
         placement = Placement(
             worker=worker,
             reason=decision.reason,
             version=decision.version or worker.version,
             queued_s=queued_s,
+            kv_tokens=demand,
         )
         if decision.affinity is not None:
             await self._bind(features, decision, placement, excluded)
@@ -215,11 +249,34 @@ class Router:
             return
         state = other.state(self.mono(), self.pool.stale_after)
         if state.routable and not state.full:
-            self.pool.release(place.worker)
-            self.pool.acquire(other)
+            self.pool.release(place.worker, place.kv_tokens)
+            self.pool.acquire(other, place.kv_tokens)
             place.worker = other
             place.version = bound.version or other.version
             place.reason = "affinity_race"
+
+    async def _hold_for_kv(self, state: WorkerState, demand: int, held: _Held) -> bool:
+        """Wait for a release when ``state`` lacks KV headroom for ``demand``; True if it waited.
+
+        Sending would make the worker's running requests outgrow its KV cache and
+        be preempted (recomputed); holding here keeps the request's cache where
+        it is. Past ``kv_gate_max_wait_s`` (or with a full wait queue) the
+        request is sent anyway: the gate delays, it never refuses.
+        """
+        gate = self.kv_gate
+        if gate is None or kv_fits(state, demand, gate):
+            return False
+        now = self.mono()
+        if held.since is None:
+            held.since = now
+            self.kv_holds += 1
+        left = held.since + self.kv_gate_max_wait_s - now
+        if left <= 0:
+            return False
+        # A release (or a scrape that changes a worker's level) wakes every waiter.
+        woken = await self.pool.queue.wait(held.priority, left)
+        held.seconds = self.mono() - held.since
+        return woken
 
     def _observe_wait(self, priority: Priority, seconds: float) -> None:
         self.metrics.queue_wait.labels(priority.name.lower()).observe(seconds)

@@ -57,6 +57,7 @@ class WorkerSignals:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
     preemptions_total: int | None = None
     prefix_cache_queries_total: int | None = None
     prefix_cache_hits_total: int | None = None
@@ -192,6 +193,7 @@ _ENGINE_FIELDS = (
     "running",
     "waiting",
     "kv_usage",
+    "kv_capacity_tokens",
     "preemptions_total",
     "prefix_cache_queries_total",
     "prefix_cache_hits_total",
@@ -266,11 +268,24 @@ def _engine_signals(samples: _Samples) -> WorkerSignals:
         running=_sum_int(samples, dialect.running),
         waiting=_sum_int(samples, dialect.waiting),
         kv_usage=_max_fraction(samples, dialect.kv_usage),
+        kv_capacity_tokens=_kv_capacity(samples),
         preemptions_total=_sum_int(samples, dialect.preemptions),
         prefix_cache_queries_total=queries,
         prefix_cache_hits_total=hits,
         prefix_cache_hit_rate=hit_rate,
     )
+
+
+def _kv_capacity(samples: _Samples) -> int | None:
+    """KV cache size in tokens from vLLM's ``cache_config_info`` labels (blocks × block size)."""
+    for labels, _ in samples.get("vllm:cache_config_info", []):
+        try:
+            tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):
+            continue
+        if tokens > 0:
+            return tokens
+    return None
 
 
 def _gpu_key(labels: Mapping[str, str]) -> str:

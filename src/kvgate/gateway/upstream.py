@@ -1,20 +1,25 @@
-"""The one upstream boundary: the only module that knows the HTTP client library.
+"""The one upstream boundary: the only module that knows how kvgate talks HTTP to workers.
 
-Each worker gets one ``Upstream``: a pooled keep-alive aiohttp connector. Errors
-of the client library are translated here into kvgate's own
-(``UpstreamUnavailable``, ``UpstreamTimeout``, ``UpstreamBroken``), so nothing
-above this module imports aiohttp's client.
+Each worker gets one ``Upstream``. Forwarded requests go over ``http1``'s lean
+keep-alive connections (the hot path: one write, a bytes-level parser, one
+timer per request); short calls (health probes, metrics scrapes, control
+calls) use a pooled aiohttp client session. Errors of both are translated here
+into kvgate's own (``UpstreamUnavailable``, ``UpstreamTimeout``,
+``UpstreamBroken``), so nothing above this module sees either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDictProxy
+from yarl import URL
 
+from kvgate.gateway import http1
 from kvgate.gateway.errors import (
     UpstreamBroken,
     UpstreamError,
@@ -37,57 +42,82 @@ class Timeouts:
 
 
 def _translate(exc: BaseException, started: bool) -> UpstreamError:
-    """Map a client-library exception to kvgate's own upstream error."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    """Map a client exception (``http1``'s or aiohttp's) to kvgate's own upstream error."""
+    if isinstance(exc, http1.ConnectTimeoutError | aiohttp.ConnectionTimeoutError):
         return UpstreamUnavailable(f"connect timeout: {exc}")
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, http1.ReadTimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamBroken("timed out mid-response") if started else UpstreamTimeout("timeout")
     if started:
         return UpstreamBroken(f"{type(exc).__name__}: {exc}")
     return UpstreamUnavailable(f"{type(exc).__name__}: {exc}")
 
 
+_SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent")
+"""Headers aiohttp would add itself to short calls (none are wanted)."""
+
+
 class UpstreamResponse:
     """A worker's response whose head has arrived; the body is read or streamed."""
 
-    __slots__ = ("_resp", "headers", "status")
+    __slots__ = ("_conn", "_pool", "_released", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-        self.status: int = resp.status
-        self.headers: CIMultiDictProxy[str] = resp.headers
+    def __init__(self, pool: http1.ConnectionPool, conn: http1.Connection) -> None:
+        assert conn.headers is not None
+        self._pool = pool
+        self._conn = conn
+        self._released = False
+        self.status: int = conn.status
+        self.headers: CIMultiDictProxy[str] = conn.headers
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
+        conn = self._conn
+        parts: list[bytes] = []
         try:
-            return await self._resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            while True:
+                if data := conn.take():
+                    parts.append(data)
+                if conn.done:
+                    break
+                await conn.wait_data()
+        except http1.Http1Error as exc:
             self.close()
             raise _translate(exc, started=True) from exc
         finally:
-            self._resp.release()
+            self.release()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    @property
+    def ready(self) -> bool:
+        """True when the first body bytes (or the body's end) are already here."""
+        return self._conn.ready
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Body chunks as they arrive (never buffered beyond one read)."""
-        content = self._resp.content
+        """Body bytes as they arrive (never buffered beyond what arrived meanwhile)."""
+        conn = self._conn
         try:
             while True:
-                chunk = await content.readany()
-                if not chunk:
+                if data := conn.take():
+                    yield data
+                elif conn.done:
                     break
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
+                else:
+                    await conn.wait_data()
+        except http1.Http1Error as exc:
             self.close()
             raise _translate(exc, started=True) from exc
-        self._resp.release()
+        self.release()
 
     def close(self) -> None:
         """Abort: drop the connection so the worker sees the client go away."""
-        self._resp.close()
+        self._conn.abort()
+        self.release()
 
     def release(self) -> None:
         """Done with the response; a fully read connection is reused."""
-        self._resp.release()
+        if not self._released:
+            self._released = True
+            self._pool.release(self._conn)
 
 
 class Upstream:
@@ -106,6 +136,9 @@ class Upstream:
         self._limit = limit
         self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        self._pool: http1.ConnectionPool | None = None
+        self._targets: dict[str, tuple[str, str]] = {}
+        """(request target, Host header) per API path (a handful), not built per request."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -121,7 +154,7 @@ class Upstream:
                 connector=connector,
                 auto_decompress=False,
                 # The client's own headers are forwarded instead.
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                skip_auto_headers=_SKIP_AUTO_HEADERS,
                 timeout=aiohttp.ClientTimeout(
                     total=self.timeouts.total,
                     sock_connect=self.timeouts.connect,
@@ -130,13 +163,55 @@ class Upstream:
             )
         return self._session
 
+    def _connections(self) -> http1.ConnectionPool:
+        if self._pool is None:
+            url = URL(self.base_url)
+            if url.scheme not in ("http", "https") or not url.host or url.port is None:
+                raise UpstreamUnavailable(f"not an http(s) worker URL: {self.base_url}")
+            self._pool = http1.ConnectionPool(
+                url.host,
+                url.port,
+                ssl=ssl.create_default_context() if url.scheme == "https" else None,
+                connect_s=self.timeouts.connect,
+                keepalive_s=self._keepalive_s,
+                limit=self._limit,
+            )
+        return self._pool
+
+    def _target(self, path: str) -> tuple[str, str]:
+        found = self._targets.get(path)
+        if found is None:
+            url = URL(self.base_url + path)
+            found = self._targets[path] = (url.raw_path_qs, url.host_port_subcomponent or "")
+        return found
+
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a POST to the worker and wait for the response head."""
+        target, host = self._target(path)
         try:
-            resp = await self.session.post(self.base_url + path, data=body, headers=headers)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            head = http1.request_head("POST", target, host, headers, len(body))
+        except ValueError as exc:
+            raise UpstreamUnavailable(str(exc)) from None
+        pool = self._connections()
+        try:
+            conn = await pool.acquire()
+        except http1.Http1Error as exc:
             raise _translate(exc, started=False) from exc
-        return UpstreamResponse(resp)
+        t = self.timeouts
+        try:
+            conn.start(head + body if len(body) < 65536 else head, t.first_byte, t.total)
+            if len(body) >= 65536:
+                assert conn.transport is not None
+                conn.transport.write(body)
+            await conn.head()
+        except http1.Http1Error as exc:
+            pool.release(conn)
+            raise _translate(exc, started=False) from exc
+        except BaseException:
+            conn.abort()
+            pool.release(conn)
+            raise
+        return UpstreamResponse(pool, conn)
 
     async def get(
         self, url: str, limit_s: float, headers: Mapping[str, str] | None = None
@@ -164,6 +239,9 @@ class Upstream:
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -46,10 +46,30 @@ def usage_from(payload: object) -> Usage | None:
     return Usage(prompt, completion, cached if isinstance(cached, int) else 0)
 
 
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_DECODER = json.JSONDecoder()
+
+
 def usage_from_body(body: bytes) -> Usage | None:
-    """The ``usage`` of a whole (non-streaming) JSON response body."""
-    if b'"usage"' not in body:
+    """The ``usage`` of a whole (non-streaming) JSON response body.
+
+    Only the value of the last ``"usage"`` key is decoded (OpenAI servers put it
+    after ``choices``, so the text before it is never parsed); the whole body is
+    decoded only when that does not give a valid usage.
+    """
+    at = body.rfind(b'"usage"')
+    if at < 0:
         return None
+    key = _USAGE_KEY.match(body, at)
+    if key is not None:
+        try:
+            value, _ = _DECODER.raw_decode(body[key.end() :].decode())
+        except ValueError:
+            pass
+        else:
+            found = usage_from({"usage": value})
+            if found is not None:
+                return found
     try:
         return usage_from(json.loads(body))
     except ValueError:
@@ -149,6 +169,9 @@ class UsageStripper:
     def _filter(self, event: bytes) -> bytes:
         if b'"usage"' not in event:
             return event
+        stripped = _NULL_USAGE.sub(b"", event)
+        if b'"usage"' not in stripped:
+            return stripped  # only null usage, on every content event: no JSON to decode
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue

@@ -1,0 +1,114 @@
+"""The in-flight KV estimate: request demand, projected level and the KV headroom gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import Pressure, WorkerState
+from kvgate.core.prefix import build_features
+from kvgate.core.pressure import (
+    PressureConfig,
+    kv_committed_tokens,
+    kv_demand_tokens,
+    kv_fits,
+    projected_level,
+    projected_usage,
+)
+
+CFG = PressureConfig()  # soft 0.85, hard 0.95, 4 chars a token, 256 output tokens by default
+CAP = 1000
+
+
+def worker(
+    in_flight: int = 1, tokens: int = 0, kv: float | None = None, cap: int | None = CAP
+) -> WorkerState:
+    return WorkerState(
+        id="w",
+        model="m",
+        in_flight=in_flight,
+        kv_in_flight_tokens=tokens,
+        kv_usage=kv,
+        kv_capacity_tokens=cap,
+    )
+
+
+@pytest.mark.parametrize(
+    ("chars", "max_tokens", "expected"),
+    [
+        (400, 100, 200),  # 100 prompt tokens + 100 output
+        (401, 100, 201),  # a partial token counts
+        (400, None, 356),  # no limit given: the default output
+        (0, 1, 1),
+    ],
+)
+def test_kv_demand_is_prompt_tokens_plus_output_limit(
+    chars: int, max_tokens: int | None, expected: int
+) -> None:
+    request = RequestFeatures("r", "m", prompt_chars=chars, max_tokens=max_tokens)
+    assert kv_demand_tokens(request, CFG) == expected
+
+
+@pytest.mark.parametrize(
+    ("state", "committed", "usage"),
+    [
+        (worker(tokens=300), 300.0, 0.3),
+        (worker(tokens=300, kv=0.5), 500.0, 0.5),  # work not sent by us shows in the scrape
+        (worker(tokens=700, kv=0.5), 700.0, 0.7),  # sent since the scrape, or still to decode
+        (worker(tokens=700, cap=None), 0.0, None),  # unknown size: nothing to judge
+    ],
+)
+def test_committed_tokens_are_the_higher_of_estimate_and_scrape(
+    state: WorkerState, committed: float, usage: float | None
+) -> None:
+    assert kv_committed_tokens(state) == committed
+    assert projected_usage(state) == usage
+
+
+@pytest.mark.parametrize(
+    ("level", "tokens", "cap", "expected"),
+    [
+        (Pressure.NORMAL, 849, CAP, Pressure.NORMAL),
+        (Pressure.NORMAL, 850, CAP, Pressure.SOFT),  # at the soft mark: no new sessions
+        (Pressure.NORMAL, 999, CAP, Pressure.SOFT),  # never HARD on the estimate alone
+        (Pressure.HARD, 0, CAP, Pressure.HARD),  # never lowers the scraped level
+        (Pressure.NORMAL, 5000, None, Pressure.NORMAL),
+    ],
+)
+def test_projected_level_raises_to_soft_only(
+    level: Pressure, tokens: int, cap: int | None, expected: Pressure
+) -> None:
+    assert projected_level(level, worker(tokens=tokens, cap=cap), CFG) is expected
+
+
+@pytest.mark.parametrize(
+    ("state", "demand", "config", "fits"),
+    [
+        (worker(tokens=800), 150, CFG, True),  # 950 = the hard mark
+        (worker(tokens=800), 151, CFG, False),
+        (worker(tokens=100, kv=0.9), 100, CFG, False),  # the scrape says it is fuller
+        (worker(in_flight=0, tokens=0, kv=0.9), 5000, CFG, True),  # alone it always runs
+        (worker(tokens=800, cap=None), 10_000, CFG, True),  # unknown size: no gate
+        (worker(tokens=800), 1000, PressureConfig(kv_gate=False), True),
+    ],
+)
+def test_kv_fits_keeps_committed_kv_under_the_hard_mark(
+    state: WorkerState, demand: int, config: PressureConfig, fits: bool
+) -> None:
+    assert kv_fits(state, demand, config) is fits
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"max_tokens": 300}, 300),
+        ({"max_completion_tokens": 50, "max_tokens": 300}, 50),  # the newer name wins
+        ({"max_tokens": 0}, None),
+        ({"max_tokens": "300"}, None),  # not ours to reject: the worker answers it
+        ({"max_tokens": True}, None),
+        ({}, None),
+    ],
+)
+def test_features_carry_the_output_limit(body: dict[str, object], expected: int | None) -> None:
+    payload = {"model": "m", "prompt": "hello", **body}
+    assert build_features(payload, {}, request_id="r").max_tokens == expected

@@ -1,0 +1,89 @@
+"""The KV headroom gate live: the gateway counts what it sends and holds what would not fit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from kvgate.core.fleet import Pressure
+from kvgate.gateway.scrape import parse_worker_metrics
+from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.testing import wait_until
+
+from .pressure_fleet import CAPACITY, pressure_config, pressure_fleet
+
+# 0.7 of the cache each, estimated at 0.875 (5 characters a token, counted as 4): one fits
+# under the hard mark, two do not.
+PROMPT = "abcd " * round(0.7 * CAPACITY)
+BODY = {"model": "demo", "prompt": PROMPT, "max_tokens": 8}
+DEMAND = len(PROMPT) // 4 + 8
+
+
+async def _send(session: aiohttp.ClientSession, gw: GatewayHandle) -> int:
+    async with session.post(gw.openai_base + "/completions", json=BODY) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def _scraped_capacity(gw: GatewayHandle) -> None:
+    (worker,) = list(gw.gateway.pool)
+    await wait_until(
+        lambda: (
+            worker.signals is not None
+            and getattr(worker.signals, "kv_capacity_tokens", None) == CAPACITY
+        ),
+        message="a scrape with the cache size",
+    )
+
+
+def test_the_cache_size_is_read_from_vllm_cache_config_info() -> None:
+    text = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="400"} 1.0\n'
+        "vllm:kv_cache_usage_perc 0.5\n"
+    )
+    signals = parse_worker_metrics(text)
+    assert (signals.kv_capacity_tokens, signals.kv_usage) == (6400, 0.5)
+    assert parse_worker_metrics("vllm:kv_cache_usage_perc 0.5\n").kv_capacity_tokens is None
+
+
+async def test_a_request_that_would_overfill_its_worker_waits_for_headroom() -> None:
+    async with (
+        pressure_fleet(1) as (a,),
+        running_gateway(pressure_config([a])) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        await _scraped_capacity(gw)
+        pool, router = gw.gateway.pool, gw.gateway.router
+        worker = pool.get(a.url)
+        assert worker is not None
+        first = asyncio.create_task(_send(session, gw))
+        await wait_until(lambda: worker.in_flight == 1, message="the first in flight")
+        assert worker.kv_in_flight_tokens == DEMAND
+        # Counted before any scrape shows it: past the soft mark, no new sessions.
+        state = pool.snapshot("demo", 0.0, 0.0).get(a.url)
+        assert state is not None and state.pressure is Pressure.SOFT
+        second = asyncio.create_task(_send(session, gw))
+        await wait_until(lambda: router.kv_holds == 1, message="the second held")
+        assert worker.in_flight == 1  # held at the gateway, not sent
+        assert [await first, await second] == [200, 200]
+        assert (worker.in_flight, worker.kv_in_flight_tokens) == (0, 0)
+    assert a.engine.stats(0.0).preemptions == 0
+
+
+async def test_without_pressure_handling_nothing_is_held() -> None:
+    config: dict[str, Any] = {"pressure": {"enabled": False}}
+    async with (
+        pressure_fleet(1) as (a,),
+        running_gateway(pressure_config([a], **config)) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        await _scraped_capacity(gw)
+        worker = gw.gateway.pool.get(a.url)
+        assert worker is not None
+        sends = [asyncio.create_task(_send(session, gw)) for _ in range(2)]
+        await wait_until(lambda: worker.in_flight == 2, message="both sent at once")
+        assert await asyncio.gather(*sends) == [200, 200]
+        assert gw.gateway.router.kv_holds == 0
