@@ -44,6 +44,9 @@ from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = Path("/work/shared/traces/mooncake/synthetic_trace.jsonl")
 COMMAND = ".venv/bin/python benchmarks/report.py"
+KEPT_SECTIONS = ("Real engine (llama.cpp, Gemma 3 270M)",)
+"""Sections other scripts write into the doc (``benchmarks/real_engine.py``): a rerun
+keeps them as they are, after the generated ones."""
 
 
 @dataclass(frozen=True)
@@ -369,8 +372,24 @@ def render(
     return "\n".join(out)
 
 
+def kept_sections(doc: str) -> str:
+    """The ``KEPT_SECTIONS`` of ``doc`` as they stand, each up to the next ``## `` heading."""
+    kept: list[str] = []
+    lines = doc.splitlines()
+    for title in KEPT_SECTIONS:
+        heading = f"## {title}"
+        if heading not in lines:
+            continue
+        start = lines.index(heading)
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        kept.append("\n".join(lines[start:end]).rstrip() + "\n")
+    return "\n".join(kept)
+
+
 def main() -> None:
-    """Run everything and write the doc."""
+    """Run everything and write the doc (keeping ``KEPT_SECTIONS`` from the old one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -390,7 +409,9 @@ def main() -> None:
         demo = run_demo()
         print("sim vs live", file=sys.stderr, flush=True)
         agree = run_agreement(policies)
-    args.doc.write_text(render(sims, demo, agree, time.perf_counter() - started) + "\n")
+    kept = kept_sections(args.doc.read_text()) if args.doc.exists() else ""
+    doc = render(sims, demo, agree, time.perf_counter() - started) + "\n"
+    args.doc.write_text(doc + ("\n" + kept if kept else ""))
     print(f"wrote {args.doc}", file=sys.stderr)
 
 

@@ -47,6 +47,7 @@ def test_options_survive_the_command_line(monkeypatch: pytest.MonkeyPatch) -> No
         kv_unified=True,
         slot_similarity=0.5,
         warmup=False,
+        slot_save_path=Path("/tmp/slots"),
     )
     result = CliRunner().invoke(app, ["engine", "llamacpp", *options.to_args()])
     assert result.exit_code == 0, result.output

@@ -1,8 +1,10 @@
 """The demo's fleet: what it needs from workers, and the emulated fleet that provides it.
 
-``FleetFactory`` is the seam for other kinds of fleet (real engines, issue 8):
-anything that, given a ``FleetSpec``, opens a context yielding worker URLs and a
-way to make every worker's prefix cache cold between policies.
+``FleetFactory`` is the seam for other kinds of fleet: anything that, given a
+``FleetSpec``, opens a context yielding worker URLs and a way to make every
+worker's prefix cache cold between policies. ``emulated_fleet`` runs emulated
+workers in this process; ``llamacpp_fleet`` runs real llama.cpp workers
+(``kvgate demo --real-workers``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvgate.realengine import DEFAULT_MODEL_NAME, running_llamacpp_fleet, small_options
 from kvgate.testing import wait_until
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 
@@ -23,7 +26,8 @@ class FleetSpec:
 
     ``time_scale`` is model seconds per real second. ``kv_blocks`` per worker is
     kept small on purpose (a few conversations' worth) so that where a request
-    goes decides whether its prefix is still cached.
+    goes decides whether its prefix is still cached. ``kind`` names the workers
+    in reports ("emulated", "llama.cpp"); the factory decides what runs.
     """
 
     workers: int = 4
@@ -33,6 +37,7 @@ class FleetSpec:
     block_size: int = 16
     model: str = "demo"
     seed: int = 0
+    kind: str = "emulated"
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -103,3 +108,33 @@ async def emulated_fleet(spec: FleetSpec) -> AsyncIterator[Fleet]:
             for i in range(spec.workers)
         ]
         yield EmulatedFleet(handles)
+
+
+REAL_SLOTS = 2
+"""Slots per real worker: two conversations stay warm on each, so routing matters."""
+
+
+def real_spec(workers: int = 2, seed: int = 0) -> FleetSpec:
+    """The spec of a real llama.cpp fleet: wall-clock time, the served model's name."""
+    return FleetSpec(
+        workers=workers,
+        profile="cpu-small",
+        time_scale=1.0,
+        kv_blocks=None,
+        model=DEFAULT_MODEL_NAME,
+        seed=seed,
+        kind="llama.cpp",
+    )
+
+
+@contextlib.asynccontextmanager
+async def llamacpp_fleet(spec: FleetSpec) -> AsyncIterator[Fleet]:
+    """``spec.workers`` real llama.cpp workers (Gemma 3 270M) in child processes.
+
+    One thread and ``REAL_SLOTS`` slots each, no host-RAM prompt cache, so a
+    worker keeps only a couple of conversations warm. ``reset()`` erases every
+    slot through llama.cpp's slot API. Needs the ``llamacpp`` extra.
+    """
+    options = small_options(parallel=REAL_SLOTS, ctx=4_096 * REAL_SLOTS, alias=spec.model)
+    async with running_llamacpp_fleet(spec.workers, options) as fleet:
+        yield fleet

@@ -120,6 +120,7 @@ async def run_demo(
             runs[policy] = result["policies"][policy]
     bound = workload_bound(workload, config.requests, spec.block_size)
     fleet_json = {
+        "kind": spec.kind,
         "workers": spec.workers,
         "profile": spec.profile,
         "time_scale": spec.time_scale,

@@ -12,12 +12,17 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _workers(fleet: Mapping[str, Any]) -> str:
+    kind = fleet.get("kind", "emulated")
+    return f"emulated {fleet['profile']}" if kind == "emulated" else str(kind)
+
+
 def demo_table(results: Mapping[str, Any]) -> Table:
     """Policies as rows; latencies in model seconds, as the caption says."""
     fleet = results["config"]["fleet"]
     workload = results["workload"]
     title = (
-        f"{fleet['workers']} emulated {fleet['profile']} workers, {workload['name']} workload: "
+        f"{fleet['workers']} {_workers(fleet)} workers, {workload['name']} workload: "
         f"infinite-cache bound hit rate {results['bound_hit_rate']:.1%}"
     )
     caption = (

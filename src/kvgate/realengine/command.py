@@ -53,6 +53,10 @@ def llamacpp(
     no_warmup: Annotated[
         bool, typer.Option("--no-warmup", help="Skip the warm-up run at start.")
     ] = False,
+    slot_save_path: Annotated[
+        Path | None,
+        typer.Option(help="Folder for saved slots; enables /slots actions (erase, save)."),
+    ] = None,
     ready_file: Annotated[
         Path | None,
         typer.Option(hidden=True, help="Write {url, pid} here once listening."),
@@ -77,6 +81,7 @@ def llamacpp(
             kv_unified=kv_unified,
             slot_similarity=slot_similarity,
             warmup=not no_warmup,
+            slot_save_path=slot_save_path,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

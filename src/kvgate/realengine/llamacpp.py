@@ -49,7 +49,9 @@ class LlamaCppOptions:
     ``ctx // parallel`` tokens). ``cache_ram_mib`` is the host-RAM prompt cache
     (0 disables it, -1 means no limit). ``cache_reuse`` is llama.cpp's
     ``--cache-reuse``: the smallest chunk reused by shifting KV when a prompt
-    differs from the cached one in the middle (0 disables it).
+    differs from the cached one in the middle (0 disables it). ``slot_save_path``
+    (llama.cpp ``--slot-save-path``) enables the ``/slots/{id}?action=...`` API,
+    whose ``erase`` empties a slot's KV: how a fleet is made cold between runs.
     """
 
     model: Path | None = None
@@ -65,6 +67,7 @@ class LlamaCppOptions:
     kv_unified: bool = False
     slot_similarity: float = 0.1
     warmup: bool = True
+    slot_save_path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -104,6 +107,8 @@ class LlamaCppOptions:
         ]
         if self.model is not None:
             args += ["--model", str(self.model)]
+        if self.slot_save_path is not None:
+            args += ["--slot-save-path", str(self.slot_save_path)]
         if not self.metrics:
             args.append("--no-metrics")
         if self.kv_unified:
@@ -141,6 +146,8 @@ def build_params(options: LlamaCppOptions, model_path: Path) -> Any:
     params.kv_unified = options.kv_unified
     params.slot_prompt_similarity = options.slot_similarity
     params.warmup = options.warmup
+    if options.slot_save_path is not None:
+        params.slot_save_path = str(options.slot_save_path)
     return params
 
 

@@ -1,0 +1,443 @@
+"""kvgate in front of real llama.cpp workers: round robin vs the default policy.
+
+Two (or three) llama.cpp workers serving Gemma 3 270M, one CPU thread and a few
+slots each, no host-RAM prompt cache, behind the real gateway. The sessions are
+MT-Bench's (``/work/shared/traces/mt_bench/question.jsonl``): two real turns
+each, the second re-sending the first with the answer the worker gave, all
+behind one shared system prompt of about ``--system-tokens`` tokens (measured
+with the worker's own tokenizer). Sessions start on a seeded Poisson schedule;
+a session's second turn follows its first after a seeded think time. Every
+policy replays the same schedule on the same fleet, made cold in between (every
+slot erased).
+
+Reported per policy: TTFT p50/p99 (all turns and second turns), the cached-token
+ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
+in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker.
+
+``--engine emulated`` runs the same sessions on kvgate's emulated workers with
+the ``cpu-small`` profile instead (the simulator's engine model, in real time
+compressed by ``--time-scale``; latencies in model seconds): how well the model
+predicts the real fleet. Prompt sizes there follow the emulator's 4 characters
+per token, not Gemma's tokenizer.
+
+Two shared cores: other processes slow llama.cpp down several-fold at times, so
+absolute latencies are noisy; the comparison is within one run.
+
+    .venv/bin/python benchmarks/real_engine.py [--workers 2] [--sessions 16] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from kvgate.bench.client import Answer, BenchClient
+from kvgate.bench.payloads import CHAT_PATH, Payload
+from kvgate.demo.fleet import Fleet, FleetSpec, emulated_fleet
+from kvgate.gateway.testing import running_gateway
+from kvgate.realengine import DEFAULT_MODEL_NAME, running_llamacpp_fleet, small_options
+from kvgate.testing import wait_until
+
+QUESTIONS = Path("/work/shared/traces/mt_bench/question.jsonl")
+SLOT_CTX = 2_048
+"""Context tokens per slot: the system prompt, two questions and an answer fit."""
+
+SYSTEM_OPENING = (
+    "You are a careful, friendly assistant for a community help desk. Answer the user's "
+    "question directly and briefly, in plain language; say so when you are unsure, and "
+    "never invent facts, names or numbers. Keep a neutral, respectful tone. When a "
+    "question is about writing, follow the requested form exactly. When it is about "
+    "maths or code, show the key step. Below are questions other users asked this week, "
+    "for context about what people need; do not answer them unless asked again.\n\n"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One conversation: its two questions, when it starts, and the think time between."""
+
+    key: str
+    questions: tuple[str, str]
+    start_s: float
+    think_s: float
+
+
+@dataclass(slots=True)
+class Turn:
+    """One answered (or failed) turn as the client measured it."""
+
+    session: str
+    index: int
+    answer: Answer
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from sending to the first content, when the turn succeeded."""
+        if not self.answer.ok or self.answer.first_token is None:
+            return None
+        return self.answer.first_token - self.answer.sent
+
+
+@dataclass
+class PolicyRun:
+    """Every turn one policy served, and how long the run took."""
+
+    policy: str
+    turns: list[Turn] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def load_questions(path: Path) -> list[tuple[str, str]]:
+    """MT-Bench's two-turn questions, in file order."""
+    pairs = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            turns = json.loads(line)["turns"]
+            pairs.append((str(turns[0]), str(turns[1])))
+    return pairs
+
+
+def schedule(
+    pairs: Sequence[tuple[str, str]], sessions: int, rate: float, think_s: float, seed: int
+) -> tuple[list[Session], list[tuple[str, str]]]:
+    """``sessions`` seeded sessions on a Poisson schedule, and the questions left over."""
+    rng = random.Random(seed)
+    order = list(pairs)
+    rng.shuffle(order)
+    if sessions > len(order) - 4:
+        raise ValueError(f"at most {len(order) - 4} sessions: the rest fill the system prompt")
+    chosen, rest = order[:sessions], order[sessions:]
+    at = 0.0
+    out = []
+    for n, questions in enumerate(chosen):
+        out.append(Session(f"s{n}", questions, at, rng.expovariate(1.0 / think_s)))
+        at += rng.expovariate(rate)
+    return out, rest
+
+
+def system_prompt(
+    rest: Sequence[tuple[str, str]], tokens: int, count: Callable[[str], int]
+) -> tuple[str, int]:
+    """The opening plus other sessions' questions until about ``tokens`` tokens.
+
+    ``count(text)`` gives a text's size in the engine's tokens.
+    """
+    text = SYSTEM_OPENING
+    for n, (first, _) in enumerate(rest, start=1):
+        candidate = text + f"{n}. {first}\n"
+        if count(candidate) > tokens:
+            break
+        text = candidate
+    return text, count(text)
+
+
+def llamacpp_token_counter(url: str) -> Callable[[str], int]:
+    """``count(text)`` through a llama.cpp worker's ``/tokenize``."""
+
+    def count(text: str) -> int:
+        request = urllib.request.Request(
+            url + "/tokenize",
+            data=json.dumps({"content": text}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return len(json.loads(response.read())["tokens"])
+
+    return count
+
+
+def emulated_token_count(text: str) -> int:
+    """Tokens of ``text`` as the emulated worker counts them (4 characters each)."""
+    return len(text) // 4
+
+
+def payload(
+    session: Session, system: str, history: list[dict[str, str]], max_tokens: int
+) -> Payload:
+    """One streamed chat request of ``session`` with the conversation so far."""
+    body = {
+        "model": DEFAULT_MODEL_NAME,
+        "messages": [{"role": "system", "content": system}, *history],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return Payload(CHAT_PATH, body, {"X-Session-ID": session.key})
+
+
+async def run_session(
+    client: BenchClient,
+    session: Session,
+    *,
+    system: str,
+    max_tokens: int,
+    time_scale: float,
+    origin: float,
+) -> list[Turn]:
+    """Both turns of ``session``, the second re-sending the first's answer."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, origin + session.start_s / time_scale - loop.time()))
+    history: list[dict[str, str]] = []
+    turns = []
+    for index, question in enumerate(session.questions):
+        if index:
+            await asyncio.sleep(session.think_s / time_scale)  # the user's own pause
+        history.append({"role": "user", "content": question})
+        answer = await client.send(payload(session, system, history, max_tokens))
+        turns.append(Turn(session.key, index, answer))
+        if not answer.ok:
+            break
+        history.append({"role": "assistant", "content": answer.text})
+    return turns
+
+
+async def run_policy(
+    fleet: Fleet,
+    policy: str,
+    sessions: Sequence[Session],
+    *,
+    system: str,
+    max_tokens: int,
+    time_scale: float,
+) -> PolicyRun:
+    """The sessions through a fresh gateway with ``policy`` on the (reset) fleet."""
+    await fleet.reset()
+    config = {
+        "workers": [{"url": url, "model": DEFAULT_MODEL_NAME} for url in fleet.urls],
+        "policy": {"name": policy},
+        "health": {"interval_s": 0.5, "timeout_s": 5.0},
+    }
+    run = PolicyRun(policy)
+    async with running_gateway(config) as gateway:
+        await wait_until(gateway.gateway.ready, timeout=60, interval=0.1, message="gateway")
+        async with BenchClient(gateway.url, concurrency=64) as client:
+            origin = asyncio.get_running_loop().time()
+            started = time.perf_counter()
+            done = await asyncio.gather(
+                *(
+                    run_session(
+                        client,
+                        s,
+                        system=system,
+                        max_tokens=max_tokens,
+                        time_scale=time_scale,
+                        origin=origin,
+                    )
+                    for s in sessions
+                )
+            )
+            run.wall_s = time.perf_counter() - started
+    run.turns = [turn for turns in done for turn in turns]
+    return run
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[str, Any]:
+    """TTFT percentiles (model seconds), cached-token ratios, errors, load per worker, turns."""
+    ok = [t for t in run.turns if t.answer.ok]
+    ttfts = [t.ttft * time_scale for t in ok if t.ttft is not None]
+    second = [t.ttft * time_scale for t in ok if t.ttft is not None and t.index > 0]
+
+    def ratio(turns: Sequence[Turn]) -> float:
+        prompt = sum(t.answer.prompt_tokens or 0 for t in turns)
+        cached = sum(t.answer.cached_tokens or 0 for t in turns)
+        return cached / prompt if prompt else 0.0
+
+    served = Counter(t.answer.worker for t in ok)
+    return {
+        "requests": len(run.turns),
+        "errors": len(run.turns) - len(ok),
+        "ttft_p50": _pct(ttfts, 50),
+        "ttft_p99": _pct(ttfts, 99),
+        "ttft_mean": statistics.fmean(ttfts) if ttfts else None,
+        "turn2_ttft_p50": _pct(second, 50),
+        "turn2_ttft_p99": _pct(second, 99),
+        "cached_ratio": ratio(ok),
+        "turn2_cached_ratio": ratio([t for t in ok if t.index > 0]),
+        "prompt_tokens_mean": statistics.fmean(t.answer.prompt_tokens or 0 for t in ok)
+        if ok
+        else 0.0,
+        "served": [served.get(url, 0) for url in urls],
+        "wall_s": run.wall_s * time_scale,
+        "turns": [
+            {
+                "session": t.session,
+                "turn": t.index + 1,
+                "worker": t.answer.worker,
+                "prompt_tokens": t.answer.prompt_tokens,
+                "cached_tokens": t.answer.cached_tokens,
+                "ttft": None if t.ttft is None else t.ttft * time_scale,
+                "error": t.answer.error,
+            }
+            for t in run.turns
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(args: argparse.Namespace) -> AsyncIterator[Fleet]:
+    """The fleet ``--engine`` names: real llama.cpp workers, or emulated cpu-small ones."""
+    if args.engine == "llamacpp":
+        options = small_options(threads=1, parallel=args.slots, ctx=SLOT_CTX * args.slots)
+        async with running_llamacpp_fleet(args.workers, options) as fleet:
+            yield fleet
+        return
+    spec = FleetSpec(
+        workers=args.workers,
+        profile=args.profile,
+        time_scale=args.time_scale,
+        kv_blocks=args.slots * SLOT_CTX // 16,
+        model=DEFAULT_MODEL_NAME,
+        seed=args.seed,
+    )
+    factory: AbstractAsyncContextManager[Fleet] = emulated_fleet(spec)
+    async with factory as emulated:
+        yield emulated
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the fleet, size the system prompt, run every policy; the results document."""
+    sessions, rest = schedule(
+        load_questions(args.questions), args.sessions, args.rate, args.think_s, args.seed
+    )
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    time_scale = args.time_scale if args.engine == "emulated" else 1.0
+    async with open_fleet(args) as fleet:
+        count = (
+            llamacpp_token_counter(fleet.urls[0])
+            if args.engine == "llamacpp"
+            else emulated_token_count
+        )
+        system, system_tokens = await asyncio.to_thread(
+            system_prompt, rest, args.system_tokens, count
+        )
+        runs = {
+            p: await run_policy(
+                fleet,
+                p,
+                sessions,
+                system=system,
+                max_tokens=args.max_tokens,
+                time_scale=time_scale,
+            )
+            for p in policies
+        }
+        urls = fleet.urls
+    return {
+        "config": {
+            "engine": args.engine,
+            "model": DEFAULT_MODEL_NAME,
+            "workers": args.workers,
+            "threads": 1,
+            "slots": args.slots,
+            "cache_ram_mib": 0,
+            "sessions": args.sessions,
+            "turns": 2,
+            "rate": args.rate,
+            "think_s": args.think_s,
+            "max_tokens": args.max_tokens,
+            "system_tokens": system_tokens,
+            "seed": args.seed,
+            "time_scale": time_scale,
+            "profile": args.profile if args.engine == "emulated" else None,
+            "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg()[:2],
+        },
+        "policies": {p: summarize(r, urls, time_scale) for p, r in runs.items()},
+    }
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def table(results: dict[str, Any]) -> Table:
+    """One row per policy."""
+    c = results["config"]
+    engine = "llama.cpp" if c["engine"] == "llamacpp" else f"emulated {c['profile']}"
+    title = (
+        f"{c['workers']} {engine} workers ({c['model']}, 1 thread, {c['slots']} slots), "
+        f"{c['sessions']} MT-Bench sessions x 2 turns, system prompt {c['system_tokens']} tokens"
+    )
+    out = Table(
+        title=title,
+        caption="TTFT in seconds (model seconds for emulated workers); a shared machine is noisy.",
+        title_justify="left",
+        caption_justify="left",
+    )
+    columns = (
+        "policy", "done", "errors", "cached", "turn-2 cached", "TTFT p50", "TTFT p99",
+        "turn-2 p50", "turn-2 p99", "served", "wall",
+    )  # fmt: skip
+    for column in columns:
+        out.add_column(column, justify="left" if column == "policy" else "right")
+    for policy, s in results["policies"].items():
+        out.add_row(
+            policy,
+            f"{s['requests'] - s['errors']}/{s['requests']}",
+            str(s["errors"]),
+            f"{s['cached_ratio']:.1%}",
+            f"{s['turn2_cached_ratio']:.1%}",
+            _s(s["ttft_p50"]),
+            _s(s["ttft_p99"]),
+            _s(s["turn2_ttft_p50"]),
+            _s(s["turn2_ttft_p99"]),
+            "/".join(str(n) for n in s["served"]),
+            f"{s['wall_s']:.0f} s",
+        )
+    return out
+
+
+def main() -> None:
+    """Parse arguments, run, print the table, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("llamacpp", "emulated"), default="llamacpp")
+    parser.add_argument("--workers", type=int, default=2, help="workers in the fleet")
+    parser.add_argument("--slots", type=int, default=4, help="slots (parallel requests) a worker")
+    parser.add_argument("--sessions", type=int, default=16, help="two-turn sessions")
+    parser.add_argument("--rate", type=float, default=0.1, help="session starts per second")
+    parser.add_argument("--think-s", type=float, default=2.0, help="mean pause between turns")
+    parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
+    parser.add_argument("--system-tokens", type=int, default=1_000, help="system prompt size")
+    parser.add_argument("--policies", default="round_robin,default", help="comma-separated")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the schedule")
+    parser.add_argument("--questions", type=Path, default=QUESTIONS, help="MT-Bench JSONL")
+    parser.add_argument("--profile", default="cpu-small", help="emulated workers' profile")
+    parser.add_argument(
+        "--time-scale", type=float, default=10.0, help="emulated: model s per real s"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)
+    console.print(table(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
