@@ -9,6 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kvgate.gateway.testing import GatewayHandle
+from kvgate.testing import wait_until
 from kvgate.workersim import WorkerOptions, running_worker
 from kvgate.workersim.runner import WorkerHandle
 
@@ -19,7 +21,9 @@ def gateway_config(fleet: list[WorkerHandle], /, **overrides: Any) -> dict[str, 
     """A test gateway config over ``fleet`` with quick health checks."""
     config: dict[str, Any] = {
         "workers": [{"url": w.url} for w in fleet],
-        "health": {"interval_s": 0.1, "timeout_s": 0.5},
+        # A generous probe timeout: a worker whose first probe times out (a busy
+        # machine stalling this process) starts down, and tests expect it up.
+        "health": {"interval_s": 0.1, "timeout_s": 2.0},
         "retries": {"backoff_base_s": 0.0, "backoff_max_s": 0.0},
     }
     config.update(overrides)
@@ -42,6 +46,18 @@ async def workers() -> AsyncIterator[list[WorkerHandle]]:
     """Two emulated workers serving model ``demo``."""
     async with worker_fleet(2) as handles:
         yield handles
+
+
+async def every_worker_up(gw: GatewayHandle) -> None:
+    """Wait until the gateway routes to every worker.
+
+    A worker whose first probe failed starts down and needs ``rise`` passing
+    probes: a test that needs a given worker from its first request waits here.
+    """
+    await wait_until(
+        lambda: all(w.probe_ok and not w.ejected for w in gw.gateway.pool),
+        message="every worker up",
+    )
 
 
 async def set_faults(worker: WorkerHandle, **faults: Any) -> None:

@@ -13,7 +13,7 @@ from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.store import MemoryStore
 from kvgate.testing import wait_until
 
-from .conftest import gateway_config, set_faults, worker_fleet
+from .conftest import every_worker_up, gateway_config, set_faults, worker_fleet
 from .pressure_fleet import chat
 
 TOKEN = {"Authorization": "Bearer s3cret"}
@@ -34,6 +34,7 @@ async def test_a_drained_worker_takes_no_new_sessions_and_its_sessions_move_on_a
         aiohttp.ClientSession() as session,
     ):
         await wait_until(gw.gateway.ready, message="gateway ready")
+        await every_worker_up(gw)
         await store.set(Affinity("s1", a.url, "v1"), 60.0)
         assert await chat(session, gw, "s1") == (200, a.url, "affinity_hit")
 

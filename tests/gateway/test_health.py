@@ -13,7 +13,7 @@ from kvgate.gateway.upstream import Timeouts, Upstream
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
-from .conftest import gateway_config, set_faults
+from .conftest import every_worker_up, gateway_config, set_faults
 
 
 def _worker() -> Worker:
@@ -65,6 +65,7 @@ async def test_failing_worker_is_ejected_and_comes_back_when_healthy(
     )
     await set_faults(bad, error_rate=1.0)
     async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+        await every_worker_up(gw)  # the bad one must take its turns to be ejected
         url = gw.openai_base + "/completions"
         body = {"model": "demo", "prompt": "x", "max_tokens": 2}
         pooled = gw.gateway.pool.get(bad.url)

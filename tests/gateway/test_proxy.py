@@ -13,7 +13,7 @@ from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
-from .conftest import gateway_config, set_faults, worker_fleet
+from .conftest import every_worker_up, gateway_config, set_faults, worker_fleet
 
 CHAT = [{"role": "user", "content": "Tell me about paged attention and prefix caching."}]
 
@@ -105,6 +105,7 @@ async def test_failing_worker_is_retried_on_another(workers: list[WorkerHandle])
     bad, good = workers
     await set_faults(bad, error_rate=1.0)
     async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)  # both: the bad one to fail, the good one to retry on
         api = client(gw.openai_base)
         for i in range(6):
             raw = await api.completions.with_raw_response.create(
@@ -141,6 +142,7 @@ async def test_hanging_worker_gives_504_after_first_byte_timeout() -> None:
 async def test_killed_worker_loses_no_request(workers: list[WorkerHandle]) -> None:
     victim, survivor = workers
     async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)
         api = client(gw.openai_base)
 
         async def one(i: int) -> str:

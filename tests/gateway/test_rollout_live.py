@@ -100,7 +100,11 @@ async def test_a_canary_with_5pct_errors_rolls_back_within_one_window_and_alerts
 
 
 async def test_a_canary_with_doubled_latency_fails_the_p99_gate() -> None:
-    slow = versioned_fleet(baseline_faults={"extra_latency_ms": 30.0}, extra_latency_ms=60.0)
+    # Latency is wall time through one event loop shared by client, gateway and
+    # workers, and p99 of a few dozen samples is their maximum: on a busy machine
+    # one baseline request held up by tens of ms sets the baseline's p99. With
+    # 30 vs 60 ms a 10 ms hold-up passed the canary; at 300 vs 600 ms it takes 100 ms.
+    slow = versioned_fleet(baseline_faults={"extra_latency_ms": 300.0}, extra_latency_ms=600.0)
     async with (
         slow as fleet,
         running_gateway(fleet.config()) as gw,

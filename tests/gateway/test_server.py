@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 from pathlib import Path
 
 import aiohttp
 
-from kvgate.testing import free_port, wait_until
+from kvgate.testing import wait_until
 from kvgate.workersim import WorkerOptions, running_worker
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
@@ -23,17 +24,30 @@ async def _status(session: aiohttp.ClientSession, url: str) -> int:
         return 0
 
 
+async def _listening_url(stderr: asyncio.StreamReader) -> str:
+    """The gateway's URL from its "listening on" log line (it picked a free port)."""
+    while line := await stderr.readline():
+        if found := re.search(rb"listening on (http://\S+)", line):
+            return found.group(1).decode()
+    raise AssertionError("the gateway exited before it was listening")
+
+
 async def test_sigterm_drains_streams_refuses_new_requests_and_exits_zero() -> None:
     # The default profile in real time: a 200-token stream lasts most of a second.
     async with running_worker(WorkerOptions(port=0, time_scale=1.0)) as worker:
-        port = free_port()
+        # Port 0, not a port found free beforehand: the readiness probes' own
+        # connections could take that one before the process has bound it.
         proc = await asyncio.create_subprocess_exec(
-            KVGATE, "serve", "--worker", worker.url, "--port", str(port),
+            KVGATE, "serve", "--worker", worker.url, "--port", "0",
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
+        drain: asyncio.Task[bytes] | None = None
         try:
+            assert proc.stderr is not None
+            base = await asyncio.wait_for(_listening_url(proc.stderr), 20)
+            # Keep reading so the gateway never blocks on a full pipe.
+            drain = asyncio.create_task(proc.stderr.read())
             async with aiohttp.ClientSession() as session:
 
                 async def ready() -> bool:
@@ -64,3 +78,5 @@ async def test_sigterm_drains_streams_refuses_new_requests_and_exits_zero() -> N
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+            if drain is not None:
+                await drain

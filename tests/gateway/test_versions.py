@@ -24,6 +24,7 @@ from kvgate.gateway.versions import (
     of_version,
 )
 
+from .conftest import every_worker_up
 from .rollout_fleet import versioned_fleet
 
 
@@ -116,6 +117,7 @@ async def test_a_split_model_serves_both_versions_and_says_which() -> None:
     async with versioned_fleet() as fleet:
         config = fleet.config(models={"demo": {"weights": {"v1": 1, "v2": 1}}})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
             served: Counter[tuple[str, str]] = Counter()
             for i in range(40):
                 body = {"model": "demo", "prompt": f"prompt {i}", "max_tokens": 2}

@@ -4,7 +4,14 @@ One small multi-turn chat workload is run twice for each registered policy:
 live, through the real gateway (``running_gateway``) in front of emulated
 workers (``running_worker``, the h100 profile, time-scaled) replayed by
 ``run_bench``; and in the simulator with the same fleet. Hit rates must agree
-within 5 points and TTFT p50 within 20%.
+within 5 points and the TTFT interquartile mean within 20%.
+
+Why not the median: a request's TTFT depends on whether its prefix was cached,
+so the distribution has two modes (hits and misses) with a gap between them.
+Where the median falls in that gap, as for ``least_request``, a shift of two
+or three requests in a hundred from one mode to the other moves it by 20%
+while every other quantile agrees; the mean of the middle half moves by a
+fraction of that and, unlike the plain mean, ignores the live run's tail.
 
 Latencies are compared in model time as the workers' engines recorded them
 (``EngineDriver.recent``): at a time scale of 10, every real millisecond the
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+from collections.abc import Sequence
 
 import pytest
 
@@ -85,7 +93,10 @@ async def test_unloaded_worker_reports_the_engines_own_latencies() -> None:
     observed_lag: list[float] = []
     async with running_worker(options) as worker:
         driver = worker.worker.driver
-        for i in range(20):
+        # 20 requests on a loop that kept up; at most as many again that saw a stall.
+        for i in range(40):
+            if len(observed_lag) == 20:
+                break
             request = EngineRequest(f"r{i}", list(range(i * 100, i * 100 + 31)), 500, 40)
             # In virtual time, as the simulator runs it: steps back to back from arrival.
             expected.submit(request, 0.0)
@@ -94,6 +105,7 @@ async def test_unloaded_worker_reports_the_engines_own_latencies() -> None:
                 step = expected.step(now)
                 now += step.duration
                 done = step.finished[0] if step.finished else None
+            jumps = driver.lag_jumps
             queue = driver.submit(request)
             first_seen = None
             while True:
@@ -104,10 +116,16 @@ async def test_unloaded_worker_reports_the_engines_own_latencies() -> None:
                     info = event.info
                     break
             driver.release(request.request_id)
+            if driver.lag_jumps > jumps:
+                # The process was descheduled for over ``_MAX_LAG_S`` (a busy machine):
+                # the timeline jumped forward, as documented, which only ever delays.
+                assert info.e2e >= done.e2e * 0.99
+                continue
             assert info.ttft == pytest.approx(done.ttft, rel=0.01)
             assert info.e2e == pytest.approx(done.e2e, rel=0.01)
             assert first_seen is not None
             observed_lag.append(first_seen - info.first_token_time)
+    assert len(observed_lag) == 20
     # Never delivered early; late only by the event loop's wake-up, not times the steps.
     assert min(observed_lag) >= 0.0
     assert statistics.median(observed_lag) < 0.003 * SCALE
@@ -126,8 +144,15 @@ def gateway_config(urls: list[str], policy: str) -> dict[str, object]:
     }
 
 
+def interquartile_mean(values: Sequence[float]) -> float:
+    """The mean of the middle half of ``values``: a typical value, robust to modes and tails."""
+    ordered = sorted(values)
+    quarter = len(ordered) // 4
+    return statistics.fmean(ordered[quarter : len(ordered) - quarter])
+
+
 async def live_run(policy: str) -> tuple[float, float, int]:
-    """Hit rate (from usage, end to end), engine TTFT p50 (model s), errors."""
+    """Hit rate (from usage, end to end), engine TTFT interquartile mean (model s), errors."""
     async with contextlib.AsyncExitStack() as stack:
         handles: list[WorkerHandle] = []
         for i in range(WORKERS):
@@ -156,10 +181,11 @@ async def live_run(policy: str) -> tuple[float, float, int]:
         ttfts = [done.ttft for h in handles for done in h.worker.driver.recent]
     summary = results["policies"][policy]
     assert summary["finished"] == len(ttfts) == REQUESTS
-    return summary["hit_rate"], statistics.median(ttfts), summary["errors"] + summary["shed"]
+    return summary["hit_rate"], interquartile_mean(ttfts), summary["errors"] + summary["shed"]
 
 
 def simulated_run(policy: str) -> tuple[float, float]:
+    """Hit rate and TTFT interquartile mean (model s) in the simulator."""
     config = SimConfig(
         workers=WORKERS,
         kv_blocks=(KV_BLOCKS,),
@@ -168,9 +194,9 @@ def simulated_run(policy: str) -> tuple[float, float]:
         max_requests=REQUESTS,
         seed=0,
     )
-    summary = Simulation(config, build_workload(WORKLOAD, 0).requests(), policy).run().summary
-    assert summary["finished"] == REQUESTS
-    return summary["hit_rate"], summary["ttft_p50"]
+    result = Simulation(config, build_workload(WORKLOAD, 0).requests(), policy).run()
+    assert result.summary["finished"] == REQUESTS
+    return result.summary["hit_rate"], interquartile_mean(result.recorder.ttft)
 
 
 @pytest.mark.parametrize("policy", list(default_registry()))

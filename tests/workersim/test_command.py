@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import select
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.testing import free_port, wait_until_sync
+from kvgate.testing import wait_until_sync
 
 
 def test_help_lists_the_documented_options() -> None:
@@ -49,19 +52,36 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _listening_url(process: subprocess.Popen[bytes], timeout: float = 20.0) -> str:
+    """The URL in the "listening on" line the worker prints once it has bound its port."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([process.stdout], [], [], left)[0]:
+            break
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError("worker-sim exited before it was listening")
+        if found := re.search(rb"listening on (http://\S+)", line):
+            return found.group(1).decode()
+    raise TimeoutError(f"worker-sim not listening after {timeout}s")
+
+
 def test_serves_until_terminated() -> None:
-    port = free_port()
-    command = [sys.executable, "-m", "kvgate.cli", "worker-sim", "--port", str(port)]
+    # Port 0, not a port found free beforehand: another socket could take that one
+    # before the new process has bound it. The worker prints where it listens.
+    command = [sys.executable, "-m", "kvgate.cli", "worker-sim", "--port", "0"]
     process = subprocess.Popen(
         [*command, "--profile", "fast"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        bufsize=0,  # unbuffered, so select() sees every line readline() has not read
     )
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = _listening_url(process)
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
         wait_until_sync(lambda: _healthy(url), timeout=20, message="worker-sim to start")
     finally:
         process.terminate()
-        out, err = process.communicate(timeout=10)
+        _, err = process.communicate(timeout=10)
     assert process.returncode == 0, err.decode()
-    assert f"listening on {url}".encode() in out

@@ -102,6 +102,8 @@ class EngineDriver:
         """The engine's records of the latest finished requests (model times), oldest first."""
         self.steps = 0
         self.aborts = 0
+        self.lag_jumps = 0
+        """Times the timeline jumped forward because the loop fell ``_MAX_LAG_S`` behind."""
         self.failed = False
 
     # -- clock ---------------------------------------------------------------
@@ -212,7 +214,11 @@ class EngineDriver:
                 start = cursor
             else:  # an idle engine starts when the request that woke it came
                 start = min(now, arrivals[0][0]) if arrivals else now
-            start = max(start, floor, now - _MAX_LAG_S * self.time_scale)
+            start = max(start, floor)
+            behind = now - _MAX_LAG_S * self.time_scale
+            if start < behind:
+                start = behind
+                self.lag_jumps += 1
             horizon = self._horizon
             try:
                 while arrivals and arrivals[0][0] <= start:
