@@ -13,6 +13,14 @@ throughput ratio, and the gateway process's CPU time per request (from
 With ``--rollout`` half the workers serve version v2 and a canary rollout v1 -> v2
 holds at 50% for the whole run (its step never ends), so the numbers include
 version assignment, the per-version snapshot filter and outcome recording.
+
+With ``--compare-rollout`` two gateways run on the same workers (half v1, half
+v2), one with that rollout and one without, and each load level is driven
+against the workers directly, then each gateway, back to back, ``--repeat``
+times: both rows side by side, with the rollout gateway's CPU per request as a
+ratio of the plain one's.
+
+    .venv/bin/python benchmarks/overhead.py --duration 5 --concurrency 32 --compare-rollout
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -183,6 +192,64 @@ def process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]
             proc.kill()
 
 
+def measure(name: str, direct: Result, through: Result, cpu: float, stream: bool) -> dict[str, Any]:
+    """One row: what the gateway added to ``direct`` (``cpu``: the gateway's CPU seconds)."""
+    d50, d99 = quantile(direct.latencies, 0.5), quantile(direct.latencies, 0.99)
+    g50, g99 = quantile(through.latencies, 0.5), quantile(through.latencies, 0.99)
+    ttft = statistics.median(through.ttfts or [0.0]) - statistics.median(direct.ttfts or [0.0])
+    return {
+        "load": name,
+        "direct_p50_ms": d50 * 1e3,
+        "direct_p99_ms": d99 * 1e3,
+        "gateway_p50_ms": g50 * 1e3,
+        "gateway_p99_ms": g99 * 1e3,
+        "added_p50_ms": (g50 - d50) * 1e3,
+        "added_p99_ms": (g99 - d99) * 1e3,
+        "added_ttft_p50_ms": ttft * 1e3 if stream else None,
+        "direct_rps": direct.throughput,
+        "gateway_rps": through.throughput,
+        "throughput_ratio": through.throughput / max(direct.throughput, 1e-9),
+        "cpu_ms_per_req": 1000 * cpu / max(1, len(through.latencies)),
+        "errors": direct.errors + through.errors,
+    }
+
+
+def compare_rollout(
+    urls: list[str], plain: tuple[int, str], rollout: tuple[int, str], opts: argparse.Namespace
+) -> list[dict[str, object]]:
+    """Each load level against the workers, the plain gateway and the rollout one, in turn."""
+    print(
+        f"{'load':<16}{'run':>4}{'direct p50 ms':>15}{'added p50 plain/rollout':>26}"
+        f"{'cpu ms/req plain/rollout':>27}{'cpu ratio':>11}{'errors':>8}"
+    )
+    rows: list[dict[str, object]] = []
+    for stream in (False, True):
+        for level in [int(x) for x in opts.concurrency.split(",")]:
+            name = f"{'stream' if stream else 'plain'} c={level}"
+            for run in range(1, opts.repeat + 1):
+                direct = run_load(urls, level, opts.duration, stream, opts.clients)
+                measured: dict[bool, dict[str, Any]] = {}
+                # Alternate which gateway goes first, so drift in the machine's load
+                # does not always favour the same one.
+                for is_rollout in (False, True) if run % 2 else (True, False):
+                    pid, url = rollout if is_rollout else plain
+                    before = cpu_seconds(pid)
+                    through = run_load([url], level, opts.duration, stream, opts.clients)
+                    cpu = cpu_seconds(pid) - before
+                    measured[is_rollout] = measure(name, direct, through, cpu, stream)
+                a, b = measured[False], measured[True]
+                ratio = b["cpu_ms_per_req"] / max(a["cpu_ms_per_req"], 1e-9)
+                print(
+                    f"{name:<16}{run:>4}{a['direct_p50_ms']:>15.2f}"
+                    f"{a['added_p50_ms']:>14.2f}/{b['added_p50_ms']:<11.2f}"
+                    f"{a['cpu_ms_per_req']:>15.3f}/{b['cpu_ms_per_req']:<11.3f}"
+                    f"{ratio:>11.2f}{a['errors'] + b['errors']:>8}"
+                )
+                rows.append({"run": run, "rollout": False, **a})
+                rows.append({"run": run, "rollout": True, **b})
+    return rows
+
+
 def main() -> None:
     """Parse options, run every scenario, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -196,8 +263,15 @@ def main() -> None:
     parser.add_argument(
         "--rollout", action="store_true", help="run with a canary rollout active (v1 -> v2 at 50%%)"
     )
+    parser.add_argument(
+        "--compare-rollout",
+        action="store_true",
+        help="run a gateway without and one with the rollout, back to back, side by side",
+    )
+    parser.add_argument("--repeat", type=int, default=2, help="runs per level (--compare-rollout)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     opts = parser.parse_args()
+    split = opts.rollout or opts.compare_rollout
     levels = [int(x) for x in opts.concurrency.split(",")]
 
     with contextlib.ExitStack() as stack:
@@ -219,7 +293,7 @@ def main() -> None:
                         "--seed",
                         str(i),
                         "--version",
-                        "v2" if opts.rollout and i % 2 else "v1",
+                        "v2" if split and i % 2 else "v1",
                         "--log-level",
                         "warning",
                     ],
@@ -233,6 +307,30 @@ def main() -> None:
         for url in urls:
             serve += ["--worker", url]
         gateway = stack.enter_context(process(serve, gateway_url + "/readyz"))
+        if opts.compare_rollout:
+            rport = free_port()
+            rollout_url = f"http://127.0.0.1:{rport}"
+            rserve = [*serve]
+            rserve[rserve.index("--port") + 1] = str(rport)
+            rollout_gw = stack.enter_context(process(rserve, rollout_url + "/readyz"))
+            start_rollout(rollout_url)
+            print(
+                f"{opts.workers} workers (fast, x{opts.time_scale:g}, half v1, half v2), "
+                f"{opts.clients} client processes, {opts.duration:g}s per run, "
+                f"{os.cpu_count()} CPUs, policy {opts.policy}, load average "
+                f"{os.getloadavg()[0]:.2f}; gateways without and with a rollout v1 -> v2 at 50%"
+            )
+            compared = compare_rollout(
+                urls, (gateway.pid, gateway_url), (rollout_gw.pid, rollout_url), opts
+            )
+            print(f"load average at the end {os.getloadavg()[0]:.2f}")
+            if opts.json is not None:
+                meta = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), **vars(opts)}
+                meta["json"] = str(opts.json)
+                opts.json.write_text(
+                    json.dumps({"options": meta, "rows": compared}, indent=2) + "\n"
+                )
+            return
         if opts.rollout:
             start_rollout(gateway_url)
 

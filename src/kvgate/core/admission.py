@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.core.fleet import FleetSnapshot
+from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot
 from kvgate.types import Priority, Seconds
 
 
@@ -149,16 +149,21 @@ def fleet_saturation(fleet: FleetSnapshot, kv_saturated: float = 0.95) -> float:
     ``kv_saturated``. The result is 1.0 only when no routable worker has a free
     slot, since that alone is what makes queueing (rather than routing) right.
     """
-    if not fleet.routable():
-        return 1.0
+    # One pass with ``routable`` and ``full`` inlined: this runs on every request.
     used = 0.0
     total = 0
+    free = False
     for worker in fleet.workers:
-        if not worker.routable:
+        if worker.health not in ROUTABLE_HEALTH:
             continue
-        total += worker.max_in_flight
-        if worker.full or (worker.kv_usage is not None and worker.kv_usage >= kv_saturated):
-            used += worker.max_in_flight
-        else:
-            used += worker.in_flight
+        limit = worker.max_in_flight
+        total += limit
+        if worker.in_flight >= limit:
+            used += limit
+            continue
+        free = True
+        kv = worker.kv_usage
+        used += limit if kv is not None and kv >= kv_saturated else worker.in_flight
+    if not free:
+        return 1.0
     return min(_NEARLY_FULL, used / total)

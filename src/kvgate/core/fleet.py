@@ -17,6 +17,10 @@ class Health(StrEnum):
     DRAINING = "draining"  # takes no new sessions; finishes what it has
 
 
+ROUTABLE_HEALTH = (Health.HEALTHY, Health.DEGRADED)
+"""Health levels that take traffic; for loops over the fleet that inline ``routable``."""
+
+
 class Pressure(StrEnum):
     """Memory pressure level from ``core.pressure`` (soft/hard watermarks)."""
 
@@ -54,7 +58,7 @@ class WorkerState:
     @property
     def routable(self) -> bool:
         """True when the worker may take any request at all."""
-        return self.health in (Health.HEALTHY, Health.DEGRADED)
+        return self.health in ROUTABLE_HEALTH
 
     @property
     def accepts_new_sessions(self) -> bool:
@@ -84,6 +88,22 @@ class FleetSnapshot:
 
     def __post_init__(self) -> None:
         self._by_id.update((w.id, w) for w in self.workers)
+
+    @classmethod
+    def indexed(
+        cls, now: Seconds, workers: tuple[WorkerState, ...], by_id: dict[WorkerId, WorkerState]
+    ) -> FleetSnapshot:
+        """A snapshot reusing ``by_id`` as its index instead of building one.
+
+        For a driver that caches the fleet between requests: ``by_id`` must map
+        exactly ``workers`` by id, and nobody may change it afterwards (snapshots
+        made from the same cache share it).
+        """
+        snap = object.__new__(cls)
+        object.__setattr__(snap, "now", now)
+        object.__setattr__(snap, "workers", workers)
+        object.__setattr__(snap, "_by_id", by_id)
+        return snap
 
     def get(self, worker_id: WorkerId) -> WorkerState | None:
         """The worker with this id, or ``None``."""

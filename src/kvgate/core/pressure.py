@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvgate.core.decision import Affinity, AffinityWrite, Decision
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
+from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
 from kvgate.types import Priority, Seconds, SessionKey, WorkerId
 
 _RANK = {Pressure.NORMAL: 0, Pressure.SOFT: 1, Pressure.HARD: 2}
@@ -406,8 +406,17 @@ def fleet_pressure(fleet: FleetSnapshot) -> Pressure:
 
     ``NORMAL`` when no worker is routable (that is not a pressure matter).
     """
-    levels = [w.pressure for w in fleet.workers if w.routable]
-    return min(levels, key=_RANK.__getitem__) if levels else Pressure.NORMAL
+    lowest: Pressure | None = None
+    normal = Pressure.NORMAL
+    for worker in fleet.workers:
+        if worker.health not in ROUTABLE_HEALTH:
+            continue
+        level = worker.pressure
+        if level is normal:
+            return level  # the lowest there is; the usual case, found at the first worker
+        if lowest is None or _RANK[level] < _RANK[lowest]:
+            lowest = level
+    return lowest if lowest is not None else Pressure.NORMAL
 
 
 def shed_rank(priority: Priority, is_new_session: bool) -> tuple[int, int]:

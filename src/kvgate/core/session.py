@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import xxhash
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from kvgate.types import SessionKey, SessionSource
 
@@ -19,13 +20,19 @@ PREFIX_KEY_TAG = "prefix:"
 unless the client chooses to imitate one."""
 
 
+_CASE_INSENSITIVE = (CIMultiDictProxy, CIMultiDict)
+"""Mappings whose ``get`` already ignores case (aiohttp's request headers)."""
+
+
 def header_value(headers: Mapping[str, str], name: str) -> str | None:
     """The value of header ``name``, matched case-insensitively; ``None`` if absent.
 
-    Works with case-insensitive multidicts (aiohttp) and plain dicts alike.
+    Works with case-insensitive multidicts (aiohttp) and plain dicts alike. In a
+    multidict an absent name costs one lookup; only a plain mapping is searched
+    name by name for ``name`` in another case.
     """
     value = headers.get(name)
-    if value is not None:
+    if value is not None or isinstance(headers, _CASE_INSENSITIVE):
         return value
     wanted = name.lower()
     for key, candidate in headers.items():

@@ -43,7 +43,7 @@ from kvgate.core.pressure import (
 from kvgate.gateway.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.versions import VersionRegistry, of_version
+from kvgate.gateway.versions import VersionRegistry
 from kvgate.types import Priority, Seconds, SessionKey, WorkerId
 
 CAPACITY_FULL = "capacity_full"
@@ -164,10 +164,8 @@ class Router:
         demand = kv_demand_tokens(features, gate) if gate is not None else 0
         held = _Held(priority)
         while True:
-            snap = self.pool.snapshot(features.model, self.wall(), self.mono())
+            snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
-            if version is not None:
-                snap = of_version(snap, version)
             if not any(w.routable for w in snap.workers):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
             if should_shed(priority, affinity is None, snap):

@@ -148,7 +148,7 @@ class DefaultPolicy(PrefixLearning):
         cands = candidates(request, ctx)
         sticky_cap = None
         if ctx.affinity is not None and cands and cfg.sticky_load_factor is not None:
-            total = sum(w.load for w in cands)
+            total = sum([w.in_flight + (w.waiting or 0) for w in cands])  # ``load``, inlined
             sticky_cap = bounded_load_cap(
                 total, len(cands), cfg.sticky_load_factor, cfg.sticky_slack
             )
