@@ -77,6 +77,10 @@ async def test_tiny_demo_answers_every_request_for_every_policy() -> None:
     text = console.export_text()
     assert "round_robin" in text and "session_affinity" in text
     assert "time scale 1" in text
+    # Emulated workers report their engines' own TTFT, shown beside the client's.
+    assert "engine TTFT" in text
+    for summary in results["policies"].values():
+        assert 0 < summary["worker_ttft_p50"] <= summary["worker_ttft_p99"]
 
 
 async def test_reset_leaves_no_cached_blocks() -> None:
@@ -104,7 +108,7 @@ def test_demo_command_prints_the_table_and_writes_results(tmp_path: Path) -> Non
     result = CliRunner().invoke(make_app(), args)
     assert result.exit_code == 0, result.output
     assert "least_request" in result.output and "default" in result.output
-    assert "model seconds" in result.output
+    assert "engine TTFT" in result.output and "time scale 1" in result.output
     data = json.loads((tmp_path / "results.json").read_text())
     for summary in data["policies"].values():
         assert summary["finished"] == summary["requests"] == 16
