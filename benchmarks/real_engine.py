@@ -55,7 +55,9 @@ from kvgate.gateway.testing import running_gateway
 from kvgate.realengine import DEFAULT_MODEL_NAME, running_llamacpp_fleet, small_options
 from kvgate.testing import wait_until
 
-QUESTIONS = Path("/work/shared/traces/mt_bench/question.jsonl")
+QUESTIONS = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mt_bench" / "question.jsonl"
+)
 SLOT_CTX = 2_048
 """Context tokens per slot: the system prompt, two questions and an answer fit."""
 

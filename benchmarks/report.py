@@ -42,9 +42,16 @@ from kvgate.sim.workloads import build_workload
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = Path("/work/shared/traces/mooncake/synthetic_trace.jsonl")
+TRACE = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
+)
 COMMAND = ".venv/bin/python benchmarks/report.py"
-KEPT_SECTIONS = ("Real engine (llama.cpp, Gemma 3 270M)",)
+KEPT_SECTIONS = (
+    "Live affinity benchmark (4 worker processes, 1 and 4 gateway processes)",
+    "Memory pressure (live)",
+    "Gateway overhead",
+    "Real engine (llama.cpp, Gemma 3 270M)",
+)
 """Sections other scripts write into the doc (``benchmarks/real_engine.py``): a rerun
 keeps them as they are, after the generated ones."""
 
