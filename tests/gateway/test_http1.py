@@ -1,11 +1,20 @@
-"""The lean HTTP/1.1 client under ``Upstream``: framing, reuse, timeouts, broken answers."""
+"""The lean HTTP/1.1 client under ``Upstream``: framing, reuse, timeouts, broken answers.
+
+The parser is also checked on its own: hypothesis builds answers in every framing and
+feeds them through a fake transport cut at arbitrary offsets.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import cast
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvgate.gateway import http1
 from kvgate.gateway.errors import UpstreamBroken, UpstreamTimeout, UpstreamUnavailable
@@ -211,3 +220,182 @@ def test_request_head_refuses_line_breaks_in_headers() -> None:
     assert b"Content-Type: application/octet-stream\r\n" in head
     with pytest.raises(ValueError):
         http1.request_head("POST", "/v1/x", "w:80", {"A": "1\r\nEvil: yes"}, 2)
+
+
+# -- the response parser, fed through a fake transport split at every boundary -------
+
+
+class _FakeTransport:
+    """Stands in for the socket: records what the connection does to it."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.paused = False
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+_BODY = st.binary(max_size=400) | st.lists(
+    st.sampled_from([b"a", b"0", b"\r", b"\n", b"\r\n", b";", b"\r\n\r\n", b"0\r\n\r\n"]),
+    max_size=40,
+).map(b"".join)
+"""Bodies, many made of the bytes HTTP framing itself uses."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One response as the worker sends it, and the body the client must yield."""
+
+    wire: bytes
+    body: bytes
+    framing: str  # "length", "chunked" or "close"
+
+
+@st.composite
+def _answers(
+    draw: st.DrawFn, framings: tuple[str, ...] = ("length", "chunked", "close")
+) -> _Answer:
+    body = draw(_BODY)
+    framing = draw(st.sampled_from(framings))
+    head = b""
+    if draw(st.booleans()):
+        head += b"HTTP/1.1 100 Continue\r\n\r\n"
+    head += b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if framing == "length":
+        name = draw(st.sampled_from([b"Content-Length", b"content-length", b"CONTENT-LENGTH"]))
+        return _Answer(head + name + b": %d\r\n\r\n" % len(body) + body, body, framing)
+    if framing == "close":
+        return _Answer(head + b"Connection: close\r\n\r\n" + body, body, framing)
+    wire = [head, b"Transfer-Encoding: chunked\r\n\r\n"]
+    pos = 0
+    while pos < len(body):
+        size = draw(st.integers(1, len(body) - pos))
+        digits = draw(st.sampled_from([b"%x", b"%X", b"000%x"])) % size
+        extension = draw(st.sampled_from([b"", b";a=1", b";name", b' ;q="x;y"', b" "]))
+        wire += [digits, extension, b"\r\n", body[pos : pos + size], b"\r\n"]
+        pos += size
+    wire.append(draw(st.sampled_from([b"0", b"000", b"0;last"])) + b"\r\n")
+    wire.append(draw(st.sampled_from([b"", b"X-Trailer: t\r\n", b"A: 1\r\nB: 2\r\n"])) + b"\r\n")
+    return _Answer(b"".join(wire), body, framing)
+
+
+def _pieces(data: st.DataObject, wire: bytes) -> list[bytes]:
+    """``wire`` cut at hypothesis-chosen offsets (1-byte pieces included)."""
+    if data.draw(st.booleans(), label="byte by byte"):
+        return [wire[i : i + 1] for i in range(len(wire))]
+    cuts = data.draw(st.sets(st.integers(1, max(1, len(wire) - 1)), max_size=len(wire)))
+    bounds = [0, *sorted(cuts), len(wire)]
+    return [wire[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _exchange(conn: http1.Connection, answer: _Answer, data: st.DataObject) -> bytes:
+    """Run one exchange on ``conn``, feeding the answer in pieces; the body taken."""
+    conn.start(b"POST / HTTP/1.1\r\n\r\n", read_s=60.0, total_s=60.0)
+    taken: list[bytes] = []
+    take_every = data.draw(st.integers(1, 5), label="take the body every n pieces")
+    for i, piece in enumerate(_pieces(data, answer.wire)):
+        assert not conn.done
+        conn.data_received(piece)
+        if i % take_every == 0:
+            taken.append(conn.take())
+    if answer.framing == "close":
+        assert not conn.done
+        conn.connection_lost(None)
+    taken.append(conn.take())
+    return b"".join(taken)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_answers(), min_size=1, max_size=3), st.data())
+def test_any_split_of_any_framing_yields_exactly_the_body_and_keeps_the_connection(
+    answers: list[_Answer], data: st.DataObject
+) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        conn = http1.Connection(loop)
+        transport = _FakeTransport()
+        conn.connection_made(cast(asyncio.Transport, transport))
+        for answer in answers:
+            body = _exchange(conn, answer, data)
+            assert conn.error is None
+            assert conn.status == 200
+            assert conn.done
+            assert body == answer.body
+            if answer.framing == "close":
+                assert not conn.reusable
+                break
+            assert conn.reusable  # keep-alive: the next answer comes on the same connection
+        assert not transport.aborted
+    finally:
+        loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop that is never run: the connection only makes futures and timers."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _fed(
+    loop: asyncio.AbstractEventLoop, wire: bytes, *cuts: int
+) -> tuple[http1.Connection, _FakeTransport, bytes]:
+    """A connection that got ``wire`` cut at ``cuts``; and the body it yielded."""
+    conn = http1.Connection(loop)
+    transport = _FakeTransport()
+    conn.connection_made(cast(asyncio.Transport, transport))
+    conn.start(b"POST / HTTP/1.1\r\n\r\n", read_s=60.0, total_s=60.0)
+    bounds = [0, *cuts, len(wire)]
+    for a, b in itertools.pairwise(bounds):
+        conn.data_received(wire[a:b])
+    return conn, transport, conn.take()
+
+
+def test_a_reset_mid_read_to_close_body_is_an_error_not_a_short_body(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    conn, _, body = _fed(loop, b"HTTP/1.1 200 OK\r\n\r\npart of", 5)
+    conn.connection_lost(ConnectionResetError("reset by peer"))
+    assert body == b"part of"
+    assert not conn.done
+    assert isinstance(conn.error, http1.DisconnectedError)
+
+
+def test_a_close_after_our_abort_does_not_complete_a_read_to_close_body(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    conn, transport, _ = _fed(loop, b"HTTP/1.1 200 OK\r\n\r\npart of")
+    conn._fail(http1.ReadTimeoutError("silence"))  # what the timer does
+    assert transport.aborted
+    conn.connection_lost(None)  # the abort's own close
+    assert not conn.done
+    assert isinstance(conn.error, http1.ReadTimeoutError)
+
+
+def test_bytes_after_an_empty_body_forbid_reuse(loop: asyncio.AbstractEventLoop) -> None:
+    conn, _, body = _fed(loop, b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\n")
+    assert body == b""
+    assert conn.done
+    assert not conn.reusable
+
+
+def test_reuse_resumes_reading_paused_by_an_untaken_body(loop: asyncio.AbstractEventLoop) -> None:
+    big = b"x" * (300 * 1024)
+    conn, transport, _ = _fed(loop, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+    conn.data_received(big)  # the whole body, never taken: reading pauses
+    assert transport.paused
+    assert conn.reusable
+    conn.start(b"POST / HTTP/1.1\r\n\r\n", read_s=60.0, total_s=60.0)
+    assert not transport.paused

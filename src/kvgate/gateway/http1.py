@@ -91,12 +91,17 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """A close ends a read-to-close body; anything else unfinished is an error."""
+        """A clean close ends a read-to-close body; anything else unfinished is an error."""
         self.closed = True
-        if self.headers is not None and self._framing == 2 and not self.done:
+        if self.done or self._head_waiter is None:
+            return
+        # Only the worker's orderly close (no error, and not our own abort after a
+        # timeout or a bad response) marks a read-to-close body complete: a reset or
+        # an abort mid-body must not pass a truncated body off as the whole one.
+        if exc is None and self._error is None and self.headers is not None and self._framing == 2:
             self._finish()
-        elif not self.done and self._head_waiter is not None:
-            self._fail(DisconnectedError("the worker closed the connection"))
+        else:
+            self._fail(DisconnectedError(f"the worker closed the connection ({exc or 'EOF'})"))
 
     def data_received(self, data: bytes) -> None:
         """Parse the response head, then the body, as bytes arrive."""
@@ -116,6 +121,8 @@ class Connection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
             if self._framing == 0 and self._left == 0:
+                if data:
+                    self.keep_alive = False  # bytes past an empty body: never reuse
                 self._finish()
                 return
             if not data:
@@ -131,6 +138,9 @@ class Connection(asyncio.Protocol):
     def start(self, request: bytes, read_s: float, total_s: float) -> None:
         """Send one request (head and body in one write) and arm the timeouts."""
         assert self.transport is not None
+        if self._paused:
+            # The last exchange ended with its body untaken and reading paused.
+            self.transport.resume_reading()
         self._reset()
         loop = self._loop
         now = loop.time()
