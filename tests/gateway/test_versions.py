@@ -9,7 +9,6 @@ import pytest
 
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot, WorkerState
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control_config import ModelVersionsConfig
 from kvgate.gateway.errors import InvalidRequestError, NotFoundError
@@ -21,7 +20,6 @@ from kvgate.gateway.versions import (
     VersionConflictError,
     VersionNotFoundError,
     VersionRegistry,
-    of_version,
 )
 
 from .conftest import every_worker_up
@@ -105,12 +103,6 @@ def test_changes_validate_names_and_protect_the_stable_version() -> None:
     described = registry.describe()["demo"]
     assert isinstance(described, dict)
     assert described["workers"] == {"v1": ["http://w0:8000"], "v2": ["http://w1:8000"]}
-
-
-def test_of_version_keeps_only_that_versions_workers() -> None:
-    snap = FleetSnapshot(0.0, (WorkerState("a", "demo", "v1"), WorkerState("b", "demo", "v2")))
-    assert [w.id for w in of_version(snap, "v2").workers] == ["b"]
-    assert of_version(snap, "v3").workers == ()
 
 
 async def test_a_split_model_serves_both_versions_and_says_which() -> None:

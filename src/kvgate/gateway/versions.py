@@ -4,7 +4,7 @@ Every request of a model with registered versions is assigned one before the
 policy runs (``core.versions.assign_version``: pinned by header, else the
 session's bound version while it still carries traffic, else by weight from the
 hash of the session key, else of the request id), and the policy then sees only
-the workers of that version (``of_version``). A model with no registered
+the workers of that version (``WorkerPool.snapshot(..., version)``). A model with no registered
 versions is not split: any of its workers may serve it.
 
 The request path only reads: ``assign`` is one dict lookup and a hash, with no
@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot
 from kvgate.core.versions import (
     InvalidVersionError,
     ModelVersions,
@@ -45,11 +44,6 @@ class VersionConflictError(GatewayError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
-
-
-def of_version(snapshot: FleetSnapshot, version: str) -> FleetSnapshot:
-    """``snapshot`` with only the workers serving ``version``."""
-    return FleetSnapshot(snapshot.now, tuple(w for w in snapshot.workers if w.version == version))
 
 
 def from_config(model: str, config: ModelVersionsConfig) -> ModelVersions:
