@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvgate.bench.report import results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
+from kvgate.sim.command import TraceOption, WorkloadOption, table_console
 from kvgate.sim.experiment import workload_factory
 from kvgate.sim.prompts import CHARS_PER_TOKEN
 from kvgate.sim.report import write_results
@@ -23,16 +23,8 @@ def bench(
     target: Annotated[
         str, typer.Option(help="Base URL of an OpenAI-compatible endpoint (gateway or worker)")
     ],
-    workload: Annotated[
-        str | None,
-        typer.Option(
-            help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"
-        ),
-    ] = None,
-    trace: Annotated[
-        Path | None,
-        typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
-    ] = None,
+    workload: WorkloadOption = None,
+    trace: TraceOption = None,
     out: Annotated[Path | None, typer.Option(help="Write results.json here")] = None,
     requests: Annotated[
         int | None,
@@ -69,9 +61,7 @@ def bench(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Replay a workload live against an OpenAI-compatible endpoint and report like `kvgate sim`."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = table_console()
     if time_scale <= 0:
         raise typer.BadParameter("must be positive", param_hint="--time-scale")
     try:

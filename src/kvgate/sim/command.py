@@ -16,6 +16,25 @@ from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
 from kvgate.sim.workloads import parse_options
 
+WorkloadOption = Annotated[
+    str | None,
+    typer.Option(help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"),
+]
+"""``--workload``, shared by ``kvgate sim`` and ``kvgate bench``."""
+
+TraceOption = Annotated[
+    Path | None,
+    typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
+]
+"""``--trace``, shared by ``kvgate sim`` and ``kvgate bench``."""
+
+
+def table_console() -> Console:
+    """A console for result tables; piped to a file, wide enough for one line per row."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
 DEFAULT_REQUESTS = 2000
 """Requests taken from an endless synthetic workload when neither a count nor a duration is set."""
 
@@ -35,16 +54,8 @@ def _parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
 
 def sim(
     *,
-    workload: Annotated[
-        str | None,
-        typer.Option(
-            help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"
-        ),
-    ] = None,
-    trace: Annotated[
-        Path | None,
-        typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
-    ] = None,
+    workload: WorkloadOption = None,
+    trace: TraceOption = None,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the fleet")] = 4,
     policies: Annotated[
         str, typer.Option(help="Comma-separated policy names to compare")
@@ -86,9 +97,7 @@ def sim(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Compare routing policies on one workload in virtual time (discrete-event simulation)."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # piped to a file: keep the table on one line per row
+    console = table_console()
     try:
         make = workload_factory(
             workload=workload,
