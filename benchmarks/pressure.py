@@ -47,7 +47,7 @@ import aiohttp
 
 from kvgate.bench.client import Answer, BenchClient
 from kvgate.bench.payloads import Payload
-from kvgate.gateway.scrape import parse_worker_metrics
+from kvgate.gateway.observe.scrape import parse_worker_metrics
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim import WorkerOptions, running_worker

@@ -38,8 +38,8 @@ from kvgate.bench import run_bench
 from kvgate.core.policies import default_registry
 from kvgate.gateway.testing import running_gateway
 from kvgate.sim.simulation import SimConfig, Simulation
-from kvgate.sim.workloads import build_workload
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
+from kvgate.workload.synthetic import build_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = (

@@ -40,12 +40,12 @@ from kvgate.core.policies import default_registry
 from kvgate.core.prefix import FeatureConfig, build_features
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.queue import AdmissionQueue
-from kvgate.gateway.router import Placement, Router
-from kvgate.gateway.scrape import WorkerSignals
-from kvgate.gateway.versions import VersionRegistry
+from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.dataplane.router import Placement, Router
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.store import MemoryStore
 
 T = TypeVar("T")

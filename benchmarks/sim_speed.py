@@ -23,7 +23,7 @@ from rich.table import Table
 
 from kvgate.core.policies import default_registry
 from kvgate.sim.simulation import SimConfig, Simulation
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.synthetic import build_workload
 
 TARGET_PER_MIN = 100_000
 

@@ -16,7 +16,7 @@ from kvgate.demo import command
 from kvgate.demo.fleet import EmulatedFleet, Fleet, FleetSpec, emulated_fleet
 from kvgate.demo.runner import DemoConfig, run_demo
 from kvgate.demo.table import demo_table
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.synthetic import build_workload
 
 TINY_WORKLOAD = (
     "chat:rate=60,think_s=0.05,turns_mean=4,system_tokens=200,user_tokens=40,output_tokens=8"

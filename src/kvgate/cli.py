@@ -18,7 +18,7 @@ def _register() -> None:
     from kvgate.bench import command as bench_command
     from kvgate.demo import command as demo_command
     from kvgate.gateway import command as gateway_command
-    from kvgate.gateway import rollout_command
+    from kvgate.gateway.admin import rollout_command
     from kvgate.realengine import command as realengine_command
     from kvgate.sim import command as sim_command
     from kvgate.workersim import command as workersim_command

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 
 from kvgate.bench.payloads import CHAT_PATH, COMPLETIONS_PATH, PayloadBuilder
-from kvgate.sim.prompts import segment_text
-from kvgate.sim.request import SimRequest
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.prompts import segment_text
+from kvgate.workload.request import SimRequest
+from kvgate.workload.synthetic import build_workload
 
 
 def test_segment_text_is_the_sims_pseudo_text_at_the_given_ratio() -> None:

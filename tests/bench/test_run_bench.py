@@ -16,9 +16,9 @@ from kvgate.bench.client import Answer, BenchClient
 from kvgate.bench.payloads import PayloadBuilder
 from kvgate.bench.replay import Outcome, Replay
 from kvgate.bench.report import summarize
-from kvgate.sim.traces import open_trace
-from kvgate.sim.workloads import build_workload
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
+from kvgate.workload.synthetic import build_workload
+from kvgate.workload.traces import open_trace
 
 # A quick chat workload: sessions with a shared system prompt, turns close together.
 CHAT = "chat:rate=200,think_s=0.02,turns_mean=4,system_tokens=256,user_tokens=40,output_tokens=8"

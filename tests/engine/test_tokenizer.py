@@ -20,7 +20,7 @@ from kvgate.engine.tokenizer import (
     count_tokens,
     tokenize,
 )
-from kvgate.sim.prompts import segment_text
+from kvgate.workload.prompts import segment_text
 
 ENGLISH = (
     "The quick brown fox jumps over the lazy dog. Paged attention stores the key and "

@@ -6,10 +6,10 @@ import aiohttp
 
 from kvgate.core.fleet import Health
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.pool import Worker
-from kvgate.gateway.scrape import WorkerSignals
+from kvgate.gateway.observe.pool import Worker
+from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.gateway.testing import running_gateway
-from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 

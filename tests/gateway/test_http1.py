@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgate.gateway import http1
-from kvgate.gateway.errors import UpstreamBroken, UpstreamTimeout, UpstreamUnavailable
-from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.gateway.dataplane.errors import UpstreamBroken, UpstreamTimeout, UpstreamUnavailable
+from kvgate.gateway.upstream import http1
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

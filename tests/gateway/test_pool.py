@@ -5,9 +5,9 @@ from __future__ import annotations
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure
 from kvgate.core.pressure import PressureConfig
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.queue import AdmissionQueue
-from kvgate.gateway.scrape import WorkerSignals
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.scrape import WorkerSignals
 
 STALE = 3.0
 

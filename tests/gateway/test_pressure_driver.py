@@ -9,9 +9,9 @@ import pytest
 from kvgate.core.fleet import Health, Pressure
 from kvgate.gateway.app import Gateway
 from kvgate.gateway.config import parse_config
-from kvgate.gateway.pool import Worker
-from kvgate.gateway.pressure import SessionContexts
-from kvgate.gateway.scrape import WorkerSignals
+from kvgate.gateway.control.pressure import SessionContexts
+from kvgate.gateway.observe.pool import Worker
+from kvgate.gateway.observe.scrape import WorkerSignals
 
 URL = "http://127.0.0.1:9"
 N, S, H = Pressure.NORMAL, Pressure.SOFT, Pressure.HARD

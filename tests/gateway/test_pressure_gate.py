@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 
 from kvgate.core.fleet import Pressure
-from kvgate.gateway.scrape import parse_worker_metrics
+from kvgate.gateway.observe.scrape import parse_worker_metrics
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvgate.gateway.queue import AdmissionQueue
+from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.testing import wait_until
 from kvgate.types import Priority
 

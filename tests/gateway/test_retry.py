@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kvgate.gateway.retry import RetryBudget
+from kvgate.gateway.dataplane.retry import RetryBudget
 
 
 def test_minimum_then_ratio() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 from typer.testing import CliRunner, Result
 
 from kvgate.cli import app
-from kvgate.gateway.control_config import EvaluatorConfig
-from kvgate.gateway.evaluator import QualityEvaluator
-from kvgate.gateway.metrics import GatewayMetrics
+from kvgate.gateway.control.config import EvaluatorConfig
+from kvgate.gateway.control.evaluator import QualityEvaluator
+from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
 

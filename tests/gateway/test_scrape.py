@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.gateway.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
+from kvgate.gateway.observe.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
 
 # vLLM v1 (0.9+): counters carry ``_total`` in the text; two data-parallel engines.
 VLLM_V1 = """\

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.gateway.dataplane.errors import UpstreamTimeout, UpstreamUnavailable
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.testing import free_port
 from kvgate.workersim.runner import WorkerHandle
 

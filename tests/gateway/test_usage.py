@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvgate.gateway.usage import (
+from kvgate.gateway.dataplane.usage import (
     StreamTap,
     Usage,
     UsageStripper,

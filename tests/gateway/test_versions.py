@@ -10,17 +10,17 @@ import pytest
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.control_config import ModelVersionsConfig
-from kvgate.gateway.errors import InvalidRequestError, NotFoundError
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.queue import AdmissionQueue
-from kvgate.gateway.testing import running_gateway
-from kvgate.gateway.upstream import Timeouts, Upstream
-from kvgate.gateway.versions import (
+from kvgate.gateway.control.config import ModelVersionsConfig
+from kvgate.gateway.control.versions import (
     VersionConflictError,
     VersionNotFoundError,
     VersionRegistry,
 )
+from kvgate.gateway.dataplane.errors import InvalidRequestError, NotFoundError
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.testing import running_gateway
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 
 from .conftest import every_worker_up
 from .rollout_fleet import versioned_fleet

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from openai import OpenAI
 
-from kvgate.gateway.scrape import WorkerSignals, parse_worker_metrics
+from kvgate.gateway.observe.scrape import WorkerSignals, parse_worker_metrics
 from kvgate.realengine import DEFAULT_MODEL_NAME, LlamaCppProcess
 
 from .prompts import filler

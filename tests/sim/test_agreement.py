@@ -37,13 +37,13 @@ from kvgate.core.policies import default_registry
 from kvgate.engine import Engine, EngineConfig, EngineRequest
 from kvgate.engine.tokenizer import tokenize
 from kvgate.gateway.testing import running_gateway
-from kvgate.sim.prompts import CHARS_PER_TOKEN, segment_text
-from kvgate.sim.request import SimRequest
 from kvgate.sim.simulation import SimConfig, Simulation
-from kvgate.sim.workloads import build_workload
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 from kvgate.workersim.driver import Finished, FirstToken
 from kvgate.workersim.protocol import ChatCompletionRequest
+from kvgate.workload.prompts import CHARS_PER_TOKEN, segment_text
+from kvgate.workload.request import SimRequest
+from kvgate.workload.synthetic import build_workload
 
 SCALE = 10.0
 WORKERS = 4

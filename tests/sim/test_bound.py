@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.sim.bound import infinite_cache_bound
-from kvgate.sim.prompts import PromptCodec
-from kvgate.sim.request import SimRequest
+from kvgate.workload.bound import infinite_cache_bound
+from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.request import SimRequest
 
 
 def test_bound_on_a_hand_computed_workload() -> None:

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from kvgate.core.prefix import FeatureConfig, build_features, text_chain_hashes
-from kvgate.sim.prompts import PromptCodec, segment_text
-from kvgate.sim.request import Segment, SimRequest
+from kvgate.workload.prompts import PromptCodec, segment_text
+from kvgate.workload.request import Segment, SimRequest
 
 
 def random_prompt(rng: random.Random) -> list[Segment]:

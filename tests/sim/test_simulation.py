@@ -9,7 +9,7 @@ import pytest
 from kvgate.sim.experiment import Experiment, workload_factory
 from kvgate.sim.report import results_json
 from kvgate.sim.simulation import SimConfig, Simulation
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.synthetic import build_workload
 
 SHARED_PREFIX = "system-prompt:prompts=24,rate=12"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.sim.traces import (
+from kvgate.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
     RAGPULSE_ORDER,
     MooncakeTrace,

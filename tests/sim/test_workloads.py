@@ -8,9 +8,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from kvgate.sim.arrivals import ArrivalSpec
-from kvgate.sim.request import SimRequest
-from kvgate.sim.workloads import ZipfSampler, build_workload
+from kvgate.workload.arrivals import ArrivalSpec
+from kvgate.workload.request import SimRequest
+from kvgate.workload.synthetic import ZipfSampler, build_workload
 
 
 def take(spec: str, n: int, seed: int = 3, **overrides: object) -> list[SimRequest]:

@@ -6,7 +6,7 @@ order (``replay``), streams the answer through one aiohttp session
 (``client``), and reports in the simulator's terms (``report``)::
 
     from kvgate.bench import run_bench
-    from kvgate.sim.workloads import build_workload
+    from kvgate.workload.synthetic import build_workload
 
     results = await run_bench("http://127.0.0.1:8000", build_workload("chat"), requests=100)
     results["policies"]["live"]["hit_rate"]

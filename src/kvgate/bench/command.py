@@ -13,9 +13,9 @@ from kvgate.bench.report import results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
 from kvgate.sim.command import TraceOption, WorkloadOption, table_console
 from kvgate.sim.experiment import workload_factory
-from kvgate.sim.prompts import CHARS_PER_TOKEN
 from kvgate.sim.report import write_results
-from kvgate.sim.workloads import Workload
+from kvgate.workload.prompts import CHARS_PER_TOKEN
+from kvgate.workload.synthetic import Workload
 
 
 def bench(

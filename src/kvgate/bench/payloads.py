@@ -1,6 +1,6 @@
 """Simulated requests as OpenAI request bodies: real prompt text, deterministically.
 
-A segment becomes ``kvgate.sim.prompts.segment_text`` of ``tokens *
+A segment becomes ``kvgate.workload.prompts.segment_text`` of ``tokens *
 chars_per_token`` characters (same id, same text), so prompts that share
 segments share text prefixes, as the simulator assumes.
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.sim.prompts import CHARS_PER_TOKEN, segment_text
-from kvgate.sim.request import Segment, SimRequest
+from kvgate.workload.prompts import CHARS_PER_TOKEN, segment_text
+from kvgate.workload.request import Segment, SimRequest
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvgate.bench.client import Answer, BenchClient
 from kvgate.bench.payloads import PayloadBuilder
-from kvgate.sim.request import SimRequest
+from kvgate.workload.request import SimRequest
 
 ProgressFn = Callable[[int], None]
 """Called with the number of requests answered so far."""

@@ -10,10 +10,10 @@ from kvgate.bench.client import BenchClient, normalize_target
 from kvgate.bench.payloads import PayloadBuilder
 from kvgate.bench.replay import Replay
 from kvgate.bench.report import results_document, summarize
-from kvgate.sim.bound import Bound, infinite_cache_bound
-from kvgate.sim.prompts import CHARS_PER_TOKEN, PromptCodec
-from kvgate.sim.request import SimRequest
-from kvgate.sim.workloads import Workload
+from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.prompts import CHARS_PER_TOKEN, PromptCodec
+from kvgate.workload.request import SimRequest
+from kvgate.workload.synthetic import Workload
 
 DEFAULT_REQUESTS = 200
 """Requests taken from an endless synthetic workload when no count is given."""

@@ -18,8 +18,8 @@ from kvgate.bench.report import results_document
 from kvgate.core.policies import default_registry
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet
 from kvgate.gateway.testing import running_gateway
-from kvgate.sim.prompts import CHARS_PER_TOKEN
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.prompts import CHARS_PER_TOKEN
+from kvgate.workload.synthetic import build_workload
 
 DEFAULT_POLICIES = (
     "round_robin",

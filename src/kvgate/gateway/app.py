@@ -25,21 +25,21 @@ from aiohttp.typedefs import Middleware
 from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy
 from kvgate.core.registry import PolicyRegistry
-from kvgate.gateway import middleware
-from kvgate.gateway.admin import setup_admin
+from kvgate.gateway.admin.drain import DrainApi
+from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
-from kvgate.gateway.control import ControlPlane
-from kvgate.gateway.drain import DrainApi
-from kvgate.gateway.health import HealthChecker
-from kvgate.gateway.logs import AccessLog
-from kvgate.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.pressure import PressureDriver
-from kvgate.gateway.proxy import Proxy, models_payload
-from kvgate.gateway.queue import AdmissionQueue
-from kvgate.gateway.retry import RetryBudget
-from kvgate.gateway.router import AffinityStoreLike, Router
-from kvgate.gateway.upstream import Timeouts, Upstream
+from kvgate.gateway.control.plane import ControlPlane
+from kvgate.gateway.control.pressure import PressureDriver
+from kvgate.gateway.dataplane import middleware
+from kvgate.gateway.dataplane.proxy import Proxy, models_payload
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.dataplane.retry import RetryBudget
+from kvgate.gateway.dataplane.router import AffinityStoreLike, Router
+from kvgate.gateway.observe.health import HealthChecker
+from kvgate.gateway.observe.logs import AccessLog
+from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
 
 log = logging.getLogger("kvgate.gateway")

@@ -35,7 +35,7 @@ from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
-from kvgate.gateway.control_config import (
+from kvgate.gateway.control.config import (
     AdminConfig,
     ModelVersionsConfig,
     RolloutsConfig,

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from kvgate.gateway.app import Gateway, build_app, runner_options
 from kvgate.gateway.config import ConfigError, GatewayConfig
-from kvgate.gateway.logs import configure_logging
+from kvgate.gateway.observe.logs import configure_logging
 
 log = logging.getLogger("kvgate.gateway.server")
 

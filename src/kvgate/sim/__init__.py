@@ -1,18 +1,18 @@
 """The discrete-event cluster simulator: the real policies against ``engine`` workers.
 
-Workloads (``workloads``) and traces (``traces``) stream ``SimRequest``s; a
+Workloads and traces (``kvgate.workload``) stream ``SimRequest``s; a
 ``Simulation`` drives the gateway's decision flow (``gateway``) and one engine
 per worker in virtual time; ``experiment`` compares policies against the
-infinite-cache ``bound``; ``report`` and ``plots`` write the results.
+infinite-cache bound; ``report`` and ``plots`` write the results.
 ``kvgate sim`` (``command``) is the command line over all of it.
 """
 
-from kvgate.sim.bound import Bound, infinite_cache_bound
 from kvgate.sim.experiment import Experiment, workload_factory
-from kvgate.sim.request import SimRequest
 from kvgate.sim.simulation import RunResult, SimConfig, Simulation
-from kvgate.sim.traces import MooncakeTrace, RagPulseTrace, open_trace
-from kvgate.sim.workloads import build_workload
+from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.request import SimRequest
+from kvgate.workload.synthetic import build_workload
+from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace
 
 __all__ = [
     "Bound",

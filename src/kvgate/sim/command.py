@@ -14,7 +14,7 @@ from kvgate.sim.experiment import Experiment, workload_factory
 from kvgate.sim.report import print_tables, results_json, write_results
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
-from kvgate.sim.workloads import parse_options
+from kvgate.workload.synthetic import parse_options
 
 WorkloadOption = Annotated[
     str | None,

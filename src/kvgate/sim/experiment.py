@@ -17,11 +17,11 @@ from typing import Any
 
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
-from kvgate.sim.bound import Bound, infinite_cache_bound
-from kvgate.sim.prompts import PromptCodec
 from kvgate.sim.simulation import Progress, RunResult, SimConfig, Simulation
-from kvgate.sim.traces import MooncakeTrace, RagPulseTrace, open_trace
-from kvgate.sim.workloads import SyntheticWorkload, Workload, build_workload, workload_options
+from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.synthetic import SyntheticWorkload, Workload, build_workload, workload_options
+from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace
 
 WorkloadFactory = Callable[[Mapping[str, object]], Workload]
 """Builds the workload for one sweep point from workload-level overrides."""

@@ -1,6 +1,6 @@
 """The simulated gateway: the live router's decision flow, driven synchronously.
 
-Per request, as ``kvgate.gateway.router`` does it live: features -> affinity
+Per request, as ``kvgate.gateway.dataplane.router`` does it live: features -> affinity
 lookup -> admission (``kvgate.core.admission``) -> ``policy.pick`` on a fresh
 snapshot -> apply the decision (count it in flight, write the affinity with
 compare-and-set, ``policy.on_routed``) -> the worker. When the response ends:
@@ -25,11 +25,11 @@ from kvgate.core.fleet import FleetSnapshot
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.metrics import RunRecorder
-from kvgate.sim.prompts import PromptCodec
-from kvgate.sim.request import SimRequest
 from kvgate.sim.worker import SimWorker
 from kvgate.store.table import SessionTable
 from kvgate.types import Seconds
+from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.request import SimRequest
 
 Submit = Callable[[SimWorker, EngineRequest, Seconds], None]
 

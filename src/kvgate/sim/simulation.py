@@ -27,10 +27,10 @@ from kvgate.core.prefix import FeatureConfig
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.gateway import SimGateway
 from kvgate.sim.metrics import RunRecorder
-from kvgate.sim.prompts import PromptCodec
-from kvgate.sim.request import SimRequest
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
+from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.request import SimRequest
 
 _STEP = 0
 _SCRAPE = 1

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
-from kvgate.sim.arrivals import ArrivalSpec
-from kvgate.sim.request import Segment, SimRequest
 from kvgate.types import Seconds
+from kvgate.workload.arrivals import ArrivalSpec
+from kvgate.workload.request import Segment, SimRequest
 
 
 class Workload(Protocol):

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 from kvgate.core.policy import Policy
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.errors import NotFoundError
-from kvgate.gateway.health import HealthChecker
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.versions import VersionConflictError
+from kvgate.gateway.control.versions import VersionConflictError
+from kvgate.gateway.dataplane.errors import NotFoundError
+from kvgate.gateway.observe.health import HealthChecker
+from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.types import WorkerId
 
-log = logging.getLogger("kvgate.gateway.membership")
+log = logging.getLogger("kvgate.gateway.control.membership")
 
 WorkerFactory = Callable[[WorkerConfig], Worker]
 

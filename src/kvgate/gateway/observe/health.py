@@ -24,11 +24,11 @@ from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
 from kvgate.gateway.config import HealthConfig
-from kvgate.gateway.errors import UpstreamError
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
+from kvgate.gateway.dataplane.errors import UpstreamError
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
 
-log = logging.getLogger("kvgate.gateway.health")
+log = logging.getLogger("kvgate.gateway.observe.health")
 
 
 class ScrapeListener(Protocol):

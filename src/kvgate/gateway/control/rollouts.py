@@ -40,15 +40,15 @@ from kvgate.core.rollout import (
 )
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.core.window import OutcomeWindow, VersionWindows
-from kvgate.gateway.alerts import AlertSender
-from kvgate.gateway.control_config import RolloutsConfig
-from kvgate.gateway.errors import GatewayError, InvalidRequestError, NotFoundError
-from kvgate.gateway.metrics import RolloutMetrics
-from kvgate.gateway.outcomes import OutcomeRecorder, Watch
-from kvgate.gateway.rollout_store import BlobStore, RolloutBlobs
-from kvgate.gateway.versions import VersionNotFoundError, VersionRegistry
+from kvgate.gateway.control.alerts import AlertSender
+from kvgate.gateway.control.config import RolloutsConfig
+from kvgate.gateway.control.outcomes import OutcomeRecorder, Watch
+from kvgate.gateway.control.rollout_store import BlobStore, RolloutBlobs
+from kvgate.gateway.control.versions import VersionNotFoundError, VersionRegistry
+from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
+from kvgate.gateway.observe.metrics import RolloutMetrics
 
-log = logging.getLogger("kvgate.gateway.rollouts")
+log = logging.getLogger("kvgate.gateway.control.rollouts")
 
 ACTIONS = ("pause", "resume", "promote", "abort")
 """The manual actions ``act`` takes (besides creating a rollout)."""

@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 
 from kvgate.core.rollout import Alert, AlertReason
-from kvgate.gateway.metrics import RolloutMetrics
+from kvgate.gateway.observe.metrics import RolloutMetrics
 
-log = logging.getLogger("kvgate.gateway.alerts")
+log = logging.getLogger("kvgate.gateway.control.alerts")
 
 _ATTEMPTS = 3
 _BACKOFF_S = 0.2

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from kvgate.gateway.errors import (
+from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     GatewayError,
     HeadersTooLargeError,

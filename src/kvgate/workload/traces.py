@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgate.sim.request import Segment, SimRequest
+from kvgate.workload.request import Segment, SimRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Mooncake's ``hash_ids`` name one 512-token block each."""

@@ -11,18 +11,18 @@ import random
 from typing import cast
 
 from kvgate.core.policy import Policy
-from kvgate.gateway.alerts import AlertSender
 from kvgate.gateway.config import GatewayConfig, WorkerConfig
-from kvgate.gateway.evaluator import QualityEvaluator
-from kvgate.gateway.health import HealthChecker
-from kvgate.gateway.membership import Membership, WorkerFactory
-from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.outcomes import OutcomeRecorder
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.rollout_store import BlobStore
-from kvgate.gateway.rollouts import RolloutManager
-from kvgate.gateway.upstream import Timeouts, Upstream
-from kvgate.gateway.versions import VersionRegistry
+from kvgate.gateway.control.alerts import AlertSender
+from kvgate.gateway.control.evaluator import QualityEvaluator
+from kvgate.gateway.control.membership import Membership, WorkerFactory
+from kvgate.gateway.control.outcomes import OutcomeRecorder
+from kvgate.gateway.control.rollout_store import BlobStore
+from kvgate.gateway.control.rollouts import RolloutManager
+from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.observe.health import HealthChecker
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import MemoryStore
 
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig, text_chain_hashes
 from kvgate.core.session import normalize_key, prefix_key_for
-from kvgate.sim.request import Segment, SimRequest
 from kvgate.types import BlockHash, SessionKey, SessionSource
+from kvgate.workload.request import Segment, SimRequest
 
 CHARS_PER_TOKEN = 4
 """Characters of pseudo-text per token (about English's ratio for BPE tokenizers)."""

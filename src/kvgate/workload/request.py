@@ -2,7 +2,7 @@
 
 A prompt is a sequence of *segments* ``(segment_id, tokens)``: a system prompt, a
 document, a chat turn, one Mooncake 512-token block. Two prompts share a cached
-prefix exactly as far as their segment sequences agree; ``kvgate.sim.prompts``
+prefix exactly as far as their segment sequences agree; ``kvgate.workload.prompts``
 cuts segments into engine blocks and into the gateway's text blocks.
 """
 

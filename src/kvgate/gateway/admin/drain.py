@@ -25,9 +25,9 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from kvgate.core.fleet import Pressure
-from kvgate.gateway.errors import GatewayError, NotFoundError, UnauthorizedError
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.pressure import PressureDriver
+from kvgate.gateway.control.pressure import PressureDriver
+from kvgate.gateway.dataplane.errors import GatewayError, NotFoundError, UnauthorizedError
+from kvgate.gateway.observe.pool import Worker, WorkerPool
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.sim.prompts import PromptCodec
-from kvgate.sim.request import SimRequest
+from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.request import SimRequest
 
 
 @dataclass(frozen=True, slots=True)

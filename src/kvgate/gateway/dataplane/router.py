@@ -40,16 +40,16 @@ from kvgate.core.pressure import (
     overflow_decision,
     should_shed,
 )
-from kvgate.gateway.errors import NoHealthyWorkerError, OverloadedError
-from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.versions import VersionRegistry
+from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.types import Priority, Seconds, SessionKey, WorkerId
 
 CAPACITY_FULL = "capacity_full"
 """The reason a policy gives when every candidate is at its in-flight limit."""
 
-log = logging.getLogger("kvgate.gateway.router")
+log = logging.getLogger("kvgate.gateway.dataplane.router")
 
 
 class AffinityStoreLike(Protocol):

@@ -35,14 +35,14 @@ from kvgate.core.fleet import Pressure
 from kvgate.core.pressure import Migration, PressureTracker, SessionLoad, plan_migrations
 from kvgate.core.session import PREFIX_KEY_TAG
 from kvgate.gateway.config import PressureSettings
-from kvgate.gateway.errors import UpstreamError
-from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.router import AffinityStoreLike
-from kvgate.gateway.scrape import WorkerSignals
+from kvgate.gateway.dataplane.errors import UpstreamError
+from kvgate.gateway.dataplane.router import AffinityStoreLike
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.types import Seconds, SessionKey, WorkerId
 
-log = logging.getLogger("kvgate.gateway.pressure")
+log = logging.getLogger("kvgate.gateway.control.pressure")
 
 _LEVEL_VALUE = {Pressure.NORMAL: 0, Pressure.SOFT: 1, Pressure.HARD: 2}
 

@@ -24,9 +24,9 @@ from typing import Protocol
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
 from kvgate.core.pressure import PressureConfig, projected_level
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.metrics import WorkerGaugeRow
-from kvgate.gateway.queue import AdmissionQueue
-from kvgate.gateway.upstream import Upstream
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.observe.metrics import WorkerGaugeRow
+from kvgate.gateway.upstream.transport import Upstream
 from kvgate.types import WorkerId
 
 _NEVER = float("-inf")

@@ -37,9 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvgate.core.rollout import RolloutSpec
 from kvgate.gateway.config import WorkerConfig
-from kvgate.gateway.control import ControlPlane
-from kvgate.gateway.errors import InvalidRequestError, NotFoundError, UnauthorizedError
-from kvgate.gateway.rollouts import ACTIONS, RolloutConflictError
+from kvgate.gateway.control.plane import ControlPlane
+from kvgate.gateway.control.rollouts import ACTIONS, RolloutConflictError
+from kvgate.gateway.dataplane.errors import InvalidRequestError, NotFoundError, UnauthorizedError
 
 _M = TypeVar("_M", bound=BaseModel)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from kvgate.core.window import VersionWindows
-from kvgate.gateway.metrics import RolloutMetrics
+from kvgate.gateway.observe.metrics import RolloutMetrics
 
 SampleSink = Callable[[str, str, bytes, bytes], bool]
 """Takes (model, version, request body, response body); False when it dropped it."""

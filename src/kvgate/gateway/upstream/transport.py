@@ -19,13 +19,13 @@ import aiohttp
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from kvgate.gateway import http1
-from kvgate.gateway.errors import (
+from kvgate.gateway.dataplane.errors import (
     UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from kvgate.gateway.upstream import http1
 
 
 @dataclass(frozen=True, slots=True)

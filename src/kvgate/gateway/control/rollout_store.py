@@ -27,7 +27,7 @@ from kvgate.core.versions import ModelVersions
 from kvgate.core.window import OutcomeWindow
 from kvgate.types import Seconds
 
-log = logging.getLogger("kvgate.gateway.rollouts")
+log = logging.getLogger("kvgate.gateway.control.rollouts")
 
 MAX_IDS = 256
 """At most this many rollout ids are listed; the oldest are dropped first."""

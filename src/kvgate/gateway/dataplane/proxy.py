@@ -30,7 +30,8 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import Endpoint, FeatureConfig
-from kvgate.gateway.errors import (
+from kvgate.gateway.control.outcomes import OutcomeRecorder
+from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
     BodyTooLargeError,
     DrainingError,
@@ -43,15 +44,10 @@ from kvgate.gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from kvgate.gateway.logs import AccessLog, AccessRecord
-from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.middleware import REQUEST_ID_KEY
-from kvgate.gateway.outcomes import OutcomeRecorder
-from kvgate.gateway.pool import Worker, WorkerPool
-from kvgate.gateway.retry import RetryBudget
-from kvgate.gateway.router import Placement, Router
-from kvgate.gateway.upstream import UpstreamResponse
-from kvgate.gateway.usage import (
+from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
+from kvgate.gateway.dataplane.retry import RetryBudget
+from kvgate.gateway.dataplane.router import Placement, Router
+from kvgate.gateway.dataplane.usage import (
     StreamTap,
     Usage,
     UsageStripper,
@@ -59,8 +55,12 @@ from kvgate.gateway.usage import (
     usage_from_body,
     with_stream_usage,
 )
+from kvgate.gateway.observe.logs import AccessLog, AccessRecord
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.upstream.transport import UpstreamResponse
 
-log = logging.getLogger("kvgate.gateway.proxy")
+log = logging.getLogger("kvgate.gateway.dataplane.proxy")
 
 REQUEST_ID = "X-Request-ID"
 WORKER_HEADER = "X-Kvgate-Worker"

@@ -27,9 +27,9 @@ from kvgate.core.versions import (
     VersionWeights,
     assign_version,
 )
-from kvgate.gateway.control_config import ModelVersionsConfig
-from kvgate.gateway.errors import GatewayError, InvalidRequestError, NotFoundError
-from kvgate.gateway.pool import WorkerPool
+from kvgate.gateway.control.config import ModelVersionsConfig
+from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
+from kvgate.gateway.observe.pool import WorkerPool
 
 
 class VersionNotFoundError(NotFoundError):

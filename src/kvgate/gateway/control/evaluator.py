@@ -29,10 +29,10 @@ from typing import Any, cast
 
 import aiohttp
 
-from kvgate.gateway.control_config import EvaluatorConfig
-from kvgate.gateway.metrics import RolloutMetrics
+from kvgate.gateway.control.config import EvaluatorConfig
+from kvgate.gateway.observe.metrics import RolloutMetrics
 
-log = logging.getLogger("kvgate.gateway.evaluator")
+log = logging.getLogger("kvgate.gateway.control.evaluator")
 
 ScoreFunction = Callable[[Mapping[str, Any]], float | Awaitable[float]]
 ScoreListener = Callable[[str, str, float], None]

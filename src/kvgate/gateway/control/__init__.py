@@ -1,0 +1,1 @@
+"""The control plane: model versions, rollouts, membership, memory pressure actions."""

@@ -1,0 +1,1 @@
+"""Observing the fleet and the gateway: the worker pool, probes, scrapes, metrics and logs."""

@@ -1,0 +1,1 @@
+"""The one boundary to the network towards workers: the forwarding client and its transport."""
