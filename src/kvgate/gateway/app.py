@@ -31,6 +31,7 @@ from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.dataplane import middleware
+from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner
 from kvgate.gateway.dataplane.proxy import Proxy, models_payload
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
@@ -226,6 +227,26 @@ def build_app(gateway: Gateway) -> web.Application:
     return app
 
 
+def connection_limits(config: GatewayConfig) -> ConnectionLimits:
+    """The per-connection deadlines and bounds of ``config`` (``limits:``)."""
+    limits = config.limits
+    return ConnectionLimits(
+        header_timeout_s=limits.header_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+        max_connections_per_client=limits.max_connections_per_client,
+    )
+
+
+def make_runner(gateway: Gateway) -> web.AppRunner:
+    """The runner serving ``gateway``'s app over guarded client connections."""
+    config = gateway.config
+    return GuardedAppRunner(
+        build_app(gateway),
+        connection_limits(config),
+        **runner_options(config),
+    )
+
+
 def runner_options(config: GatewayConfig) -> dict[str, object]:
     """Keyword arguments for ``web.AppRunner`` serving a gateway app.
 
@@ -236,6 +257,7 @@ def runner_options(config: GatewayConfig) -> dict[str, object]:
     return {
         "handler_cancellation": True,
         "access_log": None,
+        "keepalive_timeout": config.limits.keepalive_s,
         "max_field_size": max(limit * 4, 65536),
         "max_line_size": max(limit * 4, 65536),
         "max_headers": config.limits.max_headers * 4,

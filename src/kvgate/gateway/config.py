@@ -161,11 +161,21 @@ class HealthConfig(_Model):
 
 
 class LimitsConfig(_Model):
-    """Request size limits (413 over the body limit, 431 over the header limits)."""
+    """Request limits: sizes (413 over the body limit, 431 over the header limits), read
+    deadlines (408 and the connection closed) and connections per client address (429)."""
 
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     max_header_bytes: int = Field(default=8190, ge=256)
     max_headers: int = Field(default=128, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's head must be complete this long after the connection opened (or after
+    its first byte on a kept-alive connection)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request's body must be complete this long after its head."""
+    keepalive_s: float = Field(default=75.0, gt=0)
+    """An idle kept-alive client connection is closed after this long."""
+    max_connections_per_client: int = Field(default=1024, ge=0)
+    """Open connections from one client address (0: no bound)."""
 
 
 class PressureSettings(PressureConfig):

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from kvgate.gateway.app import Gateway, build_app, runner_options
+from kvgate.gateway.app import Gateway, make_runner
 from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.observe.logs import configure_logging
 
@@ -61,7 +61,7 @@ async def serve(
     True when every in-flight request finished within ``drain_timeout_s``.
     """
     gateway = Gateway(config)
-    runner = web.AppRunner(build_app(gateway), **runner_options(config))  # type: ignore[arg-type]
+    runner = make_runner(gateway)
     await runner.setup()
     stopping = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

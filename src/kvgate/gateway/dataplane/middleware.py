@@ -13,12 +13,15 @@ import logging
 from collections.abc import Iterable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
 from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     GatewayError,
     HeadersTooLargeError,
+    InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
     error_body,
@@ -64,6 +67,15 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _with_request_id(request, err.response())
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # The body could not be read (bad framing or Content-Encoding): the client's doing.
+        text = str(getattr(exc, "message", "") or exc).strip()
+        reason = (text.splitlines()[0] if text else type(exc).__name__)[:200]
+        err = InvalidRequestError(f"the request body cannot be read: {reason}")
+        return _with_request_id(request, err.response())
+    except (RecursionError, UnicodeError):
+        err = InvalidRequestError("the request is nested too deeply or is not valid Unicode")
+        return _with_request_id(request, err.response())
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
         response = web.Response(

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from kvgate.core import prefix
@@ -41,6 +43,7 @@ from kvgate.gateway.dataplane.errors import (
     ModelNotFoundError,
     NoHealthyWorkerError,
     OverloadedError,
+    UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -84,6 +87,32 @@ _HOP_BY_HOP = frozenset(
         "x-request-id",
     }
 )
+
+
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding"}
+"""Request headers not passed to the worker: the server already decoded the body (gzip,
+deflate), so the bytes forwarded are not in the encoding the client named."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception's text, bounded (parser messages quote input)."""
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+_PUBLIC_KIND = {
+    "unavailable": "the worker could not be reached",
+    "timeout": "the worker did not answer in time",
+    "broken": "the worker's response broke off",
+}
+
+
+def _public(exc: UpstreamError) -> str:
+    """What a client may read of an upstream failure: its kind, never the worker's
+    address, bytes or exception text (those are in the gateway's log and metrics)."""
+    if exc.status is not None:
+        return f"the worker answered {exc.status}"
+    return _PUBLIC_KIND.get(exc.kind, "the worker failed")
 
 
 class PassiveHealth(Protocol):
@@ -235,6 +264,9 @@ class Proxy:
             raise BodyTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes"
             ) from exc
+        except (HttpProcessingError, RequestPayloadError) as exc:
+            # Bad chunked framing, a body that is not what its Content-Encoding says...
+            raise InvalidRequestError(f"the request body cannot be read: {_reason(exc)}") from None
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
@@ -244,12 +276,21 @@ class Proxy:
             payload = json.loads(body)
         except ValueError:
             raise InvalidRequestError("the request body is not valid JSON") from None
+        except RecursionError:
+            raise InvalidRequestError("the request body's JSON is nested too deeply") from None
         try:
             features = prefix.build_features(
                 payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
+        except UnicodeEncodeError:
+            # JSON's "\ud800" decodes to a lone surrogate, which no text encoding takes.
+            raise InvalidRequestError(
+                "the request holds a lone surrogate: not valid Unicode text"
+            ) from None
+        except RecursionError:
+            raise InvalidRequestError("the request is nested too deeply") from None
         if not self.pool.serves(features.model):
             raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
         return features, payload
@@ -269,12 +310,16 @@ class Proxy:
         budget.requests += 1
         excluded: frozenset[str] = frozenset()
         last_failure: UpstreamError | None = None
+        # Error answers (5xx) not charged yet: one that another worker then serves was
+        # the worker's fault; the same error from the next worker follows the request.
+        unsettled: list[tuple[Worker, str, int]] = []
         try:
             while True:
                 try:
                     placement = await self.router.place(features, affinity, excluded)
                 except NoHealthyWorkerError:
                     if outcome.retries and last_failure is not None:
+                        self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
                 outcome.placement = placement
@@ -291,12 +336,20 @@ class Proxy:
                     self.pool.release(worker, placement.kv_tokens)
                     last_failure = exc
                     self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                    if exc.status != 429:
-                        self.passive.failure(worker)
-                        if self.outcomes is not None:
-                            self.outcomes.attempt_failed(features.model, placement.version)
-                            outcome.reported = True
+                    if exc.status is not None and exc.status != 429:
+                        if any(status == exc.status for _, _, status in unsettled):
+                            # Two workers gave this request the same error: it is the
+                            # request's doing. Neither worker is charged, nor retried.
+                            unsettled.clear()
+                            outcome.reported = True  # says nothing about the version
+                            raise self._request_fault(exc.status, outcome.retries + 1) from None
+                        unsettled.append((worker, placement.version, exc.status))
+                        outcome.reported = True
+                    elif exc.status is None:
+                        self._charge([(worker, placement.version, 0)], features)
+                        outcome.reported = True
                     if not exc.retryable or outcome.retries >= self.max_retries:
+                        self._charge(unsettled, features)
                         raise self._client_error(exc, features) from None
                     if exc.status is not None:
                         # A worker that answered 5xx/429 may be overloaded: its retries
@@ -304,6 +357,7 @@ class Proxy:
                         # so re-picking it adds no load and is only bounded by count.
                         if not budget.allow():
                             self.metrics.retries_denied.labels(features.model).inc()
+                            self._charge(unsettled, features)
                             raise self._client_error(exc, features) from None
                         outcome.budgeted += 1
                     outcome.retries += 1
@@ -317,6 +371,8 @@ class Proxy:
                     self.pool.release(worker, placement.kv_tokens)
                     raise
                 break
+            # Another worker served what these failed: that was the workers' fault.
+            self._charge(unsettled, features)
             if upstream.status < 500:
                 self.passive.success(worker)
             return await self._respond(
@@ -330,6 +386,20 @@ class Proxy:
         finally:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
+
+    def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
+        """Count failed attempts against their workers (outlier detection) and versions."""
+        for worker, version, _ in failed:
+            self.passive.failure(worker)
+            if self.outcomes is not None:
+                self.outcomes.attempt_failed(features.model, version)
+        failed.clear()
+
+    def _request_fault(self, status: int, attempts: int) -> GatewayError:
+        return BadGatewayError(
+            f"{attempts} workers answered this request with the same error ({status}): "
+            "the request itself is the likely cause; it was not retried further"
+        )
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
         # Read the small error body so the connection can be reused.
@@ -350,14 +420,14 @@ class Proxy:
                 retry_after=1.0,
                 reason="upstream_429",
             )
-        return BadGatewayError(f"upstream failure serving {features.model!r}: {exc}")
+        return BadGatewayError(f"upstream failure serving {features.model!r}: {_public(exc)}")
 
     def _upstream_headers(
         self, request: web.Request, worker: Worker, request_id: str
     ) -> dict[str, str]:
         headers: dict[str, str] = {}
         connection = request.headers.get("Connection")
-        drop = _HOP_BY_HOP
+        drop = _NOT_FORWARDED
         if connection:
             drop = drop | {t.strip().lower() for t in connection.split(",")}
         for name, value in request.headers.items():
@@ -404,6 +474,9 @@ class Proxy:
                 response, done = await self._stream(request, upstream, headers, started, outcome)
             else:
                 data = await upstream.read()
+                if upstream.status < 300 and not _looks_like_json_object(data):
+                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
+                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
                 outcome.ttft = time.monotonic() - started
                 response = web.Response(body=data, status=upstream.status, headers=headers)
                 outcome.status = upstream.status
@@ -419,7 +492,9 @@ class Proxy:
             # The whole-body read failed before anything was sent: a 502.
             self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
             self.passive.failure(worker)
-            raise BadGatewayError(f"upstream failure serving {features.model!r}: {exc}") from None
+            raise BadGatewayError(
+                f"upstream failure serving {features.model!r}: {_public(exc)}"
+            ) from None
         except ConnectionResetError:
             self._client_gone(features.model, outcome)
             return web.Response(status=499)
@@ -466,12 +541,25 @@ class Proxy:
                 await response.write(rest)
             await response.write_eof()
         except UpstreamError as exc:
-            # Bytes already went to the client: no retry and no error body. Cut the
-            # connection so the client sees an incomplete stream, not a finished one.
+            # Bytes already went to the client: no retry. End the stream with an
+            # OpenAI-style error event (what clients raise on), then close.
             assert outcome.placement is not None
             self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
             self.passive.failure(outcome.placement.worker)
             outcome.status = 502
+            event = b"" if tap.at_event_boundary else b"\n\n"
+            event += (
+                b"data: "
+                + BadGatewayError(
+                    f"the stream broke off: {_public(exc)}", code="stream_broken"
+                ).body()
+                + b"\n\n"
+            )
+            try:
+                await response.write(event)
+                await response.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                pass
             if request.transport is not None:
                 request.transport.close()
             return response, False
@@ -548,6 +636,11 @@ def _report(
     )
     if outcome.sample is not None and ok:
         recorder.sample(model, version, outcome.body, outcome.sample)
+
+
+def _looks_like_json_object(data: bytes) -> bool:
+    """True when ``data`` is framed as a JSON object (a cheap check: no decoding)."""
+    return data.lstrip()[:1] == b"{" and data.rstrip()[-1:] == b"}"
 
 
 def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:
