@@ -42,6 +42,7 @@ from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
+from kvgate.store.redis_store import RedisStore
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -70,6 +71,8 @@ class Gateway:
         workers = [Worker(wc, Upstream(wc.url, timeouts), default_max) for wc in config.workers]
         self.pool = WorkerPool(workers, config.health.stale_after, self.queue)
         self.metrics = GatewayMetrics(lambda: self.pool.gauge_rows(time.monotonic()))
+        if isinstance(self.store, RedisStore):
+            self.metrics.watch_store(self.store.health)
         self.health = HealthChecker(self.pool, config.health, config.outlier)
         self.rng = random.Random(config.seed)
         r = config.retries

@@ -36,6 +36,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.redaction import redact
+from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
 from kvgate.types import Seconds, SessionKey, WorkerId
@@ -87,6 +89,7 @@ class RedisStore:
         client: Redis | None = None,
     ) -> None:
         self.url = url
+        self._url_for_logs = redact(url)
         if client is None:
             # A bounded pool: a burst of requests waits briefly for a connection
             # instead of opening hundreds (whose connects time out on a busy host).
@@ -113,6 +116,7 @@ class RedisStore:
         self.fallbacks_total = 0
         self.resyncs_total = 0
         self.dirty_dropped_total = 0
+        self.degraded_total = 0
         self._recovery: asyncio.Task[None] | None = None
         self._recovering = asyncio.Lock()
         self._closed = False
@@ -126,6 +130,17 @@ class RedisStore:
     def errors_total(self) -> int:
         """Failed Redis round trips since the store was opened."""
         return self._errors_total
+
+    def health(self) -> StoreHealth:
+        """The counters the gateway exports (``kvgate_store_*``)."""
+        return StoreHealth(
+            errors_total=self._errors_total,
+            degraded=self._degraded,
+            fallbacks_total=self.fallbacks_total,
+            resyncs_total=self.resyncs_total,
+            degraded_total=self.degraded_total,
+            dirty_dropped_total=self.dirty_dropped_total,
+        )
 
     @property
     def prefix(self) -> str:
@@ -301,12 +316,13 @@ class RedisStore:
         if self._degraded or self._closed:
             return
         self._degraded = True
+        self.degraded_total += 1
         logger.warning(
             "affinity store degraded: redis at %s unreachable (%s: %s); "
             "serving from the local fallback map until it returns",
-            self.url,
+            self._url_for_logs,
             type(exc).__name__,
-            exc,
+            redact(str(exc)),
         )
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
@@ -321,6 +337,10 @@ class RedisStore:
             if not self._degraded:
                 return True
             try:
+                # Connections pooled before the outage are dead (reset, or to the Redis
+                # that was restarted): each would fail once more and flip the store back
+                # to degraded. Drop them all; the probe and what follows open fresh ones.
+                await self._redis.connection_pool.disconnect()
                 await self._redis.ping()
                 await self._resync()
             except _FAILURES:
@@ -329,7 +349,9 @@ class RedisStore:
             # _resync returned with nothing dirty and no await since: safe to flip.
             self._degraded = False
             self.resyncs_total += 1
-            logger.warning("affinity store recovered: redis at %s is back, resynced", self.url)
+            logger.warning(
+                "affinity store recovered: redis at %s is back, resynced", self._url_for_logs
+            )
             return True
 
     async def _recover(self) -> None:

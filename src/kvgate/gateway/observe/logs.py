@@ -8,6 +8,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from kvgate.redaction import RedactingFilter
+
 ACCESS_LOGGER = "kvgate.access"
 
 
@@ -67,6 +69,7 @@ def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())  # no credential in any line, whoever logs it
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
