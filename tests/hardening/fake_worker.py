@@ -5,7 +5,8 @@ answers ``/health``, ``/v1/models`` and ``/metrics`` properly (so the gateway
 routes to it), and ``POST /v1/*`` according to the ``mode`` named in the
 request's ``prompt`` (``"mode:<name>"``), so one fake plays every fault:
 
-- ``ok``: a normal JSON completion; ``stream``: a normal SSE stream
+- ``ok``: a normal JSON completion; ``stream``: a normal SSE stream;
+  ``slow_stream``: an event every 100 ms for 20 s
 - ``poison``: 500 (as engines do on input they choke on)
 - ``garbage``: bytes that are not HTTP; ``huge_head``: a 70 KiB head in one write
 - ``reset_head``: reset before any byte; ``reset_body``: reset half-way through a body
@@ -140,6 +141,13 @@ class FakeWorker:
             writer.write(_response(500, b'{"error":"Internal Server Error at 10.1.2.3"}'))
         elif mode == "stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        elif mode == "slow_stream":
+            writer.write(_STREAM_HEAD)
+            for _ in range(200):  # 20 s of events
+                writer.write(_chunk(_EVENT))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         elif mode == "reset_stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_EVENT))
             await writer.drain()

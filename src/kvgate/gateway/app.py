@@ -246,6 +246,9 @@ def make_runner(gateway: Gateway) -> web.AppRunner:
     return GuardedAppRunner(
         build_app(gateway),
         connection_limits(config),
+        # The drain already waited for in-flight work (and cut what was left): the
+        # runner's own shutdown must not wait again.
+        shutdown_timeout=1.0,
         **runner_options(config),
     )
 
