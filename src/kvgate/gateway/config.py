@@ -149,6 +149,8 @@ class HealthConfig(_Model):
     """Scraped signals older than this count as unknown; default three intervals."""
     fall: int = Field(default=3, ge=1)
     rise: int = Field(default=2, ge=1)
+    max_scrape_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """A worker's metrics page larger than this is not read (its signals are unknown)."""
 
     @property
     def stale_after(self) -> float:

@@ -206,3 +206,9 @@ class UpstreamBroken(UpstreamError):  # noqa: N818 (the names the design uses)
 
     kind = "broken"
     retryable = False
+
+
+class UpstreamTooLarge(UpstreamBroken):
+    """A short call's answer (a metrics page) is over the size the gateway reads."""
+
+    kind = "too_large"
