@@ -123,12 +123,13 @@ def gateway_port(gw: GatewayHandle) -> int:
 
 @contextlib.asynccontextmanager
 async def fake_fleet(
-    count: int = 2, **overrides: Any
+    count: int = 2, worker: dict[str, Any] | None = None, **overrides: Any
 ) -> AsyncIterator[tuple[GatewayHandle, list[FakeWorker]]]:
-    """A gateway over ``count`` misbehaving workers (model ``demo``), all up."""
+    """A gateway over ``count`` misbehaving workers (model ``demo``, ``worker`` options
+    added to each one's config), all up."""
     async with fake_workers(count) as fakes:
         config: dict[str, Any] = {
-            "workers": [{"url": f.url, "model": "demo"} for f in fakes],
+            "workers": [{"url": f.url, "model": "demo", **(worker or {})} for f in fakes],
             "health": {"interval_s": 0.1, "timeout_s": 2.0},
             "retries": {"backoff_base_s": 0.0, "backoff_max_s": 0.0},
             "timeouts": {"first_byte_s": 2.0, "total_s": 5.0},

@@ -128,6 +128,7 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            expose_worker_urls=config.expose_worker_urls,
         )
 
     def ready(self) -> bool:
@@ -206,6 +207,8 @@ def build_app(gateway: Gateway) -> web.Application:
     ]
     if config.api_keys:
         stack.append(middleware.api_keys(config.api_keys))
+    if config.metrics_keys:
+        stack.append(middleware.api_keys(config.metrics_keys, "/metrics"))
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=stack)
     app[GATEWAY_KEY] = gateway
     proxy = gateway.proxy

@@ -107,12 +107,18 @@ def header_limit(max_bytes: int, max_count: int) -> Middleware:
 
 
 def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
-    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401)."""
+    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401).
+
+    ``protected_prefix`` is a path prefix, or an exact path (``/metrics``) when it
+    does not end with ``/``.
+    """
     allowed = [k.encode() for k in keys]
+    exact = not protected_prefix.endswith("/")
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(protected_prefix):
+        path = request.path
+        if path == protected_prefix if exact else path.startswith(protected_prefix):
             auth = request.headers.get("Authorization", "")
             scheme, _, token = auth.partition(" ")
             given = token.strip().encode()

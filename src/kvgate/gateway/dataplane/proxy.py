@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import xxhash
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -191,6 +192,7 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        expose_worker_urls: bool = False,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -206,6 +208,8 @@ class Proxy:
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
+        self.expose_worker_urls = expose_worker_urls
+        self._names: dict[str, str] = {}
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -442,6 +446,15 @@ class Proxy:
             headers.pop("authorization", None)
         return headers
 
+    def _worker_name(self, worker: Worker) -> str:
+        """The worker as clients see it: an id, its URL only with ``expose_worker_urls``."""
+        if self.expose_worker_urls:
+            return worker.id
+        name = self._names.get(worker.id)
+        if name is None:
+            name = self._names[worker.id] = public_worker_name(worker.id, worker.config.name)
+        return name
+
     def _response_headers(
         self, upstream: UpstreamResponse, placement: Placement, request_id: str
     ) -> CIMultiDict[str]:
@@ -451,7 +464,7 @@ class Proxy:
                 headers.add(name, value)
         headers[REQUEST_ID] = request_id
         if self.response_headers:
-            headers[WORKER_HEADER] = placement.worker.id
+            headers[WORKER_HEADER] = self._worker_name(placement.worker)
             headers[VERSION_HEADER] = placement.version
             headers[REASON_HEADER] = placement.reason
         return headers
@@ -636,6 +649,12 @@ def _report(
     )
     if outcome.sample is not None and ok:
         recorder.sample(model, version, outcome.body, outcome.sample)
+
+
+def public_worker_name(url: str, name: str | None = None) -> str:
+    """A worker's name for clients: its configured ``name``, else ``w-`` and a hash of its
+    URL (stable across gateway replicas and restarts, and no internal address)."""
+    return name or "w-" + xxhash.xxh3_64_hexdigest(url.encode())[:12]
 
 
 def _looks_like_json_object(data: bytes) -> bool:
