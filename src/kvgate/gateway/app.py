@@ -36,6 +36,7 @@ from kvgate.gateway.dataplane.proxy import Proxy, models_payload
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import AffinityStoreLike, Router
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
@@ -113,6 +114,8 @@ class Gateway:
         self.health.scrape_listeners.append(self.pressure.observe)
         self.router.usage_listeners.append(self.pressure.record_usage)
         self.draining = False
+        self.peers: MetricsPeers | None = None
+        """The sibling server processes whose metrics a scrape includes (``--processes``)."""
         self.proxy = Proxy(
             self.pool,
             self.router,
@@ -195,7 +198,10 @@ async def _readyz(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.Response(body=gateway.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    body = gateway.metrics.render()
+    if gateway.peers is not None:
+        body = await gateway.peers.gather(body)  # every process's series, not just ours
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def build_app(gateway: Gateway) -> web.Application:

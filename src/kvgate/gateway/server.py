@@ -9,7 +9,8 @@ reload is configured). A port already in use is one line and exit status 2.
 
 With ``listen.processes > 1`` the parent starts that many server
 processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
-with its own state; they share affinities only through a Redis store.
+with its own state; they share affinities only through a Redis store. A metrics
+scrape that lands on any of them answers for all (``observe.federation``).
 
 The parent supervises: it waits until every server process listens (or has
 failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
@@ -25,8 +26,10 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from aiohttp import web
 
 from kvgate.gateway.app import Gateway, make_runner
 from kvgate.gateway.config import ConfigError, GatewayConfig
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.logs import configure_logging
 
 log = logging.getLogger("kvgate.gateway.server")
@@ -81,6 +85,7 @@ async def serve(
     reuse_port: bool = False,
     on_listening: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    peers: MetricsPeers | None = None,
 ) -> bool:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
@@ -89,6 +94,7 @@ async def serve(
     returned at once. ``ListenError`` when the address cannot be bound.
     """
     gateway = Gateway(config)
+    gateway.peers = peers
     runner = make_runner(gateway)
     await runner.setup()
     stopping = stop or asyncio.Event()
@@ -113,6 +119,12 @@ async def serve(
             where = f"{config.listen.host}:{config.listen.port}"
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
         port = int(runner.addresses[0][1])
+        if peers is not None:
+
+            async def own_metrics(request: web.Request) -> web.Response:
+                return web.Response(body=gateway.metrics.render())
+
+            await peers.start(own_metrics)
         log.info(
             "kvgate gateway listening on http://%s:%d (policy %s, %d workers)",
             config.listen.host,
@@ -128,6 +140,8 @@ async def serve(
         if not drained:
             _cut_connections(runner)
     finally:
+        if peers is not None:
+            await peers.stop()
         await runner.cleanup()
     log.info("stopped" if drained else "stopped at the drain deadline, requests cut short")
     return drained
@@ -173,7 +187,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> None:
+def _run_child(
+    config: GatewayConfig, ready: Connection, parent_pid: int, index: int, peers_dir: str
+) -> None:
     """One of several server processes: report the port on ``ready`` once listening.
 
     The stop signals arrive blocked (the parent blocked them around the spawn and
@@ -190,7 +206,8 @@ def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> Non
         ready.close()
 
     try:
-        drained = _run_loop(serve(config, reuse_port=True, on_listening=listening))
+        peers = MetricsPeers(peers_dir, index, config.listen.processes)
+        drained = _run_loop(serve(config, reuse_port=True, on_listening=listening, peers=peers))
     except ListenError as exc:
         log.error("%s", exc)
         sys.exit(2)
@@ -224,6 +241,8 @@ class _Supervisor:
         self.forwarded = 0
         self.hangups = 0
         self.hangups_forwarded = 0
+        self.peers_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+        """Where each server process serves its own metrics page to its siblings."""
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
@@ -241,6 +260,7 @@ class _Supervisor:
                 signal.signal(signum, handler)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            shutil.rmtree(self.peers_dir, ignore_errors=True)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == HANGUP:
@@ -256,7 +276,7 @@ class _Supervisor:
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
-                    args=(self.config, writer, os.getpid()),
+                    args=(self.config, writer, os.getpid(), index, self.peers_dir),
                     name=f"kvgate-serve-{index}",
                 )
                 try:
