@@ -219,11 +219,12 @@ GATES = Gates.model_validate(
              "latency_p99_vs_baseline": "inconclusive", "ttft_p95": "inconclusive",
              "quality": "inconclusive"},
         ),
-        (  # too few samples, even with terrible values
+        (  # too few samples, even with terrible values; but 10 errors in 10 prove the
+           # error bound broken (issue 13: a one-sided bound fails early)
             stats(requests=10, errors=10, latency=99.0, ttft=99.0),
             stats(),
             QualityStats(5, 0.0),
-            {"error_rate": "inconclusive", "latency_p99": "inconclusive",
+            {"error_rate": "fail", "latency_p99": "inconclusive",
              "latency_p99_vs_baseline": "inconclusive", "ttft_p95": "inconclusive",
              "quality": "inconclusive"},
         ),
@@ -505,3 +506,17 @@ def test_evaluating_a_finished_or_pending_rollout_changes_nothing() -> None:
         update = ctl.evaluate(100.0, stats(errors=100), stats())
         assert not update.changed and update.gates == ()
         assert ctl.to_dict() == before
+
+
+def test_a_paused_rollouts_message_counts_the_samples_the_table_shows() -> None:
+    """It once said "error_rate has 0 samples" beside a table showing 13."""
+    ctl = started()
+    sim = Sim(rps=4)
+    sim.run(ctl, 60)
+    assert ctl.progress.pause_reason is PauseReason.INCONCLUSIVE
+    sim.run(ctl, 30)
+    shown = {g.name: g.samples for g in ctl.progress.last_gates}
+    message = ctl.progress.message
+    name = message.removeprefix("inconclusive: ").split(" ", 1)[0]
+    assert f"has {shown[name]} " in message, (message, shown)
+    assert "needs" in message

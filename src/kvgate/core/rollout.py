@@ -327,9 +327,11 @@ class RolloutController:
             return self._advance(now, seen, gates)
         if not time_met:
             return self._set(seen, "waiting", gates)
+        why = self._wanting(pending[0])
         if p.state is RolloutState.PAUSED:
-            return self._set(seen, "inconclusive", gates)
-        why = f"{pending[0].name} has {pending[0].samples} samples, needs more"
+            # Still waiting: the message says what the latest evaluation lacks.
+            return self._set(seen.model_copy(update={"message": f"inconclusive: {why}"}),
+                             "inconclusive", gates)  # fmt: skip
         paused = seen.model_copy(
             update={
                 "state": RolloutState.PAUSED,
@@ -339,6 +341,20 @@ class RolloutController:
         )
         alert = self._alert(AlertReason.INCONCLUSIVE, f"paused, too little data: {why}", pending[0])
         return self._set(paused, "inconclusive", gates, alert=alert, changed=True)
+
+    def _wanting(self, gate: GateResult) -> str:
+        """What an inconclusive gate lacks, in the numbers the status table shows."""
+        g = self.spec.gates
+        if gate.name == "step_requests":
+            need = self.spec.min_requests_per_step
+        elif gate.name == "quality" and g.quality is not None:
+            need = g.quality.min_samples
+        else:
+            need = g.min_samples
+        if gate.samples >= need:
+            extra = " on the baseline too" if gate.name.endswith("_vs_baseline") else ""
+            return f"{gate.name} has {gate.samples} samples; needs {need}{extra}"
+        return f"{gate.name} has {gate.samples} of the {need} samples it needs"
 
     def _advance(
         self, now: Seconds, seen: RolloutProgress, gates: tuple[GateResult, ...]
