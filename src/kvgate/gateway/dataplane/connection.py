@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,13 +176,41 @@ class GuardedRequestHandler(RequestHandler):
                 self._body = (now, payload)
         self._arm()
 
-    async def _handle_request(self, request: BaseRequest, *args: Any) -> Any:
+    async def _handle_request(
+        self,
+        request: BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[BaseRequest], Awaitable[StreamResponse]],
+    ) -> Any:
         """Serve one request; once its body is in, only the handler's own timeouts apply."""
+
+        async def answer(req: BaseRequest) -> StreamResponse:
+            # aiohttp answers an ``Expect`` header before any middleware runs: in plain
+            # text for a value it does not know, and with a 500 when the value is not
+            # valid text. Only ``100-continue`` means anything; the rest is refused here.
+            expect = req.headers.get("Expect")
+            if expect is not None and expect.strip().lower() != "100-continue":
+                return web.Response(
+                    status=417,
+                    body=error_body(
+                        "the only Expect value understood is 100-continue",
+                        "invalid_request_error",
+                        "expectation_failed",
+                    ),
+                    content_type="application/json",
+                )
+            return await request_handler(req)
+
         try:
-            return await super()._handle_request(request, *args)
+            return await super()._handle_request(request, start_time, answer)
         finally:
             self._body = None
             self._head_since = None
+            if request.content.exception() is not None:
+                # A body that failed (bad framing or encoding, too slow): aiohttp would
+                # read on after the answer ("lingering"), hit the same error and log it
+                # with a traceback. Nothing more of it is read; the connection closes.
+                self._lingering_time = 0.0
 
     def _arm(self) -> None:
         due = self._due()
