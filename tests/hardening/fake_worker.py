@@ -73,6 +73,8 @@ class FakeWorker:
     port: int = 0
     metrics_page: bytes = b"vllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.0\n"
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
+    streaming: int = 0
+    """Slow streams being written now (one the gateway dropped ends at its next write)."""
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -142,12 +144,16 @@ class FakeWorker:
         elif mode == "stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         elif mode == "slow_stream":
-            writer.write(_STREAM_HEAD)
-            for _ in range(200):  # 20 s of events
-                writer.write(_chunk(_EVENT))
-                await writer.drain()
-                await asyncio.sleep(0.1)
-            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            self.streaming += 1
+            try:
+                writer.write(_STREAM_HEAD)
+                for _ in range(200):  # 20 s of events
+                    writer.write(_chunk(_EVENT))
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            finally:
+                self.streaming -= 1
         elif mode == "reset_stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_EVENT))
             await writer.drain()

@@ -56,6 +56,9 @@ class _Down(enum.Enum):
 
 _DOWN: Final = _Down.DOWN
 
+_RESYNC_ROUNDS = 8
+"""Batches pushed while still degraded before new calls go back to Redis (see try_recover)."""
+
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
 
@@ -342,12 +345,22 @@ class RedisStore:
                 # to degraded. Drop them all; the probe and what follows open fresh ones.
                 await self._redis.connection_pool.disconnect()
                 await self._redis.ping()
-                await self._resync()
+                caught_up = await self._resync(rounds=_RESYNC_ROUNDS)
             except _FAILURES:
                 self._errors_total += 1
                 return False
-            # _resync returned with nothing dirty and no await since: safe to flip.
+            # Caught up: nothing dirty and no await since, safe to flip. Else traffic
+            # dirties bindings as fast as they are pushed (it would chase them forever,
+            # degraded all along): new calls go to Redis from now on, and what is still
+            # dirty is pushed after, compare-and-set, so a newer binding in Redis wins.
             self._degraded = False
+            if not caught_up:
+                try:
+                    await self._resync()
+                except _FAILURES as exc:
+                    self._errors_total += 1
+                    self._enter_degraded(exc)
+                    return False
             self.resyncs_total += 1
             logger.warning(
                 "affinity store recovered: redis at %s is back, resynced", self._url_for_logs
@@ -364,8 +377,9 @@ class RedisStore:
         if self._recovery is asyncio.current_task():
             self._recovery = None
 
-    async def _resync(self) -> None:
-        """Write back what was done locally while degraded, until nothing is dirty."""
+    async def _resync(self, rounds: int | None = None) -> bool:
+        """Write back what was done locally while degraded, until nothing is dirty (True),
+        or until ``rounds`` batches of bindings were pushed (False if any is left)."""
         while self._dirty_blobs:
             name = self._dirty_blobs.pop()
             data = await self.local.get_blob(name)
@@ -375,7 +389,11 @@ class RedisStore:
             except _FAILURES:
                 self._dirty_blobs.add(name)
                 raise
+        pushed = 0
         while self._dirty:
+            if rounds is not None and pushed >= rounds:
+                return False
+            pushed += 1
             batch = [self._dirty.popitem() for _ in range(min(_RESYNC_BATCH, len(self._dirty)))]
             try:
                 await self._push(batch)
@@ -383,6 +401,7 @@ class RedisStore:
                 for key, deleted_from in batch:
                     self._dirty.setdefault(key, deleted_from)
                 raise
+        return True
 
     async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
         t = self.local.clock()
