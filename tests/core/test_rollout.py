@@ -520,3 +520,28 @@ def test_a_paused_rollouts_message_counts_the_samples_the_table_shows() -> None:
     name = message.removeprefix("inconclusive: ").split(" ", 1)[0]
     assert f"has {shown[name]} " in message, (message, shown)
     assert "needs" in message
+
+
+def test_at_the_full_step_no_gate_compares_with_the_baselines_stragglers() -> None:
+    """A healthy canary was once rolled back at 100%: the baseline, taking no new traffic,
+    still had a few sticky requests, and their quantiles were compared with."""
+    ctl = started(make_spec(steps=[50, 100], gates={"min_samples": 30}))
+    now = 0.0
+    while ctl.progress.canary_weight < 100:
+        now += 31
+        ctl.evaluate(now, stats(latency=1.0), stats(latency=1.0))
+        assert ctl.state is RolloutState.PROGRESSING, ctl.progress.message
+    # At 100%: 40 stragglers on the baseline, all fast: canary/baseline would be 10x.
+    now += 31
+    update = ctl.evaluate(now, stats(latency=1.0), stats(requests=40, latency=0.1))
+    assert ctl.state is not RolloutState.ROLLED_BACK, ctl.progress.message
+    ratios = {g.name: g.observed for g in update.gates if g.name.endswith("_vs_baseline")}
+    assert ratios and all(r == pytest.approx(1.0) for r in ratios.values()), ratios
+    assert ctl.status(now)["failed_gate"] is None
+
+
+def test_a_rolled_back_status_names_the_failed_gate() -> None:
+    ctl = started()
+    ctl.evaluate(31.0, stats(errors=50), stats())
+    assert ctl.state is RolloutState.ROLLED_BACK
+    assert ctl.status(31.0)["failed_gate"] == "error_rate"

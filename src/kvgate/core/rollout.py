@@ -288,11 +288,17 @@ class RolloutController:
             samples=canary.requests,
         )
         reference = p.baseline_reference
-        if baseline is not None and measured(baseline, self.spec.gates.min_samples):
+        takes_traffic = p.canary_weight < 100.0
+        if (
+            takes_traffic
+            and baseline is not None
+            and measured(baseline, self.spec.gates.min_samples)
+        ):
             reference = baseline
-        elif reference is not None:
-            # The baseline takes no traffic at a 100% step: its last measured
-            # values stand in, or factor gates could never pass there.
+        elif reference is not None or not takes_traffic:
+            # The baseline takes no new traffic at a 100% step: its last measured
+            # values stand in (or factor gates could never pass there), never the
+            # few sticky stragglers it still serves, whose quantiles are noise.
             baseline = reference
         gates = (*evaluate_gates(self.spec.gates, canary, baseline, quality), traffic)
         seen = p.model_copy(
@@ -462,6 +468,7 @@ class RolloutController:
             "evaluations": p.evaluations,
             "last_evaluated_at": p.last_evaluated_at,
             "gates": [g.model_dump(mode="json") for g in p.last_gates],
+            "failed_gate": next((g.name for g in p.last_gates if g.verdict is Verdict.FAIL), None),
             "message": p.message,
         }
 
