@@ -545,3 +545,18 @@ def test_a_rolled_back_status_names_the_failed_gate() -> None:
     ctl.evaluate(31.0, stats(errors=50), stats())
     assert ctl.state is RolloutState.ROLLED_BACK
     assert ctl.status(31.0)["failed_gate"] == "error_rate"
+
+
+def test_a_rerun_keeps_how_the_last_run_ended() -> None:
+    ctl = started()
+    ctl.evaluate(31.0, stats(errors=50), stats())
+    assert ctl.state is RolloutState.ROLLED_BACK
+    again = ctl.rerun(make_spec())
+    again.start(40.0)
+    (past,) = again.progress.history
+    assert (past.state, past.failed_gate) == (RolloutState.ROLLED_BACK, "error_rate")
+    assert "error_rate" in past.message
+    restored = RolloutController.from_json(again.to_json())
+    assert restored.status(41.0)["history"][0]["failed_gate"] == "error_rate"
+    with pytest.raises(InvalidTransitionError):
+        again.rerun(make_spec())  # only a finished rollout runs again

@@ -165,6 +165,21 @@ class Alert(StrictModel):
     message: str
 
 
+class PastRun(StrictModel):
+    """How an earlier, finished run of a rollout ended."""
+
+    state: RolloutState
+    steps: tuple[float, ...]
+    started_at: Seconds | None = None
+    finished_at: Seconds | None = None
+    failed_gate: str | None = None
+    message: str = ""
+
+
+MAX_HISTORY = 20
+"""Past runs a rollout keeps (the oldest are forgotten first)."""
+
+
 class RolloutProgress(StrictModel):
     """Everything a controller remembers besides its spec (what the store keeps)."""
 
@@ -182,6 +197,8 @@ class RolloutProgress(StrictModel):
     last_gates: tuple[GateResult, ...] = ()
     baseline_reference: WindowStats | None = None
     message: str = ""
+    history: tuple[PastRun, ...] = ()
+    """Earlier runs of the same rollout id, oldest first (a re-start keeps why they ended)."""
 
 
 class InvalidTransitionError(ValueError):
@@ -470,7 +487,25 @@ class RolloutController:
             "gates": [g.model_dump(mode="json") for g in p.last_gates],
             "failed_gate": next((g.name for g in p.last_gates if g.verdict is Verdict.FAIL), None),
             "message": p.message,
+            "history": [run.model_dump(mode="json") for run in p.history],
         }
+
+    def rerun(self, spec: RolloutSpec) -> RolloutController:
+        """A new run of this (finished) rollout with ``spec``, remembering how this one ended."""
+        p = self._progress
+        if not p.state.finished:
+            raise InvalidTransitionError(f"rollout {self.spec.rollout_id} is {p.state.value}")
+        failed = next((g.name for g in p.last_gates if g.verdict is Verdict.FAIL), None)
+        past = PastRun(
+            state=p.state,
+            steps=self.spec.steps,
+            started_at=p.started_at,
+            finished_at=p.finished_at,
+            failed_gate=failed if p.state is RolloutState.ROLLED_BACK else None,
+            message=p.message,
+        )
+        history = (*p.history, past)[-MAX_HISTORY:]
+        return RolloutController(spec, RolloutProgress(history=history))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form of the whole controller (spec and progress)."""
