@@ -317,12 +317,20 @@ class Proxy:
         # Error answers (5xx) not charged yet: one that another worker then serves was
         # the worker's fault; the same error from the next worker follows the request.
         unsettled: list[tuple[Worker, str, int]] = []
+        # Before the first byte, a request that failed on a canary version may be
+        # served by the stable one (else a failing canary's sessions only ever fail).
+        forced: str | None = None
+        stable = self.router.stable_version(features.model)
         try:
             while True:
                 try:
-                    placement = await self.router.place(features, affinity, excluded)
+                    placement = await self.router.place(features, affinity, excluded, forced)
                 except NoHealthyWorkerError:
                     if outcome.retries and last_failure is not None:
+                        tried = outcome.placement.version if outcome.placement else stable
+                        if forced is None and stable is not None and tried != stable:
+                            forced = stable  # no other canary worker: the stable one
+                            continue
                         self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
@@ -341,7 +349,11 @@ class Proxy:
                     last_failure = exc
                     self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
                     if exc.status is not None and exc.status != 429:
-                        if any(status == exc.status for _, _, status in unsettled):
+                        same = any(status == exc.status for _, _, status in unsettled)
+                        on_canary = stable is not None and placement.version != stable
+                        if same and on_canary and forced is None:
+                            forced = stable  # the canary may be at fault: ask the stable one
+                        elif same:
                             # Two workers gave this request the same error: it is the
                             # request's doing. Neither worker is charged, nor retried.
                             unsettled.clear()

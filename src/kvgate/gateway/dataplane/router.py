@@ -95,6 +95,11 @@ class _Held:
 class Router:
     """Turns request features into a placed, counted attempt on one worker."""
 
+    def stable_version(self, model: str) -> str | None:
+        """The stable version of ``model`` (None without a version registry or entry)."""
+        found = self.versions.get(model) if self.versions is not None else None
+        return found.stable if found is not None else None
+
     def __init__(
         self,
         pool: WorkerPool,
@@ -149,17 +154,21 @@ class Router:
         features: RequestFeatures,
         affinity: Affinity | None,
         excluded: frozenset[WorkerId] = frozenset(),
+        version: str | None = None,
     ) -> Placement:
         """Pick a worker (waiting in the admission queue if all are full) and apply it.
 
-        Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
+        ``version`` overrides the version the registry would assign (a retry falling
+        back to the stable version). Raises ``NoHealthyWorkerError`` (503) or
+        ``OverloadedError`` (429).
         """
         queue = self.pool.queue
         cfg = self.admission
         priority = features.priority
         queued_at: float | None = None
         deadline = 0.0
-        version = self.versions.assign(features, affinity) if self.versions is not None else None
+        if version is None and self.versions is not None:
+            version = self.versions.assign(features, affinity)
         gate = self.kv_gate
         demand = kv_demand_tokens(features, gate) if gate is not None else 0
         held = _Held(priority)
