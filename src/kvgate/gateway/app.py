@@ -210,6 +210,7 @@ def build_app(gateway: Gateway) -> web.Application:
     stack: list[Middleware] = [
         middleware.errors,
         middleware.header_limit(config.limits.max_header_bytes, config.limits.max_headers),
+        middleware.body_limit(config.limits.max_body_bytes),
     ]
     if config.api_keys:
         stack.append(middleware.api_keys(config.api_keys))

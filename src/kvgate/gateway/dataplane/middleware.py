@@ -106,6 +106,22 @@ def header_limit(max_bytes: int, max_count: int) -> Middleware:
     return check
 
 
+def body_limit(max_bytes: int) -> Middleware:
+    """Refuse a request whose declared ``Content-Length`` is over ``max_bytes`` (413) at
+    once, rather than after reading (or waiting for) that much of it."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        declared = request.content_length
+        if declared is not None and declared > max_bytes:
+            raise BodyTooLargeError(
+                f"request body of {declared} bytes is over the limit of {max_bytes} bytes"
+            )
+        return await handler(request)
+
+    return check
+
+
 def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
     """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401).
 
