@@ -38,6 +38,7 @@ from multidict import CIMultiDict
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
 from kvgate.core.prefix import FeatureConfig, build_features
+from kvgate.core.route import RouteConfig
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.versions import VersionRegistry
@@ -142,7 +143,7 @@ def bench(
         default_registry().build(policy_name),
         store,
         GatewayMetrics(),
-        AdmissionConfig(),
+        RouteConfig(AdmissionConfig()),
         affinity_ttl=600.0,
         rng=random.Random(opts.seed),
         wall=time.time,
@@ -195,7 +196,7 @@ def bench(
         in_flight.append(placement)
         if len(in_flight) > opts.concurrency:
             done = in_flight.popleft()
-            pool.release(done.worker, done.kv_tokens)
+            done.lease.release()
     gc.unfreeze()
     top = max(reasons.items(), key=lambda item: item[1])
     return {

@@ -34,14 +34,14 @@ def fresh(pool: WorkerPool, wall: float, mono: float, version: str | None = None
 def test_in_flight_changes_show_in_the_next_snapshot() -> None:
     pool, (a, _) = make_pool("v1", "v1")
     first = pool.snapshot("m", 1.0, 100.0)
-    pool.acquire(a, kv_tokens=10)
+    lease = pool.lease(a, kv_tokens=10)
     second = pool.snapshot("m", 2.0, 100.0)
     assert first.get(a.id).in_flight == 0  # type: ignore[union-attr]
     assert second.get(a.id).in_flight == 1  # type: ignore[union-attr]
     assert second.workers[0].kv_in_flight_tokens == 10
     assert second.now == 2.0
     assert second == fresh(pool, 2.0, 100.0)
-    pool.release(a, kv_tokens=10)
+    assert lease.release() and not lease.release()  # given back exactly once
     assert pool.snapshot("m", 3.0, 100.0) == fresh(pool, 3.0, 100.0)
 
 
@@ -82,7 +82,7 @@ def test_signals_go_stale_with_time_alone() -> None:
 def test_a_version_snapshot_holds_only_that_versions_workers() -> None:
     pool, (a, b, c) = make_pool("v1", "v2", "v1")
     assert [w.id for w in pool.snapshot("m", 0.0, 100.0, "v1").workers] == [a.id, c.id]
-    pool.acquire(c)
+    pool.lease(c)
     assert pool.snapshot("m", 0.0, 100.0, "v1") == fresh(pool, 0.0, 100.0, "v1")
     assert pool.snapshot("m", 0.0, 100.0, "v2") == fresh(pool, 0.0, 100.0, "v2")
     b.version = "v1"  # a worker that moves version moves snapshot
@@ -99,7 +99,7 @@ def test_membership_and_config_changes_show_in_the_next_snapshot() -> None:
     assert len(pool.snapshot("m", 0.0, 100.0).workers) == 3
     pool.remove(a.id)
     assert a.id not in {w.id for w in pool.snapshot("m", 0.0, 100.0).workers}
-    pool.acquire(a)  # a removed worker no longer counts anywhere
+    pool.lease(a)  # a removed worker no longer counts anywhere
     assert pool.snapshot("m", 0.0, 100.0) == fresh(pool, 0.0, 100.0)
     pool.stale_after = 0.5
     assert pool.snapshot("m", 0.0, 101.0) == fresh(pool, 0.0, 101.0)

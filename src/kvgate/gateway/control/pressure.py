@@ -36,10 +36,10 @@ from kvgate.core.pressure import Migration, PressureTracker, SessionLoad, plan_m
 from kvgate.core.session import PREFIX_KEY_TAG
 from kvgate.gateway.config import PressureSettings
 from kvgate.gateway.dataplane.errors import UpstreamError
-from kvgate.gateway.dataplane.router import AffinityStoreLike
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
+from kvgate.store.base import AffinityStore
 from kvgate.types import Seconds, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.pressure")
@@ -97,7 +97,7 @@ class PressureDriver:
     def __init__(
         self,
         pool: WorkerPool,
-        store: AffinityStoreLike,
+        store: AffinityStore,
         metrics: GatewayMetrics,
         settings: PressureSettings,
         *,
@@ -220,12 +220,10 @@ class PressureDriver:
             # Degraded (stale) signals are not routed on, but the last reading is
             # still the best idea of how full the worker was.
             state = replace(state, kv_usage=worker.signals.kv_usage)
-        # ``AffinityStore.sessions_of``; a store without it (a test double) cannot migrate.
-        sessions_of = getattr(self.store, "sessions_of", None)
-        if sessions_of is None:
-            return []
         try:
-            bound: list[Affinity] = await sessions_of(worker.id, self.settings.max_sessions_scanned)
+            bound: list[Affinity] = await self.store.sessions_of(
+                worker.id, self.settings.max_sessions_scanned
+            )
         except Exception:
             self.metrics.store_errors.labels("sessions_of").inc()
             log.warning("listing sessions of %s failed", worker.id, exc_info=True)

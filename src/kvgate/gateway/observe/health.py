@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
@@ -47,6 +47,7 @@ class HealthChecker:
         outlier: OutlierConfig,
         *,
         mono: Callable[[], float] = time.monotonic,
+        scrape_listeners: Sequence[ScrapeListener] = (),
     ) -> None:
         self.pool = pool
         self.config = config
@@ -55,7 +56,7 @@ class HealthChecker:
         self.outlier = OutlierDetector(outlier)
         self.outlier.set_workers(w.id for w in pool)
         self._probed: set[str] = set()
-        self.scrape_listeners: list[ScrapeListener] = []
+        self.scrape_listeners = tuple(scrape_listeners)
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 

@@ -348,13 +348,18 @@ class WorkerPool:
             for view in views:
                 view.put(state, after, until)
 
-    def acquire(self, worker: Worker, kv_tokens: int = 0) -> None:
-        """Count a request (holding ``kv_tokens`` of KV at its end) as in flight on ``worker``."""
+    def lease(self, worker: Worker, kv_tokens: int = 0) -> Lease:
+        """Count a request (holding ``kv_tokens`` of KV at its end) in flight on ``worker``.
+
+        The caller owns the returned lease and must release it on every path
+        (``async with lease``, or ``release()`` earlier: it gives back once).
+        """
         worker.in_flight += 1
         worker.kv_in_flight_tokens += kv_tokens
+        return Lease(self, worker, kv_tokens)
 
-    def release(self, worker: Worker, kv_tokens: int = 0) -> None:
-        """A request on ``worker`` finished: free its slot and KV; wake waiters.
+    def _give_back(self, worker: Worker, kv_tokens: int) -> None:
+        """A lease on ``worker`` ended: free its slot and KV; wake waiters.
 
         A request that held KV wakes every waiter: one held for KV headroom on
         this worker may fit now, whoever is first in the queue.
@@ -438,3 +443,45 @@ class _View:
         # Only ever narrowed here; ``refresh`` recomputes them exactly when passed.
         self.after = max(self.after, after)
         self.until = min(self.until, until)
+
+
+class Lease:
+    """One request's slot on a worker (its in-flight count and KV estimate), given back once.
+
+    Taken from ``WorkerPool.lease``. Whoever holds it releases it: ``async with
+    lease`` does so on every path, cancellation included; ``release()`` may come
+    earlier (a failed attempt frees its slot before the retry's backoff) and
+    later calls do nothing. ``move`` carries the slot to another worker (the
+    affinity race) without giving it up.
+    """
+
+    __slots__ = ("_pool", "held", "kv_tokens", "worker")
+
+    def __init__(self, pool: WorkerPool, worker: Worker, kv_tokens: int) -> None:
+        self._pool = pool
+        self.worker = worker
+        self.kv_tokens = kv_tokens
+        self.held = True
+
+    def release(self) -> bool:
+        """Give the slot back; True the first time, False once already released."""
+        if not self.held:
+            return False
+        self.held = False
+        self._pool._give_back(self.worker, self.kv_tokens)
+        return True
+
+    def move(self, worker: Worker) -> None:
+        """Hold the slot on ``worker`` instead (the one it held is given back)."""
+        if not self.held:
+            raise RuntimeError("a released lease cannot move")
+        self._pool._give_back(self.worker, self.kv_tokens)
+        worker.in_flight += 1
+        worker.kv_in_flight_tokens += self.kv_tokens
+        self.worker = worker
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
