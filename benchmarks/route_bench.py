@@ -92,9 +92,7 @@ def make_pool(n: int, rollout: bool, rng: random.Random) -> WorkerPool:
             url=f"http://10.0.{i // 16}.{i % 16}:8000", model="m", version=version
         )
         worker = Worker(config, upstream=None)  # type: ignore[arg-type]  # never forwarded to
-        worker.probe_ok = True
-        worker.signals = signals(rng)
-        worker.signals_at = MONO
+        worker.update(probe_ok=True, signals=signals(rng), signals_at=MONO)
         workers.append(worker)
     return WorkerPool(workers, stale_after=15.0, queue=AdmissionQueue(1024))
 
@@ -179,8 +177,7 @@ def bench(
         if n % opts.scrape_every == 0:
             scraped = pool.get(ids[(n // opts.scrape_every) % len(ids)])
             assert scraped is not None
-            scraped.signals = signals(rng)
-            scraped.signals_at = MONO
+            scraped.update(signals=signals(rng), signals_at=MONO)
         payload, hdrs = bodies[n % len(bodies)], headers[n % len(headers)]
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         features = build_features(payload, hdrs, config, request_id=f"r{n}", endpoint="chat")

@@ -103,16 +103,15 @@ def make_router(
     workers = []
     for i in range(2):
         worker = Worker(WorkerConfig(url=f"http://w{i}:8000", model="m"), upstream=None)  # type: ignore[arg-type]
-        worker.max_in_flight = max_in_flight
-        worker.probe_ok = True
-        worker.signals = WorkerSignals(
-            running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=CAPACITY
+        worker.update(
+            max_in_flight=max_in_flight,
+            probe_ok=True,
+            signals=WorkerSignals(running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=CAPACITY),
+            signals_at=MONO,
         )
-        worker.signals_at = MONO
         workers.append(worker)
-    pool = WorkerPool(workers, stale_after=1e9, queue=AdmissionQueue(16))
     gate = PressureConfig(chars_per_token=1.0, default_output_tokens=100)
-    pool.set_pressure_config(gate)
+    pool = WorkerPool(workers, stale_after=1e9, queue=AdmissionQueue(16), pressure=gate)
     admission = AdmissionConfig(max_wait_standard_s=max_wait_s)
     return Router(
         pool,
@@ -205,7 +204,7 @@ async def test_place_cancelled_at_every_await_gives_everything_back(
         first = pool.get("http://w0:8000")
         other = pool.get("http://w1:8000")
         assert first is not None and other is not None
-        other.ejected = True
+        other.update(ejected=True)
         held = pool.lease(first, 800)  # under the soft mark: still takes new sessions
         holds = router.kv_holds
         await sweep(lambda: router.place(features("held", 300), None), pool, (1, 800))

@@ -69,7 +69,16 @@ class Gateway:
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
         default_max = config.admission.worker_max_in_flight
         workers = [Worker(wc, Upstream(wc.url, timeouts), default_max) for wc in config.workers]
-        self.pool = WorkerPool(workers, config.health.stale_after, self.queue)
+        pressure = config.pressure
+        # With pressure on, the pool counts what is sent between scrapes (new sessions
+        # leave a worker about to fill) and, with ``kv_gate``, the router holds
+        # requests for KV headroom instead of sending them to be preempted.
+        self.pool = WorkerPool(
+            workers,
+            config.health.stale_after,
+            self.queue,
+            pressure=pressure if pressure.enabled else None,
+        )
         self.metrics = GatewayMetrics(lambda: self.pool.gauge_rows(time.monotonic()))
         self.pressure = PressureDriver(
             self.pool,
@@ -93,12 +102,6 @@ class Gateway:
             health=self.health,
             policy=self.policy,
         )
-        pressure = config.pressure
-        if pressure.enabled:
-            # Count what is sent between scrapes: new sessions leave a worker about to
-            # fill, and (with ``kv_gate``) requests wait for KV headroom instead of
-            # being preempted.
-            self.pool.set_pressure_config(pressure)
         gate = pressure if pressure.enabled and pressure.kv_gate else None
         self.router = Router(
             self.pool,

@@ -155,7 +155,8 @@ class PressureDriver:
                 " draining: too hot" if reading.drain else "",
             )
         before = worker.pressure, worker.draining
-        worker.pressure = reading.level
+        if reading.level is not worker.pressure:
+            worker.update(pressure=reading.level)
         if reading.drain and worker.id not in self._hot:
             self.metrics.drains.labels(worker.id, "temperature").inc()
         self._hot.discard(worker.id)
@@ -186,7 +187,9 @@ class PressureDriver:
         return True
 
     def _apply_drain(self, worker: Worker) -> None:
-        worker.draining = worker.id in self.admin_drained or worker.id in self._hot
+        draining = worker.id in self.admin_drained or worker.id in self._hot
+        if draining != worker.draining:
+            worker.update(draining=draining)
 
     # -- relief (migration and offload) -------------------------------------------
 
