@@ -215,9 +215,9 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
     if config.admin.enabled:
-        setup_admin(app, gateway.control)
+        drain = DrainApi(gateway.pool, gateway.pressure)
+        setup_admin(app, gateway.control, drain.routes())
 
     async def _start(app: web.Application) -> None:
         await gateway.start()
