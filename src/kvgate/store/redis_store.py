@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
 from kvgate.redaction import redact
+from kvgate.store.base import AffinityStore
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
@@ -62,7 +63,7 @@ _RESYNC_ROUNDS = 8
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
 
-class RedisStore:
+class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
     ``errors_total`` (failed Redis round trips, probes included), ``degraded``,

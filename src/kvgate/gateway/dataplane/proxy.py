@@ -334,74 +334,90 @@ class Proxy:
                         self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
-                outcome.placement = placement
-                outcome.reported = False
-                worker = placement.worker
-                try:
-                    upstream = await worker.upstream.post(
-                        path, body, self._upstream_headers(request, worker, features.request_id)
-                    )
-                    if upstream.status == 429 or upstream.status >= 500:
-                        await self._drain_error(upstream)
-                        raise UpstreamError(status=upstream.status)
-                except UpstreamError as exc:
-                    self.pool.release(worker, placement.kv_tokens)
-                    last_failure = exc
-                    self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                    if exc.status is not None and exc.status != 429:
-                        same = any(status == exc.status for _, _, status in unsettled)
-                        on_canary = stable is not None and placement.version != stable
-                        if same and on_canary and forced is None:
-                            forced = stable  # the canary may be at fault: ask the stable one
-                        elif same:
-                            # Two workers gave this request the same error: it is the
-                            # request's doing. Neither worker is charged, nor retried.
-                            unsettled.clear()
-                            outcome.reported = True  # says nothing about the version
-                            raise self._request_fault(exc.status, outcome.retries + 1) from None
-                        unsettled.append((worker, placement.version, exc.status))
-                        outcome.reported = True
-                    elif exc.status is None:
-                        self._charge([(worker, placement.version, 0)], features)
-                        outcome.reported = True
-                    if not exc.retryable or outcome.retries >= self.max_retries:
-                        self._charge(unsettled, features)
-                        raise self._client_error(exc, features) from None
-                    if exc.status is not None:
-                        # A worker that answered 5xx/429 may be overloaded: its retries
-                        # spend the budget. A connection failure did no work anywhere,
-                        # so re-picking it adds no load and is only bounded by count.
-                        if not budget.allow():
-                            self.metrics.retries_denied.labels(features.model).inc()
+                async with placement.lease:
+                    outcome.placement = placement
+                    outcome.reported = False
+                    worker = placement.worker
+                    try:
+                        upstream = await worker.upstream.post(
+                            path, body, self._upstream_headers(request, worker, features.request_id)
+                        )
+                        if upstream.status == 429 or upstream.status >= 500:
+                            await self._drain_error(upstream)
+                            raise UpstreamError(status=upstream.status)
+                    except UpstreamError as exc:
+                        placement.lease.release()  # free the slot before the backoff
+                        last_failure = exc
+                        if exc.status is not None and exc.status != 429:
+                            same = any(status == exc.status for _, _, status in unsettled)
+                            on_canary = stable is not None and placement.version != stable
+                            if same and on_canary and forced is None:
+                                forced = stable  # the canary may be at fault: ask the stable one
+                            elif same:
+                                # Two workers gave this request the same error: it is the
+                                # request's doing. Neither worker is charged, nor retried.
+                                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+                                unsettled.clear()
+                                outcome.reported = True  # says nothing about the version
+                                raise self._request_fault(exc.status, outcome.retries + 1) from None
+                        if not self._retry(exc, placement, features, outcome, unsettled):
                             self._charge(unsettled, features)
                             raise self._client_error(exc, features) from None
-                        outcome.budgeted += 1
-                    outcome.retries += 1
-                    self.metrics.retries.labels(features.model).inc()
-                    excluded = excluded | {worker.id}
-                    if placement.bound is not None:
-                        affinity = placement.bound  # what this attempt bound; a retry moves it
-                    await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
-                    continue
-                except BaseException:
-                    self.pool.release(worker, placement.kv_tokens)
-                    raise
-                break
-            # Another worker served what these failed: that was the workers' fault.
-            self._charge(unsettled, features)
-            if upstream.status < 500:
-                self.passive.success(worker)
-            return await self._respond(
-                request,
-                features=features,
-                placement=placement,
-                upstream=upstream,
-                started=started,
-                outcome=outcome,
-            )
+                        excluded = excluded | {worker.id}
+                        if placement.bound is not None:
+                            affinity = placement.bound  # what this attempt bound; a retry moves it
+                        await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
+                        continue
+                    # Another worker served what these failed: that was the workers' fault.
+                    self._charge(unsettled, features)
+                    if upstream.status < 500:
+                        self.passive.success(worker)
+                    return await self._respond(
+                        request,
+                        features=features,
+                        placement=placement,
+                        upstream=upstream,
+                        started=started,
+                        outcome=outcome,
+                    )
         finally:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
+
+    def _retry(
+        self,
+        exc: UpstreamError,
+        placement: Placement,
+        features: RequestFeatures,
+        outcome: _Outcome,
+        unsettled: list[tuple[Worker, str, int]],
+    ) -> bool:
+        """Count one failed attempt; True when the request may be retried on another worker.
+
+        A connection failure is charged to the worker at once; a 5xx waits in
+        ``unsettled`` until another worker's answer says whose fault it was.
+        """
+        worker = placement.worker
+        self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+        if exc.status is None:
+            self._charge([(worker, placement.version, 0)], features)
+            outcome.reported = True
+        elif exc.status != 429:
+            unsettled.append((worker, placement.version, exc.status))
+            outcome.reported = True
+        if not exc.retryable or outcome.retries >= self.max_retries:
+            return False
+        if exc.status is not None:
+            # A worker that answered 5xx/429 may be overloaded: its retries spend the
+            # budget. A connection failure did no work anywhere, so re-picking it adds
+            # no load and is only bounded by count.
+            if not self.budget.allow():
+                self.metrics.retries_denied.labels(features.model).inc()
+                return False
+            outcome.budgeted += 1
+        outcome.retries += 1
+        self.metrics.retries.labels(features.model).inc()
+        return True
 
     def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
         """Count failed attempts against their workers (outlier detection) and versions."""
@@ -526,7 +542,7 @@ class Proxy:
         finally:
             if not done:
                 upstream.close()
-            self.pool.release(worker, placement.kv_tokens)
+            placement.lease.release()  # before the feedback below: waiters need not wait on it
         if done:
             usage = outcome.usage
             await self.router.finished(
