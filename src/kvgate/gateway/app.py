@@ -9,6 +9,7 @@ checker and the metrics. ``build_app`` puts it behind the HTTP endpoints:
 - ``GET /healthz``: the process is alive
 - ``GET /readyz``: a routable worker exists and the gateway is not draining
 - ``GET /metrics``: the gateway's own Prometheus metrics
+- ``GET /dashboard`` (and ``/``): the operator's page (``admin/dashboard.py``)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from aiohttp.typedefs import Middleware
 from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy
 from kvgate.core.registry import PolicyRegistry
+from kvgate.gateway.admin.dashboard import Dashboard
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
@@ -39,6 +41,7 @@ from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
 
@@ -68,7 +71,11 @@ class Gateway:
         default_max = config.admission.worker_max_in_flight
         workers = [Worker(wc, Upstream(wc.url, timeouts), default_max) for wc in config.workers]
         self.pool = WorkerPool(workers, config.health.stale_after, self.queue)
-        self.metrics = GatewayMetrics(lambda: self.pool.gauge_rows(time.monotonic()))
+        self.metrics = GatewayMetrics(
+            lambda: self.pool.gauge_rows(time.monotonic()), created=config.metrics_created
+        )
+        self.traffic = TrafficWindow()
+        """The last minutes of traffic by route reason and worker, for the dashboard."""
         self.health = HealthChecker(self.pool, config.health, config.outlier)
         self.rng = random.Random(config.seed)
         r = config.retries
@@ -115,7 +122,7 @@ class Gateway:
             budget=self.budget,
             metrics=self.metrics,
             passive=self.health,
-            access_log=AccessLog(config.json_logs),
+            access_log=AccessLog(config.access_log, json_lines=config.json_logs),
             features=config.features,
             max_retries=r.count,
             response_headers=config.response_headers,
@@ -124,6 +131,7 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            traffic=self.traffic,
         )
 
     def ready(self) -> bool:
@@ -212,6 +220,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
+    app.add_routes(Dashboard(gateway).routes())
     if config.admin.enabled:
         setup_admin(app, gateway.control)
 

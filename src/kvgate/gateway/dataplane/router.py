@@ -217,6 +217,10 @@ class Router:
         )
         if decision.affinity is not None:
             await self._bind(features, decision, placement, excluded)
+        m = self.metrics
+        m.child(
+            m.decisions, features.model, placement.version, placement.worker.id, placement.reason
+        ).inc()
         self.policy.on_routed(features, placement.worker.id, self.wall())
         return placement
 
