@@ -30,9 +30,9 @@ def queries(node: Any) -> Iterator[str]:
     """Every PromQL expression in the dashboard: panel targets and templating queries."""
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in ("expr", "definition") and isinstance(value, str):
-                yield value
-            elif key == "query" and isinstance(value, str) and "kvgate_" in value:
+            if (key in ("expr", "definition") and isinstance(value, str)) or (
+                key == "query" and isinstance(value, str) and "kvgate_" in value
+            ):
                 yield value
             else:
                 yield from queries(value)
