@@ -26,6 +26,7 @@ ROW = WorkerGaugeRow(
     running=2,
     waiting=1,
     kv_usage=0.9,
+    kv_capacity_tokens=65536,
     gpu_temp_c=71.0,
     gpu_mem_used_mib=1024.0,
     gpu_mem_total_mib=4096.0,
@@ -48,6 +49,7 @@ def test_every_signal_routing_reads_is_a_gauge_per_worker() -> None:
     assert value(metrics, "kvgate_worker_waiting_requests") == 1
     assert value(metrics, "kvgate_worker_kv_usage_ratio") == 0.9
     assert value(metrics, "kvgate_worker_kv_in_flight_tokens") == 512
+    assert value(metrics, "kvgate_worker_kv_capacity_tokens") == 65536
     assert value(metrics, "kvgate_worker_routing_pressure_level") == 1.0
     assert value(metrics, "kvgate_worker_gpu_temperature_celsius") == 71.0
     assert value(metrics, "kvgate_worker_gpu_memory_used_bytes") == 1024 * 2**20
@@ -62,6 +64,7 @@ def test_unknown_readings_are_absent_not_zero() -> None:
         running=None,
         waiting=None,
         kv_usage=None,
+        kv_capacity_tokens=None,
         gpu_temp_c=None,
         gpu_mem_used_mib=None,
         gpu_mem_total_mib=None,
@@ -73,6 +76,7 @@ def test_unknown_readings_are_absent_not_zero() -> None:
         "kvgate_worker_running_requests",
         "kvgate_worker_waiting_requests",
         "kvgate_worker_kv_usage_ratio",
+        "kvgate_worker_kv_capacity_tokens",
         "kvgate_worker_gpu_temperature_celsius",
         "kvgate_worker_gpu_memory_used_bytes",
         "kvgate_worker_gpu_memory_free_bytes",

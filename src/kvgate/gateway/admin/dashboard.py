@@ -181,6 +181,7 @@ class Dashboard:
                     "waiting": row.waiting,
                     "kv_usage": row.kv_usage,
                     "kv_in_flight_tokens": row.kv_in_flight_tokens,
+                    "kv_capacity_tokens": row.kv_capacity_tokens,
                     "pressure": row.pressure,
                     "gpu_temp_c": row.gpu_temp_c,
                     "gpu_mem_used_mib": row.gpu_mem_used_mib,

@@ -87,6 +87,8 @@ class WorkerGaugeRow:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    """The worker's KV-cache size in tokens (configuration: it does not go stale)."""
     gpu_temp_c: float | None = None
     gpu_mem_used_mib: float | None = None
     gpu_mem_total_mib: float | None = None
@@ -132,6 +134,7 @@ class _WorkerCollector(Collector):
             _gauge("kvgate_worker_running_requests", "Requests the worker reports running."),
             _gauge("kvgate_worker_waiting_requests", "Requests the worker reports waiting."),
             _gauge("kvgate_worker_kv_usage_ratio", "KV-cache usage the worker reports, 0..1."),
+            _gauge("kvgate_worker_kv_capacity_tokens", "The worker's KV-cache size in tokens."),
             _gauge("kvgate_worker_gpu_temperature_celsius", "GPU temperature (DCGM), worst GPU."),
             _gauge("kvgate_worker_gpu_memory_used_bytes", "GPU memory used (DCGM), fullest GPU."),
             _gauge("kvgate_worker_gpu_memory_free_bytes", "GPU memory free (DCGM), fullest GPU."),
@@ -155,6 +158,7 @@ class _WorkerCollector(Collector):
             running,
             waiting,
             kv_usage,
+            kv_capacity,
             temp,
             mem_used,
             mem_free,
@@ -174,6 +178,7 @@ class _WorkerCollector(Collector):
             _maybe(running, labels, row.running)
             _maybe(waiting, labels, row.waiting)
             _maybe(kv_usage, labels, row.kv_usage)
+            _maybe(kv_capacity, labels, row.kv_capacity_tokens)
             _maybe(temp, labels, row.gpu_temp_c)
             _maybe(age, labels, row.scrape_age_s)
             if row.gpu_mem_used_mib is not None:

@@ -396,6 +396,7 @@ class WorkerPool:
             running=sig.running if sig is not None else None,
             waiting=sig.waiting if sig is not None else None,
             kv_usage=sig.kv_usage if sig is not None else None,
+            kv_capacity_tokens=state.kv_capacity_tokens,
             gpu_temp_c=sig.gpu_temp_c if sig is not None else None,
             gpu_mem_used_mib=sig.gpu_mem_used_mib if sig is not None else None,
             gpu_mem_total_mib=sig.gpu_mem_total_mib if sig is not None else None,

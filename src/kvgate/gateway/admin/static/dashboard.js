@@ -70,7 +70,9 @@ function drawFleet(state) {
       el("td", { class: "in-flight" }, bar(load, `${w.in_flight} / ${w.max_in_flight}`)),
       el("td", { class: "running" }, num(w.running)),
       el("td", { class: "waiting" }, num(w.waiting)),
-      el("td", { class: "kv" }, bar(w.kv_usage, pct(w.kv_usage), kvClass(w.kv_usage, t))),
+      el("td", { class: "kv", title: w.kv_capacity_tokens ? `of ${w.kv_capacity_tokens} tokens; ` +
+        `${w.kv_in_flight_tokens} more expected from requests in flight` : "" },
+        bar(w.kv_usage, pct(w.kv_usage), kvClass(w.kv_usage, t))),
       el("td", { class: "pressure" }, el("span", { class: `badge p-${w.pressure}` }, w.pressure)),
       el("td", { class: `temp ${tempCls}` }, temp),
       el("td", { class: "mem" }, mem),
