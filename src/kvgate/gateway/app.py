@@ -198,7 +198,10 @@ async def _readyz(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.Response(body=gateway.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    # Rendering takes ~50 ms at 64 workers (prometheus_client formats ~13 µs a line);
+    # in a thread the event loop keeps its turns at the GIL instead of stalling.
+    body = await asyncio.get_running_loop().run_in_executor(None, gateway.metrics.render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def build_app(gateway: Gateway) -> web.Application:

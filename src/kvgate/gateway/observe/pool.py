@@ -376,7 +376,8 @@ class WorkerPool:
 
     def gauge_rows(self, now_mono: float) -> list[WorkerGaugeRow]:
         """Per-worker values for the scrape-time gauges and the dashboard."""
-        return [self._gauge_row(w, now_mono) for w in self._workers.values()]
+        # A copy: /metrics renders in a thread while the loop may add or remove workers.
+        return [self._gauge_row(w, now_mono) for w in list(self._workers.values())]
 
     def _gauge_row(self, w: Worker, now: float) -> WorkerGaugeRow:
         stale = self.stale_after
