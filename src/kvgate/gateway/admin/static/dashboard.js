@@ -63,19 +63,21 @@ function drawFleet(state) {
       ? `${(w.gpu_mem_used_mib / 1024).toFixed(1)} / ${(w.gpu_mem_total_mib / 1024).toFixed(1)} GiB` : "—";
     const temp = w.gpu_temp_c === null ? "—" : w.gpu_temp_c.toFixed(0);
     const tempCls = w.gpu_temp_c !== null && w.gpu_temp_c >= t.temp_soft_c ? "warn" : "";
+    // Readings older than health.stale_after: routing treats them as unknown; so do we.
+    const stale = w.signals_fresh ? "" : "stale";
     return el("tr", { "data-worker": w.id, class: w.hot.length ? "hot" : "" },
       el("td", { class: "worker" }, shortUrl(w.id)),
       el("td", {}, `${w.model} ${w.version}`),
       el("td", { class: "health" }, el("span", { class: `badge ${w.health}` }, w.health)),
       el("td", { class: "in-flight" }, bar(load, `${w.in_flight} / ${w.max_in_flight}`)),
-      el("td", { class: "running" }, num(w.running)),
-      el("td", { class: "waiting" }, num(w.waiting)),
-      el("td", { class: "kv", title: w.kv_capacity_tokens ? `of ${w.kv_capacity_tokens} tokens; ` +
+      el("td", { class: `running ${stale}` }, num(w.running)),
+      el("td", { class: `waiting ${stale}` }, num(w.waiting)),
+      el("td", { class: `kv ${stale}`, title: w.kv_capacity_tokens ? `of ${w.kv_capacity_tokens} tokens; ` +
         `${w.kv_in_flight_tokens} more expected from requests in flight` : "" },
         bar(w.kv_usage, pct(w.kv_usage), kvClass(w.kv_usage, t))),
       el("td", { class: "pressure" }, el("span", { class: `badge p-${w.pressure}` }, w.pressure)),
-      el("td", { class: `temp ${tempCls}` }, temp),
-      el("td", { class: "mem" }, mem),
+      el("td", { class: `temp ${tempCls} ${stale}` }, temp),
+      el("td", { class: `mem ${stale}` }, mem),
       el("td", { class: "affinities" }, num(w.affinities)),
       el("td", { class: `age ${w.signals_fresh ? "" : "warn"}` }, secs(w.scrape_age_s)),
       el("td", { class: "why" }, w.hot.join("; ") || "—"));
