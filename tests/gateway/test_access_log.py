@@ -120,3 +120,14 @@ async def test_access_log_can_be_turned_off(
             ):
                 assert resp.status == 200
     assert not [r for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+async def test_made_up_model_names_never_become_metric_labels(workers: list[WorkerHandle]) -> None:
+    async with running_gateway(gateway_config(workers)) as gw, aiohttp.ClientSession() as session:
+        for i in range(5):
+            body = {"model": f"made-up-{i}", "prompt": "hi", "max_tokens": 2}
+            async with session.post(gw.openai_base + "/completions", json=body) as resp:
+                assert resp.status == 404
+        text = gw.gateway.metrics.render().decode()
+    assert "made-up" not in text
+    assert 'kvgate_requests_total{code="404",model="",reason="model_not_found"' in text

@@ -120,6 +120,8 @@ class _Outcome:
     """The shed reason or error code of a request the gateway answered itself."""
     last_chunk: float | None = None
     """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
+    asked_model: str = ""
+    """The model a refused request named when no worker serves it (access log only)."""
 
 
 class _StreamResponse(web.StreamResponse):
@@ -219,8 +221,11 @@ class Proxy:
             body = await self._read_body(request)
             features, payload = self._features(body, request, request_id, endpoint)
             if not self.pool.serves(features.model):
+                # The access log says what was asked; metric labels never carry a
+                # client's made-up model name (one series per name, forever).
+                outcome.asked_model, features = features.model, None
                 raise ModelNotFoundError(
-                    f"The model {features.model!r} does not exist", param="model"
+                    f"The model {outcome.asked_model!r} does not exist", param="model"
                 )
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
@@ -551,7 +556,7 @@ class Proxy:
             self.access_log.write(
                 AccessRecord(
                     request_id=request_id,
-                    model=model,
+                    model=model or outcome.asked_model,
                     worker=worker,
                     version=version,
                     reason=reason,
