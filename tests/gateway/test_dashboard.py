@@ -18,6 +18,7 @@ from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
 from .conftest import every_worker_up, gateway_config, worker_fleet
+from .rollout_fleet import TOKEN, Traffic, admin, spec, versioned_fleet, wait_state
 
 CALM = WorkerGaugeRow(
     worker="w",
@@ -134,3 +135,27 @@ async def test_state_counts_sheds_and_where_traffic_went() -> None:
     assert worker["id"] == fleet[0].url and worker["health"] == "healthy"
     assert worker["max_in_flight"] == 1 and worker["gpu_temp_c"] is not None
     assert state["totals"]["requests"] == 2
+
+
+async def test_a_rolled_back_rollout_shows_the_gate_that_stopped_it() -> None:
+    async with (
+        versioned_fleet(canary=1, error_rate=0.5) as fleet,
+        running_gateway(fleet.config()) as gw,
+        aiohttp.ClientSession() as session,
+        Traffic(gw.url).running(),
+    ):
+        body = spec(steps=[25, 50, 100], gates={"min_samples": 10, "max_error_rate": 0.01})
+        status, created = await admin(session, "POST", gw.url + "/admin/rollouts", body)
+        assert status == 201, created
+        await wait_state(session, gw.url, created["rollout"], "rolled_back", within=20)
+        status, state, _ = await get(gw, "/dashboard/state.json", token=TOKEN)
+    assert status == 200
+    (rollout,) = state["rollouts"]
+    assert rollout["state"] == "rolled_back"
+    failed = [g for g in rollout["gates"] if g["verdict"] == "fail"]
+    assert [g["name"] for g in failed] == ["error_rate"]
+    assert failed[0]["observed"] > failed[0]["bound"] == 0.01 and failed[0]["samples"] >= 10
+    reasons = [h["reason"] for h in rollout["history"]]
+    assert reasons[0] == "started" and reasons[-1] == "rolled_back"
+    assert rollout["history"][-1]["failed"] == ["error_rate"]
+    assert len(reasons) == len(set(reasons))  # repeats are kept once

@@ -94,13 +94,16 @@ function drawBars(state) {
   const nodes = [];
   const reasons = new Set();
   buckets.forEach((b) => Object.keys(b.reasons).forEach((r) => reasons.add(r)));
-  Object.keys(state.traffic.last_minute.sheds).length && reasons.add("(refused)");
   const step = plotW / buckets.length;
   buckets.forEach((b, i) => {
     let y = top + plotH;
     const parts = Object.entries(b.reasons).sort();
     const refused = b.requests - parts.reduce((s, [, n]) => s + n, 0);
-    if (refused > 0) parts.push(["(refused)", refused]);
+    // Answered by the gateway itself (shed, bad request, unknown model): no route reason.
+    if (refused > 0) {
+      parts.push(["(refused)", refused]);
+      reasons.add("(refused)");
+    }
     for (const [reason, n] of parts) {
       const h = (n / max) * plotH;
       y -= h;
