@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _CHILDREN_MAX = 4096
@@ -53,11 +55,13 @@ _LATENCY_BUCKETS = (
 # ``kvgate_worker_health_state`` has one series per state, 0 or 1, that never
 # disappears while the worker is in the pool.
 
-HEALTH_STATES = ("healthy", "degraded", "draining", "ejected")
-"""Every value of ``core.fleet.Health``, in the order the dashboard shows them."""
+HEALTH_STATES = tuple(h.value for h in Health)
+"""Every health state: one ``kvgate_worker_health_state`` series each, per worker."""
 
-PRESSURE_VALUES = {"normal": 0.0, "soft": 1.0, "hard": 2.0}
+PRESSURE_VALUES = {Pressure.NORMAL.value: 0.0, Pressure.SOFT.value: 1.0, Pressure.HARD.value: 2.0}
 """``kvgate_worker_*pressure_level`` values for each ``core.fleet.Pressure`` level."""
+
+_ROUTABLE = frozenset(h.value for h in ROUTABLE_HEALTH)
 
 _MIB = 1024.0 * 1024.0
 
@@ -169,7 +173,7 @@ class _WorkerCollector(Collector):
             labels = [row.worker, row.model, row.version]
             in_flight.add_metric(labels, row.in_flight)
             max_in_flight.add_metric(labels, row.max_in_flight)
-            healthy.add_metric(labels, 0.0 if row.health in ("ejected", "draining") else 1.0)
+            healthy.add_metric(labels, 1.0 if row.health in _ROUTABLE else 0.0)
             for state in HEALTH_STATES:
                 health_state.add_metric([*labels, state], 1.0 if row.health == state else 0.0)
             pressure.add_metric(labels, PRESSURE_VALUES.get(row.pressure, 0.0))
