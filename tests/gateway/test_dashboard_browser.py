@@ -190,7 +190,7 @@ async def test_dashboard_shows_fleet_traffic_and_rollout_as_metrics_say(
                 step = await article.locator('[data-field="step"]').inner_text()
                 if not seen_steps or seen_steps[-1] != step:
                     seen_steps.append(step)
-                    if screenshot and step == "step 2 of 3":
+                    if screenshot and step != "step 1 of 3" and len(seen_steps) == 2:
                         os.makedirs(os.path.dirname(screenshot) or ".", exist_ok=True)
                         await page.screenshot(path=screenshot, full_page=True)
                 state = await article.locator('[data-field="state"]').inner_text()
@@ -198,12 +198,14 @@ async def test_dashboard_shows_fleet_traffic_and_rollout_as_metrics_say(
 
             async with Traffic(gw.url, concurrency=3).running():
                 await wait_until(promoted, timeout=60, interval=0.1, message="rollout promoted")
-            assert seen_steps[0] == "step 1 of 3"
-            assert "step 2 of 3" in seen_steps
-            assert seen_steps[-1] == "step 3 of 3"
+            # What the page showed moved forward only, from the first step to the last (a
+            # loaded machine may skip a refresh within a step; the history has them all).
+            assert seen_steps[0] == "step 1 of 3" and seen_steps[-1] == "step 3 of 3"
+            assert seen_steps == sorted(seen_steps)
             # Its gates were shown with their observed values, bounds and samples.
             gate_rows = await article.locator("table.gates tbody tr[data-gate]").count()
             assert gate_rows > 0
             history = await article.locator(".history li").all_inner_texts()
             assert any("promoted" in line for line in history)
-            assert any("advanced" in line for line in history)
+            assert any("advanced: step 2" in line for line in history)
+            assert any("advanced: step 3" in line for line in history)
