@@ -40,11 +40,13 @@ def summarize(
     time_scale: float = 1.0,
     bound: Bound | None = None,
     workers: Sequence[str] = (),
+    reference: Bound | None = None,
 ) -> dict[str, Any]:
     """The run's figures, shaped as one policy's entry of ``kvgate sim``'s results.json.
 
     ``workers`` lists the fleet's worker ids when known, so a worker that served
-    nothing still counts in the load spread.
+    nothing still counts in the load spread. ``reference`` is the capacity-aware
+    reference, when the fleet's KV size is known.
     """
     seen = [o.answer.worker or UNNAMED_WORKER for o in outcomes if o.answer.ok]
     ids = list(dict.fromkeys([*workers, *sorted(set(seen))]))
@@ -85,6 +87,10 @@ def summarize(
         )
     bound_rate = bound.hit_rate if bound is not None else None
     summary = recorder.summary(bound_rate)
+    if reference is not None:
+        summary["hit_rate_of_reference"] = (
+            round(summary["hit_rate"] / reference.hit_rate, 6) if reference.hit_rate else None
+        )
     for key in _CLIENT_INVISIBLE:
         summary.pop(key, None)
     summary.update(
@@ -123,9 +129,11 @@ def results_document(
     workload: dict[str, Any],
     bound: Bound,
     config: dict[str, Any],
+    reference: Bound | None = None,
 ) -> dict[str, Any]:
     """``results.json``: the sim's shape, one entry per label (policy or target) under
-    ``"policies"``, the infinite-cache bound at the top level."""
+    ``"policies"``, the infinite-cache bound and the capacity-aware reference (None
+    when the fleet's KV size was not given) at the top level."""
     rate = round(bound.hit_rate, 6)
     return {
         "workload": workload,
@@ -137,7 +145,19 @@ def results_document(
             "prompt_tokens": bound.prompt_tokens,
             "cached_tokens": bound.cached_tokens,
         },
+        "reference_hit_rate": round(reference.hit_rate, 6) if reference is not None else None,
+        "reference": _bound_json(reference) if reference is not None else None,
         "policies": dict(runs),
+    }
+
+
+def _bound_json(bound: Bound) -> dict[str, Any]:
+    return {
+        "hit_rate": round(bound.hit_rate, 6),
+        "requests": bound.requests,
+        "prompt_tokens": bound.prompt_tokens,
+        "cached_tokens": bound.cached_tokens,
+        "capacity_blocks": bound.capacity_blocks,
     }
 
 
@@ -187,10 +207,22 @@ _WORKER_TIMED: tuple[Column, ...] = (
 """Columns for workers that report their own TTFT (``kvgate_timing``)."""
 
 
+_REFERENCE = Column(
+    "/ref",
+    "hit_rate_of_reference",
+    lambda s: percent(s.get("hit_rate_of_reference")),
+    field("hit_rate_of_reference"),
+)
+"""Hit rate against the fleet-KV LRU reference, when the results carry one (``--wide``)."""
+
+
 def _columns(results: Mapping[str, Any]) -> tuple[Column, ...]:
     runs = results.get("policies", {})
+    columns = BENCH_COLUMNS
+    if results.get("reference_hit_rate") is not None:
+        columns = (*columns[:4], _REFERENCE, *columns[4:])
     worker_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
-    return (*BENCH_COLUMNS, *_WORKER_TIMED) if worker_timed else BENCH_COLUMNS
+    return (*columns, *_WORKER_TIMED) if worker_timed else columns
 
 
 def results_table(
@@ -200,11 +232,14 @@ def results_table(
     that a client can measure, plus errors and sheds (``wide``: all of them)."""
     name = results.get("workload", {}).get("name", "workload")
     bound = float(results.get("bound_hit_rate", 0.0))
+    reference = results.get("reference_hit_rate")
     heading = title or f"{name}: infinite-cache bound hit rate {bound:.1%}"
+    if title is None and reference is not None:
+        heading += f", fleet-KV LRU reference {float(reference):.1%}"
     runs = list(results.get("policies", {}).items())
     columns = _columns(results)
     caption = None
-    if columns is not BENCH_COLUMNS:
+    if _WORKER_TIMED[0] in columns:
         caption = "worker p50: TTFT on the workers' own clock (model time)."
     if not wide:
         caption = f"{caption + ' ' if caption else ''}--wide: every column."

@@ -41,11 +41,18 @@ def config_json(config: SimConfig) -> dict[str, Any]:
 
 
 def _point_json(point: PointResult) -> dict[str, Any]:
+    reference = point.reference
     return {
         "value": point.value,
         "workload": point.workload,
         "bound_hit_rate": round(point.bound.hit_rate, 6),
         "bound": asdict(point.bound) | {"hit_rate": round(point.bound.hit_rate, 6)},
+        "reference_hit_rate": round(reference.hit_rate, 6) if reference is not None else None,
+        "reference": (
+            asdict(reference) | {"hit_rate": round(reference.hit_rate, 6)}
+            if reference is not None
+            else None
+        ),
         "policies": {run.policy: {"options": run.options, **run.summary} for run in point.runs},
     }
 
@@ -64,6 +71,8 @@ def results_json(
         "policy_options": dict(policy_options or {}),
         "bound_hit_rate": first["bound_hit_rate"],
         "bound": first["bound"],
+        "reference_hit_rate": first["reference_hit_rate"],
+        "reference": first["reference"],
         "policies": first["policies"],
     }
     if sweep_param is not None:
@@ -90,6 +99,12 @@ SIM_COLUMNS: tuple[Column, ...] = (
     Column("req/s", "throughput", lambda s: f"{s['throughput']:.2f}", field("throughput")),
     Column("hit", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True),
     Column("/bound", "hit_rate_of_bound", _of_bound, field("hit_rate_of_bound"), narrow=True),
+    Column(
+        "/ref",
+        "hit_rate_of_reference",
+        lambda s: percent(s.get("hit_rate_of_reference")),
+        field("hit_rate_of_reference"),
+    ),
     Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
     Column("p90", "ttft_p90", lambda s: ms(s["ttft_p90"]), field("ttft_p90")),
     Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
@@ -139,6 +154,8 @@ def results_table(
     """
     name = point.workload.get("name", "workload")
     title = f"{name}: infinite-cache bound hit rate {point.bound.hit_rate:.1%}"
+    if point.reference is not None:
+        title += f", fleet-KV LRU reference {point.reference.hit_rate:.1%}"
     if point.value is not None:
         title += f"  (sweep value {point.value})"
     columns = (*SIM_COLUMNS, _SPEED) if wall is not None else SIM_COLUMNS

@@ -256,12 +256,9 @@ class Dashboard:
         }
 
     async def _affinities(self) -> dict[str, int] | None:
-        """Affinities held per worker, from the store (``None`` when it cannot say)."""
-        counts = getattr(self.gateway.store, "counts", None)
-        if counts is None:
-            return None
+        """Affinities held per worker, from the store (``None`` while the store fails)."""
         try:
-            found = await counts()
+            found = await self.gateway.store.counts()
         except Exception:
             return None
         return {str(k): int(v) for k, v in found.items()}
