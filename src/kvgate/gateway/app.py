@@ -31,6 +31,7 @@ from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.dataplane import middleware
+from kvgate.gateway.dataplane.passthrough import Passthrough
 from kvgate.gateway.dataplane.proxy import Proxy, models_payload
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
@@ -61,7 +62,7 @@ class Gateway:
             config.policy.name, config.policy_options()
         )
         self._owns_store = store is None
-        self.store = store if store is not None else open_store(config.store.url)
+        self.store = store if store is not None else open_store(config.store.effective_url)
         self.queue = AdmissionQueue(config.admission.queue_size)
         t = config.timeouts
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
@@ -124,7 +125,9 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            aliases=config.model_aliases,
         )
+        self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
 
     def ready(self) -> bool:
         """True when not draining and some worker can take a request."""
@@ -141,6 +144,8 @@ class Gateway:
         for worker in self.pool:
             if worker.model is None:
                 log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
+        if not len(self.pool) and not self.config.discovery.dns:
+            log.warning("no workers: add them with POST /admin/workers or configure discovery")
         self.health.start()
         await self.control.start()
 
@@ -173,7 +178,7 @@ GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
 
 async def _models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.json_response(models_payload(gateway.pool.models()))
+    return web.json_response(models_payload(gateway.pool.models(), gateway.config.model_aliases))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -182,10 +187,15 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
+    detail: dict[str, object] = {}
+    if gateway.health.model_mismatch:
+        detail["model_mismatch"] = dict(gateway.health.model_mismatch)
     if gateway.ready():
-        return web.json_response({"status": "ready"})
+        return web.json_response({"status": "ready", **detail})
     status = "draining" if gateway.draining else "no healthy worker"
-    return web.json_response({"status": status}, status=503)
+    if not gateway.draining and len(gateway.pool) == 0:
+        status = "no workers yet"
+    return web.json_response({"status": status, **detail}, status=503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -214,6 +224,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
     if config.admin.enabled:
         setup_admin(app, gateway.control)
+    app.add_routes(gateway.passthrough.routes())  # last: it ends with a /v1/ catch-all
 
     async def _start(app: web.Application) -> None:
         await gateway.start()

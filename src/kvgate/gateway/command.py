@@ -37,6 +37,9 @@ def serve(
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs/--text-logs", help="One JSON line per request.")
     ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning or error (default: info).")
+    ] = None,
 ) -> None:
     """Serve the OpenAI API in front of a fleet of workers, routing for KV-cache reuse."""
     try:
@@ -50,9 +53,8 @@ def serve(
             store=store,
             processes=processes,
             json_logs=json_logs,
+            log_level=log_level,
         )
-        if not cfg.workers:
-            raise ConfigError("no workers: give --worker URL (repeatable) or a config file")
         # Build once here so an unknown policy or bad options fail before forking.
         from kvgate.core.policies import default_registry
 

@@ -8,7 +8,9 @@ Example ``kvgate.yaml``::
 
     listen: {host: 0.0.0.0, port: 8000}
     policy: {name: prefix_affinity, options: {}}
-    store: {url: "redis://127.0.0.1:6379/0"}
+    store: {url: "redis://redis:6379/0", password_file: /run/secrets/redis-password}
+    admin_token: "${KVGATE_ADMIN_TOKEN}"      # from the environment
+    discovery: {dns: [{name: vllm.default.svc.cluster.local, port: 8000}]}
     workers:
       - {url: "http://10.0.0.5:8000", model: llama-3-8b, version: v2.1}
       - {url: "http://10.0.0.6:8000", dcgm_url: "http://10.0.0.6:9400/metrics"}
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 import yaml
 from pydantic import (
@@ -35,12 +38,20 @@ from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
+from kvgate.gateway import secrets
 from kvgate.gateway.control.config import (
     AdminConfig,
+    DiscoveryConfig,
     ModelVersionsConfig,
     RolloutsConfig,
     is_loopback,
 )
+
+STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
+"""URL schemes of the shared store (``+cluster``: Redis Cluster)."""
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class ConfigError(ValueError):
@@ -105,15 +116,33 @@ class PolicyConfig(_Model):
 
 
 class StoreConfig(_Model):
-    """Where affinities live: ``memory`` (one process) or ``redis://HOST:PORT/DB``."""
+    """Where affinities live: ``memory`` (one process), ``redis://HOST:PORT/DB``, or a
+    Redis Cluster (``redis+cluster://HOST:PORT``, any one node; the rest are discovered).
+
+    ``password`` (or ``password_file``) is put into the URL, so the URL itself can
+    sit in a ConfigMap and the password in a Secret.
+    """
 
     url: str = "memory"
+    password: str | None = Field(default=None, repr=False)
     affinity_ttl_s: float = Field(default=3600.0, gt=0)
+
+    @property
+    def effective_url(self) -> str:
+        """``url`` with ``password`` in it (``url`` itself when no password is set)."""
+        if self.password is None or self.url == "memory":
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        host = netloc.rpartition("@")[2]
+        user = netloc.rpartition("@")[0].partition(":")[0] if "@" in netloc else ""
+        secret = quote(self.password, safe="")
+        return f"{scheme}://{user}:{secret}@{host}{slash}{path}"
 
     @field_validator("url")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(("redis://", "rediss://")):
+        if value != "memory" and not value.startswith(STORE_SCHEMES):
             raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
         return value
 
@@ -203,13 +232,17 @@ class GatewayConfig(_Model):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pressure: PressureSettings = Field(default_factory=PressureSettings)
-    api_keys: list[str] = Field(default_factory=list)
-    admin_token: str | None = None
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
+    api_keys: list[str] = Field(default_factory=list, repr=False)
+    admin_token: str | None = Field(default=None, repr=False)
     response_headers: bool = True
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    log_level: LogLevel = "info"
     drain_timeout_s: float = Field(default=30.0, ge=0)
     seed: int = 0
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
@@ -224,6 +257,18 @@ class GatewayConfig(_Model):
             if worker.url in seen:
                 raise ValueError(f"worker {worker.url} listed twice")
             seen.add(worker.url)
+        return value
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _plain_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias, target in value.items():
+            if not alias or not target:
+                raise ValueError("aliases and their models must be non-empty")
+            if alias == target:
+                raise ValueError(f"{alias!r} is an alias of itself")
+            if target in value:
+                raise ValueError(f"{alias!r} -> {target!r}: an alias must name a model")
         return value
 
     @model_validator(mode="after")
@@ -263,10 +308,20 @@ def _describe(exc: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def parse_config(data: Mapping[str, Any] | None) -> GatewayConfig:
-    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys."""
+def parse_config(
+    data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys.
+
+    ``${NAME}`` and ``X_file`` values are resolved first (``gateway.secrets``),
+    from ``env`` (default: the process environment).
+    """
     try:
-        return GatewayConfig.model_validate(dict(data or {}))
+        resolved = secrets.resolve(dict(data or {}), env)
+    except secrets.SecretError as exc:
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    try:
+        return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
 
@@ -296,15 +351,19 @@ def with_overrides(
     store: str | None = None,
     processes: int | None = None,
     json_logs: bool | None = None,
+    log_level: str | None = None,
 ) -> GatewayConfig:
     """``config`` with command-line options applied on top (validated again)."""
-    data = config.model_dump(mode="python")
+    data = config.model_dump(mode="python", exclude={"discovery"})
+    data["discovery"] = config.discovery
     if workers:
         data["workers"] = [{"url": url} for url in workers]
     if policy is not None and policy != config.policy.name:
         data["policy"] = {"name": policy, "options": {}}
     if json_logs is not None:
         data["json_logs"] = json_logs
+    if log_level is not None:
+        data["log_level"] = log_level.lower()
     listen = data["listen"]
     if host is not None:
         listen["host"] = host
@@ -314,4 +373,7 @@ def with_overrides(
         listen["processes"] = processes
     if store is not None:
         data["store"]["url"] = store
-    return parse_config(data)
+    try:  # already resolved: a secret holding "${" must not be expanded again
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None

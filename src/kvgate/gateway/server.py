@@ -96,6 +96,11 @@ async def serve(
     return drained
 
 
+def log_level(config: GatewayConfig) -> int:
+    """The ``logging`` level ``log_level`` names."""
+    return int(getattr(logging, config.log_level.upper()))
+
+
 def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     """Run ``main`` on uvloop (asyncio's own loop where uvloop is missing)."""
     try:
@@ -107,7 +112,7 @@ def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
 
 
 def _run_one(config: GatewayConfig) -> None:
-    configure_logging(config.json_logs)
+    configure_logging(config.json_logs, log_level(config))
     _run_loop(serve(config))
 
 
@@ -129,7 +134,7 @@ def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> Non
     loop's handlers are installed, then drains as usual instead of killing.
     """
     _die_with_parent(parent_pid)
-    configure_logging(config.json_logs)
+    configure_logging(config.json_logs, log_level(config))
 
     def listening(port: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -297,5 +302,5 @@ def run(config: GatewayConfig) -> int:
         return 0
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
-    configure_logging(config.json_logs)
+    configure_logging(config.json_logs, log_level(config))
     return _Supervisor(config).run()

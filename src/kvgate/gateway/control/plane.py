@@ -13,6 +13,7 @@ from typing import cast
 from kvgate.core.policy import Policy
 from kvgate.gateway.config import GatewayConfig, WorkerConfig
 from kvgate.gateway.control.alerts import AlertSender
+from kvgate.gateway.control.discovery import Discovery
 from kvgate.gateway.control.evaluator import QualityEvaluator
 from kvgate.gateway.control.membership import Membership, WorkerFactory
 from kvgate.gateway.control.outcomes import OutcomeRecorder
@@ -85,6 +86,7 @@ class ControlPlane:
             worker_factory(config),
             drain_timeout_s=config.drain_timeout_s,
         )
+        self.discovery = Discovery(config.discovery, self.membership)
 
     @property
     def admin_token(self) -> str | None:
@@ -97,9 +99,11 @@ class ControlPlane:
             self.evaluator.start()
         if self.config.rollouts.enabled:
             await self.rollouts.start()
+        self.discovery.start()
 
     async def stop(self) -> None:
         """Stop the background tasks and close their connections."""
+        await self.discovery.stop()
         await self.rollouts.stop()
         if self.evaluator is not None:
             await self.evaluator.stop()

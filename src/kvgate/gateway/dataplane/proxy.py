@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,24 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """How to forward a request that is not a generation: its features and body."""
+
+    features: RequestFeatures
+    body: bytes
+    method: str = "POST"
+    answer_key: str | None = None
+    """Tag under which the answer's id is bound to its worker (``None``: not bound)."""
+
+
+Describe = Callable[[bytes, web.Request, str], Forward]
+"""Builds a ``Forward`` from the body, the request and its id (raises ``GatewayError``)."""
+
+
 class PassiveHealth(Protocol):
     """Where live request outcomes go (outlier detection)."""
 
@@ -113,6 +132,9 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    method: str = "POST"
+    answer_key: str | None = None
+    """Bind the id the answer starts with under this tag (``response:``), for continuations."""
 
 
 class _StreamResponse(web.StreamResponse):
@@ -162,8 +184,11 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.pool = pool
+        self.aliases: Mapping[str, str] = aliases or {}
+        """Model names clients may use for another model (``model_aliases``)."""
         self.router = router
         self.budget = budget
         self.metrics = metrics
@@ -191,9 +216,18 @@ class Proxy:
         return await self.handle(request, "/v1/completions", "completions")
 
     async def handle(
-        self, request: web.Request, path: str, endpoint: Endpoint
+        self,
+        request: web.Request,
+        path: str,
+        endpoint: Endpoint,
+        *,
+        describe: Describe | None = None,
     ) -> web.StreamResponse:
-        """Parse, route, forward (with retries) and answer one request."""
+        """Parse, route, forward (with retries) and answer one request.
+
+        ``describe`` builds the features of a request that is not a generation
+        (embeddings, responses, tokenize, any other path); it may rewrite the body.
+        """
         started = time.monotonic()
         request_id = request.headers.get(REQUEST_ID) or self._new_id()
         request[REQUEST_ID_KEY] = request_id
@@ -205,7 +239,16 @@ class Proxy:
         features: RequestFeatures | None = None
         try:
             body = await self._read_body(request)
-            features, payload = self._features(body, request, request_id, endpoint)
+            if describe is not None:
+                forward = describe(body, request, request_id)
+                features, body = forward.features, forward.body
+                outcome.method = forward.method
+                outcome.answer_key = forward.answer_key
+                outcome.body = body
+                return await self._forward(
+                    request, path, body=body, features=features, started=started, outcome=outcome
+                )
+            features, payload, body = self._features(body, request, request_id, endpoint)
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -238,21 +281,26 @@ class Proxy:
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
-    ) -> tuple[RequestFeatures, dict[str, Any]]:
-        """The request's features and its decoded body; 400/404 errors on a bad one."""
+    ) -> tuple[RequestFeatures, dict[str, Any], bytes]:
+        """The request's features, decoded body and the body to forward (an alias
+        resolved to its model); 400/404 errors on a bad one."""
         try:
             payload = json.loads(body)
         except ValueError:
             raise InvalidRequestError("the request body is not valid JSON") from None
+        if self.aliases and isinstance(payload, dict):
+            target = self.aliases.get(payload.get("model"))  # type: ignore[arg-type]
+            if target is not None:
+                payload["model"] = target
+                body = json.dumps(payload, separators=(",", ":")).encode()
         try:
             features = prefix.build_features(
                 payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
-        if not self.pool.serves(features.model):
-            raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
-        return features, payload
+        check_model(self.pool, features.model)
+        return features, payload, body
 
     async def _forward(
         self,
@@ -281,8 +329,11 @@ class Proxy:
                 outcome.reported = False
                 worker = placement.worker
                 try:
-                    upstream = await worker.upstream.post(
-                        path, body, self._upstream_headers(request, worker, features.request_id)
+                    upstream = await worker.upstream.send(
+                        outcome.method,
+                        path,
+                        body,
+                        self._upstream_headers(request, worker, features.request_id),
                     )
                     if upstream.status == 429 or upstream.status >= 500:
                         await self._drain_error(upstream)
@@ -411,6 +462,8 @@ class Proxy:
                 await response.write_eof()
                 outcome.usage = usage_from_body(data)
                 done = True
+                if outcome.answer_key is not None:
+                    await self._remember_answer(data, placement, outcome.answer_key)
                 recorder = self.outcomes
                 version = placement.version
                 if recorder is not None and recorder.wants_sample(features.model, version):
@@ -457,6 +510,8 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                    if outcome.answer_key is not None:
+                        await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -482,6 +537,12 @@ class Proxy:
             return response, False
         outcome.usage = stripper.usage if stripper is not None else tap.usage()
         return response, True
+
+    async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
+        """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
+        found = _ANSWER_ID.search(data, 0, 4096)
+        if found is not None and placement is not None:
+            await self.router.remember(tag + found.group(1).decode(), placement)
 
     def _client_gone(self, model: str, outcome: _Outcome) -> None:
         outcome.status = 499
@@ -550,18 +611,38 @@ def _report(
         recorder.sample(model, version, outcome.body, outcome.sample)
 
 
-def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:
-    """The ``GET /v1/models`` body for the models the fleet serves."""
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": model,
-                "object": "model",
-                "created": 0,
-                "owned_by": "kvgate",
-                "versions": versions,
-            }
-            for model, versions in models.items()
-        ],
-    }
+def check_model(pool: WorkerPool, model: str) -> None:
+    """404 for a model no worker serves; 503 while some worker's model is not known yet.
+
+    A gateway that starts with an empty fleet (discovery has not found a worker,
+    or they have not answered their first probe) cannot tell a wrong model name
+    from one not served yet, so it answers 503, which clients retry.
+    """
+    if pool.serves(model):
+        return
+    if len(pool) == 0 or any(worker.model is None for worker in pool):
+        raise NoHealthyWorkerError(f"no worker serving {model!r} is known yet; retry later")
+    raise ModelNotFoundError(f"The model {model!r} does not exist", param="model")
+
+
+def models_payload(
+    models: Mapping[str, list[str]], aliases: Mapping[str, str] | None = None
+) -> dict[str, object]:
+    """The ``GET /v1/models`` body: the models the fleet serves, and aliases of them."""
+    data: list[dict[str, object]] = [
+        {"id": model, "object": "model", "created": 0, "owned_by": "kvgate", "versions": versions}
+        for model, versions in models.items()
+    ]
+    for alias, target in (aliases or {}).items():
+        if target in models:
+            data.append(
+                {
+                    "id": alias,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "kvgate",
+                    "versions": models[target],
+                    "alias_of": target,
+                }
+            )
+    return {"object": "list", "data": data}
