@@ -93,7 +93,7 @@ async def test_a_streamed_response_is_bound_too(gw: GatewayHandle) -> None:
         follow = await client.responses.create(
             model="demo", input="more", previous_response_id=done.response.id
         )
-    assert [e.type for e in events][0] == "response.created"
+    assert events[0].type == "response.created"
     assert follow.status == "completed"
 
 
@@ -151,9 +151,12 @@ async def test_a_worker_not_serving_its_configured_model_is_named_in_readyz(
 ) -> None:
     config = gateway_config(workers)
     config["workers"] = [{"url": workers[0].url, "model": "llama-3-8b"}, {"url": workers[1].url}]
-    async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
-        async with session.get(gw.url + "/readyz") as resp:
-            detail = await resp.json()
+    async with (
+        running_gateway(config) as gw,
+        aiohttp.ClientSession() as session,
+        session.get(gw.url + "/readyz") as resp,
+    ):
+        detail = await resp.json()
     assert detail["model_mismatch"] == {
         workers[0].url: "configured for model 'llama-3-8b' but serves ['demo']"
     }
