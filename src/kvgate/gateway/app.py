@@ -18,6 +18,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -26,10 +27,11 @@ from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy
 from kvgate.core.registry import PolicyRegistry
 from kvgate.gateway.admin.drain import DrainApi
-from kvgate.gateway.admin.routes import setup_admin
+from kvgate.gateway.admin.routes import add_admin_route, setup_admin
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
+from kvgate.gateway.control.reload import Reloader
 from kvgate.gateway.dataplane import middleware
 from kvgate.gateway.dataplane.passthrough import Passthrough
 from kvgate.gateway.dataplane.proxy import Proxy, models_payload
@@ -56,6 +58,7 @@ class Gateway:
         registry: PolicyRegistry | None = None,
         policy: Policy | None = None,
         store: AffinityStoreLike | None = None,
+        source: Callable[[], GatewayConfig] | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or (registry or default_registry()).build(
@@ -127,6 +130,7 @@ class Gateway:
             outcomes=self.control.recorder,
             aliases=config.model_aliases,
         )
+        self.reloader = Reloader(self, source)
         self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
 
     def ready(self) -> bool:
@@ -198,6 +202,12 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": status, **detail}, status=503)
 
 
+async def _reload(request: web.Request) -> web.Response:
+    """``POST /admin/reload``: re-read the config file (409 naming what needs a restart)."""
+    result = await request.app[GATEWAY_KEY].reloader.reload_source()
+    return web.json_response(result.to_dict())
+
+
 async def _metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     return web.Response(body=gateway.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -224,6 +234,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
     if config.admin.enabled:
         setup_admin(app, gateway.control)
+        add_admin_route(app, "POST", "/admin/reload", _reload)
     app.add_routes(gateway.passthrough.routes())  # last: it ends with a /v1/ catch-all
 
     async def _start(app: web.Application) -> None:

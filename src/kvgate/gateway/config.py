@@ -19,6 +19,7 @@ Example ``kvgate.yaml``::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -377,3 +378,19 @@ def with_overrides(
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where the configuration in force came from, so a reload can read it again.
+
+    The file, plus the command-line options applied on top of it (they still
+    win after a reload). Picklable: server processes get it when spawned.
+    """
+
+    path: Path
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self) -> GatewayConfig:
+        """Read and validate the file again, with the same overrides."""
+        return with_overrides(load_config(self.path), **dict(self.overrides))

@@ -32,13 +32,17 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from kvgate.gateway.app import Gateway, build_app, runner_options
-from kvgate.gateway.config import ConfigError, GatewayConfig
+from kvgate.gateway.config import ConfigError, ConfigSource, GatewayConfig
+from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.observe.logs import configure_logging
 
 log = logging.getLogger("kvgate.gateway.server")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that make a gateway drain and exit."""
+
+RELOAD_SIGNAL = signal.SIGHUP
+"""The signal that makes a gateway re-read its config file (see ``control.reload``)."""
 
 STARTUP_TIMEOUT_S = 60.0
 """A server process not listening this long after it was started is killed."""
@@ -49,9 +53,18 @@ DRAIN_CUT_SHORT = 3
 _T = TypeVar("_T")
 
 
+async def _reload(gateway: Gateway) -> None:
+    """SIGHUP: re-read the config file; a refusal is logged, the gateway serves on."""
+    try:
+        await gateway.reloader.reload_source()
+    except GatewayError as exc:
+        log.error("SIGHUP: %s", exc)
+
+
 async def serve(
     config: GatewayConfig,
     *,
+    source: ConfigSource | None = None,
     reuse_port: bool = False,
     on_listening: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
@@ -60,7 +73,7 @@ async def serve(
 
     True when every in-flight request finished within ``drain_timeout_s``.
     """
-    gateway = Gateway(config)
+    gateway = Gateway(config, source=source)
     runner = web.AppRunner(build_app(gateway), **runner_options(config))  # type: ignore[arg-type]
     await runner.setup()
     stopping = stop or asyncio.Event()
@@ -68,6 +81,15 @@ async def serve(
     for signum in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(_reload(gateway), name="kvgate-reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(RELOAD_SIGNAL, on_hup)
     try:
         site = web.TCPSite(
             runner,
@@ -111,9 +133,9 @@ def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     return result
 
 
-def _run_one(config: GatewayConfig) -> None:
+def _run_one(config: GatewayConfig, source: ConfigSource | None) -> None:
     configure_logging(config.json_logs, log_level(config))
-    _run_loop(serve(config))
+    _run_loop(serve(config, source=source))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -126,7 +148,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> None:
+def _run_child(
+    config: GatewayConfig, ready: Connection, parent_pid: int, source: ConfigSource | None = None
+) -> None:
     """One of several server processes: report the port on ``ready`` once listening.
 
     The stop signals arrive blocked (the parent blocked them around the spawn and
@@ -142,7 +166,7 @@ def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> Non
             ready.send(port)
         ready.close()
 
-    drained = _run_loop(serve(config, reuse_port=True, on_listening=listening))
+    drained = _run_loop(serve(config, source=source, reuse_port=True, on_listening=listening))
     sys.exit(0 if drained else DRAIN_CUT_SHORT)
 
 
@@ -166,8 +190,9 @@ class _Child:
 class _Supervisor:
     """Starts the server processes, forwards stop signals, reports deaths, sums up."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, source: ConfigSource | None = None) -> None:
         self.config = config
+        self.source = source
         self.children: list[_Child] = []
         self.received: list[int] = []
         self.forwarded = 0
@@ -178,6 +203,7 @@ class _Supervisor:
     def run(self) -> int:
         """Serve until every child has exited; the exit status (0: all drained)."""
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        previous[RELOAD_SIGNAL] = signal.signal(RELOAD_SIGNAL, self._on_reload)
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
         try:
             self._start()
@@ -192,6 +218,13 @@ class _Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
 
+    def _on_reload(self, signum: int, _frame: object) -> None:
+        # Only to listening children: before its loop handles SIGHUP, it would kill one.
+        for child in self.children:
+            if child.listening and not child.exited and child.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.process.pid, signum)
+
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -200,7 +233,7 @@ class _Supervisor:
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
-                    args=(self.config, writer, os.getpid()),
+                    args=(self.config, writer, os.getpid(), self.source),
                     name=f"kvgate-serve-{index}",
                 )
                 try:
@@ -295,12 +328,15 @@ class _Supervisor:
         return 1
 
 
-def run(config: GatewayConfig) -> int:
-    """Serve ``config`` in this process, or in ``listen.processes`` children; exit status."""
+def run(config: GatewayConfig, source: ConfigSource | None = None) -> int:
+    """Serve ``config`` in this process, or in ``listen.processes`` children; exit status.
+
+    ``source`` is where ``config`` came from: SIGHUP reads it again (``control.reload``).
+    """
     if config.listen.processes == 1:
-        _run_one(config)
+        _run_one(config, source)
         return 0
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
     configure_logging(config.json_logs, log_level(config))
-    return _Supervisor(config).run()
+    return _Supervisor(config, source).run()

@@ -200,6 +200,13 @@ class Discovery:
                 log.exception("discovery round failed")
             await asyncio.sleep(self.config.interval_s)
 
+    async def reconfigure(self, config: DiscoveryConfig) -> None:
+        """Resolve with a new configuration from now on (a reload)."""
+        await self.stop()
+        self.config = config
+        self.resolver = DnsResolver(config)
+        self.start()
+
     async def stop(self) -> None:
         """Stop resolving (the workers found stay in the pool until it closes)."""
         if self._task is not None:
