@@ -120,8 +120,9 @@ async def test_sighup_rereads_the_config_file(tmp_path: Path) -> None:
         _write(path, fleet, {"v1": 100, "v2": 0}, listen={"port": 0})
         stop = asyncio.Event()
         ports: list[int] = []
+        config, source = load_config(path), ConfigSource(path)
         server = asyncio.create_task(
-            serve(load_config(path), source=ConfigSource(path), stop=stop, on_listening=ports.append)
+            serve(config, source=source, stop=stop, on_listening=ports.append)
         )
         try:
             await wait_until(lambda: bool(ports), message="listening")
