@@ -22,11 +22,11 @@ from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.control.rollout_store import BlobStore
 from kvgate.gateway.control.rollouts import RolloutManager
 from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
-from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.store import MemoryStore
 
 log = logging.getLogger("kvgate.gateway.control.plane")
