@@ -3,7 +3,7 @@
 # Does its own set-up on a fresh machine (virtualenv, install, redis-server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,llamacpp
+bash scripts/setup.sh test,llamacpp,plots
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "redis-server not found; installing it from Debian's packages" >&2
   if [ "$(id -u)" = 0 ]; then
