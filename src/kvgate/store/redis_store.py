@@ -29,8 +29,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeVar
+from urllib.parse import unquote
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -55,6 +57,46 @@ class _Down(enum.Enum):
 _DOWN: Final = _Down.DOWN
 
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster)."""
+    return url.startswith(("redis+cluster://", "rediss+cluster://"))
+
+
+def cluster_nodes(url: str) -> dict[str, Any]:
+    """``RedisCluster`` arguments from ``redis+cluster://[user:pass@]h1:p1[,h2:p2...]``.
+
+    Several startup nodes, so a client started while one of them is down (a failed
+    master) still finds the cluster; the rest of the nodes are discovered.
+    """
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    nodes = []
+    for part in hosts.split(","):
+        host, _, port = part.rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port or 6379)))
+    return {
+        "startup_nodes": nodes,
+        "username": unquote(user) or None,
+        "password": unquote(password) or None,
+        "ssl": scheme.startswith("rediss"),
+    }
+
+
+def cluster_prefix(prefix: str) -> str:
+    """``prefix`` with a hash tag, so every key of the store lands in one cluster slot.
+
+    The Lua scripts touch a binding and its worker's indexes together, and Redis
+    Cluster runs a script only over keys of one slot: ``kvgate:`` becomes
+    ``{kvgate}:``; a prefix that already has a tag is kept.
+    """
+    if "{" in prefix and "}" in prefix.split("{", 1)[1]:
+        return prefix
+    stem = prefix.rstrip(":")
+    return f"{{{stem}}}:" if stem else "{kvgate}:"
 
 
 class RedisStore:
@@ -84,9 +126,20 @@ class RedisStore:
         max_dirty: int = 100_000,
         max_connections: int = 32,
         clock: Clock = time.monotonic,
-        client: Redis | None = None,
+        client: Redis | RedisCluster | None = None,
     ) -> None:
         self.url = url
+        self.cluster = is_cluster_url(url) or isinstance(client, RedisCluster)
+        if self.cluster:
+            prefix = cluster_prefix(prefix)
+        if client is None and self.cluster:
+            client = RedisCluster(
+                **cluster_nodes(url),
+                max_connections=max_connections,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
+            )
         if client is None:
             # A bounded pool: a burst of requests waits briefly for a connection
             # instead of opening hundreds (whose connects time out on a busy host).
@@ -99,7 +152,7 @@ class RedisStore:
                 retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
             )
             client = Redis.from_pool(pool)
-        self._redis = client
+        self._redis: Any = client
         self._scripts = Scripts(self._redis, prefix)
         self.local = MemoryStore(fallback_max_sessions, clock)
         self._backoff_initial = backoff_initial
@@ -145,10 +198,13 @@ class RedisStore:
         """``get`` for many keys, pipelined into one round trip."""
 
         async def fetch() -> list[Any]:
+            if self.cluster:  # scripts in a cluster pipeline do not reload after a failover
+                return list(await asyncio.gather(*(self._scripts.get(key) for key in keys)))
             pipe = self._redis.pipeline(transaction=False)
             for key in keys:
                 await self._scripts.get(key, pipe)
-            return await pipe.execute()
+            replies: list[Any] = await pipe.execute()
+            return replies
 
         replies = await self._remote(fetch)
         if replies is _DOWN:
@@ -364,22 +420,29 @@ class RedisStore:
 
     async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
         t = self.local.clock()
-        pipe = self._redis.pipeline(transaction=False)
+        # On a cluster each call runs at once: a script a node lacks (after a failover,
+        # Redis does not replicate its script cache) is reloaded only outside a pipeline.
+        pipe = None if self.cluster else self._redis.pipeline(transaction=False)
+        direct: list[Any] = []
         queued: list[tuple[SessionKey, Seconds] | None] = []  # one per queued command
         for key, deleted_from in batch:
             if deleted_from is not None:
-                await self._scripts.delete(key, deleted_from, pipe)
+                direct.append(await self._scripts.delete(key, deleted_from, pipe))
                 queued.append(None)
                 continue
             affinity = self.local.table.get(key, t)
             deadline = self.local.table.deadline(key, t)
             if affinity is None or deadline is None:
                 continue  # expired locally meanwhile: nothing to claim
-            await self._scripts.compare_and_set(key, affinity.worker, affinity, deadline - t, pipe)
+            direct.append(
+                await self._scripts.compare_and_set(
+                    key, affinity.worker, affinity, deadline - t, pipe
+                )
+            )
             queued.append((key, deadline - t))
         if not queued:
             return
-        replies = await pipe.execute()
+        replies = direct if pipe is None else await pipe.execute()
         for pushed, reply in zip(queued, replies, strict=True):
             if pushed is not None and pushed[0] not in self._dirty:
                 key, ttl = pushed  # adopt what is in force, unless rewritten locally since
