@@ -153,6 +153,11 @@ class RedisStore:
             )
             client = Redis.from_pool(pool)
         self._redis: Any = client
+        # The cluster client refuses (MaxConnectionsError) rather than waits for a
+        # connection past max_connections: calls wait here instead. Half for calls,
+        # half for the parallel reads of get_many, which holds one call slot.
+        self._batch = max(1, max_connections // 2)
+        self._calls = asyncio.Semaphore(self._batch) if self.cluster else None
         self._scripts = Scripts(self._redis, prefix)
         self.local = MemoryStore(fallback_max_sessions, clock)
         self._backoff_initial = backoff_initial
@@ -199,7 +204,11 @@ class RedisStore:
 
         async def fetch() -> list[Any]:
             if self.cluster:  # scripts in a cluster pipeline do not reload after a failover
-                return list(await asyncio.gather(*(self._scripts.get(key) for key in keys)))
+                out: list[Any] = []
+                for low in range(0, len(keys), self._batch):
+                    chunk = keys[low : low + self._batch]
+                    out.extend(await asyncio.gather(*(self._scripts.get(k) for k in chunk)))
+                return out
             pipe = self._redis.pipeline(transaction=False)
             for key in keys:
                 await self._scripts.get(key, pipe)
@@ -329,7 +338,10 @@ class RedisStore:
             self.fallbacks_total += 1
             return _DOWN
         try:
-            return await call()
+            if self._calls is None:
+                return await call()
+            async with self._calls:
+                return await call()
         except _FAILURES as exc:
             self._errors_total += 1
             self.fallbacks_total += 1
