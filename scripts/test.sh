@@ -12,6 +12,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
     sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
   fi
 fi
+if ! command -v kubectl >/dev/null 2>&1; then
+  # tests/test_deploy.py renders the Kubernetes manifests with `kubectl kustomize`.
+  echo "kubectl not found; installing Debian's kubernetes-client" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq kubernetes-client >/dev/null
+  fi
+fi
 echo "== ruff"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
