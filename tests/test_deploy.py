@@ -48,7 +48,9 @@ def render(path: str) -> list[dict[str, Any]]:
 
 def _find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     for doc in docs:
-        if doc["kind"] == kind and doc["metadata"]["name"].startswith(name):
+        found = doc["metadata"]["name"]
+        hashed = kind == "ConfigMap" and found.startswith(name + "-")  # generator suffix
+        if doc["kind"] == kind and (found == name or hashed):
             return doc
     raise AssertionError(f"no {kind} {name}")
 
@@ -146,8 +148,8 @@ def test_the_vllm_example_discovers_the_headless_vllm_service(tmp_path: Path) ->
 def _instructions(path: Path) -> list[tuple[str, str]]:
     text = re.sub(r"\\\n\s*", " ", path.read_text())
     out = []
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line and not line.startswith("#"):
             word, _, rest = line.partition(" ")
             out.append((word.upper(), rest.strip()))
