@@ -113,7 +113,9 @@ class PolicyConfig(_Model):
     """The routing policy, chosen by name from the registry, and its options."""
 
     name: str = DEFAULT_POLICY
+    """One of the registered policies (an unknown name is refused at start-up)."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """The policy's own options (its config class in ``core/policies/``); live on reload."""
 
 
 class StoreConfig(_Model):
@@ -126,7 +128,9 @@ class StoreConfig(_Model):
 
     url: str = "memory"
     password: str | None = Field(default=None, repr=False)
+    """Put into ``url``'s credentials (``password_file`` for a mounted Secret)."""
     affinity_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long a session's binding lives without a request."""
 
     @property
     def effective_url(self) -> str:
@@ -237,15 +241,22 @@ class GatewayConfig(_Model):
     model_aliases: dict[str, str] = Field(default_factory=dict)
     """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
     api_keys: list[str] = Field(default_factory=list, repr=False)
+    """Client keys (``Authorization: Bearer``); none: the API is open. ``api_keys_file``."""
     admin_token: str | None = Field(default=None, repr=False)
+    """The admin API's bearer token; required off loopback. ``admin_token_file`` or ``${ENV}``."""
     response_headers: bool = True
+    """Add ``X-Kvgate-Worker``, ``-Model-Version`` and ``-Route-Reason`` to answers."""
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    """One JSON line per request (access log) and per log record."""
     log_level: LogLevel = "info"
+    """The process's log level (``kvgate serve --log-level``)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, and for removed workers: how long in-flight requests may finish."""
     seed: int = 0
+    """Seeds the gateway's randomness (retry jitter, version splits by request id)."""
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
