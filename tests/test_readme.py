@@ -26,7 +26,8 @@ SECTION = "## From the demo to Kubernetes in front of vLLM"
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 
 EXERCISED_BY = {
-    "bash scripts/demo.sh": "tests/test_demo.py::test_demo_command_prints_the_table_and_writes_results",
+    "bash scripts/demo.sh":
+        "tests/test_demo.py::test_demo_command_prints_the_table_and_writes_results",
     ".venv/bin/kvgate worker-sim --port 8001 --model llama-3.1-8b":
         "tests/workersim/test_command.py::test_serves_until_terminated",
     ".venv/bin/kvgate serve --worker http://127.0.0.1:8001 --port 8000":
