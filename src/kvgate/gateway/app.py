@@ -33,8 +33,9 @@ from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.control.reload import Reloader
 from kvgate.gateway.dataplane import middleware
+from kvgate.gateway.dataplane.models import models_payload
 from kvgate.gateway.dataplane.passthrough import Passthrough
-from kvgate.gateway.dataplane.proxy import Proxy, models_payload
+from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import AffinityStoreLike, Router

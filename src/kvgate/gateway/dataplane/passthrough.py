@@ -29,7 +29,8 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.session import normalize_key, session_key_from
 from kvgate.gateway.dataplane.errors import InvalidRequestError
-from kvgate.gateway.dataplane.proxy import Forward, Proxy, check_model
+from kvgate.gateway.dataplane.models import check_model
+from kvgate.gateway.dataplane.proxy import Forward, Proxy
 from kvgate.gateway.observe.pool import WorkerPool
 from kvgate.types import SessionSource
 

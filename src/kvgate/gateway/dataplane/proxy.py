@@ -39,13 +39,13 @@ from kvgate.gateway.dataplane.errors import (
     GatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
-    ModelNotFoundError,
     NoHealthyWorkerError,
     OverloadedError,
     UpstreamError,
     UpstreamTimeout,
 )
 from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
+from kvgate.gateway.dataplane.models import check_model
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import (
@@ -609,40 +609,3 @@ def _report(
     )
     if outcome.sample is not None and ok:
         recorder.sample(model, version, outcome.body, outcome.sample)
-
-
-def check_model(pool: WorkerPool, model: str) -> None:
-    """404 for a model no worker serves; 503 while some worker's model is not known yet.
-
-    A gateway that starts with an empty fleet (discovery has not found a worker,
-    or they have not answered their first probe) cannot tell a wrong model name
-    from one not served yet, so it answers 503, which clients retry.
-    """
-    if pool.serves(model):
-        return
-    if len(pool) == 0 or any(worker.model is None for worker in pool):
-        raise NoHealthyWorkerError(f"no worker serving {model!r} is known yet; retry later")
-    raise ModelNotFoundError(f"The model {model!r} does not exist", param="model")
-
-
-def models_payload(
-    models: Mapping[str, list[str]], aliases: Mapping[str, str] | None = None
-) -> dict[str, object]:
-    """The ``GET /v1/models`` body: the models the fleet serves, and aliases of them."""
-    data: list[dict[str, object]] = [
-        {"id": model, "object": "model", "created": 0, "owned_by": "kvgate", "versions": versions}
-        for model, versions in models.items()
-    ]
-    for alias, target in (aliases or {}).items():
-        if target in models:
-            data.append(
-                {
-                    "id": alias,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "kvgate",
-                    "versions": models[target],
-                    "alias_of": target,
-                }
-            )
-    return {"object": "list", "data": data}
