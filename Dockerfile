@@ -9,6 +9,10 @@ ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
 ARG EXTRAS=""
+# pip reads these from the environment: a build behind a TLS-intercepting proxy or a
+# mirror passes them (e.g. --build-arg PIP_CERT=/ca.crt with the CA mounted there).
+ARG PIP_CERT
+ARG PIP_INDEX_URL
 RUN python3 -m venv /opt/kvgate
 COPY pyproject.toml README.md LICENSE /src/
 COPY src /src/src
