@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -185,8 +186,9 @@ def test_the_dockerfile_runs_the_gateway_unprivileged_with_a_healthcheck() -> No
 )
 def test_the_image_builds_and_serves() -> None:  # pragma: no cover - needs podman and a base
     base = os.environ.get("KVGATE_IMAGE_BASE", "python:3.11-slim-bookworm")
+    extra = shlex.split(os.environ.get("KVGATE_IMAGE_BUILD_ARGS", ""))  # e.g. --isolation chroot
     subprocess.run(
-        ["podman", "build", "--build-arg", f"BASE={base}", "-t", "kvgate:test", str(ROOT)],
+        ["podman", "build", *extra, "--build-arg", f"BASE={base}", "-t", "kvgate:test", str(ROOT)],
         check=True,
         timeout=900,
     )
