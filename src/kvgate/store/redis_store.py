@@ -38,6 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.store.base import AffinityStore
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
 from kvgate.types import Seconds, SessionKey, WorkerId
@@ -99,7 +100,7 @@ def cluster_prefix(prefix: str) -> str:
     return f"{{{stem}}}:" if stem else "{kvgate}:"
 
 
-class RedisStore:
+class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
     ``errors_total`` (failed Redis round trips, probes included), ``degraded``,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-from typing import cast
 
 from kvgate.core.policy import Policy
 from kvgate.gateway.config import GatewayConfig, WorkerConfig
@@ -19,7 +18,6 @@ from kvgate.gateway.control.discovery import Discovery
 from kvgate.gateway.control.evaluator import QualityEvaluator
 from kvgate.gateway.control.membership import Membership, WorkerFactory
 from kvgate.gateway.control.outcomes import OutcomeRecorder
-from kvgate.gateway.control.rollout_store import BlobStore
 from kvgate.gateway.control.rollouts import RolloutManager
 from kvgate.gateway.control.versions import VersionRegistry
 from kvgate.gateway.dataplane.errors import GatewayError
@@ -27,7 +25,7 @@ from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
-from kvgate.store import MemoryStore
+from kvgate.store.base import AffinityStore
 
 log = logging.getLogger("kvgate.gateway.control.plane")
 
@@ -44,13 +42,6 @@ def worker_factory(config: GatewayConfig) -> WorkerFactory:
     return make
 
 
-def _blob_store(store: object) -> BlobStore:
-    # A store without blobs (a test double) keeps rollout state in this process.
-    if all(hasattr(store, n) for n in ("get_blob", "put_blob", "acquire_lease")):
-        return cast(BlobStore, store)
-    return MemoryStore()
-
-
 class ControlPlane:
     """Everything that changes how traffic is split, and the admin API's handles on it."""
 
@@ -59,7 +50,7 @@ class ControlPlane:
         config: GatewayConfig,
         pool: WorkerPool,
         *,
-        store: object,
+        store: AffinityStore,
         metrics: GatewayMetrics,
         health: HealthChecker,
         policy: Policy,
@@ -75,9 +66,9 @@ class ControlPlane:
                 rc.evaluator, self.recorder.record_score, metrics.rollout
             )
             self.recorder.sink = self.evaluator.submit
-        self.blobs = _blob_store(store)
+        self.blobs = store
         self.rollouts = RolloutManager(
-            self.blobs,
+            store,
             self.versions,
             recorder=self.recorder,
             alerts=self.alerts,
