@@ -41,7 +41,7 @@ def serve(
         int | None, typer.Option(help="Server processes sharing the port (SO_REUSEPORT).")
     ] = None,
     json_logs: Annotated[
-        bool | None, typer.Option("--json-logs/--text-logs", help="One JSON line per request.")
+        bool | None, typer.Option("--json-logs/--text-logs", help="Logs as JSON lines.")
     ] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning or error (default: info).")

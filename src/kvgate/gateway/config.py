@@ -253,6 +253,10 @@ class GatewayConfig(_Model):
     """One JSON line per request (access log) and per log record."""
     log_level: LogLevel = "info"
     """The process's log level (``kvgate serve --log-level``)."""
+    access_log: bool = True
+    """One line per request on the ``kvgate.access`` logger (JSON with ``json_logs``)."""
+    metrics_created: bool = False
+    """Export prometheus_client's ``*_created`` series (noise for most dashboards)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, and for removed workers: how long in-flight requests may finish."""
     seed: int = 0

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvgate.gateway.dataplane.errors import ModelNotFoundError, NoHealthyWorkerError
+from kvgate.gateway.dataplane.errors import (
+    GatewayError,
+    ModelNotFoundError,
+    NoHealthyWorkerError,
+)
 from kvgate.gateway.observe.pool import WorkerPool
 
 
 def check_model(pool: WorkerPool, model: str) -> None:
-    """404 for a model no worker serves; 503 while some worker's model is not known yet.
+    """Raise ``unknown_model_error`` when no worker serves ``model``."""
+    if not pool.serves(model):
+        raise unknown_model_error(pool, model)
 
-    A gateway that starts with an empty fleet (discovery has not found a worker,
-    or they have not answered their first probe) cannot tell a wrong model name
-    from one not served yet, so it answers 503, which clients retry.
-    """
-    if pool.serves(model):
-        return
+
+def unknown_model_error(pool: WorkerPool, model: str) -> GatewayError:
+    """404 for a model no worker serves; 503 while some worker's model is not known yet."""
     if len(pool) == 0 or any(worker.model is None for worker in pool):
-        raise NoHealthyWorkerError(f"no worker serving {model!r} is known yet; retry later")
-    raise ModelNotFoundError(f"The model {model!r} does not exist", param="model")
+        return NoHealthyWorkerError(f"no worker serving {model!r} is known yet; retry later")
+    return ModelNotFoundError(f"The model {model!r} does not exist", param="model")
 
 
 def models_payload(
