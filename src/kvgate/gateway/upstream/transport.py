@@ -28,6 +28,9 @@ from kvgate.gateway.dataplane.errors import (
 )
 from kvgate.gateway.upstream import http1
 
+_MAX_CACHED_TARGETS = 64
+"""Request targets remembered per worker (the fixed OpenAI paths; not every client path)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -183,14 +186,22 @@ class Upstream:
         found = self._targets.get(path)
         if found is None:
             url = URL(self.base_url + path)
-            found = self._targets[path] = (url.raw_path_qs, url.host_port_subcomponent or "")
+            found = (url.raw_path_qs, url.host_port_subcomponent or "")
+            if len(self._targets) < _MAX_CACHED_TARGETS:  # forwarded paths come from clients
+                self._targets[path] = found
         return found
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a POST to the worker and wait for the response head."""
+        return await self.send("POST", path, body, headers)
+
+    async def send(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """Send a request with any method to the worker and wait for the response head."""
         target, host = self._target(path)
         try:
-            head = http1.request_head("POST", target, host, headers, len(body))
+            head = http1.request_head(method, target, host, headers, len(body))
         except ValueError as exc:
             raise UpstreamUnavailable(str(exc)) from None
         pool = self._connections()
