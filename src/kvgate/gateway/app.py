@@ -28,6 +28,7 @@ from kvgate.core.registry import PolicyRegistry
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.dataplane import middleware
@@ -108,6 +109,7 @@ class Gateway:
                 self.router.kv_gate_max_wait_s = config.pressure.kv_gate_max_wait_s
         self.health.scrape_listeners.append(self.pressure.observe)
         self.router.usage_listeners.append(self.pressure.record_usage)
+        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
         self.draining = False
         self.proxy = Proxy(
             self.pool,
@@ -124,6 +126,7 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            slots=self.slots,
         )
 
     def ready(self) -> bool:

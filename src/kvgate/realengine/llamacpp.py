@@ -147,7 +147,9 @@ def build_params(options: LlamaCppOptions, model_path: Path) -> Any:
     params.slot_prompt_similarity = options.slot_similarity
     params.warmup = options.warmup
     if options.slot_save_path is not None:
-        params.slot_save_path = str(options.slot_save_path)
+        # llama.cpp joins the folder and a file name by plain concatenation: without
+        # the trailing separator ``slots`` + ``a.bin`` would be saved as ``slotsa.bin``.
+        params.slot_save_path = os.path.join(str(options.slot_save_path), "")
     return params
 
 

@@ -30,6 +30,7 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import Endpoint, FeatureConfig
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
@@ -162,6 +163,7 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        slots: SlotPlane | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -177,6 +179,7 @@ class Proxy:
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
+        self.slots = slots
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -281,9 +284,14 @@ class Proxy:
                 outcome.reported = False
                 worker = placement.worker
                 try:
-                    upstream = await worker.upstream.post(
-                        path, body, self._upstream_headers(request, worker, features.request_id)
-                    )
+                    headers = self._upstream_headers(request, worker, features.request_id)
+                    if self.slots is not None and self.slots.manages(worker):
+                        # A llama.cpp worker: a slot lease (offload/restore/migration).
+                        upstream = await self.slots.post(
+                            worker, path, body, headers, features.affinity_key
+                        )
+                    else:
+                        upstream = await worker.upstream.post(path, body, headers)
                     if upstream.status == 429 or upstream.status >= 500:
                         await self._drain_error(upstream)
                         raise UpstreamError(status=upstream.status)
