@@ -201,6 +201,27 @@ class SlotMap:
             plan.tier = KvTier.DISK
         return plan
 
+    def evict_idle(self, worker: WorkerId, key: SessionKey) -> SlotPlan | None:
+        """Plan saving ``key``'s idle slot on ``worker`` to disk and freeing the slot.
+
+        The pressure driver's offload: the session was moved away, and its next turn
+        restores from disk wherever it lands. None when ``key`` holds no idle slot
+        there, or no cell is free.
+        """
+        place = self._resident.get(key)
+        if place is None or place.worker != worker:
+            return None
+        slot = self._slots[worker][place.slot]
+        if slot.busy:
+            return None
+        cell = self._take_cell()
+        if cell is None:
+            return None
+        slot.busy = True
+        slot.holder = None
+        del self._resident[key]
+        return SlotPlan(None, place, KvTier.DISK, evict=key, evict_cell=cell)
+
     def _choose(self, worker: WorkerId, slots: list[Slot], key: SessionKey | None) -> int | None:
         if key is not None:
             place = self._resident.get(key)

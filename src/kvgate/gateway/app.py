@@ -92,6 +92,7 @@ class Gateway:
             rng=self.rng,
             versions=self.control.versions,
         )
+        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -99,6 +100,7 @@ class Gateway:
             config.pressure,
             affinity_ttl=config.store.affinity_ttl_s,
             relieve_interval_s=config.health.interval_s,
+            slots=self.slots,
         )
         if config.pressure.enabled:
             # Count what is sent between scrapes: new sessions leave a worker about to
@@ -109,7 +111,6 @@ class Gateway:
                 self.router.kv_gate_max_wait_s = config.pressure.kv_gate_max_wait_s
         self.health.scrape_listeners.append(self.pressure.observe)
         self.router.usage_listeners.append(self.pressure.record_usage)
-        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
         self.draining = False
         self.proxy = Proxy(
             self.pool,

@@ -54,6 +54,12 @@ def fleet_options(
     return dataclasses.replace(options, slot_save_path=slots, cache_ram_mib=0)
 
 
+def _make_folders(*folders: Path | None) -> None:
+    for folder in folders:
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+
+
 @contextlib.asynccontextmanager
 async def running_llamacpp_fleet(
     workers: int,
@@ -76,9 +82,7 @@ async def running_llamacpp_fleet(
     try:
         for i in range(workers):
             folder = root / f"worker-{i}"
-            (folder / "slots").mkdir(parents=True, exist_ok=True)
-            if slot_dir is not None:
-                slot_dir.mkdir(parents=True, exist_ok=True)
+            _make_folders(folder / "slots", slot_dir)
             processes.append(start_llamacpp(fleet_options(options, folder, slot_dir), folder))
         await asyncio.gather(*(p.wait_ready_async(startup_timeout) for p in processes))
         yield LlamaCppFleet(processes)

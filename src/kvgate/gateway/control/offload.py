@@ -105,6 +105,29 @@ class SlotPlane:
         response.on_release = lambda complete: self._release(plan, served=complete and ok)
         return response
 
+    async def offload(self, worker: Worker, keys: list[SessionKey]) -> int:
+        """Save these sessions' idle slots on ``worker`` to disk and free the slots.
+
+        The pressure driver's offload for llama.cpp workers (the emulated worker's
+        is ``POST /kv/offload``): the sessions were moved to other workers, which
+        restore them from the shared folder. Returns how many were saved.
+        """
+        if not await self._known(worker):
+            return 0
+        saved = 0
+        actions = self._actions_of(worker)
+        for key in keys:
+            plan = self.map.evict_idle(worker.id, key)
+            if plan is None or plan.evict_cell is None:
+                continue
+            try:
+                if await self._save(worker.id, actions, plan.place.slot, key, plan.evict_cell):
+                    saved += 1
+            finally:
+                self.map.abandon(plan)
+                self._release(plan, served=False)
+        return saved
+
     async def _known(self, worker: Worker) -> bool:
         """Learn ``worker``'s slots once (``GET /slots``); False while that fails."""
         if self.map.manages(worker.id):

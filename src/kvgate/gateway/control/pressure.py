@@ -35,6 +35,7 @@ from kvgate.core.fleet import Pressure
 from kvgate.core.pressure import Migration, PressureTracker, SessionLoad, plan_migrations
 from kvgate.core.session import PREFIX_KEY_TAG
 from kvgate.gateway.config import PressureSettings
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.dataplane.errors import UpstreamError
 from kvgate.gateway.dataplane.router import AffinityStoreLike
 from kvgate.gateway.observe.metrics import GatewayMetrics
@@ -105,8 +106,11 @@ class PressureDriver:
         relieve_interval_s: Seconds,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        slots: SlotPlane | None = None,
     ) -> None:
         self.pool = pool
+        self.slots = slots
+        """Offload for llama.cpp workers (slot save); others get ``POST /kv/offload``."""
         self.store = store
         self.metrics = metrics
         self.settings = settings
@@ -288,6 +292,10 @@ class PressureDriver:
         """Ask ``worker`` to move these sessions' KV to its offload tier; True if it answered."""
         if not self.settings.offload:
             return False
+        if self.slots is not None and self.slots.manages(worker):
+            saved = await self.slots.offload(worker, keys)
+            self.metrics.offloads.labels(worker.id, reason, "ok" if saved else "error").inc()
+            return saved > 0
         # Keys the gateway derived from a prompt are unknown to the worker.
         ids = [k for k in keys if not k.startswith(PREFIX_KEY_TAG)]
         if not ids:
