@@ -186,7 +186,8 @@ async def returning_turns(client: AsyncOpenAI, args: argparse.Namespace) -> list
             x = Conversation(client, f"x{size}-{rep}", filler(seed, size))
             turns.append(await x.turn("cold", size))
             # Another session takes the only slot: the gateway saves x's KV first.
-            await Conversation(client, f"y{size}-{rep}", filler(-seed, 16)).turn("other", 16)
+            y = Conversation(client, f"y{size}-{rep}", filler(-seed, 16))
+            turns.append(await y.turn("other", 16))
             turns.append(await x.turn("restore", size, "Which word came first?"))
             turns.append(await x.turn("slot", size, "And which came last?"))
             # The slot turn's prompt again, but its first token differs: nothing reused.
@@ -309,7 +310,9 @@ def part1_summary(turns: list[dict[str, Any]], sizes: Sequence[int]) -> list[dic
 def prediction(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Part 3: calibrate ``engine.slots`` on the cold turns, predict the rest, compare."""
     p1 = results["returning"]["turns"]
-    cold = [t for t in p1 if t["case"] == "cold" and t["ok"]]
+    # Calibration: cold prefills only, large (the sessions' first turns) and small (the
+    # other sessions' 16-word turns). Every predicted turn is a different request.
+    cold = [t for t in p1 if t["case"] in ("cold", "other") and t["ok"]]
     costs = SlotCosts(
         prefill=fit_prefill([(t["prompt_tokens"], t["ttft_s"]) for t in cold]),
         save_s=results["returning"]["gateway_save_s_mean"],
@@ -418,7 +421,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both parts on fresh workers, then the model's prediction."""
     root = Path(tempfile.mkdtemp(prefix="kvgate-real-offload-"))
-    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}}
+    skip = ("json", "predict_from")
+    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in skip}}
     results["returning"] = await returning(args, root)
     results["returning_summary"] = part1_summary(results["returning"]["turns"], args.sizes)
     if args.sessions > 0:
@@ -439,8 +443,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="part 2 requests at once")
     parser.add_argument("--seed", type=int, default=0, help="part 2 order")
     parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument(
+        "--predict-from", type=Path, default=None, help="only redo part 3 from a saved run"
+    )
     args = parser.parse_args()
-    results = asyncio.run(run(args))
+    if args.predict_from is not None:
+        results = json.loads(args.predict_from.read_text())
+        for key, value in results["config"].items():
+            if key != "predict_from":
+                setattr(args, key, value)
+        results["prediction"] = prediction(results, args)
+    else:
+        results = asyncio.run(run(args))
     console = Console(width=160)
     for t in tables(results):
         console.print(t)

@@ -19,8 +19,6 @@ worker (one CPU thread). Pure: no clocks, no I/O.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +77,7 @@ class _Slot:
     session: str | None = None
     tokens: int = 0
     last_used: float = float("-inf")
+    busy: bool = False
 
 
 @dataclass(slots=True)
@@ -95,16 +94,26 @@ class SlotWorkerModel:
     def __post_init__(self) -> None:
         self._slots = [_Slot() for _ in range(self.slots)]
 
+    def idle_slots(self) -> int:
+        """Slots not serving a request now."""
+        return sum(1 for s in self._slots if not s.busy)
+
     def serve(self, session: str, prompt_tokens: int, now: float) -> tuple[int, float, str]:
-        """Serve one turn at ``now``: (cached tokens, seconds of work, KV tier)."""
-        mine = [s for s in self._slots if s.session == session]
+        """Start one turn at ``now`` in an idle slot: (cached tokens, seconds of work, tier).
+
+        The slot stays busy until ``done(session)``.
+        """
+        idle = [s for s in self._slots if not s.busy]
+        if not idle:
+            raise RuntimeError("no idle slot: the caller queues turns while all are busy")
+        mine = [s for s in idle if s.session == session]
         seconds = 0.0
         if mine:
             slot, tier = mine[0], "slot"
             cached = min(slot.tokens, prompt_tokens)
         else:
-            empty = [s for s in self._slots if s.session is None]
-            slot = empty[0] if empty else min(self._slots, key=lambda s: s.last_used)
+            empty = [s for s in idle if s.session is None]
+            slot = empty[0] if empty else min(idle, key=lambda s: s.last_used)
             if self.offload and slot.session is not None:
                 self.disk[slot.session] = slot.tokens
                 seconds += self.costs.save_s
@@ -115,13 +124,20 @@ class SlotWorkerModel:
             else:
                 cached, tier = 0, "recompute"
         seconds += self.costs.prefill.seconds(prompt_tokens - cached)
-        slot.session, slot.tokens, slot.last_used = session, prompt_tokens, now
+        slot.session, slot.tokens, slot.last_used, slot.busy = session, prompt_tokens, now, True
         return cached, seconds, tier
+
+    def done(self, session: str, now: float) -> None:
+        """``session``'s turn ended at ``now``: its slot is idle again (and keeps its KV)."""
+        for slot in self._slots:
+            if slot.busy and slot.session == session:
+                slot.busy, slot.last_used = False, now
+                return
 
     def take(self, session: str) -> int | None:
         """Empty ``session``'s slot here, if any (migration saves it); its tokens."""
         for slot in self._slots:
-            if slot.session == session:
+            if slot.session == session and not slot.busy:
                 slot.session = None
                 return slot.tokens
         return None
@@ -138,6 +154,18 @@ class ModelTurn:
     tier: str
 
 
+@dataclass(slots=True)
+class _Job:
+    turn: int
+    session: str
+    worker: int
+    prompt: int
+    sent: float
+    work: float = 0.0
+    cached: int = 0
+    tier: str = ""
+
+
 def replay_fleet(
     costs: SlotCosts,
     turns: Sequence[tuple[str, int, int]],
@@ -147,40 +175,69 @@ def replay_fleet(
     concurrency: int,
     offload: bool,
 ) -> list[ModelTurn]:
-    """Replay ``(session, prompt tokens, worker index)`` turns in order, in virtual time.
+    """Replay ``(session, prompt tokens, worker index)`` turns in virtual time.
 
-    Like the benchmark's client: at most ``concurrency`` requests at once, each
-    session's turns one after another; each worker serves one request at a time
-    (a CPU thread), first come first served.
+    Like the benchmark's client: turns take one of ``concurrency`` permits in
+    order, then wait for their session's previous turn; a worker serves up to
+    ``slots`` turns at once, sharing its one CPU thread equally among them
+    (llama.cpp batches its busy slots), and queues the rest first come first
+    served. A turn's TTFT runs from when it is sent to when its work is done.
     """
     disk: dict[str, int] = {}
     models = [SlotWorkerModel(slots, costs, offload, disk) for _ in range(workers)]
-    free_at = [0.0] * workers
-    session_done: dict[str, float] = {}
-    running: list[float] = []  # finish times of requests in flight (a heap)
-    seq = itertools.count()
-    out: list[ModelTurn] = []
-    now = 0.0
-    for session, prompt, worker in turns:
-        if len(running) >= concurrency:
-            now = max(now, heapq.heappop(running))
-        start = max(now, session_done.get(session, 0.0))
-        begin = max(start, free_at[worker])
-        moved = 0.0
-        if offload:
-            # The gateway migrates a session found in another worker's slot: saved there,
-            # restored here.
-            for i, m in enumerate(models):
-                held = m.take(session) if i != worker else None
-                if held is not None:
-                    disk[session] = held
-                    moved = costs.save_s
-        cached, work, tier = models[worker].serve(session, prompt, begin + next(seq) * 1e-9)
-        if moved and tier == "disk":
-            tier = "migrated"
-        finish = begin + work + moved
-        free_at[worker] = finish
-        session_done[session] = finish
-        heapq.heappush(running, finish)
-        out.append(ModelTurn(session, finish - start, cached, prompt, tier))
-    return out
+    active: list[list[_Job]] = [[] for _ in range(workers)]
+    queued: list[list[_Job]] = [[] for _ in range(workers)]
+    holding: list[tuple[int, str, int, int]] = []  # permit holders not yet sent
+    busy_sessions: set[str] = set()
+    results: dict[int, ModelTurn] = {}
+    permits, next_turn, now = concurrency, 0, 0.0
+    while len(results) < len(turns):
+        while permits and next_turn < len(turns):
+            session, prompt, worker = turns[next_turn]
+            holding.append((next_turn, session, prompt, worker))
+            permits, next_turn = permits - 1, next_turn + 1
+        for held in list(holding):
+            index, session, prompt, worker = held
+            if session in busy_sessions:
+                continue
+            holding.remove(held)
+            busy_sessions.add(session)
+            queued[worker].append(_Job(index, session, worker, prompt, now))
+        for w in range(workers):
+            while queued[w] and models[w].idle_slots():
+                job = queued[w].pop(0)
+                moved = 0.0
+                if offload:
+                    # A session in another worker's slot is migrated: saved there first.
+                    for i, m in enumerate(models):
+                        held_tokens = m.take(job.session) if i != w else None
+                        if held_tokens is not None:
+                            disk[job.session], moved = held_tokens, costs.save_s
+                job.cached, job.work, job.tier = models[w].serve(job.session, job.prompt, now)
+                job.work += moved
+                if moved and job.tier == "disk":
+                    job.tier = "migrated"
+                job.work = max(job.work, 1e-9)
+                active[w].append(job)
+        step = min(
+            (min(j.work for j in jobs) * len(jobs) for jobs in active if jobs),
+            default=None,
+        )
+        if step is None:
+            raise RuntimeError("replay stalled: nothing runs and nothing can start")
+        now += step
+        for w, jobs in enumerate(active):
+            if not jobs:
+                continue
+            share = step / len(jobs)
+            for job in list(jobs):
+                job.work -= share
+                if job.work <= 1e-12:
+                    jobs.remove(job)
+                    models[w].done(job.session, now)
+                    busy_sessions.discard(job.session)
+                    permits += 1
+                    results[job.turn] = ModelTurn(
+                        job.session, now - job.sent, job.cached, job.prompt, job.tier
+                    )
+    return [results[i] for i in range(len(turns))]
