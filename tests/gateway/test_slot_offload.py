@@ -132,7 +132,8 @@ def _config(fakes: list[FakeLlamaCpp], folder: Path) -> dict[str, Any]:
 
 
 async def _chat(gw: GatewayHandle, session: str, text: str) -> tuple[int, dict[str, Any], str]:
-    """(status, body, KV tier header) of one chat through the gateway."""
+    """(status, body, KV tier header) of one chat through the gateway; the route reason
+    ends with the same tier."""
     async with (
         aiohttp.ClientSession() as http,
         http.post(
@@ -141,7 +142,10 @@ async def _chat(gw: GatewayHandle, session: str, text: str) -> tuple[int, dict[s
             headers={"X-Session-ID": session},
         ) as resp,
     ):
-        return resp.status, await resp.json(), resp.headers.get("X-Kvgate-KV-Tier", "")
+        tier = resp.headers.get("X-Kvgate-KV-Tier", "")
+        if resp.status == 200:
+            assert resp.headers["X-Kvgate-Route-Reason"].endswith("/" + tier)
+        return resp.status, await resp.json(), tier
 
 
 def _metric(gw: GatewayHandle, name: str, **labels: str) -> float:

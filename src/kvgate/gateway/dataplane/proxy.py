@@ -30,7 +30,7 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import Endpoint, FeatureConfig
-from kvgate.gateway.control.offload import SlotPlane
+from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
@@ -290,6 +290,9 @@ class Proxy:
                         upstream = await self.slots.post(
                             worker, path, body, headers, features.affinity_key
                         )
+                        # The reason says which tier the KV came from: slot, disk, ...
+                        if tier := upstream.headers.get(TIER_HEADER):
+                            placement.reason = f"{placement.reason}/{tier}"
                     else:
                         upstream = await worker.upstream.post(path, body, headers)
                     if upstream.status == 429 or upstream.status >= 500:
