@@ -225,7 +225,14 @@ async def test_pressure_offload_saves_idle_slots_and_the_next_worker_restores(
         await wait_until(gw.gateway.ready, message="gateway ready")
         status, _, _ = await _chat(gw, "a", "alpha beta gamma")
         source = next(w for w in gw.gateway.pool if "a" in gw.gateway.slots.map.holders(w.id))
+        plane = gw.gateway.slots
+        # What the pressure planner is told moving costs, by tier: a slot is saved and
+        # restored, a saved slot only restored, an unknown session recomputed.
+        in_slot = plane.move_seconds("a")
+        assert in_slot is not None and plane.move_seconds("nobody") is None
         assert await gw.gateway.slots.offload(source, ["a"]) == 1
+        on_disk = plane.move_seconds("a")
+        assert on_disk is not None and on_disk < in_slot
         assert gw.gateway.slots.map.holders(source.id) == [None]
         gw.gateway.pressure.set_admin_drain(source, True)
         status, body, tier = await _chat(gw, "a", "alpha beta gamma delta")

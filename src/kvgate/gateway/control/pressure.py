@@ -234,8 +234,14 @@ class PressureDriver:
             self.metrics.store_errors.labels("sessions_of").inc()
             log.warning("listing sessions of %s failed", worker.id, exc_info=True)
             return []
+        slots = self.slots if self.slots is not None and self.slots.manages(worker) else None
         loads = [
-            SessionLoad(a.session_key, a.last_active, self.contexts.tokens(a.session_key))
+            SessionLoad(
+                a.session_key,
+                a.last_active,
+                self.contexts.tokens(a.session_key),
+                slots.move_seconds(a.session_key) if slots is not None else None,
+            )
             for a in bound
         ]
         plan = plan_migrations(state, loads, snap, self.settings.migration, self.settings)
