@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kvgate.core.features import RequestFeatures
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 
@@ -233,6 +234,10 @@ async def test_pressure_offload_saves_idle_slots_and_the_next_worker_restores(
         assert await gw.gateway.slots.offload(source, ["a"]) == 1
         on_disk = plane.move_seconds("a")
         assert on_disk is not None and on_disk < in_slot
+        # The policy is told the session's prefix (but its new last block) can follow it.
+        turn = RequestFeatures("r", "m", session_key="a", prefix_hashes=(1, 2, 3))
+        assert plane.annotate(turn).restorable_blocks == 2
+        assert plane.annotate(replace(turn, session_key="nobody")).restorable_blocks == 0
         assert gw.gateway.slots.map.holders(source.id) == [None]
         gw.gateway.pressure.set_admin_drain(source, True)
         status, body, tier = await _chat(gw, "a", "alpha beta gamma delta")

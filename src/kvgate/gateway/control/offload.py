@@ -26,10 +26,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from kvgate.core.features import RequestFeatures
 from kvgate.core.slotmap import KvTier, SlotBounds, SlotMap, SlotPlan
 from kvgate.gateway.config import SlotSettings
 from kvgate.gateway.dataplane.errors import UpstreamTimeout
@@ -72,6 +74,21 @@ class SlotPlane:
     def manages(self, worker: Worker) -> bool:
         """True for a llama.cpp worker while slot offload is on."""
         return self.settings.enabled and worker.config.engine == "llamacpp"
+
+    def annotate(self, features: RequestFeatures) -> RequestFeatures:
+        """``features`` with ``restorable_blocks`` set when the session's KV can follow it.
+
+        A session held in a slot or saved on disk can be restored on any llama.cpp
+        worker reading the shared folder, so the policy credits its prefix (all but
+        the last block: the new turn) on every worker, a little below a cached one.
+        """
+        key = features.affinity_key
+        if not self.settings.enabled or key is None or len(features.prefix_hashes) < 2:
+            return features
+        tier, _ = self.map.where(key)
+        if tier not in (KvTier.SLOT, KvTier.DISK):
+            return features
+        return replace(features, restorable_blocks=len(features.prefix_hashes) - 1)
 
     def move_seconds(self, key: SessionKey) -> float | None:
         """What moving ``key`` to another worker costs with its KV, or None (recompute).

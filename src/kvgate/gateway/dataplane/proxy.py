@@ -209,6 +209,8 @@ class Proxy:
         try:
             body = await self._read_body(request)
             features, payload = self._features(body, request, request_id, endpoint)
+            if self.slots is not None:
+                features = self.slots.annotate(features)  # KV that can follow the session
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
