@@ -50,8 +50,11 @@ class LlamaCppOptions:
     (0 disables it, -1 means no limit). ``cache_reuse`` is llama.cpp's
     ``--cache-reuse``: the smallest chunk reused by shifting KV when a prompt
     differs from the cached one in the middle (0 disables it). ``slot_save_path``
-    (llama.cpp ``--slot-save-path``) enables the ``/slots/{id}?action=...`` API,
-    whose ``erase`` empties a slot's KV: how a fleet is made cold between runs.
+    (llama.cpp ``--slot-save-path``) enables the ``/slots/{id}?action=...`` API:
+    ``erase`` empties a slot's KV (how a fleet is made cold between runs), ``save`` and
+    ``restore`` move it to and from a file there (the gateway's offload and migration,
+    ``gateway.control.offload``; workers that share the folder can restore each
+    other's slots).
     """
 
     model: Path | None = None
