@@ -27,14 +27,22 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class PrefillFit:
-    """Prefill seconds = ``base_s + per_token_s * tokens computed``."""
+    """Prefill seconds: a fixed part, a part per token computed, and a part per
+    attention pair (each new token attends to the cached context and to the new
+    tokens before it), which is why a long prompt costs more per token."""
 
     base_s: float
     per_token_s: float
+    per_pair_s: float = 0.0
 
-    def seconds(self, tokens: int) -> float:
-        """Time to compute ``tokens`` prompt tokens and answer the first token."""
-        return self.base_s + self.per_token_s * max(0, tokens)
+    def seconds(self, tokens: int, context: int = 0) -> float:
+        """Time to compute ``tokens`` prompt tokens after ``context`` cached ones."""
+        n = max(0, tokens)
+        return self.base_s + self.per_token_s * n + self.per_pair_s * _pairs(n, context)
+
+
+def _pairs(tokens: int, context: int) -> float:
+    return tokens * context + tokens * tokens / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,22 +57,39 @@ class SlotCosts:
 
 
 def fit_prefill(points: Sequence[tuple[int, float]]) -> PrefillFit:
-    """Least squares of (tokens computed, seconds) pairs; the base is at least 0."""
+    """Least squares of cold (tokens, seconds) pairs with every term at least 0.
+
+    Non-negative least squares by trying each subset of the three terms (fixed,
+    per token, per attention pair) and keeping the best fit with no negative term.
+    """
     if len(points) < 2:
         raise ValueError("fitting prefill needs at least two points")
-    x = np.array([p[0] for p in points], dtype=float)
+    n = np.array([p[0] for p in points], dtype=float)
     y = np.array([p[1] for p in points], dtype=float)
-    slope, intercept = np.polyfit(x, y, 1)
-    if intercept < 0:
-        return PrefillFit(0.0, float(np.sum(x * y) / np.sum(x * x)))
-    return PrefillFit(float(intercept), float(slope))
+    columns = (np.ones_like(n), n, n * n / 2)
+    best: tuple[float, list[float]] | None = None
+    for subset in ((0, 1, 2), (1, 2), (0, 1), (1,), (0, 2), (2,)):
+        design = np.column_stack([columns[k] for k in subset])
+        coef = np.linalg.lstsq(design, y, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        error = float(np.sum((design @ coef - y) ** 2))
+        if best is None or error < best[0] - 1e-12:
+            full = [0.0, 0.0, 0.0]
+            for k, c in zip(subset, coef, strict=True):
+                full[k] = float(c)
+            best = (error, full)
+    if best is None:
+        raise ValueError("no non-negative prefill fit (times falling with tokens?)")
+    base, per_token, per_pair = best[1]
+    return PrefillFit(base, per_token, per_pair)
 
 
 def predict_returning(
     costs: SlotCosts, prompt_tokens: int, cached_tokens: int, *, restored: bool, saved: bool
 ) -> float:
     """One turn's TTFT: an optional save of the slot's holder, an optional restore, prefill."""
-    seconds = costs.prefill.seconds(prompt_tokens - cached_tokens)
+    seconds = costs.prefill.seconds(prompt_tokens - cached_tokens, cached_tokens)
     if restored:
         seconds += costs.restore_s
     if saved:
@@ -123,7 +148,7 @@ class SlotWorkerModel:
                 seconds += self.costs.restore_s
             else:
                 cached, tier = 0, "recompute"
-        seconds += self.costs.prefill.seconds(prompt_tokens - cached)
+        seconds += self.costs.prefill.seconds(prompt_tokens - cached, cached)
         slot.session, slot.tokens, slot.last_used, slot.busy = session, prompt_tokens, now, True
         return cached, seconds, tier
 
