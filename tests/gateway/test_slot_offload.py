@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from kvgate.core.features import RequestFeatures
+from kvgate.gateway.config import ConfigError, parse_config
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 
@@ -245,3 +246,15 @@ async def test_pressure_offload_saves_idle_slots_and_the_next_worker_restores(
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
         other = next(w for w in gw.gateway.pool if w is not source)
         assert gw.gateway.slots.map.holders(other.id) == ["a"]
+
+
+def test_config_refuses_slot_offload_over_several_processes() -> None:
+    workers = [{"url": "http://127.0.0.1:9", "engine": "llamacpp"}]
+    with pytest.raises(ConfigError, match="one process"):
+        parse_config({"workers": workers, "listen": {"processes": 2}})
+    parsed = parse_config(
+        {"workers": workers, "listen": {"processes": 2}, "slots": {"enabled": False}}
+    )
+    assert parsed.workers[0].engine == "llamacpp"
+    with pytest.raises(ConfigError, match="engine"):
+        parse_config({"workers": [{"url": "http://127.0.0.1:9", "engine": "vllm-ish"}]})

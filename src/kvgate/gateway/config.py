@@ -269,6 +269,17 @@ class GatewayConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _slots_need_one_process(self) -> GatewayConfig:
+        # Each process would pin and save the same slots without knowing of the others.
+        llamacpp = any(w.engine == "llamacpp" for w in self.workers)
+        if llamacpp and self.slots.enabled and self.listen.processes > 1:
+            raise ValueError(
+                "slots: llama.cpp slot offload keeps the slot map in one process; "
+                "use listen.processes: 1, or slots.enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _index_blocks_match_features(self) -> GatewayConfig:
         # A prefix index counting other blocks than the features hash never matches.
         self.policy_options()
