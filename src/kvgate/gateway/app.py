@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy
 from kvgate.core.registry import PolicyRegistry
+from kvgate.core.route import RouteConfig
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
@@ -35,13 +36,14 @@ from kvgate.gateway.dataplane import middleware
 from kvgate.gateway.dataplane.proxy import Proxy, models_payload
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
-from kvgate.gateway.dataplane.router import AffinityStoreLike, Router
+from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
+from kvgate.store.base import AffinityStore
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -55,7 +57,7 @@ class Gateway:
         *,
         registry: PolicyRegistry | None = None,
         policy: Policy | None = None,
-        store: AffinityStoreLike | None = None,
+        store: AffinityStore | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or (registry or default_registry()).build(
@@ -68,9 +70,30 @@ class Gateway:
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
         default_max = config.admission.worker_max_in_flight
         workers = [Worker(wc, Upstream(wc.url, timeouts), default_max) for wc in config.workers]
-        self.pool = WorkerPool(workers, config.health.stale_after, self.queue)
+        pressure = config.pressure
+        # With pressure on, the pool counts what is sent between scrapes (new sessions
+        # leave a worker about to fill) and, with ``kv_gate``, the router holds
+        # requests for KV headroom instead of sending them to be preempted.
+        self.pool = WorkerPool(
+            workers,
+            config.health.stale_after,
+            self.queue,
+            pressure=pressure if pressure.enabled else None,
+        )
         self.metrics = GatewayMetrics(lambda: self.pool.gauge_rows(time.monotonic()))
-        self.health = HealthChecker(self.pool, config.health, config.outlier)
+        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
+        self.pressure = PressureDriver(
+            self.pool,
+            self.store,
+            self.metrics,
+            config.pressure,
+            affinity_ttl=config.store.affinity_ttl_s,
+            relieve_interval_s=config.health.interval_s,
+            slots=self.slots,
+        )
+        self.health = HealthChecker(
+            self.pool, config.health, config.outlier, scrape_listeners=[self.pressure.observe]
+        )
         self.rng = random.Random(config.seed)
         r = config.retries
         self.budget = RetryBudget(r.budget_ratio, r.budget_min, r.backoff_base_s, r.backoff_max_s)
@@ -82,35 +105,18 @@ class Gateway:
             health=self.health,
             policy=self.policy,
         )
+        gate = pressure if pressure.enabled and pressure.kv_gate else None
         self.router = Router(
             self.pool,
             self.policy,
             self.store,
             self.metrics,
-            config.admission,
+            RouteConfig(config.admission, gate, pressure.kv_gate_max_wait_s),
             affinity_ttl=config.store.affinity_ttl_s,
             rng=self.rng,
             versions=self.control.versions,
+            usage_listeners=[self.pressure.record_usage],
         )
-        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
-        self.pressure = PressureDriver(
-            self.pool,
-            self.store,
-            self.metrics,
-            config.pressure,
-            affinity_ttl=config.store.affinity_ttl_s,
-            relieve_interval_s=config.health.interval_s,
-            slots=self.slots,
-        )
-        if config.pressure.enabled:
-            # Count what is sent between scrapes: new sessions leave a worker about to
-            # fill, and requests wait for KV headroom instead of being preempted.
-            self.pool.set_pressure_config(config.pressure)
-            if config.pressure.kv_gate:
-                self.router.kv_gate = config.pressure
-                self.router.kv_gate_max_wait_s = config.pressure.kv_gate_max_wait_s
-        self.health.scrape_listeners.append(self.pressure.observe)
-        self.router.usage_listeners.append(self.pressure.record_usage)
         self.draining = False
         self.proxy = Proxy(
             self.pool,
@@ -166,10 +172,8 @@ class Gateway:
         for worker in self.pool:
             await worker.upstream.close()
         if self._owns_store:
-            close = getattr(self.store, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
+            with contextlib.suppress(Exception):
+                await self.store.close()
 
 
 GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
@@ -215,9 +219,9 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    app.add_routes(DrainApi(gateway.pool, gateway.pressure, config.admin_token).routes())
     if config.admin.enabled:
-        setup_admin(app, gateway.control)
+        drain = DrainApi(gateway.pool, gateway.pressure)
+        setup_admin(app, gateway.control, drain.routes())
 
     async def _start(app: web.Application) -> None:
         await gateway.start()

@@ -43,10 +43,11 @@ from kvgate.core.window import OutcomeWindow, VersionWindows
 from kvgate.gateway.control.alerts import AlertSender
 from kvgate.gateway.control.config import RolloutsConfig
 from kvgate.gateway.control.outcomes import OutcomeRecorder, Watch
-from kvgate.gateway.control.rollout_store import BlobStore, RolloutBlobs
+from kvgate.gateway.control.rollout_store import RolloutBlobs
 from kvgate.gateway.control.versions import VersionNotFoundError, VersionRegistry
 from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
 from kvgate.gateway.observe.metrics import RolloutMetrics
+from kvgate.store.base import AffinityStore
 
 log = logging.getLogger("kvgate.gateway.control.rollouts")
 
@@ -79,7 +80,7 @@ class RolloutManager:
 
     def __init__(
         self,
-        store: BlobStore,
+        store: AffinityStore,
         registry: VersionRegistry,
         *,
         recorder: OutcomeRecorder,

@@ -282,67 +282,77 @@ class Proxy:
                     if outcome.retries and last_failure is not None:
                         raise self._client_error(last_failure, features) from None
                     raise
-                outcome.placement = placement
-                outcome.reported = False
-                worker = placement.worker
-                try:
-                    headers = self._upstream_headers(request, worker, features.request_id)
-                    if self.slots is not None and self.slots.manages(worker):
-                        # A llama.cpp worker: a slot lease (offload/restore/migration).
-                        upstream = await self.slots.post(
-                            worker, path, body, headers, features.affinity_key
-                        )
-                        # The reason says which tier the KV came from: slot, disk, ...
-                        if tier := upstream.headers.get(TIER_HEADER):
-                            placement.reason = f"{placement.reason}/{tier}"
-                    else:
-                        upstream = await worker.upstream.post(path, body, headers)
-                    if upstream.status == 429 or upstream.status >= 500:
-                        await self._drain_error(upstream)
-                        raise UpstreamError(status=upstream.status)
-                except UpstreamError as exc:
-                    self.pool.release(worker, placement.kv_tokens)
-                    last_failure = exc
-                    self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                    if exc.status != 429:
-                        self.passive.failure(worker)
-                        if self.outcomes is not None:
-                            self.outcomes.attempt_failed(features.model, placement.version)
-                            outcome.reported = True
-                    if not exc.retryable or outcome.retries >= self.max_retries:
-                        raise self._client_error(exc, features) from None
-                    if exc.status is not None:
-                        # A worker that answered 5xx/429 may be overloaded: its retries
-                        # spend the budget. A connection failure did no work anywhere,
-                        # so re-picking it adds no load and is only bounded by count.
-                        if not budget.allow():
-                            self.metrics.retries_denied.labels(features.model).inc()
+                async with placement.lease:
+                    outcome.placement = placement
+                    outcome.reported = False
+                    worker = placement.worker
+                    try:
+                        headers = self._upstream_headers(request, worker, features.request_id)
+                        if self.slots is not None and self.slots.manages(worker):
+                            # A llama.cpp worker: a slot lease (offload/restore/migration).
+                            upstream = await self.slots.post(
+                                worker, path, body, headers, features.affinity_key
+                            )
+                            # The reason says which tier the KV came from: slot, disk, ...
+                            if tier := upstream.headers.get(TIER_HEADER):
+                                placement.reason = f"{placement.reason}/{tier}"
+                        else:
+                            upstream = await worker.upstream.post(path, body, headers)
+                        if upstream.status == 429 or upstream.status >= 500:
+                            await self._drain_error(upstream)
+                            raise UpstreamError(status=upstream.status)
+                    except UpstreamError as exc:
+                        placement.lease.release()  # free the slot before the backoff
+                        last_failure = exc
+                        if not self._retry(exc, placement, features, outcome):
                             raise self._client_error(exc, features) from None
-                        outcome.budgeted += 1
-                    outcome.retries += 1
-                    self.metrics.retries.labels(features.model).inc()
-                    excluded = excluded | {worker.id}
-                    if placement.bound is not None:
-                        affinity = placement.bound  # what this attempt bound; a retry moves it
-                    await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
-                    continue
-                except BaseException:
-                    self.pool.release(worker, placement.kv_tokens)
-                    raise
-                break
-            if upstream.status < 500:
-                self.passive.success(worker)
-            return await self._respond(
-                request,
-                features=features,
-                placement=placement,
-                upstream=upstream,
-                started=started,
-                outcome=outcome,
-            )
+                        excluded = excluded | {worker.id}
+                        if placement.bound is not None:
+                            affinity = placement.bound  # what this attempt bound; a retry moves it
+                        await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
+                        continue
+                    if upstream.status < 500:
+                        self.passive.success(worker)
+                    return await self._respond(
+                        request,
+                        features=features,
+                        placement=placement,
+                        upstream=upstream,
+                        started=started,
+                        outcome=outcome,
+                    )
         finally:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
+
+    def _retry(
+        self,
+        exc: UpstreamError,
+        placement: Placement,
+        features: RequestFeatures,
+        outcome: _Outcome,
+    ) -> bool:
+        """Count one failed attempt; True when the request may be retried on another worker."""
+        worker = placement.worker
+        self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+        if exc.status != 429:
+            self.passive.failure(worker)
+            if self.outcomes is not None:
+                self.outcomes.attempt_failed(features.model, placement.version)
+                outcome.reported = True
+        if not exc.retryable or outcome.retries >= self.max_retries:
+            return False
+        if exc.status is not None:
+            # A worker that answered 5xx/429 may be overloaded: its retries spend the
+            # budget. A connection failure did no work anywhere, so re-picking it adds
+            # no load and is only bounded by count.
+            if not self.budget.allow():
+                self.metrics.retries_denied.labels(features.model).inc()
+                return False
+            outcome.budgeted += 1
+        outcome.retries += 1
+        self.metrics.retries.labels(features.model).inc()
+        return True
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
         # Read the small error body so the connection can be reused.
@@ -439,7 +449,7 @@ class Proxy:
         finally:
             if not done:
                 upstream.close()
-            self.pool.release(worker, placement.kv_tokens)
+            placement.lease.release()  # before the feedback below: waiters need not wait on it
         if done:
             usage = outcome.usage
             await self.router.finished(
