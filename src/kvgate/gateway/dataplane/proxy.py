@@ -59,6 +59,7 @@ from kvgate.gateway.dataplane.usage import (
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import UpstreamResponse
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
@@ -114,6 +115,14 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    shed: str | None = None
+    """Why the request was shed (429), for the access log and the dashboard."""
+    refused: str | None = None
+    """The shed reason or error code of a request the gateway answered itself."""
+    last_chunk: float | None = None
+    """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
+    asked_model: str = ""
+    """The model a refused request named when no worker serves it (access log only)."""
 
 
 class _StreamResponse(web.StreamResponse):
@@ -164,6 +173,8 @@ class Proxy:
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
         slots: SlotPlane | None = None,
+        traffic: TrafficWindow | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -180,6 +191,9 @@ class Proxy:
         self.stream_usage = stream_usage
         self.outcomes = outcomes
         self.slots = slots
+        self.traffic = traffic
+        """The dashboard's ring of recent traffic (``None``: not kept)."""
+        self.wall = wall
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -209,6 +223,13 @@ class Proxy:
         try:
             body = await self._read_body(request)
             features, payload = self._features(body, request, request_id, endpoint)
+            if not self.pool.serves(features.model):
+                # The access log says what was asked; metric labels never carry a
+                # client's made-up model name (one series per name, forever).
+                outcome.asked_model, features = features.model, None
+                raise ModelNotFoundError(
+                    f"The model {outcome.asked_model!r} does not exist", param="model"
+                )
             if self.slots is not None:
                 features = self.slots.annotate(features)  # KV that can follow the session
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
@@ -221,6 +242,9 @@ class Proxy:
             )
         except GatewayError as exc:
             outcome.status = exc.status
+            if isinstance(exc, OverloadedError):
+                outcome.shed = exc.reason
+            outcome.refused = outcome.shed or exc.code
             raise
         except asyncio.CancelledError:
             outcome.status = 499
@@ -231,7 +255,7 @@ class Proxy:
             self.in_flight -= 1
             if not self.in_flight:
                 self.idle.set()
-            self._record(features, outcome, started, request_id)
+            self._record(features, outcome, started, request_id, path)
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
@@ -255,8 +279,6 @@ class Proxy:
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
-        if not self.pool.serves(features.model):
-            raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
         return features, payload
 
     async def _forward(
@@ -480,6 +502,7 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -516,32 +539,47 @@ class Proxy:
         outcome: _Outcome,
         started: float,
         request_id: str,
+        path: str = "",
     ) -> None:
         duration = time.monotonic() - started
         model = features.model if features is not None else ""
         placement = outcome.placement
         worker = placement.worker.id if placement is not None else ""
         version = placement.version if placement is not None else ""
-        reason = placement.reason if placement is not None else "error"
+        reason = placement.reason if placement is not None else (outcome.refused or "error")
         status = outcome.status or 500
+        usage = outcome.usage
         m = self.metrics
         m.child(m.requests, model, version, worker, str(status), reason).inc()
         if features is not None and placement is not None:
-            m.child(m.request_duration, model, version).observe(duration)
+            m.child(m.request_duration, model, version, worker).observe(duration)
             if outcome.ttft is not None:
-                m.child(m.ttft, model, version).observe(outcome.ttft)
-            usage = outcome.usage
+                m.child(m.ttft, model, version, worker).observe(outcome.ttft)
+                itl = _inter_token(outcome, usage)
+                if itl is not None:
+                    m.child(m.inter_token_latency, model, version, worker).observe(itl)
             if usage is not None:
                 m.child(m.prompt_tokens, model, worker).inc(usage.prompt)
                 m.child(m.cached_tokens, model, worker).inc(usage.cached)
                 m.child(m.completion_tokens, model, worker).inc(usage.completion)
         if self.outcomes is not None and features is not None and placement is not None:
             _report(self.outcomes, features.model, placement.version, outcome, duration)
+        if self.traffic is not None:
+            self.traffic.record(
+                self.wall(),
+                status=status,
+                worker=worker,
+                reason=reason if placement is not None else None,
+                prompt_tokens=usage.prompt if usage is not None else 0,
+                cached_tokens=usage.cached if usage is not None else 0,
+                retries=outcome.retries,
+                shed_reason=outcome.shed,
+            )
         if self.access_log.enabled:
             self.access_log.write(
                 AccessRecord(
                     request_id=request_id,
-                    model=model,
+                    model=model or outcome.asked_model,
                     worker=worker,
                     version=version,
                     reason=reason,
@@ -549,8 +587,23 @@ class Proxy:
                     ttft=outcome.ttft,
                     duration=duration,
                     retries=outcome.retries,
+                    path=path,
+                    session=features.session_source.value if features is not None else "none",
+                    stream=features.stream if features is not None else False,
+                    prompt_tokens=usage.prompt if usage is not None else None,
+                    cached_tokens=usage.cached if usage is not None else None,
+                    completion_tokens=usage.completion if usage is not None else None,
                 )
             )
+
+
+def _inter_token(outcome: _Outcome, usage: Usage | None) -> float | None:
+    """A stream's mean time between output tokens after the first (``None``: not a stream)."""
+    if outcome.last_chunk is None or outcome.ttft is None or usage is None:
+        return None
+    if usage.completion < 2 or outcome.last_chunk <= outcome.ttft:
+        return None
+    return (outcome.last_chunk - outcome.ttft) / (usage.completion - 1)
 
 
 def _report(

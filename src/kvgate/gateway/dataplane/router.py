@@ -208,6 +208,14 @@ class Router:
             )
             if verdict.affinity is not None:
                 await self._bind(features, verdict, placement, excluded)
+            m = self.metrics
+            m.child(
+                m.decisions,
+                features.model,
+                placement.version,
+                placement.worker.id,
+                placement.reason,
+            ).inc()
             self.policy.on_routed(features, placement.worker.id, self.wall())
         except BaseException:
             lease.release()
