@@ -16,6 +16,7 @@ Example ``kvgate.yaml``::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,11 +91,16 @@ class WorkerConfig(_Model):
 
 
 class ListenConfig(_Model):
-    """Where the gateway listens and how many server processes share the port."""
+    """Where the gateway listens and how many server processes share the port.
+
+    ``processes`` unset means one per core available to the gateway when the
+    store is shared (Redis), and one with the memory store: processes behind one
+    port must agree on placement, and separate in-memory stores cannot.
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    processes: int = Field(default=1, ge=1, le=256)
+    processes: int | None = Field(default=None, ge=1, le=256)
 
 
 class PolicyConfig(_Model):
@@ -236,6 +242,28 @@ class GatewayConfig(_Model):
                 "admin.enabled: false)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _processes_share_a_store(self) -> GatewayConfig:
+        # Each process would keep its own affinities, rollouts and drains: the same
+        # session would land on different workers depending on which process the
+        # kernel handed its connection to.
+        if (self.listen.processes or 1) > 1 and self.store.url == "memory":
+            raise ValueError(
+                f"listen.processes: {self.listen.processes} processes cannot share the "
+                "memory store (each would route on its own affinities); set store.url "
+                "to a redis:// URL, or run one process"
+            )
+        return self
+
+    def server_processes(self) -> int:
+        """How many server processes to run: ``listen.processes``, or the default for the
+        store (the cores this process may run on with Redis, one with the memory store)."""
+        if self.listen.processes is not None:
+            return self.listen.processes
+        if self.store.url == "memory":
+            return 1
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
     @model_validator(mode="after")
     def _index_blocks_match_features(self) -> GatewayConfig:

@@ -2,9 +2,11 @@
 
 SIGTERM (or SIGINT) drains: readiness turns false, new requests get 503,
 in-flight requests and streams finish up to ``drain_timeout_s``, then the
-process exits. With ``listen.processes > 1`` the parent starts that many server
-processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
-with its own state; they share affinities only through a Redis store.
+process exits. With several processes (``GatewayConfig.server_processes``: one
+per core with a Redis store by default) the parent starts that many server
+processes bound with ``SO_REUSEPORT`` (the kernel spreads connections); they
+agree on placement through the shared store, and the configuration refuses
+several processes on the memory store.
 
 The parent supervises: it waits until every server process listens (or has
 failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
@@ -191,7 +193,7 @@ class _Supervisor:
         ctx = multiprocessing.get_context("spawn")
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            for index in range(self.config.listen.processes):
+            for index in range(self.config.server_processes()):
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
@@ -291,8 +293,8 @@ class _Supervisor:
 
 
 def run(config: GatewayConfig) -> int:
-    """Serve ``config`` in this process, or in ``listen.processes`` children; exit status."""
-    if config.listen.processes == 1:
+    """Serve ``config`` in this process, or in ``server_processes()`` children; exit status."""
+    if config.server_processes() == 1:
         _run_one(config)
         return 0
     if config.listen.port == 0:
