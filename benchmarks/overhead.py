@@ -285,6 +285,12 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="kvgate's N (--side-by-side)")
     parser.add_argument("--peer-policy", default="round_robin", help="the Rust routers' policy")
     parser.add_argument("--events", type=int, default=16, help="SSE events per mock stream")
+    parser.add_argument(
+        "--event-gap-ms",
+        type=float,
+        default=0.0,
+        help="pause between a mock stream's events (0: as fast as the router takes them)",
+    )
     parser.add_argument("--ttft-requests", type=int, default=200, help="streams timed at c=1")
     parser.add_argument(
         "--no-install", action="store_true", help="skip peers not installed yet (no pip)"

@@ -291,6 +291,7 @@ def run(opts: argparse.Namespace) -> None:
         for i in range(opts.workers):
             port = free_port()
             argv = [sys.executable, MOCK, "--port", str(port), "--events", str(opts.events)]
+            argv += ["--gap-ms", str(opts.event_gap_ms)]
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(_process(argv, url + "/health", scratch / f"worker{i}.log"))
             urls.append(url)
@@ -314,7 +315,8 @@ def run(opts: argparse.Namespace) -> None:
             wrk_load.run_wrk(target.urls, 8, 1, False)
             wrk_load.run_wrk(target.urls, 8, 1, True)
         print(
-            f"{opts.workers} mock workers ({opts.events} events per stream), wrk -t1, "
+            f"{opts.workers} mock workers ({opts.events} events per stream, "
+            f"{opts.event_gap_ms:g} ms apart), wrk -t1, "
             f"{opts.duration:g}s per run, {opts.repeat} repeats interleaved, "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
             f"kvgate policy {opts.policy}, peers {opts.peer_policy}"

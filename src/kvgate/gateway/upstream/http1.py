@@ -99,6 +99,7 @@ class Connection(asyncio.Protocol):
         self._until_close = False
         self._head_bytes = 0
         self._fields: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0
         self._error: Http1Error | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_io = 0.0
@@ -161,14 +162,20 @@ class Connection(asyncio.Protocol):
         if self.done:
             self.keep_alive = False
         self._fields = []
+        self._field_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """One header field (llhttp joins a field split across reads)."""
         self._fields.append((name, value))
+        self._field_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         """The head is complete: publish it, unless it is an interim (1xx) one."""
         if self.done or self._error is not None:
+            return
+        if self._field_bytes > _MAX_HEAD:
+            # A whole oversized head can arrive in one read, past the check on partial ones.
+            self._fail(ProtocolError("response head too large"))
             return
         parser = self._parser
         status = parser.get_status_code()
