@@ -10,7 +10,10 @@ between repeats, so drift in the machine's load falls on all of them alike.
 What to trust on a shared machine: router CPU milliseconds per request (from
 ``/proc``: the router's whole process tree, plus Redis for kvgate's N processes)
 and ratios between routers within one repeat. Absolute requests per second move
-with whatever else runs.
+with whatever else runs. Streams carry ``--events`` events plus ``[DONE]``; the
+relay cost is given as events per router CPU-second. With ``--event-gap-ms 0``
+events coalesce into fewer reads when a router lags; with a gap each arrives in
+its own read and is relayed on its own, as tokens are.
 
     .venv/bin/python benchmarks/overhead.py --side-by-side --duration 3 --repeat 2
 """
@@ -142,7 +145,7 @@ def _measure(targets: list[Target], opts: argparse.Namespace) -> list[dict[str, 
                         "p99_ms": result.p99_ms,
                         "errors": result.errors,
                         "cpu_ms_per_req": 1e3 * cpu / result.requests if target.pid else None,
-                        "chunks_per_cpu_s": (
+                        "events_per_cpu_s": (
                             result.requests * (opts.events + 1) / cpu
                             if target.pid and stream and cpu
                             else None
@@ -208,14 +211,14 @@ def _summary(
     print(
         f"{'router':<16}{'req/s c=' + str(main_level):>16}{'spread':>8}"
         f"{'cpu ms/req plain/stream':>26}{'spread':>14}"
-        f"{'added p50 c=' + str(low):>15}{'added ttft':>12}{'chunks/cpu-s':>14}"
+        f"{'added p50 c=' + str(low):>15}{'added ttft':>12}{'events/cpu-s':>14}"
     )
     summary = []
     for target in targets:
         rps = pick(target.name, False, main_level, "rps")
         cpu_plain = pick(target.name, False, main_level, "cpu_ms_per_req")
         cpu_stream = pick(target.name, True, main_level, "cpu_ms_per_req")
-        chunks = pick(target.name, True, main_level, "chunks_per_cpu_s")
+        chunks = pick(target.name, True, main_level, "events_per_cpu_s")
         p50 = by_run(target.name, False, low, "p50_ms")
         added = [p50[r] - direct_p50[r] for r in p50 if r in direct_p50]
         mine = {r["run"]: r["first_event_p50_ms"] for r in firsts if r["target"] == target.name}
@@ -233,7 +236,7 @@ def _summary(
             "cpu_spread_pct": [_spread(cpu_plain), _spread(cpu_stream)] if cpu_plain else None,
             "added_p50_ms": statistics.median(added) if target.pid else None,
             "added_ttft_ms": statistics.median(ttft) if target.pid and ttft else None,
-            "chunks_per_cpu_s": statistics.median(chunks) if chunks else None,
+            "events_per_cpu_s": statistics.median(chunks) if chunks else None,
         }
         summary.append(line)
         cpu_text = f"{line['cpu_ms_plain']:.3f} / {line['cpu_ms_stream']:.3f}" if cpu_plain else "-"
@@ -244,10 +247,10 @@ def _summary(
         )
         p50_text = f"{line['added_p50_ms']:.3f}" if target.pid else "-"
         ttft_text = f"{line['added_ttft_ms']:.3f}" if line["added_ttft_ms"] is not None else "-"
-        chunks_text = f"{line['chunks_per_cpu_s']:,.0f}" if chunks else "-"
+        events_text = f"{line['events_per_cpu_s']:,.0f}" if chunks else "-"
         print(
             f"{target.name:<16}{line['rps']:>16,.0f}{line['rps_spread_pct']:>7.0f}%"
-            f"{cpu_text:>26}{spread_text:>14}{p50_text:>15}{ttft_text:>12}{chunks_text:>14}"
+            f"{cpu_text:>26}{spread_text:>14}{p50_text:>15}{ttft_text:>12}{events_text:>14}"
         )
     _pair_ratios(rows, levels)
     return summary
