@@ -295,6 +295,10 @@ class _Supervisor:
 def run(config: GatewayConfig) -> int:
     """Serve ``config`` in this process, or in ``server_processes()`` children; exit status."""
     if config.server_processes() == 1:
+        if config.listen.processes is None and config.store.url == "memory":
+            configure_logging(config.json_logs)
+            log.info("one server process: the memory store is not shared between processes "
+                     "(a Redis store runs one per core)")  # fmt: skip
         _run_one(config)
         return 0
     if config.listen.port == 0:
