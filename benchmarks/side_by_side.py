@@ -144,6 +144,7 @@ def _measure(targets: list[Target], opts: argparse.Namespace) -> list[dict[str, 
                         "p50_ms": result.p50_ms,
                         "p99_ms": result.p99_ms,
                         "errors": result.errors,
+                        "non2xx": result.non2xx,
                         "cpu_ms_per_req": 1e3 * cpu / result.requests if target.pid else None,
                         "events_per_cpu_s": (
                             result.requests * (opts.events + 1) / cpu
@@ -326,6 +327,7 @@ def run(opts: argparse.Namespace) -> None:
         )
         started = time.monotonic()
         rows = _measure(targets, opts)
+        print("! = errors in that run: non-2xx answers or socket errors (the JSON has both)")
         firsts = _first_events(targets, opts)
         summary = _summary(targets, rows, firsts, opts)
         print(

@@ -50,6 +50,9 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     errors: int
+    """Non-2xx answers plus socket errors (connect, read, write, timeouts)."""
+    non2xx: int = 0
+    """Of ``errors``, the answers with a non-2xx status (the rest are socket errors)."""
 
     @property
     def rps(self) -> float:
@@ -70,9 +73,10 @@ def _parse(out: str) -> WrkResult:
     p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
     if done is None or p50 is None or p99 is None:
         raise RuntimeError(f"could not read wrk's output:\n{out}")
-    errors = 0
+    errors = non2xx = 0
     if found := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
-        errors += int(found[1])
+        non2xx = int(found[1])
+        errors += non2xx
     socket_errors = r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)"
     if found := re.search(socket_errors, out):
         errors += sum(int(x) for x in found.groups())
@@ -82,6 +86,7 @@ def _parse(out: str) -> WrkResult:
         p50_ms=_ms(p50[1]),
         p99_ms=_ms(p99[1]),
         errors=errors,
+        non2xx=non2xx,
     )
 
 
@@ -109,6 +114,7 @@ def run_wrk(urls: list[str], connections: int, duration: float, stream: bool) ->
         p50_ms=max(p.p50_ms for p in parts),
         p99_ms=max(p.p99_ms for p in parts),
         errors=sum(p.errors for p in parts),
+        non2xx=sum(p.non2xx for p in parts),
     )
 
 
