@@ -152,7 +152,10 @@ async def test_two_replicas_sharing_redis_place_every_session_identically(
                 )
                 for i in range(4)
             ]
-            config = _config(tmp_path, "replica", fleet, store={"url": redis.url})
+            # One process each: two replicas, as two machines would run them.
+            config = _config(
+                tmp_path, "replica", fleet, store={"url": redis.url}, listen={"processes": 1}
+            )
             a = await stack.enter_async_context(gateway_process(config, free_port()))
             b = await stack.enter_async_context(gateway_process(config, free_port()))
             replicas = (a, b)
