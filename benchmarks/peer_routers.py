@@ -1,125 +1,232 @@
-"""The routers kvgate is measured against, installed and started the same way each time.
+"""The routers ``benchmarks/peers.py`` puts in front of the fleet, and how to get each one.
 
-The Rust routers come from PyPI into throwaway virtualenvs under
-``~/.cache/kvgate-peers/<name>`` (created on first use, reused after); HAProxy is
-Debian's package (``apt-get install haproxy``) and serves as the floor: a proxy
-with no routing logic. Every router here is a command line plus the processes
-whose CPU time counts as the router's (the whole process tree).
+kvgate itself (``default``, and ``round_robin`` for reference) runs from this
+checkout. The peers are installed from PyPI into throwaway virtualenvs under
+``~/.cache/kvgate-peers/<name>`` (``KVGATE_PEERS_CACHE`` moves it), kept between
+runs so a second run installs nothing: sglang-router 0.3.2 and its successor the
+Shepherd Model Gateway (``smg``), both ``--policy cache_aware``, and vllm-router
+(``--policy cache_aware``, its default). HAProxy from Debian's packages is the
+stateless round-robin baseline (installed with apt-get when missing and root).
+
+Each router's command line was taken from its own ``--help`` after install. Every
+router gets a free port of its own for its metrics endpoint, so two runs on one
+machine never collide on a default port.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PEERS_HOME = Path.home() / ".cache" / "kvgate-peers"
+import yaml
 
-PEER_PACKAGES = {
-    "sglang-router": "sglang-router==0.3.2",
-    "vllm-router": "vllm-router==0.1.17",
-}
-"""The PyPI release of each peer router measured (the versions of issue 17's table)."""
+KVGATE = str(Path(sys.executable).parent / "kvgate")
+"""The ``kvgate`` command of the interpreter running the benchmark (this checkout)."""
 
-
-def peer_binary(name: str, *, install: bool = True) -> Path | None:
-    """The peer's executable, installed into its own virtualenv when missing (or None)."""
-    venv = PEERS_HOME / name
-    binary = venv / "bin" / name
-    if binary.exists():
-        return binary
-    if not install:
-        return None
-    PEERS_HOME.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", PEER_PACKAGES[name]], check=True
-    )
-    return binary if binary.exists() else None
+MODEL = "demo"
+"""The model the emulated workers serve; every request names it explicitly."""
 
 
-def haproxy_config(port: int, workers: list[tuple[str, int]]) -> str:
-    """A round-robin HTTP proxy on ``port``: one thread, keep-alive both ways."""
-    servers = "\n".join(f"    server w{i} {h}:{p}" for i, (h, p) in enumerate(workers))
-    return f"""global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    option http-keep-alive
-    http-reuse always
-frontend kvgate_bench
-    bind 127.0.0.1:{port}
-    default_backend workers
-backend workers
-    balance roundrobin
-{servers}
-"""
+def peers_cache() -> Path:
+    """Where the peers' virtualenvs live (kept between runs)."""
+    return Path(os.environ.get("KVGATE_PEERS_CACHE", "~/.cache/kvgate-peers")).expanduser()
 
 
 @dataclass(frozen=True)
-class RouterSpec:
-    """How to start one router in front of the workers."""
+class Launch:
+    """What a router needs to start: its workers, its ports and a folder for its files."""
+
+    workers: Sequence[str]
+    port: int
+    metrics_port: int
+    workdir: Path
+    seed: int = 0
+    venv: Path | None = None
+
+
+@dataclass(frozen=True)
+class Router:
+    """One router of the benchmark: how it is installed and how it is started."""
 
     name: str
-    command: Callable[[int, list[str], Path], list[str]]
-    """(port, worker URLs, scratch folder) -> argv."""
-    ready_path: str = "/health"
+    description: str
+    argv: Callable[[Launch], list[str]]
+    package: str | None = None
+    """PyPI requirement installed into the router's own virtualenv (None: nothing)."""
+    distribution: str | None = None
+    """The installed distribution's name, to check what a cached virtualenv holds."""
+    debian: str | None = None
+    """A Debian package providing the router's command (installed when missing)."""
 
 
-def kvgate_spec(kvgate: str, policy: str, processes: int, store: str | None) -> RouterSpec:
-    """``kvgate serve`` with ``processes`` server processes (``store`` when several)."""
+def _kvgate(policy: str) -> Callable[[Launch], list[str]]:
+    def argv(launch: Launch) -> list[str]:
+        config = {
+            "listen": {"host": "127.0.0.1", "port": launch.port},
+            "workers": [{"url": url, "model": MODEL} for url in launch.workers],
+            "policy": {"name": policy},
+            "health": {"interval_s": 0.2, "timeout_s": 1.0},
+            "seed": launch.seed,
+        }
+        path = launch.workdir / f"kvgate-{policy}.yaml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        return [KVGATE, "serve", "--config", str(path)]
 
-    def command(port: int, urls: list[str], _scratch: Path) -> list[str]:
-        argv = [kvgate, "serve", "--port", str(port), "--policy", policy]
-        argv += ["--processes", str(processes)]
-        if store is not None:
-            argv += ["--store", store]
-        for url in urls:
-            argv += ["--worker", url]
-        return argv
-
-    name = "kvgate" if processes == 1 else f"kvgate x{processes}"
-    return RouterSpec(name, command, "/readyz")
-
-
-def rust_spec(name: str, binary: Path, policy: str, free_port: Callable[[], int]) -> RouterSpec:
-    """sglang-router or vllm-router (the same command line: vllm-router forked the other)."""
-
-    def command(port: int, urls: list[str], _scratch: Path) -> list[str]:
-        return [
-            str(binary),
-            *(["launch"] if name == "sglang-router" else []),
-            "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *urls,
-            "--policy", policy,
-            "--log-level", "error" if name == "vllm-router" else "warn",
-            "--prometheus-port", str(free_port()),
-            "--max-concurrent-requests", "100000",
-        ]  # fmt: skip
-
-    return RouterSpec(name, command, "/health")
+    return argv
 
 
-def haproxy_spec() -> RouterSpec | None:
-    """HAProxy from Debian's package, or None when it is not installed."""
-    binary = shutil.which("haproxy")
-    if binary is None:
+def _venv_bin(launch: Launch, command: str) -> str:
+    if launch.venv is None:
+        raise RuntimeError("this router runs from its own virtualenv, which was not prepared")
+    return str(launch.venv / "bin" / command)
+
+
+def _sglang_router(launch: Launch) -> list[str]:
+    return [
+        _venv_bin(launch, "python"), "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1", "--port", str(launch.port),
+        "--worker-urls", *launch.workers,
+        "--policy", "cache_aware",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def _smg(launch: Launch) -> list[str]:
+    return [
+        _venv_bin(launch, "smg"), "launch",
+        "--host", "127.0.0.1", "--port", str(launch.port),
+        "--worker-urls", *launch.workers,
+        "--policy", "cache_aware",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def _vllm_router(launch: Launch) -> list[str]:
+    return [
+        _venv_bin(launch, "vllm-router"),
+        "--host", "127.0.0.1", "--port", str(launch.port),
+        "--worker-urls", *launch.workers,
+        "--policy", "cache_aware",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def haproxy_config(port: int, workers: Sequence[str]) -> str:
+    """An HAProxy config: HTTP mode, round robin over ``workers``, long stream timeouts."""
+    servers = "\n".join(
+        f"    server w{i} {url.removeprefix('http://').rstrip('/')}"
+        for i, url in enumerate(workers)
+    )
+    return (
+        "global\n    maxconn 4096\n\n"
+        "defaults\n    mode http\n    option http-keep-alive\n"
+        "    timeout connect 5s\n    timeout client 900s\n    timeout server 900s\n\n"
+        f"frontend peers\n    bind 127.0.0.1:{port}\n    default_backend workers\n\n"
+        f"backend workers\n    balance roundrobin\n{servers}\n"
+    )
+
+
+def _haproxy(launch: Launch) -> list[str]:
+    path = launch.workdir / "haproxy.cfg"
+    path.write_text(haproxy_config(launch.port, launch.workers), encoding="utf-8")
+    command = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    return [command, "-db", "-f", str(path)]  # -db: stay in the foreground
+
+
+ROUTERS: dict[str, Router] = {
+    router.name: router
+    for router in (
+        Router("kvgate-default", "kvgate, policy default", _kvgate("default")),
+        Router("kvgate-round_robin", "kvgate, policy round_robin", _kvgate("round_robin")),
+        Router(
+            "sglang-router",
+            "sglang-router 0.3.2, cache_aware",
+            _sglang_router,
+            package="sglang-router==0.3.2",
+            distribution="sglang-router",
+        ),
+        Router(
+            "smg",
+            "Shepherd Model Gateway (smg launch), cache_aware",
+            _smg,
+            package="smg",
+            distribution="smg",
+        ),
+        Router(
+            "vllm-router",
+            "vllm-router, cache_aware",
+            _vllm_router,
+            package="vllm-router",
+            distribution="vllm-router",
+        ),
+        Router("haproxy", "HAProxy (Debian), roundrobin", _haproxy, debian="haproxy"),
+    )
+}
+"""Every router the benchmark knows, in table order."""
+
+
+def _installed_version(python: Path, distribution: str) -> str | None:
+    probe = f"import importlib.metadata as m; print(m.version({distribution!r}))"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _wanted(package: str, version: str) -> bool:
+    """Whether an installed ``version`` satisfies ``package`` (only ``==`` pins are checked)."""
+    _, sep, pinned = package.partition("==")
+    return not sep or pinned.strip() == version
+
+
+def prepare(router: Router, log: Callable[[str], None] = print) -> Path | None:
+    """Install what ``router`` needs (once); its virtualenv, if it has one.
+
+    Raises ``RuntimeError`` with the installer's own error when that fails.
+    """
+    if router.debian is not None:
+        _ensure_debian(router.debian, log)
+    if router.package is None or router.distribution is None:
         return None
+    venv = peers_cache() / router.name
+    python = venv / "bin" / "python"
+    if python.exists():
+        version = _installed_version(python, router.distribution)
+        if version is not None and _wanted(router.package, version):
+            return venv
+    log(f"installing {router.package} into {venv}")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         router.package],
+    ]  # fmt: skip
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"{' '.join(step[:4])} failed: " + " | ".join(tail))
+    return venv
 
-    def command(port: int, urls: list[str], scratch: Path) -> list[str]:
-        workers = []
-        for url in urls:
-            host, _, p = url.removeprefix("http://").partition(":")
-            workers.append((host, int(p)))
-        path = scratch / "haproxy.cfg"
-        path.write_text(haproxy_config(port, workers))
-        return [binary, "-f", str(path), "-db"]
 
-    return RouterSpec("haproxy", command, "/health")
+def _ensure_debian(package: str, log: Callable[[str], None]) -> None:
+    if shutil.which(package) or Path(f"/usr/sbin/{package}").exists():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise RuntimeError(f"{package} is not installed (apt-get install -y {package} as root)")
+    log(f"installing {package} with apt-get")
+    for step in (["apt-get", "install", "-y", package], ["apt-get", "update"]):
+        done = subprocess.run(step, capture_output=True, text=True, check=False)
+        if done.returncode == 0 and step[1] == "install":
+            return
+    done = subprocess.run(
+        ["apt-get", "install", "-y", package], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"apt-get install -y {package} failed: {done.stderr.strip()[-300:]}")
