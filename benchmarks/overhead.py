@@ -292,9 +292,6 @@ def main() -> None:
         help="pause between a mock stream's events (0: as fast as the router takes them)",
     )
     parser.add_argument("--ttft-requests", type=int, default=200, help="streams timed at c=1")
-    parser.add_argument(
-        "--no-install", action="store_true", help="skip peers not installed yet (no pip)"
-    )
     opts = parser.parse_args()
     if opts.side_by_side:
         if opts.concurrency == "32,256":

@@ -3,7 +3,9 @@
 Targets: the workers directly, HAProxy (the floor: no routing logic), kvgate with
 one process and with N (sharing a Redis store), sglang-router and vllm-router,
 all round robin by default over the same fast mock workers
-(``mock_worker.py``). For each load (plain or streamed, at each concurrency)
+(``mock_worker.py``); the peers are installed and started by ``peer_routers.py``
+(PyPI releases in throwaway virtualenvs, HAProxy from Debian) with their policy
+swapped for ``--peer-policy``. For each load (plain or streamed, at each concurrency)
 and each repeat, every target gets one ``wrk`` run, in an order that alternates
 between repeats, so drift in the machine's load falls on all of them alike.
 
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,24 +99,68 @@ def _spread(values: list[float]) -> float:
     return 100 * (max(values) - min(values)) / mid if mid else 0.0
 
 
-def _specs(opts: argparse.Namespace, redis_url: str | None) -> list[peer_routers.RouterSpec]:
+@dataclass(frozen=True)
+class RouterSpec:
+    """How to start one router in front of the workers."""
+
+    name: str
+    command: Callable[[int, list[str], Path], list[str]]
+    """(port, worker URLs, scratch folder) -> argv."""
+    ready_path: str = "/health"
+
+
+def kvgate_spec(policy: str, processes: int, store: str | None) -> RouterSpec:
+    """``kvgate serve`` with ``processes`` server processes (``store`` when several)."""
+
+    def command(port: int, urls: list[str], _scratch: Path) -> list[str]:
+        argv = [KVGATE, "serve", "--port", str(port), "--policy", policy]
+        argv += ["--processes", str(processes)]
+        if store is not None:
+            argv += ["--store", store]
+        for url in urls:
+            argv += ["--worker", url]
+        return argv
+
+    return RouterSpec("kvgate" if processes == 1 else f"kvgate x{processes}", command, "/readyz")
+
+
+def peer_spec(router: peer_routers.Router, policy: str, venv: Path | None) -> RouterSpec:
+    """A router of ``peer_routers`` (installed by it), with ``policy`` instead of its own."""
+
+    def command(port: int, urls: list[str], scratch: Path) -> list[str]:
+        launch = peer_routers.Launch(urls, port, free_port(), scratch, venv=venv)
+        argv = router.argv(launch)
+        if "--policy" in argv:
+            argv[argv.index("--policy") + 1] = policy
+            # No admission limit of their own: kvgate's is off by default too.
+            argv += ["--max-concurrent-requests", "100000"]
+        return argv
+
+    return RouterSpec(router.name, command, "/health")
+
+
+def _specs(opts: argparse.Namespace, redis_url: str | None) -> list[RouterSpec]:
     specs = []
-    if (haproxy := peer_routers.haproxy_spec()) is not None:
-        specs.append(haproxy)
-    else:
-        print("haproxy not installed (apt-get install haproxy): its row is left out")
-    specs.append(peer_routers.kvgate_spec(KVGATE, opts.policy, 1, None))
+    routers = peer_routers.ROUTERS
+
+    def prepared(name: str) -> tuple[bool, Path | None]:
+        try:
+            return True, peer_routers.prepare(routers[name])
+        except RuntimeError as exc:
+            print(f"{name} left out: {exc}")
+            return False, None
+
+    if (found := prepared("haproxy"))[0]:
+        specs.append(peer_spec(routers["haproxy"], opts.peer_policy, found[1]))
+    specs.append(kvgate_spec(opts.policy, 1, None))
     if opts.processes > 1:
         if redis_url is None:
             print("redis-server not installed: kvgate with several processes is left out")
         else:
-            specs.append(peer_routers.kvgate_spec(KVGATE, opts.policy, opts.processes, redis_url))
-    for name in peer_routers.PEER_PACKAGES:
-        binary = peer_routers.peer_binary(name, install=not opts.no_install)
-        if binary is None:
-            print(f"{name} not installed: its row is left out")
-            continue
-        specs.append(peer_routers.rust_spec(name, binary, opts.peer_policy, free_port))
+            specs.append(kvgate_spec(opts.policy, opts.processes, redis_url))
+    for name in ("sglang-router", "vllm-router"):
+        if (found := prepared(name))[0]:
+            specs.append(peer_spec(routers[name], opts.peer_policy, found[1]))
     return specs
 
 
