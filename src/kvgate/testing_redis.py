@@ -67,6 +67,11 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks count its CPU as the store's)."""
+        return self._process.pid if self.running and self._process is not None else None
+
+    @property
     def running(self) -> bool:
         """True while the process is alive."""
         return self._process is not None and self._process.poll() is None

@@ -250,10 +250,16 @@ async def test_pressure_offload_saves_idle_slots_and_the_next_worker_restores(
 
 def test_config_refuses_slot_offload_over_several_processes() -> None:
     workers = [{"url": "http://127.0.0.1:9", "engine": "llamacpp"}]
+    redis = {"url": "redis://127.0.0.1:6379/0"}  # several processes need a shared store
     with pytest.raises(ConfigError, match="one process"):
-        parse_config({"workers": workers, "listen": {"processes": 2}})
+        parse_config({"workers": workers, "listen": {"processes": 2}, "store": redis})
     parsed = parse_config(
-        {"workers": workers, "listen": {"processes": 2}, "slots": {"enabled": False}}
+        {
+            "workers": workers,
+            "listen": {"processes": 2},
+            "store": redis,
+            "slots": {"enabled": False},
+        }
     )
     assert parsed.workers[0].engine == "llamacpp"
     with pytest.raises(ConfigError, match="engine"):

@@ -38,7 +38,11 @@ def serve(
         str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
     ] = None,
     processes: Annotated[
-        int | None, typer.Option(help="Server processes sharing the port (SO_REUSEPORT).")
+        int | None,
+        typer.Option(
+            help="Server processes sharing the port (SO_REUSEPORT); default: one per core "
+            "with a Redis store, one with the memory store (which N > 1 refuses)."
+        ),
     ] = None,
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs/--text-logs", help="Logs as JSON lines.")

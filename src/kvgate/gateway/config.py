@@ -18,6 +18,7 @@ Example ``kvgate.yaml``::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,11 +129,16 @@ class WorkerConfig(_Model):
 
 
 class ListenConfig(_Model):
-    """Where the gateway listens and how many server processes share the port."""
+    """Where the gateway listens and how many server processes share the port.
+
+    ``processes`` unset means one per core available to the gateway when the
+    store is shared (Redis), and one with the memory store: processes behind one
+    port must agree on placement, and separate in-memory stores cannot.
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    processes: int = Field(default=1, ge=1, le=256)
+    processes: int | None = Field(default=None, ge=1, le=256)
 
 
 class PolicyConfig(_Model):
@@ -392,12 +398,34 @@ class GatewayConfig(_Model):
     def _slots_need_one_process(self) -> GatewayConfig:
         # Each process would pin and save the same slots without knowing of the others.
         llamacpp = any(w.engine == "llamacpp" for w in self.workers)
-        if llamacpp and self.slots.enabled and self.listen.processes > 1:
+        if llamacpp and self.slots.enabled and self.server_processes() > 1:
             raise ValueError(
                 "slots: llama.cpp slot offload keeps the slot map in one process; "
                 "use listen.processes: 1, or slots.enabled: false"
             )
         return self
+
+    @model_validator(mode="after")
+    def _processes_share_a_store(self) -> GatewayConfig:
+        # Each process would keep its own affinities, rollouts and drains: the same
+        # session would land on different workers depending on which process the
+        # kernel handed its connection to.
+        if (self.listen.processes or 1) > 1 and self.store.url == "memory":
+            raise ValueError(
+                f"listen.processes: {self.listen.processes} processes cannot share the "
+                "memory store (each would route on its own affinities); set store.url "
+                "to a redis:// URL, or run one process"
+            )
+        return self
+
+    def server_processes(self) -> int:
+        """How many server processes to run: ``listen.processes``, or the default for the
+        store (the cores this process may run on with Redis, one with the memory store)."""
+        if self.listen.processes is not None:
+            return self.listen.processes
+        if self.store.url == "memory":
+            return 1
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
     @model_validator(mode="after")
     def _index_blocks_match_features(self) -> GatewayConfig:

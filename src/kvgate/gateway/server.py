@@ -8,10 +8,12 @@ SIGHUP never kills: it re-reads the config file (``control.reload``), and a
 refused reload is one log line; the gateway serves on. A port already in use is
 one line and exit status 2.
 
-With ``listen.processes > 1`` the parent starts that many server
-processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
-with its own state; they share affinities only through a Redis store. A metrics
-scrape that lands on any of them answers for all (``observe.federation``).
+With several processes (``GatewayConfig.server_processes``: one per core with a
+Redis store by default) the parent starts that many server processes bound with
+``SO_REUSEPORT`` (the kernel spreads connections); they agree on placement
+through the shared store, and the configuration refuses several processes on
+the memory store. A metrics scrape that lands on any of them answers for all
+(``observe.federation``).
 
 The parent supervises: it waits until every server process listens (or has
 failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
@@ -225,7 +227,7 @@ def _run_child(
         ready.close()
 
     try:
-        peers = MetricsPeers(peers_dir, index, config.listen.processes)
+        peers = MetricsPeers(peers_dir, index, config.server_processes())
         drained = _run_loop(
             serve(config, source=source, reuse_port=True, on_listening=listening, peers=peers)
         )
@@ -294,7 +296,7 @@ class _Supervisor:
         ctx = multiprocessing.get_context("spawn")
         signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
-            for index in range(self.config.listen.processes):
+            for index in range(self.config.server_processes()):
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
@@ -402,11 +404,15 @@ class _Supervisor:
 
 
 def run(config: GatewayConfig, source: ConfigSource | None = None) -> int:
-    """Serve ``config`` in this process, or in ``listen.processes`` children; exit status.
+    """Serve ``config`` in this process, or in ``server_processes()`` children; exit status.
 
     ``source`` is where ``config`` came from: SIGHUP reads it again (``control.reload``).
     """
-    if config.listen.processes == 1:
+    if config.server_processes() == 1:
+        if config.listen.processes is None and config.store.url == "memory":
+            configure_logging(config.json_logs, log_level(config))
+            log.info("one server process: the memory store is not shared between processes "
+                     "(a Redis store runs one per core)")  # fmt: skip
         return _run_one(config, source)
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
