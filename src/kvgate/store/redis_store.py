@@ -36,6 +36,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.store.base import AffinityStore
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
 from kvgate.types import Seconds, SessionKey, WorkerId
@@ -57,7 +58,7 @@ _DOWN: Final = _Down.DOWN
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
 
-class RedisStore:
+class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
     ``errors_total`` (failed Redis round trips, probes included), ``degraded``,

@@ -68,7 +68,7 @@ import math
 
 from pydantic import Field
 
-from kvgate.core.decision import Decision
+from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.hashing import bounded_load_cap, bounded_rendezvous
@@ -167,7 +167,7 @@ class DefaultPolicy(PrefixLearning):
                 if w.id != old and under_threshold(w, cfg.threshold_kind, cfg.threshold)
             ]
             if not pool:
-                return Decision.refuse("capacity_full", cfg.retry_after_s)
+                return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
         keyed = request.has_session or (cfg.use_prefix_key and request.prefix_key is not None)
         worker, reason = self._place(request, pool, keyed, ctx.fleet.now)
