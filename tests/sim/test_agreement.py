@@ -138,6 +138,7 @@ def gateway_config(urls: list[str], policy: str) -> dict[str, object]:
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": MODEL} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "health": {"interval_s": SCRAPE_S / SCALE, "timeout_s": 1.0},
         "seed": 0,

@@ -34,10 +34,12 @@ from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.dataplane import middleware
+from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner
 from kvgate.gateway.dataplane.proxy import Proxy, models_payload
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Router
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
@@ -87,6 +89,7 @@ class Gateway:
         )
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
+        self.metrics.watch_store(self.store.health)
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -122,6 +125,8 @@ class Gateway:
             usage_listeners=[self.pressure.record_usage],
         )
         self.draining = False
+        self.peers: MetricsPeers | None = None
+        """The sibling server processes whose metrics a scrape includes (``--processes``)."""
         self.proxy = Proxy(
             self.pool,
             self.router,
@@ -137,6 +142,7 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            expose_worker_urls=config.expose_worker_urls,
             traffic=self.traffic,
         )
 
@@ -205,6 +211,8 @@ async def _metrics(request: web.Request) -> web.Response:
     # Rendering takes ~50 ms at 64 workers (prometheus_client formats ~13 µs a line);
     # in a thread the event loop keeps its turns at the GIL instead of stalling.
     body = await asyncio.get_running_loop().run_in_executor(None, gateway.metrics.render)
+    if gateway.peers is not None:
+        body = await gateway.peers.gather(body)  # every process's series, not just ours
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -214,9 +222,12 @@ def build_app(gateway: Gateway) -> web.Application:
     stack: list[Middleware] = [
         middleware.errors,
         middleware.header_limit(config.limits.max_header_bytes, config.limits.max_headers),
+        middleware.body_limit(config.limits.max_body_bytes),
     ]
     if config.api_keys:
         stack.append(middleware.api_keys(config.api_keys))
+    if config.metrics_keys:
+        stack.append(middleware.api_keys(config.metrics_keys, "/metrics"))
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=stack)
     app[GATEWAY_KEY] = gateway
     proxy = gateway.proxy
@@ -242,6 +253,29 @@ def build_app(gateway: Gateway) -> web.Application:
     return app
 
 
+def connection_limits(config: GatewayConfig) -> ConnectionLimits:
+    """The per-connection deadlines and bounds of ``config`` (``limits:``)."""
+    limits = config.limits
+    return ConnectionLimits(
+        header_timeout_s=limits.header_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+        max_connections_per_client=limits.max_connections_per_client,
+    )
+
+
+def make_runner(gateway: Gateway) -> web.AppRunner:
+    """The runner serving ``gateway``'s app over guarded client connections."""
+    config = gateway.config
+    return GuardedAppRunner(
+        build_app(gateway),
+        connection_limits(config),
+        # The drain already waited for in-flight work (and cut what was left): the
+        # runner's own shutdown must not wait again.
+        shutdown_timeout=1.0,
+        **runner_options(config),
+    )
+
+
 def runner_options(config: GatewayConfig) -> dict[str, object]:
     """Keyword arguments for ``web.AppRunner`` serving a gateway app.
 
@@ -252,6 +286,7 @@ def runner_options(config: GatewayConfig) -> dict[str, object]:
     return {
         "handler_cancellation": True,
         "access_log": None,
+        "keepalive_timeout": config.limits.keepalive_s,
         "max_field_size": max(limit * 4, 65536),
         "max_line_size": max(limit * 4, 65536),
         "max_headers": config.limits.max_headers * 4,
