@@ -125,6 +125,7 @@ async def test_offloaded_session_is_restored_and_a_migrated_one_keeps_its_cache(
         "policy": {"name": "default"},
         "health": {"interval_s": 0.2, "timeout_s": 2.0},
         "slots": {"dir": str(slot_dir), "max_saved": MAX_SAVED},
+        "expose_worker_urls": True,  # turns name their worker by URL, as the pool does
     }
     async with running_gateway(config) as gateway:
         await wait_until(gateway.gateway.ready, timeout=30, message="gateway ready")
