@@ -91,6 +91,8 @@ def with_feature_blocks(
             f"{block_chars}; they must be equal (leave index.block_chars unset to follow "
             "features.block_chars)"
         )
+    index.setdefault("fine_blocks", features.max_blocks)
+    index.setdefault("coarse_factor", features.coarse_factor)
     merged["index"] = index
     return merged
 
