@@ -14,11 +14,14 @@ from kvgate.sim.experiment import Experiment, workload_factory
 from kvgate.sim.report import print_tables, results_json, write_results
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
-from kvgate.workload.synthetic import parse_options
+from kvgate.workload.synthetic import WORKLOADS, parse_options
 
 WorkloadOption = Annotated[
     str | None,
-    typer.Option(help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"),
+    typer.Option(
+        help=f"Synthetic workload: {', '.join(WORKLOADS)} [NAME:key=value,...; vary=0.5 jitters "
+        "the options left at their defaults by the seed]"
+    ),
 ]
 """``--workload``, shared by ``kvgate sim`` and ``kvgate bench``."""
 
