@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -82,6 +83,12 @@ class _BrokenStore:
         raise ConnectionError("store down")
 
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
+        raise ConnectionError("store down")
+
+    async def get_holders(self, blocks: Sequence[int]) -> list[WorkerId | None]:
+        raise ConnectionError("store down")
+
+    async def set_holders(self, entries: Sequence[tuple[int, WorkerId]], ttl: Seconds) -> None:
         raise ConnectionError("store down")
 
 

@@ -27,6 +27,10 @@ from kvgate.types import BlockHash, WorkerId
 HOLDER_TAG = "pfx:"
 """Leading tag of prefix-holder keys in a store, apart from session keys."""
 
+HOLDER_TTL_S = 600.0
+"""How long a holder binding lives at most: KV caches turn over within minutes, and a
+shared store should not keep evidence of blocks long evicted."""
+
 
 def checkpoint_indices(blocks: int, fine_blocks: int, stride: int) -> tuple[int, ...]:
     """Indices into a chain of ``blocks`` hashes whose bindings replicas share.
@@ -42,6 +46,13 @@ def checkpoint_indices(blocks: int, fine_blocks: int, stride: int) -> tuple[int,
     if not picks or picks[-1] != blocks - 1:
         picks.append(blocks - 1)
     return tuple(picks)
+
+
+def lookup_keys(
+    hashes: Sequence[BlockHash], checkpoints: Sequence[int], bound: bool
+) -> list[BlockHash]:
+    """The blocks a driver looks up for a request: none when a session binding leads it."""
+    return [] if bound else [hashes[i] for i in checkpoints]
 
 
 def holder_keys(hashes: Sequence[BlockHash], checkpoints: Sequence[int]) -> list[BlockHash]:

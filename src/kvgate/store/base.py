@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from kvgate.core.decision import Affinity
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 
 @runtime_checkable
@@ -34,6 +34,20 @@ class AffinityStore(Protocol):
 
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for many keys in one round trip, in the order given."""
+        ...
+
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
+        """The worker each prefix block was last sent to, by any replica, in order.
+
+        The shared prefix state of ``kvgate.core.holders``: how replicas agree on
+        where a headerless conversation lives. One round trip.
+        """
+        ...
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins."""
         ...
 
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from kvgate.core.admission import (
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
+from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
     PressureConfig,
@@ -44,7 +45,7 @@ from kvgate.gateway.control.versions import VersionRegistry
 from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
-from kvgate.types import Priority, Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
 
 CAPACITY_FULL = "capacity_full"
 """The reason a policy gives when every candidate is at its in-flight limit."""
@@ -66,6 +67,12 @@ class AffinityStoreLike(Protocol):
     ) -> Affinity: ...
 
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> object: ...
+
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]: ...
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -163,6 +170,7 @@ class Router:
         gate = self.kv_gate
         demand = kv_demand_tokens(features, gate) if gate is not None else 0
         held = _Held(priority)
+        keys, seen, holders = await self._holders(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
@@ -173,7 +181,8 @@ class Router:
                 raise self._shed(features, f"pressure_{fleet_pressure(snap)}", cfg.retry_after_s)
             verdict = admit(cfg, priority, len(queue), fleet_saturation(snap, cfg.kv_saturated))
             if isinstance(verdict, Admit):
-                decision = self.policy.pick(features, RouteContext(snap, affinity, self.rng))
+                context = RouteContext(snap, affinity, self.rng, holders)
+                decision = self.policy.pick(features, context)
                 if decision.reason == CAPACITY_FULL:
                     decision = overflow_decision(features, affinity, snap) or decision
                 if decision.worker is not None:
@@ -218,7 +227,40 @@ class Router:
         if decision.affinity is not None:
             await self._bind(features, decision, placement, excluded)
         self.policy.on_routed(features, placement.worker.id, self.wall())
+        if keys:
+            await self._share_holders(keys, seen, placement.worker.id)
         return placement
+
+    async def _holders(
+        self, features: RequestFeatures, affinity: Affinity | None
+    ) -> tuple[list[BlockHash], list[WorkerId | None], Mapping[WorkerId, int]]:
+        """The shared prefix state for a request that follows no binding (``core.holders``).
+
+        Returns the checkpoint blocks looked up, what the store had for each, and
+        per worker the deepest of them it holds. A request bound to a session
+        needs none of it; a store error means no evidence, never a failure.
+        """
+        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+        if not keys:
+            return [], [], {}
+        try:
+            seen = await self.store.get_holders(keys)
+        except Exception:
+            self._store_failed("get_holders")
+            return keys, [None] * len(keys), {}
+        return keys, seen, holders_from(features.checkpoints, seen)
+
+    async def _share_holders(
+        self, keys: list[BlockHash], seen: list[WorkerId | None], worker: WorkerId
+    ) -> None:
+        """Tell other replicas where this request's checkpoint blocks went."""
+        writes = holder_writes(keys, seen, worker)
+        if not writes:
+            return
+        try:
+            await self.store.set_holders(writes, min(self.ttl, HOLDER_TTL_S))
+        except Exception:
+            self._store_failed("set_holders")
 
     async def _bind(
         self,
