@@ -111,6 +111,11 @@ class PrefixIndex:
         """What ``worker``'s entries weigh, in fine blocks (what its capacity bounds)."""
         return self._weight.get(worker, 0)
 
+    def fill(self, worker: WorkerId) -> float:
+        """How full ``worker``'s share is (0 to 1): near 1, new blocks there evict others."""
+        weight = self._weight.get(worker, 0)
+        return min(1.0, weight / self.capacity(worker)) if weight else 0.0
+
     def depth_chars(self, depth: int) -> int:
         """Characters covered by the first ``depth`` blocks of a chain."""
         cfg = self.config

@@ -15,9 +15,15 @@ Used when the config names no policy. In order:
        ttft = (queued prefill tokens + this request's uncached tokens)
               / prefill_tokens_per_s × (1 + kv_slowdown × kv use)
               + requests on it × decode_s
+       cost = ttft + evict × uncached seconds × fill − pull
 
-   minus the pull of its cache, ``stay × cached tokens / prefill_tokens_per_s``
-   decayed by ``1 / (1 + queued seconds / busy_half_s)``. The cached tokens are
+   ``fill`` is how full the worker's cache is (its share of the prefix index,
+   sized from its KV capacity): new blocks on a full cache evict blocks that
+   later requests would have hit, so fresh content goes where there is room, and
+   a cold-start opening cannot pack every new conversation onto the two workers
+   that computed it first while the others' caches stay empty. The ``pull`` of a
+   cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
+   ``1 / (1 + queued seconds / busy_half_s)``. The cached tokens are
    the longest match of the whole prompt's chain, from this replica's prefix
    index or the shared store's prefix state (``ctx.holders``), so a long cached
    match weighs what it saves. The pull keeps work on a warm worker a little
@@ -58,6 +64,7 @@ Example::
       kv_slowdown: 0.25
       stay: 0.5
       busy_half_s: 1.0
+      evict: 1.0
       kv_high: 0.9
 """
 
@@ -104,6 +111,8 @@ class DefaultConfig(PolicyConfig):
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
     busy_half_s: float = Field(default=1.0, gt=0)
     """Queued prefill seconds at which the pull of a worker's cache is halved."""
+    evict: float = Field(default=1.0, ge=0)
+    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break)."""
@@ -256,6 +265,8 @@ class DefaultPolicy(PrefixLearning):
         owed = self._owed
         get = matches.get
         kv_high = cfg.kv_high
+        fill = self.index.fill
+        evict = cfg.evict
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -271,8 +282,11 @@ class DefaultPolicy(PrefixLearning):
                 owed_s = owed.get(w.id, 0.0) / rate
                 queued = min(queued, owed_s)
                 load = max(w.in_flight, (w.running or 0) + (w.waiting or 0))
-                ttft = (queued + (prompt - cached) * per_char) * (1.0 + cfg.kv_slowdown * kv)
+                fresh = (prompt - cached) * per_char
+                ttft = (queued + fresh) * (1.0 + cfg.kv_slowdown * kv)
                 cost = ttft + load * cfg.decode_s
+                if evict and fresh:
+                    cost += evict * fresh * fill(w.id)
                 if cached:
                     cost -= cfg.stay * cached * per_char / (1.0 + queued / cfg.busy_half_s)
                 if cost < best_cost - 1e-12:
