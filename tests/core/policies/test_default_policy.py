@@ -126,7 +126,7 @@ def test_the_longest_cached_match_wins() -> None:
 @pytest.mark.parametrize(
     ("field", "values", "chosen"),
     [
-        ("kv_usage", {"a": 0.8, "b": 0.2, "c": 0.5}, "b"),  # prefill slows at high KV use
+        ("kv_usage", {"a": 0.8, "b": 0.2, "c": 0.5}, "b"),  # equal costs: least KV in use
         ("kv_usage", {"a": 0.95, "b": 0.95, "c": 0.92}, "c"),  # all at kv_high: least used
         ("in_flight", {"a": 3, "b": 1, "c": 2}, "b"),  # decode steps of requests in flight
         ("waiting", {"a": 0, "b": 5, "c": 0}, "a"),  # the worker's own queue counts too

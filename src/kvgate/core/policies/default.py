@@ -13,8 +13,7 @@ Used when the config names no policy. In order:
    worker's cost is its expected time to first token for this request::
 
        ttft = (queued prefill tokens + this request's uncached tokens)
-              / prefill_tokens_per_s × (1 + kv_slowdown × kv use)
-              + requests on it × decode_s
+              / prefill_tokens_per_s + requests on it × decode_s
        cost = ttft + evict × uncached seconds × fill − pull
 
    ``fill`` is how full the worker's cache is (its share of the prefix index,
@@ -61,7 +60,6 @@ Example::
       sticky_load_factor: 2.0
       prefill_tokens_per_s: 12000
       decode_s: 0.002
-      kv_slowdown: 0.25
       stay: 0.5
       busy_half_s: 1.0
       evict: 1.0
@@ -105,8 +103,6 @@ class DefaultConfig(PolicyConfig):
     """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
     decode_s: float = Field(default=0.002, ge=0)
     """Time to first token each request already on a worker adds (its decode steps)."""
-    kv_slowdown: float = Field(default=0.25, ge=0)
-    """How much slower prefill runs at full KV use (attention over running contexts)."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
     busy_half_s: float = Field(default=1.0, gt=0)
@@ -121,6 +117,25 @@ class DefaultConfig(PolicyConfig):
     index: PrefixIndexConfig = PrefixIndexConfig()
 
 
+class _Book:
+    """What the policy keeps per worker: its prefill queue estimate, cache fill, recent count.
+
+    One object a worker, so a decision costs one dictionary probe per worker.
+    """
+
+    __slots__ = ("busy_until", "fill", "owed_s", "recent", "recent_at")
+
+    def __init__(self, now: Seconds) -> None:
+        self.busy_until = now
+        """When the prefill queued there is done, at the configured rate (virtual time)."""
+        self.owed_s = 0.0
+        """Prefill seconds of the requests routed there and not yet reported back."""
+        self.fill = 0.0
+        """How full its share of the prefix index is (``PrefixIndex.fill``)."""
+        self.recent = 0.0
+        self.recent_at = now
+
+
 class DefaultPolicy(PrefixLearning):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
 
@@ -131,53 +146,62 @@ class DefaultPolicy(PrefixLearning):
         super().__init__(self.config.index)
         cfg = self.config
         self._tokens_per_char = 1.0 / cfg.index.chars_per_token
-        # Per worker: when its queued prefill is done (virtual time), and the
-        # uncached tokens of the requests routed there and not yet reported back.
-        self._busy_until: dict[WorkerId, float] = {}
-        self._owed: dict[WorkerId, float] = {}
+        self._books: dict[WorkerId, _Book] = {}
+        # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
+        # replaced whenever the book changes, so the hot loop unpacks instead of probing.
+        self._costs: dict[WorkerId, tuple[float, float, float]] = {}
+        # Requests routed and not reported back: worker, prefill seconds, when routed.
         self._flights: OrderedDict[str, tuple[WorkerId, float, Seconds]] = OrderedDict()
-        # Requests routed to each worker, decayed: (count, as of when). Among equal
-        # costs new work goes to the one that got least lately.
-        self._recent: dict[WorkerId, tuple[float, Seconds]] = {}
 
     # -- learning -----------------------------------------------------------------
 
     def queued_tokens(self, worker: WorkerId, now: Seconds) -> float:
         """The prefill tokens ``worker`` is estimated to still have queued at ``now``."""
-        drain = max(0.0, self._busy_until.get(worker, 0.0) - now) * self.config.prefill_tokens_per_s
-        return min(drain, self._owed.get(worker, 0.0))
-
-    def _recent_count(self, worker: WorkerId, now: Seconds) -> float:
-        entry = self._recent.get(worker)
-        if entry is None:
+        book = self._books.get(worker)
+        if book is None:
             return 0.0
-        count, at = entry
-        return count * math.exp2(-max(0.0, now - at) / self.config.recent_half_life_s)
+        seconds = min(max(0.0, book.busy_until - now), book.owed_s)
+        return seconds * self.config.prefill_tokens_per_s
+
+    def _book(self, worker: WorkerId, now: Seconds) -> _Book:
+        book = self._books.get(worker)
+        if book is None:
+            book = self._books[worker] = _Book(now)
+        return book
+
+    def _publish(self, worker: WorkerId, book: _Book) -> None:
+        self._costs[worker] = (book.busy_until, book.owed_s, book.fill)
+
+    def _recent_count(self, book: _Book, now: Seconds) -> float:
+        """Requests routed to the worker lately, halved every ``recent_half_life_s``."""
+        age = max(0.0, now - book.recent_at)
+        return book.recent * math.exp2(-age / self.config.recent_half_life_s)
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
         depth = self.index.match_worker(request.prefix_hashes, worker)
         cached = min(request.prompt_chars, self.index.depth_chars(depth))
-        uncached = (request.prompt_chars - cached) * self._tokens_per_char
-        start = max(self._busy_until.get(worker, now), now)
-        self._busy_until[worker] = start + uncached / cfg.prefill_tokens_per_s
-        self._owed[worker] = self._owed.get(worker, 0.0) + uncached
+        seconds = (request.prompt_chars - cached) * self._tokens_per_char / cfg.prefill_tokens_per_s
+        book = self._book(worker, now)
+        book.busy_until = max(book.busy_until, now) + seconds
+        book.owed_s += seconds
+        book.recent = self._recent_count(book, now) + 1.0
+        book.recent_at = now
         flights = self._flights
         old = flights.pop(request.request_id, None)
         if old is not None:
             self._settle(old)
-        flights[request.request_id] = (worker, uncached, now)
+        flights[request.request_id] = (worker, seconds, now)
+        horizon = now - cfg.outstanding_horizon_s
         while flights:
             first = next(iter(flights.values()))
-            if (
-                first[2] >= now - cfg.outstanding_horizon_s
-                and len(flights) <= cfg.index.max_pending
-            ):
+            if first[2] >= horizon and len(flights) <= cfg.index.max_pending:
                 break
             self._settle(flights.popitem(last=False)[1])
-        self._recent[worker] = (self._recent_count(worker, now) + 1.0, now)
         super().on_routed(request, worker, now)
+        book.fill = self.index.fill(worker)
+        self._publish(worker, book)
 
     def on_usage(
         self,
@@ -192,18 +216,24 @@ class DefaultPolicy(PrefixLearning):
         if flight is not None:
             self._settle(flight)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        book = self._books.get(worker)
+        if book is not None:
+            book.fill = self.index.fill(worker)
+            self._publish(worker, book)
 
     def _settle(self, flight: tuple[WorkerId, float, Seconds]) -> None:
-        worker, tokens, _ = flight
-        left = self._owed.get(worker, 0.0) - tokens
-        self._owed[worker] = left if left > 1e-6 else 0.0
+        worker, seconds, _ = flight
+        book = self._books.get(worker)
+        if book is not None:
+            left = book.owed_s - seconds
+            book.owed_s = left if left > 1e-9 else 0.0
+            self._publish(worker, book)
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         """Forget the worker's blocks, queue and counts."""
         super().on_worker_removed(worker)
-        self._busy_until.pop(worker, None)
-        self._owed.pop(worker, None)
-        self._recent.pop(worker, None)
+        self._books.pop(worker, None)
+        self._costs.pop(worker, None)
 
     # -- deciding -----------------------------------------------------------------
 
@@ -257,42 +287,56 @@ class DefaultPolicy(PrefixLearning):
         cfg = self.config
         now = ctx.fleet.now
         matches = self.matches(request, ctx)
-        rate = cfg.prefill_tokens_per_s
-        per_char = self._tokens_per_char / rate  # prefill seconds per prompt character
+        per_char = self._tokens_per_char / cfg.prefill_tokens_per_s  # prefill s per character
         prompt = request.prompt_chars
-        depth_chars = self.index.depth_chars
-        busy_until = self._busy_until
-        owed = self._owed
+        fresh_all = prompt * per_char
+        index_cfg = self.index.config
+        fine, coarse, block_chars = (
+            index_cfg.fine_blocks,
+            index_cfg.coarse_factor,
+            index_cfg.block_chars,
+        )
+        costs = self._costs.get
         get = matches.get
-        kv_high = cfg.kv_high
-        fill = self.index.fill
-        evict = cfg.evict
+        kv_high, decode_s = cfg.kv_high, cfg.decode_s
+        evict, stay, half = cfg.evict, cfg.stay * per_char, cfg.busy_half_s
+        evict_all = evict * fresh_all
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
-        # Two passes at most: the second admits workers at kv_high when all are.
+        # One pass over plain locals (this runs for every worker on every placement);
+        # a second one admits workers at kv_high only when all are.
         for admit_high in (False, True):
             for w in pool:
                 kv = w.kv_usage or 0.0
                 if kv >= kv_high and not admit_high:
                     continue
-                depth = get(w.id, 0)
-                cached = min(prompt, depth_chars(depth)) if depth else 0
-                queued = max(0.0, busy_until.get(w.id, 0.0) - now)
-                owed_s = owed.get(w.id, 0.0) / rate
-                queued = min(queued, owed_s)
-                load = max(w.in_flight, (w.running or 0) + (w.waiting or 0))
-                fresh = (prompt - cached) * per_char
-                ttft = (queued + fresh) * (1.0 + cfg.kv_slowdown * kv)
-                cost = ttft + load * cfg.decode_s
-                if evict and fresh:
-                    cost += evict * fresh * fill(w.id)
-                if cached:
-                    cost -= cfg.stay * cached * per_char / (1.0 + queued / cfg.busy_half_s)
-                if cost < best_cost - 1e-12:
+                wid = w.id
+                entry = costs(wid)
+                if entry is None:
+                    queued = fill = 0.0
+                else:
+                    until, owed, fill = entry
+                    queued = until - now
+                    if queued <= 0.0:
+                        queued = 0.0
+                    elif queued > owed:
+                        queued = owed
+                cost = (w.in_flight + (w.waiting or 0)) * decode_s
+                depth = get(wid)
+                if depth:
+                    # ``PrefixIndex.depth_chars``, inlined.
+                    chars = depth if depth <= fine else fine + (depth - fine) * coarse
+                    cached = chars * block_chars if chars * block_chars < prompt else prompt
+                    fresh = fresh_all - cached * per_char
+                    cost += queued + fresh + evict * fresh * fill
+                    cost -= stay * cached / (1.0 + queued / half)
+                else:
+                    cost += queued + fresh_all + evict_all * fill
+                if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
-                elif best is not None and cost <= best_cost + 1e-12:
-                    # Near-exact ties are common at low load: only then order them.
+                elif cost == best_cost and best is not None:
+                    # Exact ties are common at low load: only then order them.
                     if best_tie is None:
                         best_tie = self._tie(best, now)
                     tie = self._tie(w, now)
@@ -308,4 +352,6 @@ class DefaultPolicy(PrefixLearning):
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
-        return (worker.load, self._recent_count(worker.id, now), worker.kv_usage or 0.0, worker.id)
+        book = self._books.get(worker.id)
+        recent = self._recent_count(book, now) if book is not None else 0.0
+        return (worker.load, recent, worker.kv_usage or 0.0, worker.id)
