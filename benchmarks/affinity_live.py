@@ -39,6 +39,7 @@ from rich.table import Table
 
 from kvgate.bench import run_bench, workload_bound
 from kvgate.bench.report import results_document
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.sim.report import write_results
 from kvgate.testing import free_port, wait_until
 from kvgate.testing_redis import RedisServer
@@ -181,7 +182,10 @@ async def gateway(
     config = {
         "listen": {"host": "127.0.0.1", "port": port, "processes": processes},
         "workers": [{"url": url, "model": "demo"} for url in urls],
-        "policy": {"name": policy},
+        "policy": {
+            "name": policy,
+            "options": with_time_scale(default_registry(), policy, {}, opts.time_scale),
+        },
         "store": {"url": store},
         "health": {"interval_s": 0.2, "timeout_s": 1.0},
         "seed": opts.seed,

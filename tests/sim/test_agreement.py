@@ -33,7 +33,7 @@ import pytest
 
 from kvgate.bench import run_bench
 from kvgate.bench.payloads import PayloadBuilder
-from kvgate.core.policies import default_registry
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.engine import Engine, EngineConfig, EngineRequest
 from kvgate.engine.tokenizer import tokenize
 from kvgate.gateway.testing import running_gateway
@@ -145,7 +145,10 @@ def gateway_config(urls: list[str], policy: str) -> dict[str, object]:
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": MODEL} for url in urls],
-        "policy": {"name": policy},
+        "policy": {
+            "name": policy,
+            "options": with_time_scale(default_registry(), policy, {}, SCALE),
+        },
         "health": {"interval_s": SCRAPE_S / SCALE, "timeout_s": 1.0},
         "seed": 0,
     }

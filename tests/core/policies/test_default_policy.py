@@ -236,3 +236,12 @@ def test_property_requests_sharing_only_an_opening_are_not_all_on_one_worker(
     loads = place_concurrently(workers, opening, tails)
     assert sum(1 for n in loads.values() if n) >= 2
     assert max(loads.values()) <= 0.75 * len(tails)
+
+
+def test_time_scale_puts_the_models_rates_on_the_drivers_clock() -> None:
+    """An emulated fleet at time scale 10 prefills 12,000 model tokens in 0.1 real s."""
+    policy = DefaultPolicy(DefaultConfig(time_scale=10.0))
+    queue(policy, "c", 1.0)  # one model second of prefill
+    assert policy.queued_tokens("c", 0.0) == pytest.approx(12_000)
+    assert policy.queued_tokens("c", 0.05) == pytest.approx(6_000)
+    assert policy.queued_tokens("c", 0.1) == 0

@@ -97,6 +97,21 @@ def with_feature_blocks(
     return merged
 
 
+def with_time_scale(
+    registry: PolicyRegistry, name: str, options: Mapping[str, Any], time_scale: float
+) -> dict[str, Any]:
+    """``options`` of policy ``name`` running against a fleet ``time_scale`` times real time.
+
+    A policy whose config has ``time_scale`` (its rates and times are the model's)
+    gets it, unless set by hand; other policies are untouched. Harnesses that run
+    emulated workers faster than real time pass their scale here.
+    """
+    merged = dict(options)
+    if "time_scale" in registry[name].config.model_fields:
+        merged.setdefault("time_scale", time_scale)
+    return merged
+
+
 __all__ = [
     "DEFAULT_POLICY",
     "PolicyRegistry",
@@ -104,4 +119,5 @@ __all__ = [
     "UnknownPolicyError",
     "default_registry",
     "with_feature_blocks",
+    "with_time_scale",
 ]

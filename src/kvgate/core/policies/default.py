@@ -114,6 +114,9 @@ class DefaultConfig(PolicyConfig):
     """Half-life of the per-worker count of recently routed requests (a tie-break)."""
     outstanding_horizon_s: float = Field(default=600.0, gt=0)
     """A routed request never reported back is dropped from the queue estimate after this."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Model seconds per second of the driver's clock: the rates and times above are the
+    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
     index: PrefixIndexConfig = PrefixIndexConfig()
 
 
@@ -146,6 +149,13 @@ class DefaultPolicy(PrefixLearning):
         super().__init__(self.config.index)
         cfg = self.config
         self._tokens_per_char = 1.0 / cfg.index.chars_per_token
+        # The model's rates and times, in the driver's clock.
+        scale = cfg.time_scale
+        self._rate = cfg.prefill_tokens_per_s * scale
+        self._decode_s = cfg.decode_s / scale
+        self._half_s = cfg.busy_half_s / scale
+        self._recent_half_s = cfg.recent_half_life_s / scale
+        self._horizon_s = cfg.outstanding_horizon_s / scale
         self._books: dict[WorkerId, _Book] = {}
         # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
         # replaced whenever the book changes, so the hot loop unpacks instead of probing.
@@ -161,7 +171,7 @@ class DefaultPolicy(PrefixLearning):
         if book is None:
             return 0.0
         seconds = min(max(0.0, book.busy_until - now), book.owed_s)
-        return seconds * self.config.prefill_tokens_per_s
+        return seconds * self._rate
 
     def _book(self, worker: WorkerId, now: Seconds) -> _Book:
         book = self._books.get(worker)
@@ -175,14 +185,14 @@ class DefaultPolicy(PrefixLearning):
     def _recent_count(self, book: _Book, now: Seconds) -> float:
         """Requests routed to the worker lately, halved every ``recent_half_life_s``."""
         age = max(0.0, now - book.recent_at)
-        return book.recent * math.exp2(-age / self.config.recent_half_life_s)
+        return book.recent * math.exp2(-age / self._recent_half_s)
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
         depth = self.index.match_worker(request.prefix_hashes, worker)
         cached = min(request.prompt_chars, self.index.depth_chars(depth))
-        seconds = (request.prompt_chars - cached) * self._tokens_per_char / cfg.prefill_tokens_per_s
+        seconds = (request.prompt_chars - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
         book.busy_until = max(book.busy_until, now) + seconds
         book.owed_s += seconds
@@ -193,7 +203,7 @@ class DefaultPolicy(PrefixLearning):
         if old is not None:
             self._settle(old)
         flights[request.request_id] = (worker, seconds, now)
-        horizon = now - cfg.outstanding_horizon_s
+        horizon = now - self._horizon_s
         while flights:
             first = next(iter(flights.values()))
             if first[2] >= horizon and len(flights) <= cfg.index.max_pending:
@@ -287,7 +297,7 @@ class DefaultPolicy(PrefixLearning):
         cfg = self.config
         now = ctx.fleet.now
         matches = self.matches(request, ctx)
-        per_char = self._tokens_per_char / cfg.prefill_tokens_per_s  # prefill s per character
+        per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
         index_cfg = self.index.config
@@ -298,8 +308,8 @@ class DefaultPolicy(PrefixLearning):
         )
         costs = self._costs.get
         get = matches.get
-        kv_high, decode_s = cfg.kv_high, cfg.decode_s
-        evict, stay, half = cfg.evict, cfg.stay * per_char, cfg.busy_half_s
+        kv_high, decode_s = cfg.kv_high, self._decode_s
+        evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
         evict_all = evict * fresh_all
         best: WorkerState | None = None
         best_cost = math.inf
