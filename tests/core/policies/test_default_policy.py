@@ -91,7 +91,7 @@ def test_headerless_requests_are_never_bound() -> None:
 # c holds ``cached`` blocks of the prompt (plus one new block) and has ``queued``
 # seconds of prefill ahead; a and b are idle and cold. c keeps the request while
 # its expected TTFT minus the pull of its cache (half the seconds the cache saves,
-# halved again at one queued second) is below recomputing on a cold worker.
+# halved again at three queued seconds) is below recomputing on a cold worker.
 @pytest.mark.parametrize(
     ("cached", "queued", "chosen", "reason"),
     [

@@ -61,7 +61,7 @@ Example::
       prefill_tokens_per_s: 12000
       decode_s: 0.002
       stay: 0.5
-      busy_half_s: 1.0
+      busy_half_s: 3.0
       evict: 1.0
       kv_high: 0.9
 """
@@ -105,7 +105,7 @@ class DefaultConfig(PolicyConfig):
     """Time to first token each request already on a worker adds (its decode steps)."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
-    busy_half_s: float = Field(default=1.0, gt=0)
+    busy_half_s: float = Field(default=3.0, gt=0)
     """Queued prefill seconds at which the pull of a worker's cache is halved."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
