@@ -55,8 +55,8 @@ WORKLOAD = "chat:rate=8,think_s=1,turns_mean=6,user_tokens=300,output_tokens=10"
 # Issue 11's shape, small: no session ids, every prompt opening with the same block,
 # conversations extending their own chains, sent to /v1/completions.
 HEADERLESS = (
-    "shared-opening-trace:rate=6,opening_tokens=256,block_tokens=128,first_blocks=6,"
-    "turn_blocks=2,turns_mean=4,think_s=2,output_tokens=10"
+    "shared-opening-trace:rate=4,opening_tokens=256,block_tokens=128,first_blocks=4,"
+    "turn_blocks=1,turns_mean=4,think_s=2,output_tokens=10"
 )
 HEADERLESS_POLICIES = ("default", "prefix_affinity", "round_robin")
 MODEL = "demo"
@@ -190,7 +190,9 @@ async def live_run(policy: str, workload: str = WORKLOAD) -> tuple[float, float,
         )
         ttfts = [done.ttft for h in handles for done in h.worker.driver.recent]
     summary = results["policies"][policy]
-    assert summary["finished"] == len(ttfts) == REQUESTS
+    assert summary["finished"] == len(ttfts) == REQUESTS, {
+        k: summary[k] for k in ("finished", "requests", "errors", "shed")
+    }
     return summary["hit_rate"], interquartile_mean(ttfts), summary["errors"] + summary["shed"]
 
 

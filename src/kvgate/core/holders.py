@@ -20,7 +20,7 @@ Everything here is pure; the store and the drivers do the I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvgate.types import BlockHash, WorkerId
 
@@ -74,3 +74,14 @@ def holder_writes(
 ) -> list[tuple[BlockHash, WorkerId]]:
     """The bindings to write after routing to ``worker``: checkpoints not already naming it."""
     return [(key, worker) for key, seen in zip(keys, found, strict=True) if seen != worker]
+
+
+def continues(blocks: int, holders: Mapping[WorkerId, int]) -> bool:
+    """True when some worker holds at least half of a ``blocks``-long chain, by the store.
+
+    That is a headerless conversation's later turn (its earlier turn covers most of
+    the chain), whose cache is resident: memory pressure treats it like a request
+    of a known session, not like new work. A stranger behind a shared opening
+    matches only the opening, a small part of its chain.
+    """
+    return bool(blocks) and 2 * max(holders.values(), default=0) >= blocks

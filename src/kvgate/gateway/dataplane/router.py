@@ -31,7 +31,13 @@ from kvgate.core.admission import (
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
-from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
+from kvgate.core.holders import (
+    HOLDER_TTL_S,
+    continues,
+    holder_writes,
+    holders_from,
+    lookup_keys,
+)
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
     PressureConfig,
@@ -176,7 +182,8 @@ class Router:
             snap = snap.without(excluded)
             if not any(w.routable for w in snap.workers):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
-            if should_shed(priority, affinity is None, snap):
+            fresh = affinity is None and not continues(len(features.prefix_hashes), holders)
+            if should_shed(priority, fresh, snap):
                 # Every worker is memory-pressured: new and low-priority work goes first.
                 raise self._shed(features, f"pressure_{fleet_pressure(snap)}", cfg.retry_after_s)
             verdict = admit(cfg, priority, len(queue), fleet_saturation(snap, cfg.kv_saturated))
