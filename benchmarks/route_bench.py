@@ -38,6 +38,7 @@ from multidict import CIMultiDict
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
 from kvgate.core.prefix import FeatureConfig, build_features
+from kvgate.core.route import RouteConfig
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.versions import VersionRegistry
@@ -91,9 +92,7 @@ def make_pool(n: int, rollout: bool, rng: random.Random) -> WorkerPool:
             url=f"http://10.0.{i // 16}.{i % 16}:8000", model="m", version=version
         )
         worker = Worker(config, upstream=None)  # type: ignore[arg-type]  # never forwarded to
-        worker.probe_ok = True
-        worker.signals = signals(rng)
-        worker.signals_at = MONO
+        worker.update(probe_ok=True, signals=signals(rng), signals_at=MONO)
         workers.append(worker)
     return WorkerPool(workers, stale_after=15.0, queue=AdmissionQueue(1024))
 
@@ -142,7 +141,7 @@ def bench(
         default_registry().build(policy_name),
         store,
         GatewayMetrics(),
-        AdmissionConfig(),
+        RouteConfig(AdmissionConfig()),
         affinity_ttl=600.0,
         rng=random.Random(opts.seed),
         wall=time.time,
@@ -178,8 +177,7 @@ def bench(
         if n % opts.scrape_every == 0:
             scraped = pool.get(ids[(n // opts.scrape_every) % len(ids)])
             assert scraped is not None
-            scraped.signals = signals(rng)
-            scraped.signals_at = MONO
+            scraped.update(signals=signals(rng), signals_at=MONO)
         payload, hdrs = bodies[n % len(bodies)], headers[n % len(headers)]
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         features = build_features(payload, hdrs, config, request_id=f"r{n}", endpoint="chat")
@@ -195,7 +193,7 @@ def bench(
         in_flight.append(placement)
         if len(in_flight) > opts.concurrency:
             done = in_flight.popleft()
-            pool.release(done.worker, done.kv_tokens)
+            done.lease.release()
     gc.unfreeze()
     top = max(reasons.items(), key=lambda item: item[1])
     return {

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
+from kvgate.gateway.admin.routes import ADMIN_KEY, check_admin
 from kvgate.gateway.config import ConfigError, parse_config
+from kvgate.gateway.dataplane.errors import GatewayError, UnauthorizedError
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim import WorkerOptions, running_worker
@@ -53,6 +58,10 @@ async def test_admin_disabled_has_no_routes() -> None:
         status, body = await admin(session, "GET", gw.url + "/admin/rollouts")
         assert status == 404
         assert body["error"]["type"] == "invalid_request_error"
+        # The drain routes are part of the admin API: off with it.
+        for method, path in (("POST", "/admin/workers/0/drain"), ("GET", "/admin/pressure")):
+            status, body = await admin(session, method, gw.url + path)
+            assert status == 404, path
 
 
 async def test_bad_specs_unknown_things_and_invalid_transitions() -> None:
@@ -177,3 +186,30 @@ async def test_workers_are_added_and_removed_without_dropping_requests() -> None
         assert extra.url not in {w["url"] for w in listed["workers"]}
         status, err = await admin(session, "DELETE", f"{workers}?url={extra.url}")
         assert (status, err["error"]["code"]) == (404, "worker_not_found")
+
+
+def test_one_guard_for_every_admin_route_token_or_loopback() -> None:
+    """Without a token only loopback clients get in; with one, only its bearer."""
+
+    class Peer:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+        def get_extra_info(self, name: str, default: object = None) -> object:
+            return (self.host, 5555) if name == "peername" else default
+
+    def request(host: str, token: str | None, headers: dict[str, str]) -> web.Request:
+        app = web.Application()
+        control = SimpleNamespace(admin_token=token)
+        app[ADMIN_KEY] = control  # type: ignore[assignment]
+        return make_mocked_request("GET", "/admin/models", headers, app=app, transport=Peer(host))
+
+    assert check_admin(request("127.0.0.1", None, {})) is not None
+    with pytest.raises(GatewayError) as refused:
+        check_admin(request("10.1.2.3", None, {}))
+    assert refused.value.status == 403
+    with pytest.raises(UnauthorizedError):
+        check_admin(request("127.0.0.1", "t0k", {}))
+    with pytest.raises(UnauthorizedError):
+        check_admin(request("10.1.2.3", "t0k", {"Authorization": "Bearer nope"}))
+    assert check_admin(request("10.1.2.3", "t0k", {"Authorization": "Bearer t0k"})) is not None

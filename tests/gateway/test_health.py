@@ -23,9 +23,9 @@ def _worker() -> Worker:
 
 def test_stale_signals_count_as_unknown_not_as_good() -> None:
     worker = _worker()
-    worker.probe_ok = True
-    worker.signals = WorkerSignals(running=3, waiting=1, kv_usage=0.5)
-    worker.signals_at = 100.0
+    worker.update(
+        probe_ok=True, signals=WorkerSignals(running=3, waiting=1, kv_usage=0.5), signals_at=100.0
+    )
     fresh = worker.state(now=101.0, stale_after=3.0)
     stale = worker.state(now=110.0, stale_after=3.0)
     assert fresh.health is Health.HEALTHY and fresh.kv_usage == 0.5 and fresh.waiting == 1
@@ -36,8 +36,8 @@ def test_stale_signals_count_as_unknown_not_as_good() -> None:
 def test_a_worker_never_probed_or_ejected_takes_no_traffic() -> None:
     worker = _worker()
     assert not worker.state(0.0, 3.0).routable
-    worker.probe_ok = True
-    worker.ejected = True
+    worker.update(probe_ok=True)
+    worker.update(ejected=True)
     assert worker.state(0.0, 3.0).health is Health.EJECTED
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure
 from kvgate.core.pressure import PressureConfig
 from kvgate.gateway.config import WorkerConfig
@@ -18,9 +22,11 @@ def make_pool(*versions: str, now: float = 100.0) -> tuple[WorkerPool, list[Work
     for i, version in enumerate(versions):
         config = WorkerConfig(url=f"http://w{i}:8000", model="m", version=version)
         worker = Worker(config, upstream=None)  # type: ignore[arg-type]
-        worker.probe_ok = True
-        worker.signals = WorkerSignals(running=1, waiting=0, kv_usage=0.5)
-        worker.signals_at = now
+        worker.update(
+            probe_ok=True,
+            signals=WorkerSignals(running=1, waiting=0, kv_usage=0.5),
+            signals_at=now,
+        )
         workers.append(worker)
     return WorkerPool(workers, stale_after=STALE, queue=AdmissionQueue(8)), workers
 
@@ -28,20 +34,22 @@ def make_pool(*versions: str, now: float = 100.0) -> tuple[WorkerPool, list[Work
 def fresh(pool: WorkerPool, wall: float, mono: float, version: str | None = None) -> FleetSnapshot:
     """The snapshot the pool would build with no cache at all."""
     members = [w for w in pool if w.model == "m" and version in (None, w.version)]
-    return FleetSnapshot(wall, tuple(w.state(mono, pool.stale_after) for w in members))
+    return FleetSnapshot(
+        wall, tuple(w.state(mono, pool.stale_after, pool.pressure) for w in members)
+    )
 
 
 def test_in_flight_changes_show_in_the_next_snapshot() -> None:
     pool, (a, _) = make_pool("v1", "v1")
     first = pool.snapshot("m", 1.0, 100.0)
-    pool.acquire(a, kv_tokens=10)
+    lease = pool.lease(a, kv_tokens=10)
     second = pool.snapshot("m", 2.0, 100.0)
     assert first.get(a.id).in_flight == 0  # type: ignore[union-attr]
     assert second.get(a.id).in_flight == 1  # type: ignore[union-attr]
     assert second.workers[0].kv_in_flight_tokens == 10
     assert second.now == 2.0
     assert second == fresh(pool, 2.0, 100.0)
-    pool.release(a, kv_tokens=10)
+    assert lease.release() and not lease.release()  # given back exactly once
     assert pool.snapshot("m", 3.0, 100.0) == fresh(pool, 3.0, 100.0)
 
 
@@ -56,20 +64,20 @@ def test_an_unchanged_fleet_shares_its_workers_between_snapshots() -> None:
 def test_health_pressure_and_scrapes_show_in_the_next_snapshot() -> None:
     pool, (a, b) = make_pool("v1", "v1")
     pool.snapshot("m", 0.0, 100.0)
-    a.ejected = True
-    b.pressure = Pressure.SOFT
+    a.update(ejected=True)
+    b.update(pressure=Pressure.SOFT)
     snap = pool.snapshot("m", 0.0, 100.0)
     assert [w.health for w in snap.workers] == [Health.EJECTED, Health.HEALTHY]
     assert snap.workers[1].pressure is Pressure.SOFT
-    b.signals = WorkerSignals(running=7, waiting=2, kv_usage=0.9)
+    b.update(signals=WorkerSignals(running=7, waiting=2, kv_usage=0.9))
     assert pool.snapshot("m", 0.0, 100.0).workers[1].waiting == 2
-    b.draining = True
+    b.update(draining=True)
     assert pool.snapshot("m", 0.0, 100.0) == fresh(pool, 0.0, 100.0)
 
 
 def test_signals_go_stale_with_time_alone() -> None:
     pool, (_, b) = make_pool("v1", "v1")
-    b.signals_at = 102.0
+    b.update(signals_at=102.0)
     assert [w.health for w in pool.snapshot("m", 0.0, 103.0).workers] == [Health.HEALTHY] * 2
     later = pool.snapshot("m", 0.0, 104.0)
     assert [w.health for w in later.workers] == [Health.DEGRADED, Health.HEALTHY]
@@ -82,10 +90,10 @@ def test_signals_go_stale_with_time_alone() -> None:
 def test_a_version_snapshot_holds_only_that_versions_workers() -> None:
     pool, (a, b, c) = make_pool("v1", "v2", "v1")
     assert [w.id for w in pool.snapshot("m", 0.0, 100.0, "v1").workers] == [a.id, c.id]
-    pool.acquire(c)
+    pool.lease(c)
     assert pool.snapshot("m", 0.0, 100.0, "v1") == fresh(pool, 0.0, 100.0, "v1")
     assert pool.snapshot("m", 0.0, 100.0, "v2") == fresh(pool, 0.0, 100.0, "v2")
-    b.version = "v1"  # a worker that moves version moves snapshot
+    b.update(version="v1")  # a worker that moves version moves snapshot
     assert len(pool.snapshot("m", 0.0, 100.0, "v1").workers) == 3
     assert pool.snapshot("m", 0.0, 100.0, "v2").workers == ()
 
@@ -94,14 +102,42 @@ def test_membership_and_config_changes_show_in_the_next_snapshot() -> None:
     pool, (a, _) = make_pool("v1", "v1")
     pool.snapshot("m", 0.0, 100.0)
     extra = Worker(WorkerConfig(url="http://w9:8000", model="m"), upstream=None)  # type: ignore[arg-type]
-    extra.probe_ok = True
+    extra.update(probe_ok=True)
     pool.add(extra)
     assert len(pool.snapshot("m", 0.0, 100.0).workers) == 3
     pool.remove(a.id)
     assert a.id not in {w.id for w in pool.snapshot("m", 0.0, 100.0).workers}
-    pool.acquire(a)  # a removed worker no longer counts anywhere
+    pool.lease(a)  # a removed worker no longer counts anywhere
     assert pool.snapshot("m", 0.0, 100.0) == fresh(pool, 0.0, 100.0)
     pool.stale_after = 0.5
     assert pool.snapshot("m", 0.0, 101.0) == fresh(pool, 0.0, 101.0)
-    pool.set_pressure_config(PressureConfig())
-    assert pool.snapshot("m", 0.0, 101.0) == fresh(pool, 0.0, 101.0)
+
+
+def test_the_in_flight_kv_estimate_raises_pressure_when_the_pool_has_watermarks() -> None:
+    workers = make_pool("v1")[1]
+    workers[0].update(
+        signals=WorkerSignals(running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=100)
+    )
+    pool = WorkerPool(
+        workers, stale_after=STALE, queue=AdmissionQueue(8), pressure=PressureConfig()
+    )
+    pool.snapshot("m", 0.0, 100.0)
+    lease = pool.lease(workers[0], kv_tokens=90)
+    state = pool.snapshot("m", 0.0, 100.0).workers[0]
+    assert state.pressure is Pressure.SOFT
+    assert pool.snapshot("m", 0.0, 100.0) == fresh(pool, 0.0, 100.0)
+    lease.release()
+    assert pool.snapshot("m", 0.0, 100.0).workers[0].pressure is Pressure.NORMAL
+
+
+def test_routed_state_is_a_value_replaced_whole() -> None:
+    _, (a,) = make_pool("v1")
+    before = a.routed
+    a.update(draining=True)
+    assert before.draining is False and a.routed.draining is True
+    with pytest.raises(TypeError):
+        a.update(drainig=True)  # a misspelt name fails loudly, it cannot go unnoticed
+    with pytest.raises(AttributeError):
+        a.draining = False  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.routed.in_flight = 3  # type: ignore[misc]

@@ -22,7 +22,7 @@ async def gateway() -> AsyncIterator[Gateway]:
     gw = Gateway(parse_config({"workers": [{"url": URL, "model": "demo"}]}))
     worker = gw.pool.get(URL)
     assert worker is not None
-    worker.probe_ok = True
+    worker.update(probe_ok=True)
     yield gw
     await gw.stop()
 
@@ -31,7 +31,7 @@ def scrape(gw: Gateway, **signals: float | int | None) -> Worker:
     worker = gw.pool.get(URL)
     assert worker is not None
     sig = WorkerSignals(engine="vllm", **signals)  # type: ignore[arg-type]
-    worker.signals, worker.signals_at = sig, gw.pressure.mono()
+    worker.update(signals=sig, signals_at=gw.pressure.mono())
     gw.pressure.observe(worker, sig)
     return worker
 

@@ -71,10 +71,16 @@ async def test_no_healthy_worker_is_503_and_not_ready(workers: list[WorkerHandle
     assert ready == 503
 
 
-class _BrokenStore:
-    """A store whose every operation fails."""
+class _BrokenStore(MemoryStore):
+    """A store whose every affinity operation fails (its rollout blobs still work)."""
 
     async def get(self, key: SessionKey) -> Affinity | None:
+        raise ConnectionError("store down")
+
+    async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
+        raise ConnectionError("store down")
+
+    async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         raise ConnectionError("store down")
 
     async def compare_and_set(
@@ -89,6 +95,15 @@ class _BrokenStore:
         raise ConnectionError("store down")
 
     async def set_holders(self, entries: Sequence[tuple[int, WorkerId]], ttl: Seconds) -> None:
+        raise ConnectionError("store down")
+
+    async def delete(self, key: SessionKey) -> bool:
+        raise ConnectionError("store down")
+
+    async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
+        raise ConnectionError("store down")
+
+    async def counts(self) -> dict[WorkerId, int]:
         raise ConnectionError("store down")
 
 

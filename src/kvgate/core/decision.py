@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 from kvgate.types import Seconds, SessionKey, WorkerId
 
+CAPACITY_FULL = "capacity_full"
+"""The reason a policy refuses with when every candidate is at its in-flight limit.
+
+Not a shed: the routing pipeline (``core.route``) queues such a request, or
+overflows it when the fleet is wholly pressured.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Affinity:

@@ -210,6 +210,10 @@ class GatewayConfig(_Model):
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    access_log: bool = True
+    """One line per request on the ``kvgate.access`` logger (JSON with ``json_logs``)."""
+    metrics_created: bool = False
+    """Export prometheus_client's ``*_created`` series (noise for most dashboards)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     seed: int = 0
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)

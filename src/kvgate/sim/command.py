@@ -7,13 +7,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvgate.sim.experiment import Experiment, workload_factory
-from kvgate.sim.report import print_tables, results_json, write_results
+from kvgate.sim.report import print_tables, results_csv, results_json, write_results
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
+from kvgate.tables import (
+    FormatOption,
+    OutputFormat,
+    WideOption,
+    emit,
+    json_text,
+    message_console,
+)
 from kvgate.workload.synthetic import WORKLOADS, parse_options
 
 WorkloadOption = Annotated[
@@ -30,12 +37,6 @@ TraceOption = Annotated[
     typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
 ]
 """``--trace``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
-
-def table_console() -> Console:
-    """A console for result tables; piped to a file, wide enough for one line per row."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 DEFAULT_REQUESTS = 2000
@@ -98,9 +99,11 @@ def sim(
         typer.Option(help="PARAM=v1,v2,...: rerun for each value (rate, workers, a threshold...)"),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    wide: WideOption = False,
+    output: FormatOption = OutputFormat.TABLE,
 ) -> None:
     """Compare routing policies on one workload in virtual time (discrete-event simulation)."""
-    console = table_console()
+    console = message_console(output, wide)
     try:
         make = workload_factory(
             workload=workload,
@@ -157,11 +160,16 @@ def sim(
         points = experiment.run()
 
     wall = [{run.policy: run.wall_s for run in point.runs} for point in points]
-    print_tables(console, points, wall)
+    results = results_json(points, config, sweep_param, policy_options)
+    if output is OutputFormat.JSON:
+        emit(json_text(results))
+    elif output is OutputFormat.CSV:
+        emit(results_csv(points))
+    else:
+        print_tables(console, points, wall, wide=wide)
     if out is not None:
         from kvgate.sim.plots import write_plots  # matplotlib loads only when plots are asked for
 
-        results = results_json(points, config, sweep_param, policy_options)
         write_results(out / "results.json", results)
         written = write_plots(points, out, sweep_param)
         console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in written)}")

@@ -1,16 +1,20 @@
-"""The one async interface every affinity store backend implements."""
+"""The one async interface every affinity store backend implements.
+
+An abstract base class rather than a protocol: a backend or a test double that
+lacks a method fails when it is made, instead of the gateway quietly doing less
+(no migrations, rollout state kept in one process, no close) when it is used.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from kvgate.core.decision import Affinity
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 
-@runtime_checkable
-class AffinityStore(Protocol):
+class AffinityStore(ABC):
     """Affinity bindings, rollout blobs and leases, shared by whoever uses the store.
 
     Never raises because its backend is unwell: a backend that can fail (Redis)
@@ -19,23 +23,28 @@ class AffinityStore(Protocol):
     """
 
     @property
+    @abstractmethod
     def degraded(self) -> bool:
         """True while the store serves from a local fallback instead of its backend."""
         ...
 
     @property
+    @abstractmethod
     def errors_total(self) -> int:
         """Backend operations that failed since the store was opened."""
         ...
 
+    @abstractmethod
     async def get(self, key: SessionKey) -> Affinity | None:
         """The live binding for ``key``, or ``None``."""
         ...
 
+    @abstractmethod
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for many keys in one round trip, in the order given."""
         ...
 
+    @abstractmethod
     async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
         """The worker each prefix block was last sent to, by any replica, in order.
 
@@ -44,16 +53,19 @@ class AffinityStore(Protocol):
         """
         ...
 
+    @abstractmethod
     async def set_holders(
         self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
     ) -> None:
         """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins."""
         ...
 
+    @abstractmethod
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""
         ...
 
+    @abstractmethod
     async def compare_and_set(
         self, key: SessionKey, expected_worker: WorkerId | None, affinity: Affinity, ttl: Seconds
     ) -> Affinity:
@@ -65,30 +77,37 @@ class AffinityStore(Protocol):
         """
         ...
 
+    @abstractmethod
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
         """Mark ``key`` active at ``now`` and extend its life by ``ttl``; False if unbound."""
         ...
 
+    @abstractmethod
     async def delete(self, key: SessionKey) -> bool:
         """Forget ``key``'s binding; False if there was none."""
         ...
 
+    @abstractmethod
     async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
         """Bindings to ``worker``, least recently active first (for draining and migration)."""
         ...
 
+    @abstractmethod
     async def counts(self) -> dict[WorkerId, int]:
         """Live sessions per worker; workers with none are left out."""
         ...
 
+    @abstractmethod
     async def get_blob(self, name: str) -> bytes | None:
         """A named opaque value (rollout state), or ``None``."""
         ...
 
+    @abstractmethod
     async def put_blob(self, name: str, data: bytes) -> None:
         """Store a named opaque value; the last writer wins."""
         ...
 
+    @abstractmethod
     async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
         """Take or renew the lease ``name`` for ``holder`` for ``ttl`` seconds.
 
@@ -97,10 +116,12 @@ class AffinityStore(Protocol):
         """
         ...
 
+    @abstractmethod
     async def release_lease(self, name: str, holder: str) -> bool:
         """Give up the lease ``name`` if ``holder`` holds it; True if it did."""
         ...
 
+    @abstractmethod
     async def close(self) -> None:
         """Release connections and background tasks; the store is unusable afterwards."""
         ...

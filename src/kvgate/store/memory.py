@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvgate.core.decision import Affinity
+from kvgate.store.base import AffinityStore
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
@@ -17,7 +18,7 @@ from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 Clock = Callable[[], float]
 
 
-class MemoryStore:
+class MemoryStore(AffinityStore):
     """An ``AffinityStore`` held in this process's memory.
 
     ``clock`` gives the time TTLs are measured against (``time.monotonic`` unless a

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
 from kvgate.core.holders import HOLDER_TAG
+from kvgate.store.base import AffinityStore
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
@@ -58,7 +59,7 @@ _DOWN: Final = _Down.DOWN
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
 
-class RedisStore:
+class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
     ``errors_total`` (failed Redis round trips, probes included), ``degraded``,

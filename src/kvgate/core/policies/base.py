@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.core.decision import AffinityWrite, Decision
+from kvgate.core.decision import CAPACITY_FULL, AffinityWrite, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import Health, Pressure, WorkerState
 from kvgate.core.policy import RouteContext
@@ -67,7 +67,7 @@ def refuse(request: RequestFeatures, ctx: RouteContext, retry_after: float) -> D
         return Decision.refuse("no_worker", retry_after)
     if not any(w.routable for w in workers):
         return Decision.refuse("no_healthy_worker", retry_after)
-    return Decision.refuse("capacity_full", retry_after)
+    return Decision.refuse(CAPACITY_FULL, retry_after)
 
 
 def load_order(worker: WorkerState) -> tuple[int, float, str]:

@@ -73,7 +73,7 @@ from collections import OrderedDict
 
 from pydantic import Field
 
-from kvgate.core.decision import Decision
+from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.hashing import bounded_load_cap
@@ -272,7 +272,7 @@ class DefaultPolicy(PrefixLearning):
                 if w.id != old and under_threshold(w, cfg.threshold_kind, cfg.threshold)
             ]
             if not pool:
-                return Decision.refuse("capacity_full", cfg.retry_after_s)
+                return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
         worker, reason = self._place(request, pool, ctx)
         self._remember_capacity(worker)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kvgate.core.decision import Decision
+from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policies.base import (
     PolicyConfig,
@@ -75,5 +75,5 @@ class SessionAffinity(PolicyBase):
             if w.id != old and under_threshold(w, cfg.threshold_kind, cfg.threshold)
         ]
         if not targets:
-            return Decision.refuse("capacity_full", cfg.retry_after_s)
+            return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
         return route(least_loaded(targets), f"affinity_{why}_migrated", request, expected=old)

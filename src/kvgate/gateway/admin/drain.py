@@ -9,15 +9,13 @@
   at or above each watermark, and the latest session moves.
 
 ``{id}`` is the worker's id (its URL), its ``host:port``, or its index in the
-configuration; a URL's ``/`` may be sent percent-encoded. Requests need
-``Authorization: Bearer <admin_token>`` when ``admin_token`` is configured, and
-otherwise come from the loopback interface only.
+configuration; a URL's ``/`` may be sent percent-encoded. The routes are
+mounted with the rest of the admin API (``routes.setup_admin``), behind its
+guard, and only when it is enabled.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
@@ -26,7 +24,7 @@ from aiohttp import web
 
 from kvgate.core.fleet import Pressure
 from kvgate.gateway.control.pressure import PressureDriver
-from kvgate.gateway.dataplane.errors import GatewayError, NotFoundError, UnauthorizedError
+from kvgate.gateway.dataplane.errors import NotFoundError
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -35,20 +33,16 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class DrainApi:
     """The drain and pressure admin endpoints of one gateway."""
 
-    def __init__(
-        self, pool: WorkerPool, driver: PressureDriver, admin_token: str | None = None
-    ) -> None:
+    def __init__(self, pool: WorkerPool, driver: PressureDriver) -> None:
         self.pool = pool
         self.driver = driver
-        self.admin_token = admin_token
 
-    def routes(self, guarded: bool = True) -> list[web.RouteDef]:
-        """The route table; ``guarded=False`` when the admin API already checks access."""
-        wrap = self._guard if guarded else _same
+    def routes(self) -> list[tuple[str, str, _Handler]]:
+        """``(method, path, handler)`` for ``routes.setup_admin`` to mount behind its guard."""
         return [
-            web.post(r"/admin/workers/{id:.+}/drain", wrap(self.drain)),
-            web.post(r"/admin/workers/{id:.+}/undrain", wrap(self.undrain)),
-            web.get("/admin/pressure", wrap(self.status)),
+            ("POST", r"/admin/workers/{id:.+}/drain", self.drain),
+            ("POST", r"/admin/workers/{id:.+}/undrain", self.undrain),
+            ("GET", "/admin/pressure", self.status),
         ]
 
     async def drain(self, request: web.Request) -> web.Response:
@@ -114,39 +108,3 @@ class DrainApi:
             if int(ref) < len(workers):
                 return workers[int(ref)]
         raise NotFoundError(f"no worker {ref!r}")
-
-    def _guard(self, handler: _Handler) -> _Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            self._check(request)
-            return await handler(request)
-
-        return guarded
-
-    def _check(self, request: web.Request) -> None:
-        if self.admin_token is None:
-            if not _loopback(request.remote):
-                raise GatewayError(
-                    "the admin API answers only on loopback unless admin_token is set",
-                    status=403,
-                    type="permission_error",
-                    code="forbidden",
-                )
-            return
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.admin_token.encode()
-        ):
-            raise UnauthorizedError("missing or wrong admin token")
-
-
-def _same(handler: _Handler) -> _Handler:
-    return handler
-
-
-def _loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        return ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False

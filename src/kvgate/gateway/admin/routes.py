@@ -1,8 +1,11 @@
 """The admin API: model versions, weights, workers and rollouts, behind a bearer token.
 
-Every admin route needs ``Authorization: Bearer <admin_token>`` when a token is
-configured (the gateway does not start with the admin API on a non-loopback
-address without one). Errors use the OpenAI shape: a bad body is 400 naming
+Every admin route, the drain routes (``admin.drain``) included, passes one
+guard (``check_admin``): ``Authorization: Bearer <admin_token>`` when a token is
+configured, else the request must come from a loopback address (the gateway
+does not start with the admin API on a non-loopback address without a token).
+With ``admin.enabled: false`` no admin route is mounted at all (404). Errors use
+the OpenAI shape: a bad body is 400 naming
 the field (``param``), an unknown rollout, model, version or worker 404, an
 action the current state forbids 409.
 
@@ -19,16 +22,16 @@ action the current state forbids 409.
     GET    /admin/rollouts/{id}
     POST   /admin/rollouts/{id}/pause|resume|promote|abort  (promote?step=true: one step)
 
-Other parts add their own admin routes with ``add_admin_route``; they get the
-same authentication.
+Other parts give ``setup_admin`` their own admin routes; they get the same guard.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 
 from aiohttp import web
@@ -39,7 +42,12 @@ from kvgate.core.rollout import RolloutSpec
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.rollouts import ACTIONS, RolloutConflictError
-from kvgate.gateway.dataplane.errors import InvalidRequestError, NotFoundError, UnauthorizedError
+from kvgate.gateway.dataplane.errors import (
+    GatewayError,
+    InvalidRequestError,
+    NotFoundError,
+    UnauthorizedError,
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -47,22 +55,43 @@ ADMIN_KEY = web.AppKey("kvgate.admin", ControlPlane)
 """Where ``setup_admin`` leaves the control plane; its presence enables admin routes."""
 
 
+AdminRoute = tuple[str, str, Handler]
+"""``(method, path, handler)`` of one admin route."""
+
+
 def check_admin(request: web.Request) -> ControlPlane:
-    """The control plane, once the request is authorised (401 if not; 404 if disabled)."""
+    """The control plane, once the request is authorised (401/403 if not; 404 if disabled)."""
     control = request.app.get(ADMIN_KEY)
     if control is None:
         raise NotFoundError(f"no route for {request.method} {request.path}")
     token = control.admin_token
-    if token is not None:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
-            raise UnauthorizedError(
-                "the admin API needs 'Authorization: Bearer <admin_token>'",
-                code="invalid_admin_token",
+    if token is None:
+        if not _loopback(request.remote):
+            raise GatewayError(
+                "the admin API answers only on loopback unless admin_token is set",
+                status=403,
+                type="permission_error",
+                code="forbidden",
             )
+        return control
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    ):
+        raise UnauthorizedError(
+            "the admin API needs 'Authorization: Bearer <admin_token>'",
+            code="invalid_admin_token",
+        )
     return control
+
+
+def _loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
 
 
 def add_admin_route(app: web.Application, method: str, path: str, handler: Handler) -> None:
@@ -262,11 +291,13 @@ async def post_action(request: web.Request) -> web.Response:
     return _json(await control.rollouts.act(rollout_id, action, full=not one_step))
 
 
-def setup_admin(app: web.Application, control: ControlPlane) -> None:
-    """Enable the admin API on ``app`` and add its routes."""
+def setup_admin(
+    app: web.Application, control: ControlPlane, extra: Sequence[AdminRoute] = ()
+) -> None:
+    """Enable the admin API on ``app``: its routes and ``extra`` ones, all behind one guard."""
     app[ADMIN_KEY] = control
     actions = "|".join(ACTIONS)
-    routes: list[tuple[str, str, Handler]] = [
+    routes: list[AdminRoute] = [
         ("GET", "/admin/models", get_models),
         ("PUT", "/admin/models/{model:.+}/weights", put_weights),
         ("POST", "/admin/models/{model:.+}/versions", post_version),
@@ -280,5 +311,5 @@ def setup_admin(app: web.Application, control: ControlPlane) -> None:
         ("POST", f"/admin/rollouts/{{id:.+}}/{{action:{actions}}}", post_action),
         ("GET", "/admin/rollouts/{id:.+}", get_rollout),
     ]
-    for method, path, handler in routes:
+    for method, path, handler in [*routes, *extra]:
         add_admin_route(app, method, path, handler)

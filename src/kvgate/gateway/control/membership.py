@@ -75,7 +75,7 @@ class Membership:
         worker = self.pool.get(worker_id)
         if worker is None:
             raise NotFoundError(f"no worker {worker_id!r} in the pool", code="worker_not_found")
-        worker.draining = True
+        worker.update(draining=True)
         self.pool.remove(worker_id)
         self.health.outlier.forget(worker_id)
         self.policy.on_worker_removed(worker_id)

@@ -8,7 +8,6 @@ rest. Nothing here is on the request path except those two reads/writes.
 from __future__ import annotations
 
 import random
-from typing import cast
 
 from kvgate.core.policy import Policy
 from kvgate.gateway.config import GatewayConfig, WorkerConfig
@@ -16,14 +15,13 @@ from kvgate.gateway.control.alerts import AlertSender
 from kvgate.gateway.control.evaluator import QualityEvaluator
 from kvgate.gateway.control.membership import Membership, WorkerFactory
 from kvgate.gateway.control.outcomes import OutcomeRecorder
-from kvgate.gateway.control.rollout_store import BlobStore
 from kvgate.gateway.control.rollouts import RolloutManager
 from kvgate.gateway.control.versions import VersionRegistry
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
-from kvgate.store import MemoryStore
+from kvgate.store.base import AffinityStore
 
 
 def worker_factory(config: GatewayConfig) -> WorkerFactory:
@@ -38,13 +36,6 @@ def worker_factory(config: GatewayConfig) -> WorkerFactory:
     return make
 
 
-def _blob_store(store: object) -> BlobStore:
-    # A store without blobs (a test double) keeps rollout state in this process.
-    if all(hasattr(store, n) for n in ("get_blob", "put_blob", "acquire_lease")):
-        return cast(BlobStore, store)
-    return MemoryStore()
-
-
 class ControlPlane:
     """Everything that changes how traffic is split, and the admin API's handles on it."""
 
@@ -53,7 +44,7 @@ class ControlPlane:
         config: GatewayConfig,
         pool: WorkerPool,
         *,
-        store: object,
+        store: AffinityStore,
         metrics: GatewayMetrics,
         health: HealthChecker,
         policy: Policy,
@@ -70,7 +61,7 @@ class ControlPlane:
             )
             self.recorder.sink = self.evaluator.submit
         self.rollouts = RolloutManager(
-            _blob_store(store),
+            store,
             self.versions,
             recorder=self.recorder,
             alerts=self.alerts,

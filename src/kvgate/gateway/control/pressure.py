@@ -36,10 +36,10 @@ from kvgate.core.pressure import Migration, PressureTracker, SessionLoad, plan_m
 from kvgate.core.session import PREFIX_KEY_TAG
 from kvgate.gateway.config import PressureSettings
 from kvgate.gateway.dataplane.errors import UpstreamError
-from kvgate.gateway.dataplane.router import AffinityStoreLike
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
+from kvgate.store.base import AffinityStore
 from kvgate.types import Seconds, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.pressure")
@@ -97,7 +97,7 @@ class PressureDriver:
     def __init__(
         self,
         pool: WorkerPool,
-        store: AffinityStoreLike,
+        store: AffinityStore,
         metrics: GatewayMetrics,
         settings: PressureSettings,
         *,
@@ -155,7 +155,8 @@ class PressureDriver:
                 " draining: too hot" if reading.drain else "",
             )
         before = worker.pressure, worker.draining
-        worker.pressure = reading.level
+        if reading.level is not worker.pressure:
+            worker.update(pressure=reading.level)
         if reading.drain and worker.id not in self._hot:
             self.metrics.drains.labels(worker.id, "temperature").inc()
         self._hot.discard(worker.id)
@@ -186,7 +187,9 @@ class PressureDriver:
         return True
 
     def _apply_drain(self, worker: Worker) -> None:
-        worker.draining = worker.id in self.admin_drained or worker.id in self._hot
+        draining = worker.id in self.admin_drained or worker.id in self._hot
+        if draining != worker.draining:
+            worker.update(draining=draining)
 
     # -- relief (migration and offload) -------------------------------------------
 
@@ -220,12 +223,10 @@ class PressureDriver:
             # Degraded (stale) signals are not routed on, but the last reading is
             # still the best idea of how full the worker was.
             state = replace(state, kv_usage=worker.signals.kv_usage)
-        # ``AffinityStore.sessions_of``; a store without it (a test double) cannot migrate.
-        sessions_of = getattr(self.store, "sessions_of", None)
-        if sessions_of is None:
-            return []
         try:
-            bound: list[Affinity] = await sessions_of(worker.id, self.settings.max_sessions_scanned)
+            bound: list[Affinity] = await self.store.sessions_of(
+                worker.id, self.settings.max_sessions_scanned
+            )
         except Exception:
             self.metrics.store_errors.labels("sessions_of").inc()
             log.warning("listing sessions of %s failed", worker.id, exc_info=True)

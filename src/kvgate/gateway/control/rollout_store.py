@@ -20,29 +20,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from kvgate.core.rollout import RolloutController
 from kvgate.core.versions import ModelVersions
 from kvgate.core.window import OutcomeWindow
+from kvgate.store.base import AffinityStore
 from kvgate.types import Seconds
 
 log = logging.getLogger("kvgate.gateway.control.rollouts")
 
 MAX_IDS = 256
 """At most this many rollout ids are listed; the oldest are dropped first."""
-
-
-class BlobStore(Protocol):
-    """The part of ``kvgate.store.AffinityStore`` rollouts use."""
-
-    async def get_blob(self, name: str) -> bytes | None: ...
-
-    async def put_blob(self, name: str, data: bytes) -> None: ...
-
-    async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool: ...
-
-    async def release_lease(self, name: str, holder: str) -> bool: ...
 
 
 def _dumps(value: object) -> bytes:
@@ -52,7 +41,7 @@ def _dumps(value: object) -> bytes:
 class RolloutBlobs:
     """Typed reads and writes of the rollout blobs."""
 
-    def __init__(self, store: BlobStore, prefix: str = "kvgate") -> None:
+    def __init__(self, store: AffinityStore, prefix: str = "kvgate") -> None:
         self.store = store
         self.prefix = prefix
         self.lease = f"{prefix}:rollout-controller"

@@ -58,6 +58,7 @@ from kvgate.gateway.dataplane.usage import (
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import UpstreamResponse
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
@@ -113,6 +114,14 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    shed: str | None = None
+    """Why the request was shed (429), for the access log and the dashboard."""
+    refused: str | None = None
+    """The shed reason or error code of a request the gateway answered itself."""
+    last_chunk: float | None = None
+    """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
+    asked_model: str = ""
+    """The model a refused request named when no worker serves it (access log only)."""
 
 
 class _StreamResponse(web.StreamResponse):
@@ -162,6 +171,8 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        traffic: TrafficWindow | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -177,6 +188,9 @@ class Proxy:
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
+        self.traffic = traffic
+        """The dashboard's ring of recent traffic (``None``: not kept)."""
+        self.wall = wall
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -206,6 +220,13 @@ class Proxy:
         try:
             body = await self._read_body(request)
             features, payload = self._features(body, request, request_id, endpoint)
+            if not self.pool.serves(features.model):
+                # The access log says what was asked; metric labels never carry a
+                # client's made-up model name (one series per name, forever).
+                outcome.asked_model, features = features.model, None
+                raise ModelNotFoundError(
+                    f"The model {outcome.asked_model!r} does not exist", param="model"
+                )
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -216,6 +237,9 @@ class Proxy:
             )
         except GatewayError as exc:
             outcome.status = exc.status
+            if isinstance(exc, OverloadedError):
+                outcome.shed = exc.reason
+            outcome.refused = outcome.shed or exc.code
             raise
         except asyncio.CancelledError:
             outcome.status = 499
@@ -226,7 +250,7 @@ class Proxy:
             self.in_flight -= 1
             if not self.in_flight:
                 self.idle.set()
-            self._record(features, outcome, started, request_id)
+            self._record(features, outcome, started, request_id, path)
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
@@ -250,8 +274,6 @@ class Proxy:
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
-        if not self.pool.serves(features.model):
-            raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
         return features, payload
 
     async def _forward(
@@ -277,59 +299,69 @@ class Proxy:
                     if outcome.retries and last_failure is not None:
                         raise self._client_error(last_failure, features) from None
                     raise
-                outcome.placement = placement
-                outcome.reported = False
-                worker = placement.worker
-                try:
-                    upstream = await worker.upstream.post(
-                        path, body, self._upstream_headers(request, worker, features.request_id)
-                    )
-                    if upstream.status == 429 or upstream.status >= 500:
-                        await self._drain_error(upstream)
-                        raise UpstreamError(status=upstream.status)
-                except UpstreamError as exc:
-                    self.pool.release(worker, placement.kv_tokens)
-                    last_failure = exc
-                    self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                    if exc.status != 429:
-                        self.passive.failure(worker)
-                        if self.outcomes is not None:
-                            self.outcomes.attempt_failed(features.model, placement.version)
-                            outcome.reported = True
-                    if not exc.retryable or outcome.retries >= self.max_retries:
-                        raise self._client_error(exc, features) from None
-                    if exc.status is not None:
-                        # A worker that answered 5xx/429 may be overloaded: its retries
-                        # spend the budget. A connection failure did no work anywhere,
-                        # so re-picking it adds no load and is only bounded by count.
-                        if not budget.allow():
-                            self.metrics.retries_denied.labels(features.model).inc()
+                async with placement.lease:
+                    outcome.placement = placement
+                    outcome.reported = False
+                    worker = placement.worker
+                    try:
+                        upstream = await worker.upstream.post(
+                            path, body, self._upstream_headers(request, worker, features.request_id)
+                        )
+                        if upstream.status == 429 or upstream.status >= 500:
+                            await self._drain_error(upstream)
+                            raise UpstreamError(status=upstream.status)
+                    except UpstreamError as exc:
+                        placement.lease.release()  # free the slot before the backoff
+                        last_failure = exc
+                        if not self._retry(exc, placement, features, outcome):
                             raise self._client_error(exc, features) from None
-                        outcome.budgeted += 1
-                    outcome.retries += 1
-                    self.metrics.retries.labels(features.model).inc()
-                    excluded = excluded | {worker.id}
-                    if placement.bound is not None:
-                        affinity = placement.bound  # what this attempt bound; a retry moves it
-                    await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
-                    continue
-                except BaseException:
-                    self.pool.release(worker, placement.kv_tokens)
-                    raise
-                break
-            if upstream.status < 500:
-                self.passive.success(worker)
-            return await self._respond(
-                request,
-                features=features,
-                placement=placement,
-                upstream=upstream,
-                started=started,
-                outcome=outcome,
-            )
+                        excluded = excluded | {worker.id}
+                        if placement.bound is not None:
+                            affinity = placement.bound  # what this attempt bound; a retry moves it
+                        await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
+                        continue
+                    if upstream.status < 500:
+                        self.passive.success(worker)
+                    return await self._respond(
+                        request,
+                        features=features,
+                        placement=placement,
+                        upstream=upstream,
+                        started=started,
+                        outcome=outcome,
+                    )
         finally:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
+
+    def _retry(
+        self,
+        exc: UpstreamError,
+        placement: Placement,
+        features: RequestFeatures,
+        outcome: _Outcome,
+    ) -> bool:
+        """Count one failed attempt; True when the request may be retried on another worker."""
+        worker = placement.worker
+        self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+        if exc.status != 429:
+            self.passive.failure(worker)
+            if self.outcomes is not None:
+                self.outcomes.attempt_failed(features.model, placement.version)
+                outcome.reported = True
+        if not exc.retryable or outcome.retries >= self.max_retries:
+            return False
+        if exc.status is not None:
+            # A worker that answered 5xx/429 may be overloaded: its retries spend the
+            # budget. A connection failure did no work anywhere, so re-picking it adds
+            # no load and is only bounded by count.
+            if not self.budget.allow():
+                self.metrics.retries_denied.labels(features.model).inc()
+                return False
+            outcome.budgeted += 1
+        outcome.retries += 1
+        self.metrics.retries.labels(features.model).inc()
+        return True
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
         # Read the small error body so the connection can be reused.
@@ -426,7 +458,7 @@ class Proxy:
         finally:
             if not done:
                 upstream.close()
-            self.pool.release(worker, placement.kv_tokens)
+            placement.lease.release()  # before the feedback below: waiters need not wait on it
         if done:
             usage = outcome.usage
             await self.router.finished(
@@ -457,6 +489,7 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -493,32 +526,47 @@ class Proxy:
         outcome: _Outcome,
         started: float,
         request_id: str,
+        path: str = "",
     ) -> None:
         duration = time.monotonic() - started
         model = features.model if features is not None else ""
         placement = outcome.placement
         worker = placement.worker.id if placement is not None else ""
         version = placement.version if placement is not None else ""
-        reason = placement.reason if placement is not None else "error"
+        reason = placement.reason if placement is not None else (outcome.refused or "error")
         status = outcome.status or 500
+        usage = outcome.usage
         m = self.metrics
         m.child(m.requests, model, version, worker, str(status), reason).inc()
         if features is not None and placement is not None:
-            m.child(m.request_duration, model, version).observe(duration)
+            m.child(m.request_duration, model, version, worker).observe(duration)
             if outcome.ttft is not None:
-                m.child(m.ttft, model, version).observe(outcome.ttft)
-            usage = outcome.usage
+                m.child(m.ttft, model, version, worker).observe(outcome.ttft)
+                itl = _inter_token(outcome, usage)
+                if itl is not None:
+                    m.child(m.inter_token_latency, model, version, worker).observe(itl)
             if usage is not None:
                 m.child(m.prompt_tokens, model, worker).inc(usage.prompt)
                 m.child(m.cached_tokens, model, worker).inc(usage.cached)
                 m.child(m.completion_tokens, model, worker).inc(usage.completion)
         if self.outcomes is not None and features is not None and placement is not None:
             _report(self.outcomes, features.model, placement.version, outcome, duration)
+        if self.traffic is not None:
+            self.traffic.record(
+                self.wall(),
+                status=status,
+                worker=worker,
+                reason=reason if placement is not None else None,
+                prompt_tokens=usage.prompt if usage is not None else 0,
+                cached_tokens=usage.cached if usage is not None else 0,
+                retries=outcome.retries,
+                shed_reason=outcome.shed,
+            )
         if self.access_log.enabled:
             self.access_log.write(
                 AccessRecord(
                     request_id=request_id,
-                    model=model,
+                    model=model or outcome.asked_model,
                     worker=worker,
                     version=version,
                     reason=reason,
@@ -526,8 +574,23 @@ class Proxy:
                     ttft=outcome.ttft,
                     duration=duration,
                     retries=outcome.retries,
+                    path=path,
+                    session=features.session_source.value if features is not None else "none",
+                    stream=features.stream if features is not None else False,
+                    prompt_tokens=usage.prompt if usage is not None else None,
+                    cached_tokens=usage.cached if usage is not None else None,
+                    completion_tokens=usage.completion if usage is not None else None,
                 )
             )
+
+
+def _inter_token(outcome: _Outcome, usage: Usage | None) -> float | None:
+    """A stream's mean time between output tokens after the first (``None``: not a stream)."""
+    if outcome.last_chunk is None or outcome.ttft is None or usage is None:
+        return None
+    if usage.completion < 2 or outcome.last_chunk <= outcome.ttft:
+        return None
+    return (outcome.last_chunk - outcome.ttft) / (usage.completion - 1)
 
 
 def _report(

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
@@ -47,6 +47,7 @@ class HealthChecker:
         outlier: OutlierConfig,
         *,
         mono: Callable[[], float] = time.monotonic,
+        scrape_listeners: Sequence[ScrapeListener] = (),
     ) -> None:
         self.pool = pool
         self.config = config
@@ -55,7 +56,7 @@ class HealthChecker:
         self.outlier = OutlierDetector(outlier)
         self.outlier.set_workers(w.id for w in pool)
         self._probed: set[str] = set()
-        self.scrape_listeners: list[ScrapeListener] = []
+        self.scrape_listeners = tuple(scrape_listeners)
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -68,7 +69,7 @@ class HealthChecker:
     def failure(self, worker: Worker) -> None:
         """A live request on ``worker`` failed; may eject it."""
         if self.outlier.record_failure(worker.id, self.mono()):
-            worker.ejected = True
+            worker.update(ejected=True)
             log.warning(
                 "worker %s ejected after consecutive failures (ejection #%d)",
                 worker.id,
@@ -110,11 +111,12 @@ class HealthChecker:
                 log.warning("worker %s failed %d probes: down", worker.id, self.config.fall)
             elif transition is Transition.UP:
                 log.info("worker %s passed %d probes: up", worker.id, self.config.rise)
-        worker.probe_ok = self.tracker.is_healthy(worker.id)
+        probe_ok = self.tracker.is_healthy(worker.id)
         if ok and self.outlier.probe_succeeded(worker.id, now):
             log.info("worker %s back from ejection after a passing probe", worker.id)
-        worker.ejected = self.outlier.is_ejected(worker.id, now)
-        if (worker.probe_ok, worker.ejected) != before:
+        ejected = self.outlier.is_ejected(worker.id, now)
+        if (probe_ok, ejected) != before:
+            worker.update(probe_ok=probe_ok, ejected=ejected)
             self.pool.changed()
 
     async def _health_ok(self, worker: Worker) -> bool:
@@ -142,9 +144,10 @@ class HealthChecker:
         if not isinstance(model, str) or not model:
             return
         version = card.get("version") or card.get("kvgate_version")
-        worker.model = model
         if worker.config.version is None and isinstance(version, str) and version:
-            worker.version = version
+            worker.update(model=model, version=version)
+        elif model != worker.model:
+            worker.update(model=model)
         log.info("worker %s serves model %r version %r", worker.id, model, worker.version)
 
     async def _scrape(self, worker: Worker) -> None:
@@ -158,8 +161,7 @@ class HealthChecker:
         assert signals is not None
         if len(results) > 1 and results[1] is not None:
             signals = merge(signals, results[1])
-        worker.signals = signals
-        worker.signals_at = self.mono()
+        worker.update(signals=signals, signals_at=self.mono())
         for listener in self.scrape_listeners:
             listener(worker, signals)
 

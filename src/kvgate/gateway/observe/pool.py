@@ -7,9 +7,10 @@ reported as unknown (``None``), never as good.
 Each request gets a ``FleetSnapshot``, but rebuilding every worker's
 ``WorkerState`` per request costs time in proportion to the fleet. So the pool
 keeps each model's (and each version's) states between requests and rebuilds
-only what changed: setting any attribute routing reads on a ``Worker`` (its
-in-flight counts on every request, health, pressure, a scrape's signals) marks
-that worker for rebuild, and a state whose signals go stale with time is rebuilt
+only what changed: a ``Worker``'s routed state is one immutable value
+(``core.routed.Routed``) replaced on every change (its in-flight counts on every
+request, health, pressure, a scrape's signals), each replacement marks that
+worker for rebuild, and a state whose signals go stale with time is rebuilt
 once that time passes. A snapshot then costs one tuple, shared by every request
 until the next change.
 """
@@ -19,88 +20,30 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Protocol
+from typing import Any
 
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
-from kvgate.core.pressure import PressureConfig, projected_level
+from kvgate.core.pressure import PressureConfig
+from kvgate.core.routed import NEVER, Readings, Routed, health_of, state_bounds, worker_state
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.observe.metrics import WorkerGaugeRow
 from kvgate.gateway.upstream.transport import Upstream
 from kvgate.types import WorkerId
 
-_NEVER = float("-inf")
-
-_ROUTED = frozenset(
-    {
-        "draining",
-        "ejected",
-        "in_flight",
-        "kv_in_flight_tokens",
-        "labels",
-        "max_in_flight",
-        "model",
-        "pressure",
-        "pressure_config",
-        "probe_ok",
-        "signals",
-        "signals_at",
-        "version",
-    }
-)
-"""``Worker`` attributes ``Worker.state`` reads: setting one invalidates the cached state."""
-
-_MEMBERSHIP = frozenset({"model", "version"})
-"""Attributes that decide which model's (and version's) snapshot a worker is in."""
-
 ChangeListener = Callable[["Worker", bool], None]
-"""Told (worker, membership) when a routed attribute of the worker was set."""
-
-
-class Signals(Protocol):
-    """What the gateway reads from a worker's scraped metrics (``None`` = unknown)."""
-
-    @property
-    def running(self) -> int | None: ...
-    @property
-    def waiting(self) -> int | None: ...
-    @property
-    def kv_usage(self) -> float | None: ...
-    @property
-    def gpu_temp_c(self) -> float | None: ...
-    @property
-    def gpu_mem_used_mib(self) -> float | None: ...
-    @property
-    def gpu_mem_total_mib(self) -> float | None: ...
+"""Told (worker, membership) when the worker's routed state was replaced."""
 
 
 class Worker:
-    """One worker: its config, upstream client, health and the gateway's accounting.
+    """One worker: its config, upstream client, and its routed state (a ``Routed`` value).
 
-    Setting an attribute routing reads tells the pool (so its cached snapshot
-    rebuilds this worker's state); ``signals`` are replaced on each scrape, never
-    changed in place.
+    The routed state is replaced whole (``update``), never changed in place, and
+    each replacement tells the pool, so its cached snapshot rebuilds this
+    worker's state; nothing routing reads can change without that.
     """
 
-    __slots__ = (
-        "_listener",
-        "config",
-        "draining",
-        "ejected",
-        "id",
-        "in_flight",
-        "kv_in_flight_tokens",
-        "labels",
-        "max_in_flight",
-        "model",
-        "pressure",
-        "pressure_config",
-        "probe_ok",
-        "signals",
-        "signals_at",
-        "upstream",
-        "version",
-    )
+    __slots__ = ("_listener", "_routed", "config", "id", "upstream")
 
     def __init__(
         self, config: WorkerConfig, upstream: Upstream, default_max_in_flight: int = 256
@@ -109,118 +52,118 @@ class Worker:
         self.id: WorkerId = config.url
         self.config = config
         self.upstream = upstream
-        self.model: str | None = config.model
-        self.version: str = config.version or "default"
-        self.max_in_flight = config.max_in_flight or default_max_in_flight
-        self.labels = tuple(sorted(config.labels.items()))
-        self.in_flight = 0
-        self.kv_in_flight_tokens = 0
-        """KV tokens the requests in flight here will hold at their end (estimated)."""
-        self.pressure_config: PressureConfig | None = None
-        """Watermarks for the in-flight KV estimate; ``None`` when pressure handling is off."""
-        self.probe_ok = False
-        self.ejected = False
-        self.draining = False
-        self.pressure = Pressure.NORMAL
-        self.signals: Signals | None = None
-        self.signals_at = _NEVER
+        self._routed = Routed(
+            id=config.url,
+            model=config.model,
+            version=config.version or "default",
+            max_in_flight=config.max_in_flight or default_max_in_flight,
+            labels=tuple(sorted(config.labels.items())),
+        )
 
-    def __setattr__(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)
-        if name in _ROUTED and self._listener is not None:
-            self._listener(self, name in _MEMBERSHIP)
+    @property
+    def routed(self) -> Routed:
+        """Everything routing reads about this worker, as one immutable value."""
+        return self._routed
+
+    def update(self, **changes: Any) -> None:
+        """Replace the routed state with ``changes`` applied (``TypeError`` on an unknown name)."""
+        self.replace(replace(self._routed, **changes))
+
+    def replace(self, routed: Routed) -> None:
+        """Make ``routed`` this worker's routed state and tell the pool."""
+        old = self._routed
+        self._routed = routed
+        if self._listener is not None:
+            self._listener(self, routed.model != old.model or routed.version != old.version)
 
     def watch(self, listener: ChangeListener | None) -> None:
-        """Tell ``listener`` whenever an attribute routing reads is set (``None``: nobody)."""
+        """Tell ``listener`` whenever the routed state is replaced (``None``: nobody)."""
         self._listener = listener
 
-    def state_bounds(self, now: float, stale_after: float) -> tuple[float, float]:
-        """The monotonic times ``(after, until]`` over which ``state(now)`` stays the same.
+    # Read-only views of the routed state, for the code that reports on workers.
 
-        Only the age of the signals changes a state with time: fresh ones go
-        stale at ``signals_at + stale_after``.
-        """
-        if self.signals is None:
-            return _NEVER, math.inf
-        turn = self.signals_at + stale_after
-        return (_NEVER, turn) if now <= turn else (turn, math.inf)
+    @property
+    def model(self) -> str | None:
+        """The model it serves (``None`` until it said)."""
+        return self._routed.model
+
+    @property
+    def version(self) -> str:
+        """The model version it serves."""
+        return self._routed.version
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the gateway has in flight here."""
+        return self._routed.in_flight
+
+    @property
+    def kv_in_flight_tokens(self) -> int:
+        """KV tokens the requests in flight here will hold at their end (estimated)."""
+        return self._routed.kv_in_flight_tokens
+
+    @property
+    def max_in_flight(self) -> int:
+        """The gateway's in-flight limit for this worker."""
+        return self._routed.max_in_flight
+
+    @property
+    def probe_ok(self) -> bool:
+        """True when its active health checks pass."""
+        return self._routed.probe_ok
+
+    @property
+    def ejected(self) -> bool:
+        """True while outlier detection keeps it out."""
+        return self._routed.ejected
+
+    @property
+    def draining(self) -> bool:
+        """True while it takes no new sessions (admin drain, hot GPU, removal)."""
+        return self._routed.draining
+
+    @property
+    def pressure(self) -> Pressure:
+        """Its memory-pressure level."""
+        return self._routed.pressure
+
+    @property
+    def signals(self) -> Readings | None:
+        """Its last scraped readings (``None``: never scraped)."""
+        return self._routed.signals
+
+    @property
+    def signals_at(self) -> float:
+        """When ``signals`` were scraped (monotonic clock)."""
+        return self._routed.signals_at
 
     def health(self, now: float, stale_after: float) -> Health:
         """Health as routing sees it; ``now`` is the monotonic clock."""
-        if not self.probe_ok or self.ejected:
-            return Health.EJECTED
-        if self.draining:
-            return Health.DRAINING
-        if self.signals is None or now - self.signals_at > stale_after:
-            return Health.DEGRADED
-        return Health.HEALTHY
+        return health_of(self._routed, now, stale_after)
 
-    def state(self, now: float, stale_after: float) -> WorkerState:
-        """This worker as a ``WorkerState`` for a snapshot."""
-        health = self.health(now, stale_after)
-        sig = self.signals if health is Health.HEALTHY else None
-        if sig is None:
-            state = WorkerState(
-                id=self.id,
-                model=self.model or "",
-                version=self.version,
-                health=health,
-                pressure=self.pressure,
-                in_flight=self.in_flight,
-                max_in_flight=self.max_in_flight,
-                labels=self.labels,
-            )
-            if self.signals is not None and self.kv_in_flight_tokens:
-                # The cache's size is configuration, not a reading: it does not go stale.
-                capacity = getattr(self.signals, "kv_capacity_tokens", None)
-                state = self._projected(
-                    replace(
-                        state,
-                        kv_capacity_tokens=capacity,
-                        kv_in_flight_tokens=self.kv_in_flight_tokens,
-                    )
-                )
-            return state
-        mem_usage = None
-        if sig.gpu_mem_used_mib is not None and sig.gpu_mem_total_mib:
-            mem_usage = sig.gpu_mem_used_mib / sig.gpu_mem_total_mib
-        state = WorkerState(
-            id=self.id,
-            model=self.model or "",
-            version=self.version,
-            health=health,
-            pressure=self.pressure,
-            in_flight=self.in_flight,
-            max_in_flight=self.max_in_flight,
-            running=sig.running,
-            waiting=sig.waiting,
-            kv_usage=sig.kv_usage,
-            kv_capacity_tokens=getattr(sig, "kv_capacity_tokens", None),
-            kv_in_flight_tokens=self.kv_in_flight_tokens,
-            gpu_temp_c=sig.gpu_temp_c,
-            gpu_mem_usage=mem_usage,
-            labels=self.labels,
-        )
-        return self._projected(state) if self.kv_in_flight_tokens else state
-
-    def _projected(self, state: WorkerState) -> WorkerState:
-        """``state`` with its pressure raised by the in-flight KV estimate (``projected_level``)."""
-        config = self.pressure_config
-        if config is None:
-            return state
-        level = projected_level(state.pressure, state, config)
-        return state if level is state.pressure else replace(state, pressure=level)
+    def state(
+        self, now: float, stale_after: float, pressure: PressureConfig | None = None
+    ) -> WorkerState:
+        """This worker as a ``WorkerState`` for a snapshot (``core.routed.worker_state``)."""
+        return worker_state(self._routed, now, stale_after, pressure)
 
 
 class WorkerPool:
     """Every worker, indexed by model, with in-flight accounting and wake-ups."""
 
-    def __init__(self, workers: list[Worker], stale_after: float, queue: AdmissionQueue) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        stale_after: float,
+        queue: AdmissionQueue,
+        pressure: PressureConfig | None = None,
+    ) -> None:
         self._workers = {w.id: w for w in workers}
         self._stale_after = stale_after
         self.queue = queue
+        self.pressure = pressure
+        """Watermarks the in-flight KV estimate is judged against (``None``: pressure off)."""
         self._by_model: dict[str, list[Worker]] = {}
-        self._pressure_config: PressureConfig | None = None
         self._views: dict[tuple[str, str | None], _View] = {}
         self._views_of: dict[WorkerId, list[_View]] = {}
         self._dirty: set[Worker] = set()
@@ -242,7 +185,6 @@ class WorkerPool:
         """Add a worker at run time (``ValueError`` if its id is taken)."""
         if worker.id in self._workers:
             raise ValueError(f"worker {worker.id} is already in the pool")
-        worker.pressure_config = self._pressure_config
         self._workers[worker.id] = worker
         worker.watch(self._worker_changed)
         self.reindex()
@@ -256,12 +198,6 @@ class WorkerPool:
             self.reindex()
             self.changed()
         return worker
-
-    def set_pressure_config(self, config: PressureConfig | None) -> None:
-        """Watermarks every worker's in-flight KV estimate is judged against (``None``: off)."""
-        self._pressure_config = config
-        for worker in self._workers.values():
-            worker.pressure_config = config
 
     def reindex(self) -> None:
         """Rebuild the model index (after model discovery)."""
@@ -329,7 +265,7 @@ class WorkerPool:
         members = self._by_model.get(model, [])
         if version is not None:
             members = [w for w in members if w.version == version]
-        view = _View(members, now, self._stale_after)
+        view = _View(members, now, self._stale_after, self.pressure)
         self._views[model, version] = view
         for worker in members:
             self._views_of.setdefault(worker.id, []).append(view)
@@ -343,24 +279,27 @@ class WorkerPool:
             views = self._views_of.get(worker.id)
             if not views:
                 continue
-            state = worker.state(now, stale)
-            after, until = worker.state_bounds(now, stale)
+            state = worker_state(worker.routed, now, stale, self.pressure)
+            after, until = state_bounds(worker.routed, now, stale)
             for view in views:
                 view.put(state, after, until)
 
-    def acquire(self, worker: Worker, kv_tokens: int = 0) -> None:
-        """Count a request (holding ``kv_tokens`` of KV at its end) as in flight on ``worker``."""
-        worker.in_flight += 1
-        worker.kv_in_flight_tokens += kv_tokens
+    def lease(self, worker: Worker, kv_tokens: int = 0) -> Lease:
+        """Count a request (holding ``kv_tokens`` of KV at its end) in flight on ``worker``.
 
-    def release(self, worker: Worker, kv_tokens: int = 0) -> None:
-        """A request on ``worker`` finished: free its slot and KV; wake waiters.
+        The caller owns the returned lease and must release it on every path
+        (``async with lease``, or ``release()`` earlier: it gives back once).
+        """
+        worker.replace(worker.routed.loaded(1, kv_tokens))
+        return Lease(self, worker, kv_tokens)
+
+    def _give_back(self, worker: Worker, kv_tokens: int) -> None:
+        """A lease on ``worker`` ended: free its slot and KV; wake waiters.
 
         A request that held KV wakes every waiter: one held for KV headroom on
         this worker may fit now, whoever is first in the queue.
         """
-        worker.in_flight -= 1
-        worker.kv_in_flight_tokens = max(0, worker.kv_in_flight_tokens - kv_tokens)
+        worker.replace(worker.routed.loaded(-1, -kv_tokens))
         if kv_tokens:
             self.queue.wake_all()
         else:
@@ -375,18 +314,35 @@ class WorkerPool:
         return sum(w.in_flight for w in self._workers.values())
 
     def gauge_rows(self, now_mono: float) -> list[WorkerGaugeRow]:
-        """Per-worker values for the scrape-time gauges."""
-        return [
-            WorkerGaugeRow(
-                worker=w.id,
-                model=w.model or "",
-                version=w.version,
-                in_flight=w.in_flight,
-                health=w.health(now_mono, self.stale_after).value,
-                ejected=w.ejected,
-            )
-            for w in self._workers.values()
-        ]
+        """Per-worker values for the scrape-time gauges and the dashboard."""
+        # A copy: /metrics renders in a thread while the loop may add or remove workers.
+        return [self._gauge_row(w, now_mono) for w in list(self._workers.values())]
+
+    def _gauge_row(self, w: Worker, now: float) -> WorkerGaugeRow:
+        stale = self.stale_after
+        state = w.state(now, stale)
+        sig = w.signals
+        age = now - w.signals_at if sig is not None else None
+        return WorkerGaugeRow(
+            worker=w.id,
+            model=w.model or "",
+            version=w.version,
+            in_flight=w.in_flight,
+            health=state.health.value,
+            ejected=w.ejected,
+            max_in_flight=w.max_in_flight,
+            pressure=state.pressure.value,
+            kv_in_flight_tokens=w.kv_in_flight_tokens,
+            running=sig.running if sig is not None else None,
+            waiting=sig.waiting if sig is not None else None,
+            kv_usage=sig.kv_usage if sig is not None else None,
+            kv_capacity_tokens=state.kv_capacity_tokens,
+            gpu_temp_c=sig.gpu_temp_c if sig is not None else None,
+            gpu_mem_used_mib=sig.gpu_mem_used_mib if sig is not None else None,
+            gpu_mem_total_mib=sig.gpu_mem_total_mib if sig is not None else None,
+            scrape_age_s=age,
+            signals_fresh=age is not None and age <= stale,
+        )
 
 
 class _View:
@@ -396,33 +352,51 @@ class _View:
     change replaces them (copy on write) rather than changing them.
     """
 
-    __slots__ = ("after", "bounds", "by_id", "members", "positions", "states", "until", "workers")
+    __slots__ = (
+        "after",
+        "bounds",
+        "by_id",
+        "members",
+        "positions",
+        "pressure",
+        "states",
+        "until",
+        "workers",
+    )
 
-    def __init__(self, members: list[Worker], now: float, stale_after: float) -> None:
+    def __init__(
+        self,
+        members: list[Worker],
+        now: float,
+        stale_after: float,
+        pressure: PressureConfig | None,
+    ) -> None:
         self.members = members
+        self.pressure = pressure
         self.positions = {w.id: i for i, w in enumerate(members)}
         self.states: list[WorkerState] = []
         self.bounds: list[tuple[float, float]] = []
         self.by_id: dict[WorkerId, WorkerState] = {}
         self.workers: tuple[WorkerState, ...] | None = None
-        self.after = _NEVER
+        self.after = NEVER
         self.until = math.inf
         self.refresh(now, stale_after, everything=True)
 
     def refresh(self, now: float, stale_after: float, *, everything: bool = False) -> None:
         """Rebuild the states that do not hold at ``now`` (all of them with ``everything``)."""
         if everything:
-            self.states = [w.state(now, stale_after) for w in self.members]
-            self.bounds = [w.state_bounds(now, stale_after) for w in self.members]
+            pressure = self.pressure
+            self.states = [worker_state(w.routed, now, stale_after, pressure) for w in self.members]
+            self.bounds = [state_bounds(w.routed, now, stale_after) for w in self.members]
         else:
             for i, (after, until) in enumerate(self.bounds):
                 if not after < now <= until:
-                    worker = self.members[i]
-                    self.states[i] = worker.state(now, stale_after)
-                    self.bounds[i] = worker.state_bounds(now, stale_after)
+                    routed = self.members[i].routed
+                    self.states[i] = worker_state(routed, now, stale_after, self.pressure)
+                    self.bounds[i] = state_bounds(routed, now, stale_after)
         self.by_id = {s.id: s for s in self.states}
         self.workers = None
-        self.after = max((b[0] for b in self.bounds), default=_NEVER)
+        self.after = max((b[0] for b in self.bounds), default=NEVER)
         self.until = min((b[1] for b in self.bounds), default=math.inf)
 
     def put(self, state: WorkerState, after: float, until: float) -> None:
@@ -438,3 +412,44 @@ class _View:
         # Only ever narrowed here; ``refresh`` recomputes them exactly when passed.
         self.after = max(self.after, after)
         self.until = min(self.until, until)
+
+
+class Lease:
+    """One request's slot on a worker (its in-flight count and KV estimate), given back once.
+
+    Taken from ``WorkerPool.lease``. Whoever holds it releases it: ``async with
+    lease`` does so on every path, cancellation included; ``release()`` may come
+    earlier (a failed attempt frees its slot before the retry's backoff) and
+    later calls do nothing. ``move`` carries the slot to another worker (the
+    affinity race) without giving it up.
+    """
+
+    __slots__ = ("_pool", "held", "kv_tokens", "worker")
+
+    def __init__(self, pool: WorkerPool, worker: Worker, kv_tokens: int) -> None:
+        self._pool = pool
+        self.worker = worker
+        self.kv_tokens = kv_tokens
+        self.held = True
+
+    def release(self) -> bool:
+        """Give the slot back; True the first time, False once already released."""
+        if not self.held:
+            return False
+        self.held = False
+        self._pool._give_back(self.worker, self.kv_tokens)
+        return True
+
+    def move(self, worker: Worker) -> None:
+        """Hold the slot on ``worker`` instead (the one it held is given back)."""
+        if not self.held:
+            raise RuntimeError("a released lease cannot move")
+        self._pool._give_back(self.worker, self.kv_tokens)
+        worker.replace(worker.routed.loaded(1, self.kv_tokens))
+        self.worker = worker
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()

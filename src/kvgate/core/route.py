@@ -1,0 +1,224 @@
+"""The routing pipeline, decided in one pure step: place, hold, queue, shed, or no worker.
+
+Both drivers, the live router (``gateway.dataplane.router``) and the simulator
+(``sim.gateway``), call ``route`` with what they know of one request at one
+instant and carry out the verdict; neither decides anything on its own. As
+httpcore's pool does, the decision is synchronous and returns what to do; the
+waiting, the store write and the counting are the driver's.
+
+The steps, in order (each may end it):
+
+1. No routable worker: ``Unavailable`` (HTTP 503).
+2. Memory pressure across the whole fleet (``core.pressure.should_shed``):
+   ``Shed("pressure_<level>")`` for new and low-priority work.
+3. Admission on the fleet's saturation (``core.admission.admit``): sheddable
+   work is refused near saturation; a fleet with no free slot queues or sheds.
+4. The policy picks. A ``CAPACITY_FULL`` refusal overflows to the least
+   pressured worker when the fleet is wholly pressured (``overflow_decision``),
+   else it queues (``Queue``) or sheds as admission says at full saturation.
+   Any other refusal is the policy's own shed.
+5. The KV hold: a pick whose worker lacks KV headroom for the request's demand
+   is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
+   past that it is placed anyway (the gate delays, never refuses).
+
+A driver that waited and was woken calls ``route`` again with the fleet as it
+is then; one whose queue wait ran out answers ``queue_timeout``; one whose hold
+ran out carries out ``Hold.place``. After the affinity compare-and-set, a
+replica that lost the race asks ``follows_binding``.
+
+A new admission rule is one more step here, with a row in the table tests
+(``tests/core/test_route.py``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvgate.core.admission import (
+    AdmissionConfig,
+    Admit,
+    Queue,
+    Shed,
+    admit,
+    fleet_saturation,
+    timed_out,
+)
+from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import FleetSnapshot, WorkerState
+from kvgate.core.holders import continues
+from kvgate.core.policy import Policy, RouteContext
+from kvgate.core.pressure import (
+    PressureConfig,
+    fleet_pressure,
+    kv_demand_tokens,
+    kv_fits,
+    overflow_decision,
+    should_shed,
+)
+from kvgate.types import Seconds, WorkerId
+
+__all__ = [
+    "CAPACITY_FULL",
+    "INVALID_DECISION",
+    "NO_HEALTHY_WORKER",
+    "Hold",
+    "Place",
+    "Queue",
+    "RouteConfig",
+    "Shed",
+    "Unavailable",
+    "Verdict",
+    "follows_binding",
+    "queue_timeout",
+    "route",
+]
+
+INVALID_DECISION = "invalid_decision"
+"""The shed reason when a policy picks a worker that is not in its snapshot (a policy bug)."""
+
+NO_HEALTHY_WORKER = "no_healthy_worker"
+"""The reason of ``Unavailable``: no worker of the model (and version) is routable."""
+
+DEFAULT_RETRY_AFTER_S = 1.0
+"""``Retry-After`` of a policy's own shed that suggests none."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """The settings ``route`` reads: admission limits and the KV hold.
+
+    ``kv_gate`` ``None`` turns the hold off (pressure handling off, or its
+    ``kv_gate`` switched off).
+    """
+
+    admission: AdmissionConfig
+    kv_gate: PressureConfig | None = None
+    kv_gate_max_wait_s: Seconds = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Send the request to ``worker`` now.
+
+    ``version`` is the policy's (``None``: the worker's own); ``affinity`` the
+    binding to write with compare-and-set; ``kv_tokens`` the KV demand to count
+    in flight on the worker until the request ends.
+    """
+
+    worker: WorkerId
+    reason: str
+    version: str | None = None
+    affinity: AffinityWrite | None = None
+    kv_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Wait up to ``max_wait`` for a release, then ask again; if none comes, carry out ``place``."""
+
+    place: Place
+    max_wait: Seconds
+    reason: str = "kv_hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """No worker can serve the request at all (HTTP 503, not a shed)."""
+
+    reason: str = NO_HEALTHY_WORKER
+
+
+Verdict = Place | Hold | Queue | Shed | Unavailable
+"""What the driver must do with a request (``Queue`` and ``Shed`` are ``core.admission``'s)."""
+
+
+def route(
+    request: RequestFeatures,
+    affinity: Affinity | None,
+    fleet: FleetSnapshot,
+    policy: Policy,
+    rng: random.Random,
+    *,
+    queue_depth: int,
+    held_s: Seconds | None,
+    config: RouteConfig,
+    holders: Mapping[WorkerId, int] | None = None,
+) -> Verdict:
+    """The verdict for ``request`` on ``fleet`` (see the module docs for the steps).
+
+    ``fleet`` holds only the workers the request may use (its model's, its
+    assigned version's, less those a retry already tried); ``queue_depth`` is
+    how many requests wait in the driver's queue, this one not counted;
+    ``held_s`` how long it has been held for KV headroom (``None``: never).
+    ``holders`` is the shared store's prefix state for the request
+    (``core.holders``); a headerless later turn it shows resident is not new work.
+    """
+    holders = holders if holders is not None else {}
+    if not any(w.routable for w in fleet.workers):
+        return Unavailable()
+    admission = config.admission
+    priority = request.priority
+    fresh = affinity is None and not continues(len(request.prefix_hashes), holders)
+    if should_shed(priority, fresh, fleet):
+        return Shed(f"pressure_{fleet_pressure(fleet)}", admission.retry_after_s)
+    verdict = admit(
+        admission, priority, queue_depth, fleet_saturation(fleet, admission.kv_saturated)
+    )
+    if not isinstance(verdict, Admit):
+        return verdict
+    decision = policy.pick(request, RouteContext(fleet, affinity, rng, holders))
+    if decision.reason == CAPACITY_FULL:
+        decision = overflow_decision(request, affinity, fleet) or decision
+    if decision.worker is None:
+        if decision.reason != CAPACITY_FULL:
+            # The policy's own refusal (pressure, priority): waiting would not help.
+            return Shed(decision.reason, decision.retry_after or DEFAULT_RETRY_AFTER_S)
+        return _when_full(admission, request, queue_depth)
+    state = fleet.get(decision.worker)
+    if state is None:
+        return Shed(INVALID_DECISION, DEFAULT_RETRY_AFTER_S)
+    gate = config.kv_gate
+    demand = kv_demand_tokens(request, gate) if gate is not None else 0
+    place = Place(decision.worker, decision.reason, decision.version, decision.affinity, demand)
+    if gate is None or kv_fits(state, demand, gate):
+        return place
+    left = config.kv_gate_max_wait_s - (held_s or 0.0)
+    if left <= 0:
+        return place
+    return Hold(place, left)
+
+
+def _when_full(
+    admission: AdmissionConfig, request: RequestFeatures, queue_depth: int
+) -> Queue | Shed:
+    """Every candidate is at its in-flight limit: queue, or shed when the queue is no option."""
+    verdict = admit(admission, request.priority, queue_depth, 1.0)
+    assert not isinstance(verdict, Admit)  # admit() at full saturation never admits
+    return verdict
+
+
+def queue_timeout(config: RouteConfig, queue_depth: int) -> Shed:
+    """The verdict for a request whose queue wait ran out."""
+    return timed_out(config.admission, queue_depth)
+
+
+def follows_binding(
+    request: RequestFeatures,
+    placed: WorkerId,
+    bound: Affinity,
+    other: WorkerState | None,
+    excluded: frozenset[WorkerId] = frozenset(),
+) -> bool:
+    """After the compare-and-set: True when the request should move to the binding in force.
+
+    Another replica (or an earlier request of the same session) bound the key
+    to ``bound.worker`` first; following it keeps the session on one worker,
+    provided that worker (``other``, its state now) serves the model, is
+    routable and has a free slot, and a retry has not already tried it.
+    """
+    if bound.worker == placed or bound.worker in excluded or other is None:
+        return False
+    return other.model == request.model and other.routable and not other.full

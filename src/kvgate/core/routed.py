@@ -1,0 +1,173 @@
+"""A worker's routed state as one immutable value, and the pure function that snapshots it.
+
+Everything routing reads about a worker (its model and version, health inputs,
+pressure, the gateway's own in-flight accounting, its last scraped readings) is
+one frozen ``Routed`` value. A driver never changes it in place: it replaces it
+(``dataclasses.replace``), so whoever caches the ``WorkerState`` built from it
+knows it changed because the value did, with no list of watched names to keep.
+
+``worker_state`` turns a ``Routed`` into the ``WorkerState`` policies see; the
+live pool and the simulator both call it, so the two fleets look the same to
+the routing pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from kvgate.core.fleet import Health, Pressure, WorkerState
+from kvgate.core.pressure import PressureConfig, projected_level
+from kvgate.types import Seconds, WorkerId
+
+NEVER = float("-inf")
+"""``signals_at`` of a worker never scraped."""
+
+
+class Readings(Protocol):
+    """What routing reads from a worker's scraped metrics (``None`` = unknown)."""
+
+    @property
+    def running(self) -> int | None: ...
+    @property
+    def waiting(self) -> int | None: ...
+    @property
+    def kv_usage(self) -> float | None: ...
+    @property
+    def kv_capacity_tokens(self) -> int | None: ...
+    @property
+    def gpu_temp_c(self) -> float | None: ...
+    @property
+    def gpu_mem_used_mib(self) -> float | None: ...
+    @property
+    def gpu_mem_total_mib(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """A plain ``Readings`` value (the simulator's scrapes; tests)."""
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    gpu_temp_c: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One worker as routing knows it between two changes (replace it, never mutate it).
+
+    ``model`` is ``None`` until the worker said which model it serves;
+    ``signals_at`` is on the driver's monotonic clock.
+    """
+
+    id: WorkerId
+    model: str | None = None
+    version: str = "default"
+    max_in_flight: int = 256
+    labels: tuple[tuple[str, str], ...] = ()
+    probe_ok: bool = False
+    ejected: bool = False
+    draining: bool = False
+    pressure: Pressure = Pressure.NORMAL
+    in_flight: int = 0
+    kv_in_flight_tokens: int = 0
+    """KV tokens the requests in flight here will hold at their end (estimated)."""
+    signals: Readings | None = None
+    signals_at: Seconds = NEVER
+
+    def loaded(self, requests: int, kv_tokens: int) -> Routed:
+        """This value with ``requests`` more in flight holding ``kv_tokens`` more (or fewer)."""
+        return replace(
+            self,
+            in_flight=self.in_flight + requests,
+            kv_in_flight_tokens=max(0, self.kv_in_flight_tokens + kv_tokens),
+        )
+
+
+def health_of(worker: Routed, now: Seconds, stale_after: Seconds) -> Health:
+    """Health as routing sees it at ``now`` (the clock of ``signals_at``)."""
+    if not worker.probe_ok or worker.ejected:
+        return Health.EJECTED
+    if worker.draining:
+        return Health.DRAINING
+    if worker.signals is None or now - worker.signals_at > stale_after:
+        return Health.DEGRADED
+    return Health.HEALTHY
+
+
+def state_bounds(worker: Routed, now: Seconds, stale_after: Seconds) -> tuple[Seconds, Seconds]:
+    """The times ``(after, until]`` over which ``worker_state(worker, now, ...)`` stays the same.
+
+    Only the age of the signals changes a state with time: fresh ones go stale
+    at ``signals_at + stale_after``.
+    """
+    if worker.signals is None:
+        return NEVER, math.inf
+    turn = worker.signals_at + stale_after
+    return (NEVER, turn) if now <= turn else (turn, math.inf)
+
+
+def worker_state(
+    worker: Routed, now: Seconds, stale_after: Seconds, pressure: PressureConfig | None = None
+) -> WorkerState:
+    """``worker`` as a ``WorkerState`` for a snapshot at ``now``.
+
+    Stale or missing readings are unknown (``None``), never good; the cache's
+    size is configuration, not a reading, so it stays known while stale. With
+    ``pressure``, the in-flight KV estimate raises the level (``projected_level``).
+    """
+    health = health_of(worker, now, stale_after)
+    sig = worker.signals
+    if health is not Health.HEALTHY or sig is None:
+        state = WorkerState(
+            id=worker.id,
+            model=worker.model or "",
+            version=worker.version,
+            health=health,
+            pressure=worker.pressure,
+            in_flight=worker.in_flight,
+            max_in_flight=worker.max_in_flight,
+            labels=worker.labels,
+        )
+        if sig is not None and worker.kv_in_flight_tokens:
+            state = replace(
+                state,
+                kv_capacity_tokens=sig.kv_capacity_tokens,
+                kv_in_flight_tokens=worker.kv_in_flight_tokens,
+            )
+            return _projected(state, pressure)
+        return state
+    mem_usage = None
+    if sig.gpu_mem_used_mib is not None and sig.gpu_mem_total_mib:
+        mem_usage = sig.gpu_mem_used_mib / sig.gpu_mem_total_mib
+    state = WorkerState(
+        id=worker.id,
+        model=worker.model or "",
+        version=worker.version,
+        health=health,
+        pressure=worker.pressure,
+        in_flight=worker.in_flight,
+        max_in_flight=worker.max_in_flight,
+        running=sig.running,
+        waiting=sig.waiting,
+        kv_usage=sig.kv_usage,
+        kv_capacity_tokens=sig.kv_capacity_tokens,
+        kv_in_flight_tokens=worker.kv_in_flight_tokens,
+        gpu_temp_c=sig.gpu_temp_c,
+        gpu_mem_usage=mem_usage,
+        labels=worker.labels,
+    )
+    return _projected(state, pressure) if worker.kv_in_flight_tokens else state
+
+
+def _projected(state: WorkerState, config: PressureConfig | None) -> WorkerState:
+    """``state`` with its pressure raised by the in-flight KV estimate."""
+    if config is None:
+        return state
+    level = projected_level(state.pressure, state, config)
+    return state if level is state.pressure else replace(state, pressure=level)

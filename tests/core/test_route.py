@@ -1,0 +1,268 @@
+"""The routing pipeline as a table: fleet and request in, verdict out (``core.route``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvgate.core.admission import AdmissionConfig, Queue, Shed
+from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decision
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
+from kvgate.core.policies import default_registry
+from kvgate.core.policy import PolicyBase, RouteContext
+from kvgate.core.pressure import PressureConfig
+from kvgate.core.route import (
+    INVALID_DECISION,
+    Hold,
+    Place,
+    RouteConfig,
+    Verdict,
+    follows_binding,
+    queue_timeout,
+    route,
+)
+from kvgate.types import Priority
+
+N, S, H = Pressure.NORMAL, Pressure.SOFT, Pressure.HARD
+CRIT, STD, SHED = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
+GATE = PressureConfig(chars_per_token=1.0, default_output_tokens=100)
+CONFIG = RouteConfig(AdmissionConfig(), GATE, kv_gate_max_wait_s=10.0)
+
+
+def w(
+    wid: str,
+    *,
+    pressure: Pressure = N,
+    in_flight: int = 0,
+    limit: int = 4,
+    health: Health = Health.HEALTHY,
+    kv_in_flight: int = 0,
+    capacity: int | None = None,
+) -> WorkerState:
+    return WorkerState(
+        id=wid,
+        model="m",
+        pressure=pressure,
+        in_flight=in_flight,
+        max_in_flight=limit,
+        health=health,
+        kv_in_flight_tokens=kv_in_flight,
+        kv_capacity_tokens=capacity,
+    )
+
+
+class Fixed(PolicyBase):
+    """A policy that always answers the same decision (to test what surrounds a pick)."""
+
+    name = "fixed"
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        return self.decision
+
+
+def verdict_of(
+    workers: tuple[WorkerState, ...],
+    *,
+    decision: Decision | None = None,
+    priority: Priority = STD,
+    affine: str | None = None,
+    queue_depth: int = 0,
+    held_s: float | None = None,
+    prompt_chars: int = 100,
+    config: RouteConfig = CONFIG,
+) -> Verdict:
+    request = RequestFeatures(
+        request_id="r",
+        model="m",
+        session_key="s",
+        priority=priority,
+        prompt_chars=prompt_chars,
+        max_tokens=100,
+    )
+    affinity = Affinity("s", affine, "default") if affine is not None else None
+    policy = Fixed(decision) if decision is not None else default_registry().build("least_request")
+    return route(
+        request,
+        affinity,
+        FleetSnapshot(0.0, workers),
+        policy,
+        random.Random(0),
+        queue_depth=queue_depth,
+        held_s=held_s,
+        config=config,
+    )
+
+
+def kind(verdict: Verdict) -> tuple[str, str]:
+    """The verdict's type and its worker (placed or held) or reason."""
+    if isinstance(verdict, Place):
+        return ("place", verdict.worker)
+    if isinstance(verdict, Hold):
+        return ("hold", verdict.place.worker)
+    return (type(verdict).__name__.lower(), verdict.reason)
+
+
+FULL = {"in_flight": 4}
+
+
+@pytest.mark.parametrize(
+    ("workers", "kw", "expected"),
+    [
+        pytest.param((w("a"), w("b", in_flight=1)), {}, ("place", "a"), id="least-loaded"),
+        pytest.param(
+            (w("a", health=Health.EJECTED), w("b", health=Health.DRAINING)),
+            {},
+            ("unavailable", "no_healthy_worker"),
+            id="no-routable-worker",
+        ),
+        pytest.param((), {}, ("unavailable", "no_healthy_worker"), id="empty-fleet"),
+        # Every worker SOFT: new standard work is shed, critical overflows, affine stays.
+        pytest.param((w("a", pressure=S),), {}, ("shed", "pressure_soft"), id="soft-new"),
+        pytest.param(
+            (w("a", pressure=S), w("b", pressure=S, in_flight=2)),
+            {"priority": CRIT},
+            ("place", "a"),
+            id="soft-critical-overflows",
+        ),
+        pytest.param(
+            (w("a", pressure=S), w("b", pressure=S, in_flight=2)),
+            {"affine": "b"},
+            ("place", "b"),
+            id="soft-affine-stays",
+        ),
+        # Every worker HARD: affine sheddable work goes too, affine standard stays.
+        pytest.param(
+            (w("a", pressure=H),),
+            {"affine": "a", "priority": SHED},
+            ("shed", "pressure_hard"),
+            id="hard-affine-sheddable",
+        ),
+        pytest.param(
+            (w("a", pressure=H),), {"affine": "a"}, ("place", "a"), id="hard-affine-standard"
+        ),
+        # Saturation: sheddable refused near it; full fleet queues, or sheds with no wait.
+        pytest.param(
+            (w("a", in_flight=10, limit=10), w("b", in_flight=9, limit=10)),
+            {"priority": SHED},
+            ("shed", "sheddable_saturated"),
+            id="sheddable-near-saturation",
+        ),
+        pytest.param((w("a", **FULL),), {}, ("queue", "queued"), id="full-queues"),
+        pytest.param(
+            (w("a", **FULL),),
+            {"queue_depth": 819},
+            ("shed", "queue_full"),
+            id="full-standard-share-of-queue",
+        ),
+        pytest.param(
+            (w("a", **FULL),),
+            {"queue_depth": 819, "priority": CRIT},
+            ("queue", "queued"),
+            id="full-critical-reserve",
+        ),
+        pytest.param(
+            (w("a", in_flight=3),),
+            {"decision": Decision.refuse(CAPACITY_FULL)},
+            ("queue", "queued"),
+            id="policy-says-full",
+        ),
+        pytest.param(
+            (w("a"),),
+            {"decision": Decision.refuse("too_hot", 7.0)},
+            ("shed", "too_hot"),
+            id="policy-sheds",
+        ),
+        pytest.param(
+            (w("a"),),
+            {"decision": Decision("ghost", "bug")},
+            ("shed", INVALID_DECISION),
+            id="unknown-worker",
+        ),
+        # The KV hold: 200 tokens of demand against 950 of headroom on 1000.
+        pytest.param(
+            (w("a", in_flight=1, kv_in_flight=700, capacity=1000),),
+            {},
+            ("place", "a"),
+            id="kv-fits",
+        ),
+        pytest.param(
+            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            {},
+            ("hold", "a"),
+            id="kv-hold",
+        ),
+        pytest.param(
+            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            {"held_s": 10.0},
+            ("place", "a"),
+            id="kv-hold-ran-out",
+        ),
+        pytest.param(
+            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            {"config": RouteConfig(AdmissionConfig())},
+            ("place", "a"),
+            id="kv-gate-off",
+        ),
+        pytest.param(
+            (w("a", kv_in_flight=5000, capacity=1000),),
+            {},
+            ("place", "a"),
+            id="kv-alone-runs-anyway",
+        ),
+    ],
+)
+def test_route(
+    workers: tuple[WorkerState, ...], kw: dict[str, object], expected: tuple[str, str]
+) -> None:
+    assert kind(verdict_of(workers, **kw)) == expected  # type: ignore[arg-type]
+
+
+def test_a_place_carries_the_decision_and_the_kv_demand() -> None:
+    write = AffinityWrite("s", "a", "v2", expected="b")
+    verdict = verdict_of((w("a"), w("b")), decision=Decision("a", "affinity_hit", "v2", write))
+    assert verdict == Place("a", "affinity_hit", "v2", write, kv_tokens=200)
+    no_gate = verdict_of((w("a"),), config=RouteConfig(AdmissionConfig()))
+    assert isinstance(no_gate, Place) and no_gate.kv_tokens == 0
+
+
+def test_a_hold_waits_what_is_left_of_its_time_and_knows_where_to_go() -> None:
+    workers = (w("a", in_flight=1, kv_in_flight=800, capacity=1000),)
+    verdict = verdict_of(workers, held_s=4.0)
+    assert isinstance(verdict, Hold)
+    assert verdict.max_wait == pytest.approx(6.0)
+    assert verdict.place == Place("a", "least_loaded", "default", None, kv_tokens=200)
+
+
+def test_queue_and_shed_carry_their_waits() -> None:
+    queued = verdict_of((w("a", **FULL),), priority=CRIT)
+    assert queued == Queue(30.0)
+    no_wait = RouteConfig(AdmissionConfig(max_wait_standard_s=0))
+    shed = verdict_of((w("a", **FULL),), config=no_wait)
+    assert isinstance(shed, Shed) and shed.reason == "saturated" and shed.retry_after >= 1.0
+    late = queue_timeout(CONFIG, 512)
+    assert late.reason == "queue_timeout" and late.retry_after == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    ("bound", "other", "excluded", "follows"),
+    [
+        ("b", w("b"), frozenset(), True),
+        ("a", w("a"), frozenset(), False),  # this replica won
+        ("b", w("b", **FULL), frozenset(), False),
+        ("b", w("b", health=Health.EJECTED), frozenset(), False),
+        ("b", w("b"), frozenset({"b"}), False),  # a retry already failed there
+        ("b", None, frozenset(), False),  # the bound worker left the fleet
+        ("b", WorkerState(id="b", model="other"), frozenset(), False),
+    ],
+)
+def test_following_the_binding_another_replica_won(
+    bound: str, other: WorkerState | None, excluded: frozenset[str], follows: bool
+) -> None:
+    request = RequestFeatures(request_id="r", model="m", session_key="s")
+    affinity = Affinity("s", bound, "default")
+    assert follows_binding(request, "a", affinity, other, excluded) is follows
