@@ -182,6 +182,7 @@ async def gateway(
     config = {
         "listen": {"host": "127.0.0.1", "port": port, "processes": processes},
         "workers": [{"url": url, "model": "demo"} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {
             "name": policy,
             "options": with_time_scale(default_registry(), policy, {}, opts.time_scale),

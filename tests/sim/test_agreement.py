@@ -145,6 +145,7 @@ def gateway_config(urls: list[str], policy: str) -> dict[str, object]:
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": MODEL} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {
             "name": policy,
             "options": with_time_scale(default_registry(), policy, {}, SCALE),

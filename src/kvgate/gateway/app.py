@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -33,11 +34,16 @@ from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
+from kvgate.gateway.control.reload import Reloader
 from kvgate.gateway.dataplane import middleware
-from kvgate.gateway.dataplane.proxy import Proxy, models_payload
+from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner
+from kvgate.gateway.dataplane.models import models_payload
+from kvgate.gateway.dataplane.passthrough import Passthrough
+from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Router
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
@@ -60,13 +66,14 @@ class Gateway:
         registry: PolicyRegistry | None = None,
         policy: Policy | None = None,
         store: AffinityStore | None = None,
+        source: Callable[[], GatewayConfig] | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or (registry or default_registry()).build(
             config.policy.name, config.policy_options()
         )
         self._owns_store = store is None
-        self.store = store if store is not None else open_store(config.store.url)
+        self.store = store if store is not None else open_store(config.store.effective_url)
         self.queue = AdmissionQueue(config.admission.queue_size)
         t = config.timeouts
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
@@ -87,6 +94,7 @@ class Gateway:
         )
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
+        self.metrics.watch_store(self.store.health)
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -122,6 +130,8 @@ class Gateway:
             usage_listeners=[self.pressure.record_usage],
         )
         self.draining = False
+        self.peers: MetricsPeers | None = None
+        """The sibling server processes whose metrics a scrape includes (``--processes``)."""
         self.proxy = Proxy(
             self.pool,
             self.router,
@@ -137,8 +147,12 @@ class Gateway:
             rng=self.rng,
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
+            expose_worker_urls=config.expose_worker_urls,
+            aliases=config.model_aliases,
             traffic=self.traffic,
         )
+        self.reloader = Reloader(self, source)
+        self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
 
     def ready(self) -> bool:
         """True when not draining and some worker can take a request."""
@@ -155,6 +169,8 @@ class Gateway:
         for worker in self.pool:
             if worker.model is None:
                 log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
+        if not len(self.pool) and not self.config.discovery.dns:
+            log.warning("no workers: add them with POST /admin/workers or configure discovery")
         self.health.start()
         await self.control.start()
 
@@ -185,7 +201,7 @@ GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
 
 async def _models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.json_response(models_payload(gateway.pool.models()))
+    return web.json_response(models_payload(gateway.pool.models(), gateway.config.model_aliases))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -194,10 +210,21 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
+    detail: dict[str, object] = {}
+    if gateway.health.model_mismatch:
+        detail["model_mismatch"] = dict(gateway.health.model_mismatch)
     if gateway.ready():
-        return web.json_response({"status": "ready"})
+        return web.json_response({"status": "ready", **detail})
     status = "draining" if gateway.draining else "no healthy worker"
-    return web.json_response({"status": status}, status=503)
+    if not gateway.draining and len(gateway.pool) == 0:
+        status = "no workers yet"
+    return web.json_response({"status": status, **detail}, status=503)
+
+
+async def _reload(request: web.Request) -> web.Response:
+    """``POST /admin/reload``: re-read the config file (409 naming what needs a restart)."""
+    result = await request.app[GATEWAY_KEY].reloader.reload_source()
+    return web.json_response(result.to_dict())
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -205,6 +232,8 @@ async def _metrics(request: web.Request) -> web.Response:
     # Rendering takes ~50 ms at 64 workers (prometheus_client formats ~13 µs a line);
     # in a thread the event loop keeps its turns at the GIL instead of stalling.
     body = await asyncio.get_running_loop().run_in_executor(None, gateway.metrics.render)
+    if gateway.peers is not None:
+        body = await gateway.peers.gather(body)  # every process's series, not just ours
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -214,9 +243,12 @@ def build_app(gateway: Gateway) -> web.Application:
     stack: list[Middleware] = [
         middleware.errors,
         middleware.header_limit(config.limits.max_header_bytes, config.limits.max_headers),
+        middleware.body_limit(config.limits.max_body_bytes),
     ]
     if config.api_keys:
         stack.append(middleware.api_keys(config.api_keys))
+    if config.metrics_keys:
+        stack.append(middleware.api_keys(config.metrics_keys, "/metrics"))
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=stack)
     app[GATEWAY_KEY] = gateway
     proxy = gateway.proxy
@@ -229,7 +261,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.add_routes(Dashboard(gateway).routes())
     if config.admin.enabled:
         drain = DrainApi(gateway.pool, gateway.pressure)
-        setup_admin(app, gateway.control, drain.routes())
+        setup_admin(app, gateway.control, [*drain.routes(), ("POST", "/admin/reload", _reload)])
+    app.add_routes(gateway.passthrough.routes())  # last: it ends with a /v1/ catch-all
 
     async def _start(app: web.Application) -> None:
         await gateway.start()
@@ -242,6 +275,29 @@ def build_app(gateway: Gateway) -> web.Application:
     return app
 
 
+def connection_limits(config: GatewayConfig) -> ConnectionLimits:
+    """The per-connection deadlines and bounds of ``config`` (``limits:``)."""
+    limits = config.limits
+    return ConnectionLimits(
+        header_timeout_s=limits.header_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+        max_connections_per_client=limits.max_connections_per_client,
+    )
+
+
+def make_runner(gateway: Gateway) -> web.AppRunner:
+    """The runner serving ``gateway``'s app over guarded client connections."""
+    config = gateway.config
+    return GuardedAppRunner(
+        build_app(gateway),
+        connection_limits(config),
+        # The drain already waited for in-flight work (and cut what was left): the
+        # runner's own shutdown must not wait again.
+        shutdown_timeout=1.0,
+        **runner_options(config),
+    )
+
+
 def runner_options(config: GatewayConfig) -> dict[str, object]:
     """Keyword arguments for ``web.AppRunner`` serving a gateway app.
 
@@ -252,6 +308,7 @@ def runner_options(config: GatewayConfig) -> dict[str, object]:
     return {
         "handler_cancellation": True,
         "access_log": None,
+        "keepalive_timeout": config.limits.keepalive_s,
         "max_field_size": max(limit * 4, 65536),
         "max_line_size": max(limit * 4, 65536),
         "max_headers": config.limits.max_headers * 4,

@@ -8,7 +8,9 @@ Example ``kvgate.yaml``::
 
     listen: {host: 0.0.0.0, port: 8000}
     policy: {name: prefix_affinity, options: {}}
-    store: {url: "redis://127.0.0.1:6379/0"}
+    store: {url: "redis://redis:6379/0", password_file: /run/secrets/redis-password}
+    admin_token: "${KVGATE_ADMIN_TOKEN}"      # from the environment
+    discovery: {dns: [{name: vllm.default.svc.cluster.local, port: 8000}]}
     workers:
       - {url: "http://10.0.0.5:8000", model: llama-3-8b, version: v2.1}
       - {url: "http://10.0.0.6:8000", dcgm_url: "http://10.0.0.6:9400/metrics"}
@@ -17,8 +19,10 @@ Example ``kvgate.yaml``::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 import yaml
 from pydantic import (
@@ -29,18 +33,27 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from yarl import URL
 
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
+from kvgate.gateway import secrets
 from kvgate.gateway.control.config import (
     AdminConfig,
+    DiscoveryConfig,
     ModelVersionsConfig,
     RolloutsConfig,
     is_loopback,
 )
+
+STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
+"""URL schemes of the shared store (``+cluster``: Redis Cluster)."""
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class ConfigError(ValueError):
@@ -52,8 +65,28 @@ class _Model(BaseModel):
 
 
 def _check_url(value: str) -> str:
+    """An http(s) URL with a host (and a valid port), no query or fragment; no "/" at the end.
+
+    What a worker URL must be before it is probed or forwarded to: ``http://``
+    alone, ``http://:80`` or ``http://h:99999`` would only fail later, per request.
+    """
     if not value.startswith(("http://", "https://")):
         raise ValueError(f"must be an http(s) URL, got {value!r}")
+    if any(c.isspace() or ord(c) < 0x20 for c in value):
+        raise ValueError(
+            f"must be an http(s) URL without spaces or control characters, got {value!r}"
+        )
+    try:
+        url = URL(value)
+        port = url.port
+    except (ValueError, TypeError):
+        raise ValueError(f"not a valid URL: {value!r}") from None
+    if not url.host:
+        raise ValueError(f"must name a host, got {value!r}")
+    if port is None or not 0 < port < 65536:
+        raise ValueError(f"must have a port from 1 to 65535, got {value!r}")
+    if url.query_string or url.fragment:
+        raise ValueError(f"must have no query or fragment, got {value!r}")
     return value.rstrip("/")
 
 
@@ -61,6 +94,8 @@ class WorkerConfig(_Model):
     """One worker: where it is and what it serves (learned from /v1/models if unset)."""
 
     url: str
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    """What clients see in ``X-Kvgate-Worker`` (default: an id derived from the URL)."""
     model: str | None = None
     version: str | None = None
     metrics_url: str | None = None
@@ -101,19 +136,41 @@ class PolicyConfig(_Model):
     """The routing policy, chosen by name from the registry, and its options."""
 
     name: str = DEFAULT_POLICY
+    """One of the registered policies (an unknown name is refused at start-up)."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """The policy's own options (its config class in ``core/policies/``); live on reload."""
 
 
 class StoreConfig(_Model):
-    """Where affinities live: ``memory`` (one process) or ``redis://HOST:PORT/DB``."""
+    """Where affinities live: ``memory`` (one process), ``redis://HOST:PORT/DB``, or a
+    Redis Cluster (``redis+cluster://HOST:PORT``, any one node; the rest are discovered).
+
+    ``password`` (or ``password_file``) is put into the URL, so the URL itself can
+    sit in a ConfigMap and the password in a Secret.
+    """
 
     url: str = "memory"
+    password: str | None = Field(default=None, repr=False)
+    """Put into ``url``'s credentials (``password_file`` for a mounted Secret)."""
     affinity_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long a session's binding lives without a request."""
+
+    @property
+    def effective_url(self) -> str:
+        """``url`` with ``password`` in it (``url`` itself when no password is set)."""
+        if self.password is None or self.url == "memory":
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        host = netloc.rpartition("@")[2]
+        user = netloc.rpartition("@")[0].partition(":")[0] if "@" in netloc else ""
+        secret = quote(self.password, safe="")
+        return f"{scheme}://{user}:{secret}@{host}{slash}{path}"
 
     @field_validator("url")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(("redis://", "rediss://")):
+        if value != "memory" and not value.startswith(STORE_SCHEMES):
             raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
         return value
 
@@ -149,6 +206,8 @@ class HealthConfig(_Model):
     """Scraped signals older than this count as unknown; default three intervals."""
     fall: int = Field(default=3, ge=1)
     rise: int = Field(default=2, ge=1)
+    max_scrape_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """A worker's metrics page larger than this is not read (its signals are unknown)."""
 
     @property
     def stale_after(self) -> float:
@@ -161,11 +220,21 @@ class HealthConfig(_Model):
 
 
 class LimitsConfig(_Model):
-    """Request size limits (413 over the body limit, 431 over the header limits)."""
+    """Request limits: sizes (413 over the body limit, 431 over the header limits), read
+    deadlines (408 and the connection closed) and connections per client address (429)."""
 
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     max_header_bytes: int = Field(default=8190, ge=256)
     max_headers: int = Field(default=128, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's head must be complete this long after the connection opened (or after
+    its first byte on a kept-alive connection)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request's body must be complete this long after its head."""
+    keepalive_s: float = Field(default=75.0, gt=0)
+    """An idle kept-alive client connection is closed after this long."""
+    max_connections_per_client: int = Field(default=1024, ge=0)
+    """Open connections from one client address (0: no bound)."""
 
 
 class PressureSettings(PressureConfig):
@@ -203,19 +272,36 @@ class GatewayConfig(_Model):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pressure: PressureSettings = Field(default_factory=PressureSettings)
-    api_keys: list[str] = Field(default_factory=list)
-    admin_token: str | None = None
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
+    api_keys: list[str] = Field(default_factory=list, repr=False)
+    """Client keys (``Authorization: Bearer``); none: the API is open. ``api_keys_file``."""
+    metrics_auth: Literal["open", "api_key", "admin_token"] | None = None
+    """Who may read ``/metrics``: anyone, a client API key, or the admin token. Unset: a
+    client API key when ``api_keys`` are set (the fleet's names and load are not public),
+    else open."""
+    expose_worker_urls: bool = False
+    """``X-Kvgate-Worker`` names the worker by its URL (else by its ``name`` or an id)."""
+    admin_token: str | None = Field(default=None, repr=False)
+    """The admin API's bearer token; required off loopback. ``admin_token_file`` or ``${ENV}``."""
     response_headers: bool = True
+    """Add ``X-Kvgate-Worker``, ``-Model-Version`` and ``-Route-Reason`` to answers."""
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    """One JSON line per request (access log) and per log record."""
+    log_level: LogLevel = "info"
+    """The process's log level (``kvgate serve --log-level``)."""
     access_log: bool = True
     """One line per request on the ``kvgate.access`` logger (JSON with ``json_logs``)."""
     metrics_created: bool = False
     """Export prometheus_client's ``*_created`` series (noise for most dashboards)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, and for removed workers: how long in-flight requests may finish."""
     seed: int = 0
+    """Seeds the gateway's randomness (retry jitter, version splits by request id)."""
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
@@ -229,6 +315,36 @@ class GatewayConfig(_Model):
                 raise ValueError(f"worker {worker.url} listed twice")
             seen.add(worker.url)
         return value
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _plain_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias, target in value.items():
+            if not alias or not target:
+                raise ValueError("aliases and their models must be non-empty")
+            if alias == target:
+                raise ValueError(f"{alias!r} is an alias of itself")
+            if target in value:
+                raise ValueError(f"{alias!r} -> {target!r}: an alias must name a model")
+        return value
+
+    @model_validator(mode="after")
+    def _metrics_auth_has_a_secret(self) -> GatewayConfig:
+        if self.metrics_auth == "api_key" and not self.api_keys:
+            raise ValueError("metrics_auth: 'api_key' needs api_keys")
+        if self.metrics_auth == "admin_token" and not self.admin_token:
+            raise ValueError("metrics_auth: 'admin_token' needs admin_token")
+        return self
+
+    @property
+    def metrics_keys(self) -> list[str]:
+        """The bearer tokens that may read ``/metrics`` (empty: open)."""
+        auth = self.metrics_auth or ("api_key" if self.api_keys else "open")
+        if auth == "api_key":
+            return list(self.api_keys)
+        if auth == "admin_token" and self.admin_token:
+            return [self.admin_token]
+        return []
 
     @model_validator(mode="after")
     def _admin_needs_token(self) -> GatewayConfig:
@@ -267,10 +383,20 @@ def _describe(exc: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def parse_config(data: Mapping[str, Any] | None) -> GatewayConfig:
-    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys."""
+def parse_config(
+    data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys.
+
+    ``${NAME}`` and ``X_file`` values are resolved first (``gateway.secrets``),
+    from ``env`` (default: the process environment).
+    """
     try:
-        return GatewayConfig.model_validate(dict(data or {}))
+        resolved = secrets.resolve(dict(data or {}), env)
+    except secrets.SecretError as exc:
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    try:
+        return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
 
@@ -300,15 +426,19 @@ def with_overrides(
     store: str | None = None,
     processes: int | None = None,
     json_logs: bool | None = None,
+    log_level: str | None = None,
 ) -> GatewayConfig:
     """``config`` with command-line options applied on top (validated again)."""
-    data = config.model_dump(mode="python")
+    data = config.model_dump(mode="python", exclude={"discovery"})
+    data["discovery"] = config.discovery
     if workers:
         data["workers"] = [{"url": url} for url in workers]
     if policy is not None and policy != config.policy.name:
         data["policy"] = {"name": policy, "options": {}}
     if json_logs is not None:
         data["json_logs"] = json_logs
+    if log_level is not None:
+        data["log_level"] = log_level.lower()
     listen = data["listen"]
     if host is not None:
         listen["host"] = host
@@ -318,4 +448,23 @@ def with_overrides(
         listen["processes"] = processes
     if store is not None:
         data["store"]["url"] = store
-    return parse_config(data)
+    try:  # already resolved: a secret holding "${" must not be expanded again
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where the configuration in force came from, so a reload can read it again.
+
+    The file, plus the command-line options applied on top of it (they still
+    win after a reload). Picklable: server processes get it when spawned.
+    """
+
+    path: Path
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self) -> GatewayConfig:
+        """Read and validate the file again, with the same overrides."""
+        return with_overrides(load_config(self.path), **dict(self.overrides))

@@ -212,7 +212,13 @@ class RolloutManager:
                     f"({busy.state}); finish or abort it first"
                 )
             self._ensure_versions(spec)
-            controller = RolloutController(spec)
+            if existing is not None:
+                # A re-run of a finished rollout: how the last run ended stays in its history.
+                controller = existing.rerun(spec)
+                log.info("rollout %s starts again; its last run was %s: %s",
+                         rollout_id, existing.state.value, existing.progress.message)  # fmt: skip
+            else:
+                controller = RolloutController(spec)
             now = self.clock()
             self._controllers[rollout_id] = controller
             self._windows.pop(rollout_id, None)  # a re-run starts with empty windows

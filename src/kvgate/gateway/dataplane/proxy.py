@@ -19,12 +19,16 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import xxhash
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from kvgate.core import prefix
@@ -38,13 +42,14 @@ from kvgate.gateway.dataplane.errors import (
     GatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
-    ModelNotFoundError,
     NoHealthyWorkerError,
     OverloadedError,
+    UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
 )
 from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
+from kvgate.gateway.dataplane.models import unknown_model_error
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import (
@@ -87,6 +92,50 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding"}
+"""Request headers not passed to the worker: the server already decoded the body (gzip,
+deflate), so the bytes forwarded are not in the encoding the client named."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception's text, bounded (parser messages quote input)."""
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+_PUBLIC_KIND = {
+    "unavailable": "the worker could not be reached",
+    "timeout": "the worker did not answer in time",
+    "broken": "the worker's response broke off",
+}
+
+
+def _public(exc: UpstreamError) -> str:
+    """What a client may read of an upstream failure: its kind, never the worker's
+    address, bytes or exception text (those are in the gateway's log and metrics)."""
+    if exc.status is not None:
+        return f"the worker answered {exc.status}"
+    return _PUBLIC_KIND.get(exc.kind, "the worker failed")
+
+
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """How to forward a request that is not a generation: its features and body."""
+
+    features: RequestFeatures
+    body: bytes
+    method: str = "POST"
+    answer_key: str | None = None
+    """Tag under which the answer's id is bound to its worker (``None``: not bound)."""
+
+
+Describe = Callable[[bytes, web.Request, str], Forward]
+"""Builds a ``Forward`` from the body, the request and its id (raises ``GatewayError``)."""
+
+
 class PassiveHealth(Protocol):
     """Where live request outcomes go (outlier detection)."""
 
@@ -114,6 +163,9 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    method: str = "POST"
+    answer_key: str | None = None
+    """Bind the id the answer starts with under this tag (``response:``), for continuations."""
     shed: str | None = None
     """Why the request was shed (429), for the access log and the dashboard."""
     refused: str | None = None
@@ -171,10 +223,14 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        expose_worker_urls: bool = False,
+        aliases: Mapping[str, str] | None = None,
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
+        self.aliases: Mapping[str, str] = aliases or {}
+        """Model names clients may use for another model (``model_aliases``)."""
         self.router = router
         self.budget = budget
         self.metrics = metrics
@@ -188,6 +244,8 @@ class Proxy:
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
+        self.expose_worker_urls = expose_worker_urls
+        self._names: dict[str, str] = {}
         self.traffic = traffic
         """The dashboard's ring of recent traffic (``None``: not kept)."""
         self.wall = wall
@@ -205,9 +263,18 @@ class Proxy:
         return await self.handle(request, "/v1/completions", "completions")
 
     async def handle(
-        self, request: web.Request, path: str, endpoint: Endpoint
+        self,
+        request: web.Request,
+        path: str,
+        endpoint: Endpoint,
+        *,
+        describe: Describe | None = None,
     ) -> web.StreamResponse:
-        """Parse, route, forward (with retries) and answer one request."""
+        """Parse, route, forward (with retries) and answer one request.
+
+        ``describe`` builds the features of a request that is not a generation
+        (embeddings, responses, tokenize, any other path); it may rewrite the body.
+        """
         started = time.monotonic()
         request_id = request.headers.get(REQUEST_ID) or self._new_id()
         request[REQUEST_ID_KEY] = request_id
@@ -219,14 +286,21 @@ class Proxy:
         features: RequestFeatures | None = None
         try:
             body = await self._read_body(request)
-            features, payload = self._features(body, request, request_id, endpoint)
+            if describe is not None:
+                forward = describe(body, request, request_id)
+                features, body = forward.features, forward.body
+                outcome.method = forward.method
+                outcome.answer_key = forward.answer_key
+                outcome.body = body
+                return await self._forward(
+                    request, path, body=body, features=features, started=started, outcome=outcome
+                )
+            features, payload, body = self._features(body, request, request_id, endpoint)
             if not self.pool.serves(features.model):
                 # The access log says what was asked; metric labels never carry a
                 # client's made-up model name (one series per name, forever).
                 outcome.asked_model, features = features.model, None
-                raise ModelNotFoundError(
-                    f"The model {outcome.asked_model!r} does not exist", param="model"
-                )
+                raise unknown_model_error(self.pool, outcome.asked_model)  # 404, or 503
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -259,22 +333,40 @@ class Proxy:
             raise BodyTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes"
             ) from exc
+        except (HttpProcessingError, RequestPayloadError) as exc:
+            # Bad chunked framing, a body that is not what its Content-Encoding says...
+            raise InvalidRequestError(f"the request body cannot be read: {_reason(exc)}") from None
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
-    ) -> tuple[RequestFeatures, dict[str, Any]]:
-        """The request's features and its decoded body; 400/404 errors on a bad one."""
+    ) -> tuple[RequestFeatures, dict[str, Any], bytes]:
+        """The request's features, decoded body and the body to forward (an alias
+        resolved to its model); 400/404 errors on a bad one."""
         try:
             payload = json.loads(body)
         except ValueError:
             raise InvalidRequestError("the request body is not valid JSON") from None
+        except RecursionError:
+            raise InvalidRequestError("the request body's JSON is nested too deeply") from None
+        if self.aliases and isinstance(payload, dict):
+            target = self.aliases.get(payload.get("model"))  # type: ignore[arg-type]
+            if target is not None:
+                payload["model"] = target
+                body = json.dumps(payload, separators=(",", ":")).encode()
         try:
             features = prefix.build_features(
                 payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
-        return features, payload
+        except UnicodeEncodeError:
+            # JSON's "\ud800" decodes to a lone surrogate, which no text encoding takes.
+            raise InvalidRequestError(
+                "the request holds a lone surrogate: not valid Unicode text"
+            ) from None
+        except RecursionError:
+            raise InvalidRequestError("the request is nested too deeply") from None
+        return features, payload, body
 
     async def _forward(
         self,
@@ -291,12 +383,24 @@ class Proxy:
         budget.requests += 1
         excluded: frozenset[str] = frozenset()
         last_failure: UpstreamError | None = None
+        # Error answers (5xx) not charged yet: one that another worker then serves was
+        # the worker's fault; the same error from the next worker follows the request.
+        unsettled: list[tuple[Worker, str, int]] = []
+        # Before the first byte, a request that failed on a canary version may be
+        # served by the stable one (else a failing canary's sessions only ever fail).
+        forced: str | None = None
+        stable = self.router.stable_version(features.model)
         try:
             while True:
                 try:
-                    placement = await self.router.place(features, affinity, excluded)
+                    placement = await self.router.place(features, affinity, excluded, forced)
                 except NoHealthyWorkerError:
                     if outcome.retries and last_failure is not None:
+                        tried = outcome.placement.version if outcome.placement else stable
+                        if forced is None and stable is not None and tried != stable:
+                            forced = stable  # no other canary worker: the stable one
+                            continue
+                        self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
                 async with placement.lease:
@@ -304,8 +408,11 @@ class Proxy:
                     outcome.reported = False
                     worker = placement.worker
                     try:
-                        upstream = await worker.upstream.post(
-                            path, body, self._upstream_headers(request, worker, features.request_id)
+                        upstream = await worker.upstream.send(
+                            outcome.method,
+                            path,
+                            body,
+                            self._upstream_headers(request, worker, features.request_id),
                         )
                         if upstream.status == 429 or upstream.status >= 500:
                             await self._drain_error(upstream)
@@ -313,13 +420,28 @@ class Proxy:
                     except UpstreamError as exc:
                         placement.lease.release()  # free the slot before the backoff
                         last_failure = exc
-                        if not self._retry(exc, placement, features, outcome):
+                        if exc.status is not None and exc.status != 429:
+                            same = any(status == exc.status for _, _, status in unsettled)
+                            on_canary = stable is not None and placement.version != stable
+                            if same and on_canary and forced is None:
+                                forced = stable  # the canary may be at fault: ask the stable one
+                            elif same:
+                                # Two workers gave this request the same error: it is the
+                                # request's doing. Neither worker is charged, nor retried.
+                                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+                                unsettled.clear()
+                                outcome.reported = True  # says nothing about the version
+                                raise self._request_fault(exc.status, outcome.retries + 1) from None
+                        if not self._retry(exc, placement, features, outcome, unsettled):
+                            self._charge(unsettled, features)
                             raise self._client_error(exc, features) from None
                         excluded = excluded | {worker.id}
                         if placement.bound is not None:
                             affinity = placement.bound  # what this attempt bound; a retry moves it
                         await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
                         continue
+                    # Another worker served what these failed: that was the workers' fault.
+                    self._charge(unsettled, features)
                     if upstream.status < 500:
                         self.passive.success(worker)
                     return await self._respond(
@@ -340,15 +462,21 @@ class Proxy:
         placement: Placement,
         features: RequestFeatures,
         outcome: _Outcome,
+        unsettled: list[tuple[Worker, str, int]],
     ) -> bool:
-        """Count one failed attempt; True when the request may be retried on another worker."""
+        """Count one failed attempt; True when the request may be retried on another worker.
+
+        A connection failure is charged to the worker at once; a 5xx waits in
+        ``unsettled`` until another worker's answer says whose fault it was.
+        """
         worker = placement.worker
         self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-        if exc.status != 429:
-            self.passive.failure(worker)
-            if self.outcomes is not None:
-                self.outcomes.attempt_failed(features.model, placement.version)
-                outcome.reported = True
+        if exc.status is None:
+            self._charge([(worker, placement.version, 0)], features)
+            outcome.reported = True
+        elif exc.status != 429:
+            unsettled.append((worker, placement.version, exc.status))
+            outcome.reported = True
         if not exc.retryable or outcome.retries >= self.max_retries:
             return False
         if exc.status is not None:
@@ -362,6 +490,20 @@ class Proxy:
         outcome.retries += 1
         self.metrics.retries.labels(features.model).inc()
         return True
+
+    def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
+        """Count failed attempts against their workers (outlier detection) and versions."""
+        for worker, version, _ in failed:
+            self.passive.failure(worker)
+            if self.outcomes is not None:
+                self.outcomes.attempt_failed(features.model, version)
+        failed.clear()
+
+    def _request_fault(self, status: int, attempts: int) -> GatewayError:
+        return BadGatewayError(
+            f"{attempts} workers answered this request with the same error ({status}): "
+            "the request itself is the likely cause; it was not retried further"
+        )
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
         # Read the small error body so the connection can be reused.
@@ -382,14 +524,14 @@ class Proxy:
                 retry_after=1.0,
                 reason="upstream_429",
             )
-        return BadGatewayError(f"upstream failure serving {features.model!r}: {exc}")
+        return BadGatewayError(f"upstream failure serving {features.model!r}: {_public(exc)}")
 
     def _upstream_headers(
         self, request: web.Request, worker: Worker, request_id: str
     ) -> dict[str, str]:
         headers: dict[str, str] = {}
         connection = request.headers.get("Connection")
-        drop = _HOP_BY_HOP
+        drop = _NOT_FORWARDED
         if connection:
             drop = drop | {t.strip().lower() for t in connection.split(",")}
         for name, value in request.headers.items():
@@ -404,6 +546,15 @@ class Proxy:
             headers.pop("authorization", None)
         return headers
 
+    def _worker_name(self, worker: Worker) -> str:
+        """The worker as clients see it: an id, its URL only with ``expose_worker_urls``."""
+        if self.expose_worker_urls:
+            return worker.id
+        name = self._names.get(worker.id)
+        if name is None:
+            name = self._names[worker.id] = public_worker_name(worker.id, worker.config.name)
+        return name
+
     def _response_headers(
         self, upstream: UpstreamResponse, placement: Placement, request_id: str
     ) -> CIMultiDict[str]:
@@ -413,7 +564,7 @@ class Proxy:
                 headers.add(name, value)
         headers[REQUEST_ID] = request_id
         if self.response_headers:
-            headers[WORKER_HEADER] = placement.worker.id
+            headers[WORKER_HEADER] = self._worker_name(placement.worker)
             headers[VERSION_HEADER] = placement.version
             headers[REASON_HEADER] = placement.reason
         return headers
@@ -436,6 +587,9 @@ class Proxy:
                 response, done = await self._stream(request, upstream, headers, started, outcome)
             else:
                 data = await upstream.read()
+                if upstream.status < 300 and not _looks_like_json_object(data):
+                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
+                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
                 outcome.ttft = time.monotonic() - started
                 response = web.Response(body=data, status=upstream.status, headers=headers)
                 outcome.status = upstream.status
@@ -443,6 +597,8 @@ class Proxy:
                 await response.write_eof()
                 outcome.usage = usage_from_body(data)
                 done = True
+                if outcome.answer_key is not None:
+                    await self._remember_answer(data, placement, outcome.answer_key)
                 recorder = self.outcomes
                 version = placement.version
                 if recorder is not None and recorder.wants_sample(features.model, version):
@@ -451,7 +607,9 @@ class Proxy:
             # The whole-body read failed before anything was sent: a 502.
             self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
             self.passive.failure(worker)
-            raise BadGatewayError(f"upstream failure serving {features.model!r}: {exc}") from None
+            raise BadGatewayError(
+                f"upstream failure serving {features.model!r}: {_public(exc)}"
+            ) from None
         except ConnectionResetError:
             self._client_gone(features.model, outcome)
             return web.Response(status=499)
@@ -489,6 +647,8 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                    if outcome.answer_key is not None:
+                        await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
                 outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
@@ -499,12 +659,25 @@ class Proxy:
                 await response.write(rest)
             await response.write_eof()
         except UpstreamError as exc:
-            # Bytes already went to the client: no retry and no error body. Cut the
-            # connection so the client sees an incomplete stream, not a finished one.
+            # Bytes already went to the client: no retry. End the stream with an
+            # OpenAI-style error event (what clients raise on), then close.
             assert outcome.placement is not None
             self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
             self.passive.failure(outcome.placement.worker)
             outcome.status = 502
+            event = b"" if tap.at_event_boundary else b"\n\n"
+            event += (
+                b"data: "
+                + BadGatewayError(
+                    f"the stream broke off: {_public(exc)}", code="stream_broken"
+                ).body()
+                + b"\n\n"
+            )
+            try:
+                await response.write(event)
+                await response.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                pass
             if request.transport is not None:
                 request.transport.close()
             return response, False
@@ -515,6 +688,12 @@ class Proxy:
             return response, False
         outcome.usage = stripper.usage if stripper is not None else tap.usage()
         return response, True
+
+    async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
+        """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
+        found = _ANSWER_ID.search(data, 0, 4096)
+        if found is not None and placement is not None:
+            await self.router.remember(tag + found.group(1).decode(), placement)
 
     def _client_gone(self, model: str, outcome: _Outcome) -> None:
         outcome.status = 499
@@ -613,18 +792,12 @@ def _report(
         recorder.sample(model, version, outcome.body, outcome.sample)
 
 
-def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:
-    """The ``GET /v1/models`` body for the models the fleet serves."""
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": model,
-                "object": "model",
-                "created": 0,
-                "owned_by": "kvgate",
-                "versions": versions,
-            }
-            for model, versions in models.items()
-        ],
-    }
+def public_worker_name(url: str, name: str | None = None) -> str:
+    """A worker's name for clients: its configured ``name``, else ``w-`` and a hash of its
+    URL (stable across gateway replicas and restarts, and no internal address)."""
+    return name or "w-" + xxhash.xxh3_64_hexdigest(url.encode())[:12]
+
+
+def _looks_like_json_object(data: bytes) -> bool:
+    """True when ``data`` is framed as a JSON object (a cheap check: no decoding)."""
+    return data.lstrip()[:1] == b"{" and data.rstrip()[-1:] == b"}"

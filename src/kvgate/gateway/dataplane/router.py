@@ -79,6 +79,11 @@ class Placement:
 class Router:
     """Turns request features into a placed attempt holding a lease on one worker."""
 
+    def stable_version(self, model: str) -> str | None:
+        """The stable version of ``model`` (None without a version registry or entry)."""
+        found = self.versions.get(model) if self.versions is not None else None
+        return found.stable if found is not None else None
+
     def __init__(
         self,
         pool: WorkerPool,
@@ -129,17 +134,21 @@ class Router:
         features: RequestFeatures,
         affinity: Affinity | None,
         excluded: frozenset[WorkerId] = frozenset(),
+        version: str | None = None,
     ) -> Placement:
         """Carry out ``core.route`` until it places the request; the caller owns the lease.
 
-        Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
+        ``version`` overrides the version the registry would assign (a retry falling
+        back to the stable version). Raises ``NoHealthyWorkerError`` (503) or
+        ``OverloadedError`` (429).
         """
         queue = self.pool.queue
         priority = features.priority
         queued_at: float | None = None
         deadline = 0.0
         held_at: float | None = None
-        version = self.versions.assign(features, affinity) if self.versions is not None else None
+        if version is None and self.versions is not None:
+            version = self.versions.assign(features, affinity)
         keys, seen, holders = await self._holders(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
@@ -328,6 +337,18 @@ class Router:
                 await self.store.touch(key, now, self.ttl)
             except Exception:
                 self._store_failed("touch")
+
+    async def remember(self, key: SessionKey, placement: Placement) -> None:
+        """Bind a key the worker's answer named (a response id) to the worker that made it.
+
+        A later request naming that key (``previous_response_id``) then goes back to
+        the one worker holding the state it continues.
+        """
+        bound = Affinity(key, placement.worker.id, placement.version, self.wall())
+        try:
+            await self.store.compare_and_set(key, None, bound, self.ttl)
+        except Exception:
+            self._store_failed("compare_and_set")
 
     def _store_failed(self, op: str) -> None:
         self.metrics.store_errors.labels(op).inc()

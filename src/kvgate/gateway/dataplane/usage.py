@@ -39,9 +39,13 @@ def usage_from(payload: object) -> Usage | None:
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens", 0)
+    details: Any = usage.get("prompt_tokens_details")
+    if prompt is None and "input_tokens" in usage:  # the Responses API's names
+        prompt = usage.get("input_tokens")
+        completion = usage.get("output_tokens", 0)
+        details = usage.get("input_tokens_details")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    details: Any = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(prompt, completion, cached if isinstance(cached, int) else 0)
 
@@ -90,6 +94,12 @@ class StreamTap:
         tail += chunk
         if len(tail) > _TAIL_MAX:
             del tail[:-_TAIL_KEEP]
+
+    @property
+    def at_event_boundary(self) -> bool:
+        """True when what was forwarded so far ends with a whole event (or is nothing)."""
+        tail = self._tail
+        return not tail or tail.endswith(b"\n\n")
 
     def usage(self) -> Usage | None:
         """The last non-null ``usage`` among the kept events, if any."""

@@ -9,6 +9,8 @@ import sys
 import time
 from dataclasses import dataclass, fields
 
+from kvgate.redaction import RedactingFilter
+
 ACCESS_LOGGER = "kvgate.access"
 
 
@@ -135,6 +137,7 @@ def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())  # no credential in any line, whoever logs it
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -401,11 +402,58 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*values)
         return found  # type: ignore[return-value]
 
+    # -- store health (issue 13) ------------------------------------------------
+
+    def watch_store(self, health: Callable[[], StoreHealth]) -> None:
+        """Export the affinity store's health counters, read when Prometheus scrapes."""
+        self.registry.register(_StoreCollector(health))
+
     def render(self) -> bytes:
         """The text exposition of every metric (``*_created`` only when asked for)."""
         if self.created:
             return generate_latest(self.registry)
         return generate_latest(_WithoutCreated(self.registry))
+
+
+class _StoreCollector(Collector):
+    """The store's own counters (a Redis outage is answered locally, so no request fails
+    and ``kvgate_store_errors_total`` alone would not show it)."""
+
+    def __init__(self, health: Callable[[], StoreHealth]) -> None:
+        self._health = health
+
+    def collect(self) -> Iterator[Metric]:
+        h = self._health()
+        yield CounterMetricFamily(
+            "kvgate_store_backend_errors",
+            "Failed round trips to the store's backend (Redis), probes included.",
+            value=h.errors_total,
+        )
+        yield GaugeMetricFamily(
+            "kvgate_store_degraded",
+            "1 while the store's backend is unreachable and calls are answered locally.",
+            value=1.0 if h.degraded else 0.0,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_degraded_episodes",
+            "Times the store entered degraded mode (backend outages seen).",
+            value=h.degraded_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_fallbacks",
+            "Store calls answered from the local fallback map during outages.",
+            value=h.fallbacks_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_resyncs",
+            "Outages recovered from: local writes pushed back to the backend.",
+            value=h.resyncs_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_dirty_dropped",
+            "Local writes dropped from the resync backlog (over its bound) during outages.",
+            value=h.dirty_dropped_total,
+        )
 
 
 class RolloutMetrics:

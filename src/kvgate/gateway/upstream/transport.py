@@ -23,9 +23,13 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from kvgate.gateway.upstream import http1
+
+_MAX_CACHED_TARGETS = 64
+"""Request targets remembered per worker (the fixed OpenAI paths; not every client path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,14 +186,22 @@ class Upstream:
         found = self._targets.get(path)
         if found is None:
             url = URL(self.base_url + path)
-            found = self._targets[path] = (url.raw_path_qs, url.host_port_subcomponent or "")
+            found = (url.raw_path_qs, url.host_port_subcomponent or "")
+            if len(self._targets) < _MAX_CACHED_TARGETS:  # forwarded paths come from clients
+                self._targets[path] = found
         return found
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a POST to the worker and wait for the response head."""
+        return await self.send("POST", path, body, headers)
+
+    async def send(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """Send a request with any method to the worker and wait for the response head."""
         target, host = self._target(path)
         try:
-            head = http1.request_head("POST", target, host, headers, len(body))
+            head = http1.request_head(method, target, host, headers, len(body))
         except ValueError as exc:
             raise UpstreamUnavailable(str(exc)) from None
         pool = self._connections()
@@ -214,14 +226,35 @@ class Upstream:
         return UpstreamResponse(pool, conn)
 
     async def get(
-        self, url: str, limit_s: float, headers: Mapping[str, str] | None = None
+        self,
+        url: str,
+        limit_s: float,
+        headers: Mapping[str, str] | None = None,
+        *,
+        max_bytes: int | None = None,
     ) -> tuple[int, bytes]:
-        """A short GET (health probe, metrics scrape, model list); whole body read."""
+        """A short GET (health probe, metrics scrape, model list); whole body read.
+
+        A body over ``max_bytes`` is refused (``UpstreamTooLarge``) as soon as it is
+        known to be, without reading the rest: a worker's page must not cost the
+        gateway unbounded memory or time.
+        """
         try:
             async with self.session.get(
                 url, headers=headers, timeout=aiohttp.ClientTimeout(total=limit_s)
             ) as resp:
-                return resp.status, await resp.read()
+                if max_bytes is None:
+                    return resp.status, await resp.read()
+                if (resp.content_length or 0) > max_bytes:
+                    raise UpstreamTooLarge(f"the response is over {max_bytes} bytes")
+                parts: list[bytes] = []
+                size = 0
+                while chunk := await resp.content.readany():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UpstreamTooLarge(f"the response is over {max_bytes} bytes")
+                    parts.append(chunk)
+                return resp.status, b"".join(parts)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, started=False) from exc
 
