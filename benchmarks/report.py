@@ -51,8 +51,10 @@ KEPT_SECTIONS = (
     "Memory pressure (live)",
     "Gateway overhead",
     "Real engine (llama.cpp, Gemma 3 270M)",
+    "Real KV offload and migration (llama.cpp slots)",
 )
-"""Sections other scripts write into the doc (``benchmarks/real_engine.py``): a rerun
+"""Sections other scripts write into the doc (``benchmarks/real_engine.py``,
+``benchmarks/real_offload.py``): a rerun
 keeps them as they are, after the generated ones."""
 
 

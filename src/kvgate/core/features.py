@@ -28,6 +28,9 @@ class RequestFeatures:
     """The client's output limit (``max_tokens`` / ``max_completion_tokens``), if given."""
     checkpoints: tuple[int, ...] = ()
     """Indices of ``prefix_hashes`` whose worker bindings replicas share (``core.holders``)."""
+    restorable_blocks: int = 0
+    """Prefix blocks whose KV any worker can restore from disk (a llama.cpp slot the
+    gateway saved in the folder every worker reads): worth almost as much everywhere."""
 
     @property
     def has_session(self) -> bool:

@@ -32,6 +32,7 @@ from kvgate.gateway.admin.dashboard import Dashboard
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.control.reload import Reloader
@@ -95,6 +96,7 @@ class Gateway:
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
         self.metrics.watch_store(self.store.health)
+        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -102,6 +104,7 @@ class Gateway:
             config.pressure,
             affinity_ttl=config.store.affinity_ttl_s,
             relieve_interval_s=config.health.interval_s,
+            slots=self.slots,
         )
         self.health = HealthChecker(
             self.pool, config.health, config.outlier, scrape_listeners=[self.pressure.observe]
@@ -149,6 +152,7 @@ class Gateway:
             outcomes=self.control.recorder,
             expose_worker_urls=config.expose_worker_urls,
             aliases=config.model_aliases,
+            slots=self.slots,
             traffic=self.traffic,
         )
         self.reloader = Reloader(self, source)

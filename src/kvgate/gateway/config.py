@@ -105,6 +105,9 @@ class WorkerConfig(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     api_key: str | None = None
     offload_url: str | None = None
+    engine: Literal["openai", "llamacpp"] = "openai"
+    """``llamacpp``: a llama.cpp server whose slots the gateway pins, saves and restores
+    (``slots:`` section; the server needs ``--slot-save-path``)."""
 
     _url = field_validator("url")(_check_url)
 
@@ -257,6 +260,33 @@ class PressureSettings(PressureConfig):
     """Longest a request is held for KV headroom on its worker before it is sent anyway."""
 
 
+class SlotSettings(_Model):
+    """The ``slots:`` section: llama.cpp slot offload and migration (``engine: llamacpp``).
+
+    Every request to such a worker is pinned to a slot; an idle session's slot is
+    saved to a file before another session takes it, and restored when the session
+    returns, on the same worker or another one reading the same folder (every
+    llama.cpp worker's ``--slot-save-path`` must be that one folder). Saved slots
+    reuse ``max_saved`` file names, so disk use stays bounded; ``dir`` (the folder as
+    the gateway sees it) lets the gateway delete files it no longer needs too.
+    ``file_prefix`` must differ between gateway replicas sharing the folder.
+
+    Example::
+
+        workers:
+          - {url: "http://127.0.0.1:8081", engine: llamacpp}
+        slots: {dir: /var/lib/kvgate/slots, max_saved: 64, max_bytes: 4294967296}
+    """
+
+    enabled: bool = True
+    dir: str | None = None
+    file_prefix: str = Field(default="kvgate", pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    max_saved: int = Field(default=64, ge=1)
+    max_bytes: int = Field(default=4 * 1024**3, ge=1)
+    max_age_s: float = Field(default=3600.0, gt=0)
+    action_timeout_s: float = Field(default=30.0, gt=0)
+
+
 class GatewayConfig(_Model):
     """The whole gateway configuration (the root of ``kvgate.yaml``)."""
 
@@ -272,6 +302,7 @@ class GatewayConfig(_Model):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pressure: PressureSettings = Field(default_factory=PressureSettings)
+    slots: SlotSettings = Field(default_factory=SlotSettings)
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     model_aliases: dict[str, str] = Field(default_factory=dict)
     """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
@@ -354,6 +385,17 @@ class GatewayConfig(_Model):
                 f"admin_token: required when the admin API is enabled and listen.host "
                 f"{self.listen.host!r} is not a loopback address (set admin_token, or "
                 "admin.enabled: false)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _slots_need_one_process(self) -> GatewayConfig:
+        # Each process would pin and save the same slots without knowing of the others.
+        llamacpp = any(w.engine == "llamacpp" for w in self.workers)
+        if llamacpp and self.slots.enabled and self.listen.processes > 1:
+            raise ValueError(
+                "slots: llama.cpp slot offload keeps the slot map in one process; "
+                "use listen.processes: 1, or slots.enabled: false"
             )
         return self
 

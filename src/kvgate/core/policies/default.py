@@ -39,6 +39,11 @@ Used when the config names no policy. In order:
    requests still in flight there (so a wrong rate cannot make it drift).
    Workers at ``kv_high`` KV use are skipped unless all are.
 
+   Blocks the request says are restorable from disk (``restorable_blocks``: a
+   llama.cpp slot saved where every worker reads) count as cached on every
+   worker at ``restorable_credit``; a worker chosen for them is a
+   ``restorable_match``.
+
    Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
    (a colder worker: the warm one's queue outweighed its cache),
    ``least_loaded`` (nothing of the prompt cached anywhere). A session that had
@@ -117,6 +122,10 @@ class DefaultConfig(PolicyConfig):
     time_scale: float = Field(default=1.0, gt=0)
     """Model seconds per second of the driver's clock: the rates and times above are the
     model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
+    restorable_credit: float = Field(default=0.9, ge=0, le=1)
+    """What a prefix block restorable from disk is worth on any worker, against one in
+    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
+    takes to recompute it (``benchmarks/real_offload.py``)."""
     index: PrefixIndexConfig = PrefixIndexConfig()
 
 
@@ -296,7 +305,11 @@ class DefaultPolicy(PrefixLearning):
         """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
         cfg = self.config
         now = ctx.fleet.now
-        matches = self.matches(request, ctx)
+        own = matches = self.matches(request, ctx)
+        restorable = int(request.restorable_blocks * cfg.restorable_credit)
+        if restorable:
+            # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
+            matches = {w.id: max(own.get(w.id, 0), restorable) for w in pool}
         per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
@@ -358,6 +371,8 @@ class DefaultPolicy(PrefixLearning):
         top = max(matches.values(), default=0)
         if not top:
             return best, "least_loaded"
+        if restorable and own.get(best.id, 0) < restorable:
+            return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:

@@ -34,6 +34,7 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import Endpoint, FeatureConfig
+from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
@@ -225,6 +226,7 @@ class Proxy:
         outcomes: OutcomeRecorder | None = None,
         expose_worker_urls: bool = False,
         aliases: Mapping[str, str] | None = None,
+        slots: SlotPlane | None = None,
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -246,6 +248,7 @@ class Proxy:
         self.outcomes = outcomes
         self.expose_worker_urls = expose_worker_urls
         self._names: dict[str, str] = {}
+        self.slots = slots
         self.traffic = traffic
         """The dashboard's ring of recent traffic (``None``: not kept)."""
         self.wall = wall
@@ -301,6 +304,8 @@ class Proxy:
                 # client's made-up model name (one series per name, forever).
                 outcome.asked_model, features = features.model, None
                 raise unknown_model_error(self.pool, outcome.asked_model)  # 404, or 503
+            if self.slots is not None:
+                features = self.slots.annotate(features)  # KV that can follow the session
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -408,12 +413,23 @@ class Proxy:
                     outcome.reported = False
                     worker = placement.worker
                     try:
-                        upstream = await worker.upstream.send(
-                            outcome.method,
-                            path,
-                            body,
-                            self._upstream_headers(request, worker, features.request_id),
-                        )
+                        headers = self._upstream_headers(request, worker, features.request_id)
+                        if (
+                            self.slots is not None
+                            and outcome.method == "POST"
+                            and self.slots.manages(worker)
+                        ):
+                            # A llama.cpp worker: a slot lease (offload/restore/migration).
+                            upstream = await self.slots.post(
+                                worker, path, body, headers, features.affinity_key
+                            )
+                            # The reason says which tier the KV came from: slot, disk, ...
+                            if tier := upstream.headers.get(TIER_HEADER):
+                                placement.reason = f"{placement.reason}/{tier}"
+                        else:
+                            upstream = await worker.upstream.send(
+                                outcome.method, path, body, headers
+                            )
                         if upstream.status == 429 or upstream.status >= 500:
                             await self._drain_error(upstream)
                             raise UpstreamError(status=upstream.status)

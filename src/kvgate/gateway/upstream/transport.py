@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -63,7 +63,7 @@ _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent")
 class UpstreamResponse:
     """A worker's response whose head has arrived; the body is read or streamed."""
 
-    __slots__ = ("_conn", "_pool", "_released", "headers", "status")
+    __slots__ = ("_conn", "_pool", "_released", "headers", "on_release", "status")
 
     def __init__(self, pool: http1.ConnectionPool, conn: http1.Connection) -> None:
         assert conn.headers is not None
@@ -72,6 +72,9 @@ class UpstreamResponse:
         self._released = False
         self.status: int = conn.status
         self.headers: CIMultiDictProxy[str] = conn.headers
+        self.on_release: Callable[[bool], None] | None = None
+        """Called once when the response is done with: True when it was read to its end
+        (a llama.cpp slot lease ends here, see ``gateway.control.offload``)."""
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
@@ -115,13 +118,18 @@ class UpstreamResponse:
     def close(self) -> None:
         """Abort: drop the connection so the worker sees the client go away."""
         self._conn.abort()
-        self.release()
+        self._finish(complete=False)
 
     def release(self) -> None:
         """Done with the response; a fully read connection is reused."""
+        self._finish(complete=True)
+
+    def _finish(self, *, complete: bool) -> None:
         if not self._released:
             self._released = True
             self._pool.release(self._conn)
+            if self.on_release is not None:
+                self.on_release(complete)
 
 
 class Upstream:
