@@ -8,10 +8,14 @@ cold caches) and a fresh ``kvgate serve`` subprocess run the same seeded workloa
 through ``kvgate.bench.run_bench``: prefix-cache hit rate (the workers' own
 ``cached_tokens``), mean and p99 TTFT (model seconds), against the infinite-cache
 bound. Then the default policy again behind ``kvgate serve --processes 4`` sharing
-a redis-server this benchmark starts. Nothing is adjusted: the table shows what
-was measured, and the targets are checked against it.
+a redis-server this benchmark starts. ``--workload headerless`` runs the same on
+traffic without session ids behind one shared opening, where replicas agree only
+through the conversation's own blocks (the store's prefix holders). Nothing is
+adjusted: the table shows what was measured, and the targets are checked against it.
 
     .venv/bin/python benchmarks/affinity_live.py --json /tmp/affinity_live.json
+    .venv/bin/python benchmarks/affinity_live.py --workload headerless \
+        --policies default,prefix_affinity,round_robin --json /tmp/affinity_headerless.json
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from rich.table import Table
 
 from kvgate.bench import run_bench, workload_bound
 from kvgate.bench.report import results_document
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.sim.report import write_results
 from kvgate.testing import free_port, wait_until
 from kvgate.testing_redis import RedisServer
@@ -60,6 +65,17 @@ WORKLOAD = (
 """Sessions of about six turns, each opening with its own ~1,200-token document behind
 one of four shared 512-token system prompts: a session's context (2-3k tokens) fits a
 worker many times over, the fleet's live sessions do not fit one worker's cache."""
+
+HEADERLESS = (
+    "shared-opening-trace:rate=4,opening_tokens=512,block_tokens=128,first_blocks=10,"
+    "turn_blocks=3,turns_mean=5,think_s=3,output_tokens=40"
+)
+"""Issue 11's shape, small: no session ids, every prompt opening with the same 512-token
+block, each conversation extending its own chain (``--workload headerless``). Replicas
+can agree only through the conversation's own blocks (the store's prefix holders)."""
+
+WORKLOADS = {"sessions": WORKLOAD, "headerless": HEADERLESS}
+"""Named workloads of ``--workload``; anything else is a workload spec."""
 
 REPLICAS_LABEL = "default x{n} (redis)"
 
@@ -167,7 +183,10 @@ async def gateway(
         "listen": {"host": "127.0.0.1", "port": port, "processes": processes},
         "workers": [{"url": url, "model": "demo"} for url in urls],
         "expose_worker_urls": True,  # answers are attributed to worker URLs
-        "policy": {"name": policy},
+        "policy": {
+            "name": policy,
+            "options": with_time_scale(default_registry(), policy, {}, opts.time_scale),
+        },
         "store": {"url": store},
         "health": {"interval_s": 0.2, "timeout_s": 1.0},
         "seed": opts.seed,
@@ -360,7 +379,9 @@ def main() -> None:
     parser.add_argument("--kv-blocks", type=int, default=1000, help="per worker (small on purpose)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--time-scale", type=float, default=10.0, help="model s per real s")
-    parser.add_argument("--workload", default=WORKLOAD)
+    parser.add_argument(
+        "--workload", default="sessions", help=f"{' or '.join(WORKLOADS)}, or a workload spec"
+    )
     parser.add_argument("--requests", type=int, default=400, help="per policy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=256)
@@ -376,7 +397,7 @@ def main() -> None:
         kv_blocks=args.kv_blocks,
         block_size=args.block_size,
         time_scale=args.time_scale,
-        workload=args.workload,
+        workload=WORKLOADS.get(args.workload, args.workload),
         requests=args.requests,
         seed=args.seed,
         concurrency=args.concurrency,

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from kvgate.core.policies import default_registry, with_time_scale
+
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 """The ``kvgate`` command of the interpreter running the benchmark (this checkout)."""
 
@@ -47,6 +49,8 @@ class Launch:
     workdir: Path
     seed: int = 0
     venv: Path | None = None
+    time_scale: float = 1.0
+    """The workers' model seconds per real second (kvgate's default takes model-time rates)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,10 @@ def _kvgate(policy: str) -> Callable[[Launch], list[str]]:
         config = {
             "listen": {"host": "127.0.0.1", "port": launch.port},
             "workers": [{"url": url, "model": MODEL} for url in launch.workers],
-            "policy": {"name": policy},
+            "policy": {
+                "name": policy,
+                "options": with_time_scale(default_registry(), policy, {}, launch.time_scale),
+            },
             "health": {"interval_s": 0.2, "timeout_s": 1.0},
             "seed": launch.seed,
         }

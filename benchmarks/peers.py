@@ -251,14 +251,20 @@ async def _models(session: aiohttp.ClientSession, base: str) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def router_in_front(
-    router: Router, venv: Path | None, urls: Sequence[str], seed: int, logs: Path
+    router: Router,
+    venv: Path | None,
+    urls: Sequence[str],
+    seed: int,
+    logs: Path,
+    *,
+    time_scale: float = 1.0,
 ) -> AsyncIterator[tuple[str, list[str]]]:
     """``router`` started in front of ``urls``; its URL and the models it lists.
 
     Ready when it lists the model, or (sglang-router lists emulated workers as
     ``unknown``) when a probe naming the model is answered.
     """
-    launch = Launch(urls, free_port(), free_port(), logs, seed, venv)
+    launch = Launch(urls, free_port(), free_port(), logs, seed, venv, time_scale)
     child = await spawn(router.argv(launch), router.name, logs / f"{router.name}.log")
     base = f"http://127.0.0.1:{launch.port}"
     listed: list[str] = []
@@ -326,7 +332,10 @@ async def one_run(
     started = time.monotonic()
     async with (
         fleet(shape, seed, logs) as urls,
-        router_in_front(router, venv, urls, seed, logs) as (base, listed),
+        router_in_front(router, venv, urls, seed, logs, time_scale=shape.time_scale) as (
+            base,
+            listed,
+        ),
     ):
         ready = time.monotonic()
         before = await worker_counters(urls)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.bench import run_bench
-from kvgate.core.policies import default_registry
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.gateway.testing import running_gateway
 from kvgate.sim.simulation import SimConfig, Simulation
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
@@ -157,7 +157,10 @@ async def agreement_live(policy: str) -> dict[str, float]:
             "listen": {"host": "127.0.0.1", "port": 0},
             "workers": [{"url": url, "model": "demo"} for url in urls],
             "expose_worker_urls": True,  # answers are attributed to worker URLs
-            "policy": {"name": policy},
+            "policy": {
+                "name": policy,
+                "options": with_time_scale(default_registry(), policy, {}, AGREE_SCALE),
+            },
             "health": {"interval_s": AGREE_SCRAPE_S / AGREE_SCALE, "timeout_s": 1.0},
             "seed": 0,
         }

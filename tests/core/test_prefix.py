@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from kvgate.core.prefix import (
     FeatureConfig,
     InvalidRequestError,
+    block_widths,
     build_features,
+    chain_chars,
     chat_canonical_text,
     text_chain_hashes,
     token_chain_hashes,
@@ -219,13 +221,32 @@ def test_chains_agree_exactly_as_far_as_the_prompts_agree(
         assert ha[whole] != hb[whole]
 
 
-def test_max_blocks_and_block_size_bound_the_chain() -> None:
+def test_the_chain_covers_the_whole_prompt_fine_then_coarse() -> None:
     body = chat(user("z" * 5000))
-    features = build_features(
-        body, {}, FeatureConfig(block_chars=100, max_blocks=7), request_id="r"
-    )
-    assert len(features.prefix_hashes) == 7
-    assert features.prompt_chars > 5000
+    config = FeatureConfig(block_chars=100, max_blocks=7, coarse_factor=16)
+    features = build_features(body, {}, config, request_id="r")
+    # 7 fine blocks cover 700 characters; the other 4,306 take three 1,600-wide blocks.
+    assert features.prompt_chars == 5006
+    assert len(features.prefix_hashes) == 7 + 3
+    assert block_widths(100, 7, 16, 5006) == [100] * 7 + [1600] * 3
+    assert chain_chars(9, 100, 7, 16) == 700 + 2 * 1600
+
+
+def test_long_prompts_that_part_after_the_fine_blocks_have_different_chains() -> None:
+    shared = "d" * 40_000
+    a = build_features(chat(user(shared + "alpha" * 100)), {}, request_id="a").prefix_hashes
+    b = build_features(chat(user(shared + "omega" * 100)), {}, request_id="b").prefix_hashes
+    assert len(a) == len(b) > 64
+    agree = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    # They agree on every block lying wholly inside the shared text, and no further.
+    shared_chars = len("user\x1f") + 40_000
+    assert chain_chars(agree, 256, 64, 16) <= shared_chars < chain_chars(agree + 1, 256, 64, 16)
+
+
+def test_max_chars_guards_the_hashing_cost() -> None:
+    config = FeatureConfig(max_chars=10_000)
+    features = build_features(chat(user("q" * 100_000)), {}, config, request_id="r")
+    assert len(features.prefix_hashes) == -(-10_000 // 256)
 
 
 def test_a_longer_conversation_extends_the_chain_of_the_shorter() -> None:
@@ -268,27 +289,18 @@ def test_token_block_mode_uses_the_given_tokenizer() -> None:
     assert ids.prefix_hashes == token_chain_hashes([5, 6, 7], 2, 64)
 
 
-# -- prefix-derived key -----------------------------------------------------
+# -- no key from shared text ---------------------------------------------------
 
 
-def test_prefix_key_names_the_conversation_not_the_shared_system_prompt() -> None:
-    turn1 = chat(SYSTEM, user("plan a trip"))
-    turn2 = chat(SYSTEM, user("plan a trip"), {"role": "assistant", "content": "ok"}, user("more"))
-    other = chat(SYSTEM, user("write a poem"))
-    k1, k2, k3 = (build_features(b, {}, request_id="r").prefix_key for b in (turn1, turn2, other))
-    assert k1 is not None
-    assert k1 == k2
-    assert k1 != k3
-
-
-def test_prefix_key_is_absent_with_a_client_key_or_when_disabled() -> None:
-    body = chat(user("hi"))
-    with_header = build_features(body, {"X-Session-ID": "s"}, request_id="r")
-    assert with_header.prefix_key is None
+def test_without_a_client_key_no_key_is_derived_from_the_text() -> None:
+    """Two strangers behind one system prompt must not share a key (issue 11)."""
+    one = build_features(chat(SYSTEM, user("plan a trip")), {}, request_id="1")
+    two = build_features(chat(SYSTEM, user("write a poem")), {}, request_id="2")
+    assert one.affinity_key is None and two.affinity_key is None
+    assert one.session_source == "none"
+    # What follows a headerless conversation is its own chain: it shares the
+    # system prompt's blocks with the stranger and parts ways after them.
+    assert one.prefix_hashes[0] == two.prefix_hashes[0]
+    assert one.prefix_hashes != two.prefix_hashes
+    with_header = build_features(chat(user("hi")), {"X-Session-ID": "s"}, request_id="r")
     assert with_header.affinity_key == "s"
-    off = build_features(body, {}, FeatureConfig(derive_prefix_key=False), request_id="r")
-    assert off.prefix_key is None
-    assert off.affinity_key is None
-    on = build_features(body, {}, request_id="r")
-    assert on.affinity_key == on.prefix_key
-    assert on.session_source == "none"

@@ -66,13 +66,30 @@ def test_reuse_refreshes_a_chain() -> None:
 
 def test_capacity_follows_the_workers_kv_capacity() -> None:
     index = small(block_chars=256, chars_per_token=4.0, default_worker_blocks=1000)
-    index.set_kv_capacity("a", 64 * 50)  # 64 tokens per block -> 50 blocks
+    index.set_kv_capacity("a", 64 * 50)  # 64 tokens per block -> 50 blocks, kept twice over
     index.set_kv_capacity("b", None)
-    assert index.capacity("a") == 50
+    assert index.capacity("a") == 100
     assert index.capacity("b") == 1000
     for group in range(30):
         index.insert("a", chain(group, 4))
-    assert index.worker_blocks("a") == 50
+    assert index.worker_blocks("a") == 100
+    exact = small(block_chars=256, chars_per_token=4.0, kv_overcommit=1.0)
+    exact.set_kv_capacity("a", 64 * 50)
+    assert exact.capacity("a") == 50
+
+
+def test_coarse_blocks_weigh_what_they_cover() -> None:
+    """Past ``fine_blocks`` a block is ``coarse_factor`` fine ones wide, and counts so."""
+    index = small(default_worker_blocks=40, fine_blocks=4, coarse_factor=8, min_worker_blocks=1)
+    index.insert("a", chain(1, 6))  # 4 fine + 2 coarse = 4 + 16 units
+    assert (index.worker_blocks("a"), index.worker_weight("a")) == (6, 20)
+    assert index.depth_chars(6) == (4 + 2 * 8) * 256
+    index.insert("a", chain(2, 6))  # 40 units: full
+    index.insert("a", chain(3, 2))  # 42 units: the oldest chain's last (coarse) block goes
+    assert index.worker_weight("a") == 34
+    assert index.match(chain(3, 2)) == {"a": 2}
+    assert index.match(chain(2, 6)) == {"a": 6}
+    assert index.match(chain(1, 6)) == {"a": 5}
 
 
 def test_global_bound_shares_memory_between_workers() -> None:

@@ -97,15 +97,24 @@ async def test_a_streamed_response_is_bound_too(gw: GatewayHandle) -> None:
     assert follow.status == "completed"
 
 
+# Token ids are a worker's own vocabulary: both calls must reach the same worker, which
+# nothing but a session says (a bare id list shares no prefix with the prompt).
+SAME_WORKER = {"X-Session-ID": "tokenizer-roundtrip"}
+
+
 async def test_tokenize_and_detokenize(gw: GatewayHandle) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.post(
-            gw.url + "/tokenize", json={"model": "demo", "prompt": "the kv pool is warm"}
+            gw.url + "/tokenize",
+            json={"model": "demo", "prompt": "the kv pool is warm"},
+            headers=SAME_WORKER,
         ) as resp:
             assert resp.status == 200
             tokens = await resp.json()
         async with session.post(
-            gw.url + "/detokenize", json={"model": "demo", "tokens": tokens["tokens"]}
+            gw.url + "/detokenize",
+            json={"model": "demo", "tokens": tokens["tokens"]},
+            headers=SAME_WORKER,
         ) as resp:
             assert resp.status == 200
             back = await resp.json()

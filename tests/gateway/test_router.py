@@ -91,6 +91,12 @@ class _BrokenStore(MemoryStore):
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
         raise ConnectionError("store down")
 
+    async def get_holders(self, blocks: Sequence[int]) -> list[WorkerId | None]:
+        raise ConnectionError("store down")
+
+    async def set_holders(self, entries: Sequence[tuple[int, WorkerId]], ttl: Seconds) -> None:
+        raise ConnectionError("store down")
+
     async def delete(self, key: SessionKey) -> bool:
         raise ConnectionError("store down")
 

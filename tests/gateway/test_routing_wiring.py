@@ -91,35 +91,41 @@ def events(raw: bytes) -> list[dict[str, Any]]:
     return out
 
 
-async def test_second_turn_without_session_id_sticks_via_the_prefix_key(
+async def test_a_headerless_second_turn_finds_its_worker_through_another_replica(
     workers: list[WorkerHandle],
 ) -> None:
+    """Replica B never saw turn 1; the store's prefix holders tell it where A sent it.
+
+    No key is derived from the text: nothing is bound, and B's own index is empty,
+    so ``prefix_match`` on B can only come from the shared prefix state.
+    """
     store = SpyStore()
-    policy = SpyPolicy()
+    policy_a, policy_b = SpyPolicy(), SpyPolicy()
     async with (
-        running_gateway(gateway_config(workers), store=store, policy=policy) as gw,
+        running_gateway(gateway_config(workers), store=store, policy=policy_a) as replica_a,
+        running_gateway(gateway_config(workers), store=store, policy=policy_b) as replica_b,
         aiohttp.ClientSession() as session,
     ):
-        first, _ = await chat(session, gw.openai_base, [SYSTEM, FIRST], request_id="t1")
-        key = build_features(
+        first, _ = await chat(session, replica_a.openai_base, [SYSTEM, FIRST], request_id="t1")
+        features = build_features(
             {"model": "demo", "messages": [SYSTEM, FIRST]}, {}, request_id="k"
-        ).affinity_key
-        assert key is not None and key.startswith("prefix:")
-        bound = await store.get(key)
-        assert bound is not None and bound.worker == first["X-Kvgate-Worker"]
+        )
+        assert features.affinity_key is None
+        assert len(store) == 0  # no session binding was written
+        assert len(store.holders) == len(features.checkpoints)
+        assert len(policy_b.index) == 0
 
         second, raw = await chat(
             session,
-            gw.openai_base,
+            replica_b.openai_base,
             [*TURN_2, {"role": "user", "content": "And prefix caching?"}],
             request_id="t2",
         )
-        # The hit refreshes the binding once the response has ended.
-        await wait_until(lambda: key in store.touched, message="touch of the binding")
-    assert second["X-Kvgate-Route-Reason"] == "affinity_hit"
+    assert second["X-Kvgate-Route-Reason"] == "prefix_match"
     assert second["X-Kvgate-Worker"] == first["X-Kvgate-Worker"]
     assert json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    assert [rid for rid, _ in policy.routed] == ["t1", "t2"]
+    assert [rid for rid, _ in policy_b.routed] == ["t2"]
+    assert store.touched == []
 
 
 async def test_streams_give_cache_feedback_without_showing_usage_the_client_did_not_ask(

@@ -33,7 +33,7 @@ import pytest
 
 from kvgate.bench import run_bench
 from kvgate.bench.payloads import PayloadBuilder
-from kvgate.core.policies import default_registry
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.engine import Engine, EngineConfig, EngineRequest
 from kvgate.engine.tokenizer import tokenize
 from kvgate.gateway.testing import running_gateway
@@ -52,6 +52,13 @@ BLOCK_SIZE = 16
 SCRAPE_S = 2.0  # model seconds between metric scrapes, in both runs
 REQUESTS = 300
 WORKLOAD = "chat:rate=8,think_s=1,turns_mean=6,user_tokens=300,output_tokens=10"
+# Issue 11's shape, small: no session ids, every prompt opening with the same block,
+# conversations extending their own chains, sent to /v1/completions.
+HEADERLESS = (
+    "shared-opening-trace:rate=4,opening_tokens=256,block_tokens=128,first_blocks=4,"
+    "turn_blocks=1,turns_mean=4,think_s=2,output_tokens=10"
+)
+HEADERLESS_POLICIES = ("default", "prefix_affinity", "round_robin")
 MODEL = "demo"
 
 
@@ -139,7 +146,10 @@ def gateway_config(urls: list[str], policy: str) -> dict[str, object]:
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": MODEL} for url in urls],
         "expose_worker_urls": True,  # answers are attributed to worker URLs
-        "policy": {"name": policy},
+        "policy": {
+            "name": policy,
+            "options": with_time_scale(default_registry(), policy, {}, SCALE),
+        },
         "health": {"interval_s": SCRAPE_S / SCALE, "timeout_s": 1.0},
         "seed": 0,
     }
@@ -152,7 +162,7 @@ def interquartile_mean(values: Sequence[float]) -> float:
     return statistics.fmean(ordered[quarter : len(ordered) - quarter])
 
 
-async def live_run(policy: str) -> tuple[float, float, int]:
+async def live_run(policy: str, workload: str = WORKLOAD) -> tuple[float, float, int]:
     """Hit rate (from usage, end to end), engine TTFT interquartile mean (model s), errors."""
     async with contextlib.AsyncExitStack() as stack:
         handles: list[WorkerHandle] = []
@@ -171,7 +181,7 @@ async def live_run(policy: str) -> tuple[float, float, int]:
         gateway = await stack.enter_async_context(running_gateway(gateway_config(urls, policy)))
         results = await run_bench(
             gateway.url,
-            build_workload(WORKLOAD, 0),
+            build_workload(workload, 0),
             requests=REQUESTS,
             model=MODEL,
             time_scale=SCALE,
@@ -181,11 +191,13 @@ async def live_run(policy: str) -> tuple[float, float, int]:
         )
         ttfts = [done.ttft for h in handles for done in h.worker.driver.recent]
     summary = results["policies"][policy]
-    assert summary["finished"] == len(ttfts) == REQUESTS
+    assert summary["finished"] == len(ttfts) == REQUESTS, {
+        k: summary[k] for k in ("finished", "requests", "errors", "shed")
+    }
     return summary["hit_rate"], interquartile_mean(ttfts), summary["errors"] + summary["shed"]
 
 
-def simulated_run(policy: str) -> tuple[float, float]:
+def simulated_run(policy: str, workload: str = WORKLOAD) -> tuple[float, float]:
     """Hit rate and TTFT interquartile mean (model s) in the simulator."""
     config = SimConfig(
         workers=WORKERS,
@@ -195,7 +207,7 @@ def simulated_run(policy: str) -> tuple[float, float]:
         max_requests=REQUESTS,
         seed=0,
     )
-    result = Simulation(config, build_workload(WORKLOAD, 0).requests(), policy).run()
+    result = Simulation(config, build_workload(workload, 0).requests(), policy).run()
     assert result.summary["finished"] == REQUESTS
     return result.summary["hit_rate"], interquartile_mean(result.recorder.ttft)
 
@@ -204,6 +216,17 @@ def simulated_run(policy: str) -> tuple[float, float]:
 async def test_live_and_simulated_runs_agree(policy: str) -> None:
     live_hit, live_ttft, errors = await live_run(policy)
     sim_hit, sim_ttft = simulated_run(policy)
+    assert errors == 0
+    assert abs(live_hit - sim_hit) <= 0.05, (live_hit, sim_hit)
+    assert live_ttft == pytest.approx(sim_ttft, rel=0.2), (live_ttft, sim_ttft)
+
+
+@pytest.mark.parametrize("policy", HEADERLESS_POLICIES)
+async def test_live_and_simulated_runs_agree_without_session_ids(policy: str) -> None:
+    """Headerless traffic behind one shared opening: the prefix chain (and, live, the
+    store's prefix holders) is all that ties a conversation to its worker."""
+    live_hit, live_ttft, errors = await live_run(policy, HEADERLESS)
+    sim_hit, sim_ttft = simulated_run(policy, HEADERLESS)
     assert errors == 0
     assert abs(live_hit - sim_hit) <= 0.05, (live_hit, sim_hit)
     assert live_ttft == pytest.approx(sim_ttft, rel=0.2), (live_ttft, sim_ttft)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
-from kvgate.core.prefix import FeatureConfig, build_features, text_chain_hashes
+from kvgate.core.prefix import build_features
+from kvgate.workload.payloads import PayloadBuilder
 from kvgate.workload.prompts import PromptCodec, segment_text
 from kvgate.workload.request import Segment, SimRequest
 
@@ -19,26 +18,27 @@ def full_text(segments: list[Segment]) -> str:
     return "".join(segment_text(i, t * 4) for i, t in segments)
 
 
-@pytest.mark.parametrize("max_blocks", [3, 64])
-def test_text_hashes_equal_core_prefix_over_the_whole_text(max_blocks: int) -> None:
-    cfg = FeatureConfig.model_validate({"max_blocks": max_blocks, "hash_seed": 7})
-    codec = PromptCodec(16, cfg)
-    rng = random.Random(4)
-    for _ in range(300):
-        segments = random_prompt(rng)
-        expected = text_chain_hashes(full_text(segments), 256, max_blocks, 7)
-        assert codec.text_hashes(segments) == expected
-
-
-def test_features_match_what_the_gateway_builds_from_a_completions_body() -> None:
+def test_features_are_what_the_gateway_builds_from_the_replayed_body() -> None:
+    """One function for both: the codec hands the live body to ``build_features``."""
     codec = PromptCodec(16)
-    request = SimRequest.of(0.0, "r1", ((3, 700), (9, 40)), 8)
-    body = {"model": "sim", "prompt": full_text(list(request.segments))}
-    live = build_features(body, {}, request_id="r1")
-    simulated = codec.features_of(request)
-    assert simulated.prefix_hashes == live.prefix_hashes
-    assert simulated.prefix_key == live.prefix_key
-    assert simulated.prompt_chars == live.prompt_chars
+    rng = random.Random(4)
+    for n in range(100):
+        segments = tuple(random_prompt(rng))
+        request = SimRequest.of(0.0, f"r{n}", segments, 8)
+        body = {"model": "sim", "prompt": full_text(list(segments))}
+        live = build_features(body, {}, request_id=f"r{n}")
+        simulated = codec.features_of(request)
+        assert simulated.prefix_hashes == live.prefix_hashes
+        assert simulated.prompt_chars == live.prompt_chars
+        assert simulated.affinity_key is None
+
+
+def test_chat_requests_are_hashed_as_the_chat_body_live_replay_sends() -> None:
+    codec = PromptCodec(16)
+    request = SimRequest.of(0.0, "c", ((1, 300), (2, 40), (3, 20), (4, 30)), 8, opening=2)
+    payload = PayloadBuilder("sim").payload(request)
+    live = build_features(payload.body, payload.headers, request_id="c")
+    assert codec.features_of(request).prefix_hashes == live.prefix_hashes
 
 
 def test_session_ids_become_header_session_keys() -> None:
@@ -47,16 +47,6 @@ def test_session_ids_become_header_session_keys() -> None:
     features = codec.features_of(request)
     assert features.session_key == "s-42"
     assert features.affinity_key == "s-42"
-    assert features.prefix_key is None
-
-
-def test_prefix_key_depends_only_on_the_opening() -> None:
-    codec = PromptCodec(16)
-    first = SimRequest.of(0.0, "a", ((0, 500), (7, 30)), 8, opening=2)
-    later = SimRequest.of(9.0, "b", ((0, 500), (7, 30), (8, 90), (9, 20)), 8, opening=2)
-    other = SimRequest.of(9.0, "c", ((0, 500), (6, 30)), 8, opening=2)
-    assert codec.features_of(first).prefix_key == codec.features_of(later).prefix_key
-    assert codec.features_of(first).prefix_key != codec.features_of(other).prefix_key
 
 
 def test_engine_chains_agree_exactly_as_far_as_the_content() -> None:
@@ -88,4 +78,3 @@ def test_memo_limit_does_not_change_results() -> None:
     tight = PromptCodec(8, memo_limit=3)
     for segments in prompts:
         assert tight.engine_blocks(segments) == roomy.engine_blocks(segments)
-        assert tight.text_hashes(segments) == roomy.text_hashes(segments)

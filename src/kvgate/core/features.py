@@ -24,9 +24,10 @@ class RequestFeatures:
     priority: Priority = Priority.STANDARD
     pinned_version: str | None = None
     stream: bool = False
-    prefix_key: SessionKey | None = None
     max_tokens: int | None = None
     """The client's output limit (``max_tokens`` / ``max_completion_tokens``), if given."""
+    checkpoints: tuple[int, ...] = ()
+    """Indices of ``prefix_hashes`` whose worker bindings replicas share (``core.holders``)."""
     restorable_blocks: int = 0
     """Prefix blocks whose KV any worker can restore from disk (a llama.cpp slot the
     gateway saved in the folder every worker reads): worth almost as much everywhere."""
@@ -40,8 +41,7 @@ class RequestFeatures:
     def affinity_key(self) -> SessionKey | None:
         """The key the driver looks up and writes affinity under.
 
-        The client's session key when there is one, else ``prefix_key`` (a hash of
-        the conversation's opening: system prompt plus first user message), so an
-        agent that sends no key still sticks to the worker holding its cache.
+        Only the client's own session key: a request without one is followed by its
+        prefix blocks, never by a key derived from text strangers may share.
         """
-        return self.session_key if self.session_key is not None else self.prefix_key
+        return self.session_key

@@ -8,7 +8,8 @@ default to doing nothing. The driver (live gateway or simulator) calls them.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kvgate.core.decision import Affinity, Decision
@@ -24,11 +25,16 @@ class RouteContext:
     ``affinity`` is the store's binding for the request's session key (``None``
     if the request has no key or the key is unknown). ``rng`` is the driver's
     seeded random source: policies never use module-level ``random``.
+    ``holders`` is the shared store's prefix state (``core.holders``): for each
+    worker, the depth in blocks of the request's chain that some gateway replica
+    sent there lately, so replica B knows where replica A sent a conversation's
+    earlier turn.
     """
 
     fleet: FleetSnapshot
     affinity: Affinity | None
     rng: random.Random
+    holders: Mapping[WorkerId, int] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -7,6 +7,17 @@ of block ``i`` seeded with block ``i-1``'s hash, so it covers blocks ``0..i``.
 Two requests share a cached prefix exactly as far as their chains agree. The
 trailing partial block is hashed too, so short prompts still have a key.
 
+The whole prompt is hashed, at a bounded cost: the first ``max_blocks`` blocks are
+``block_chars`` wide (where prompts that share an opening part ways, fine grain
+matters), every block after them is ``coarse_factor`` times wider. A 200 KiB
+long-context prompt is then 64 + 46 blocks, not 800, and two prompts that part
+after 40 KiB still have different chains (see ``benchmarks/decision_bench.py``
+for the cost). ``max_chars`` only guards against absurd bodies.
+
+No key is derived from the prompt's text: a request without a client session id
+is followed by its own chain (a conversation's later turns extend it), never by a
+hash of an opening that unrelated requests may share.
+
 Blocks are measured in characters by default. ``block_mode: tokens`` is the seam
 for tokenizer-based blocks: the caller passes a ``tokenize`` function and the
 chain is computed over token ids, ``block_tokens`` per block.
@@ -22,7 +33,8 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.session import header_value, prefix_key_for, session_key_from
+from kvgate.core.holders import checkpoint_indices
+from kvgate.core.session import header_value, session_key_from
 from kvgate.types import BlockHash, Priority
 
 Endpoint = Literal["chat", "completions"]
@@ -65,7 +77,8 @@ class FeatureConfig(BaseModel):
           session_header: X-Session-ID
           use_user_field: true
           block_chars: 256
-          max_blocks: 64
+          max_blocks: 64        # fine blocks; later ones are coarse_factor × wider
+          coarse_factor: 16
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,44 +93,90 @@ class FeatureConfig(BaseModel):
     block_chars: int = Field(default=256, ge=1)
     block_tokens: int = Field(default=16, ge=1)
     max_blocks: int = Field(default=64, ge=1)
+    """Fine-grained blocks at the start of the chain; the rest are coarse."""
+    coarse_factor: int = Field(default=16, ge=1)
+    """A coarse block is this many fine blocks wide."""
+    max_chars: int = Field(default=1 << 22, ge=1)
+    """Characters (or token ids) hashed at most: a guard, far above any context length."""
     hash_seed: int = Field(default=0, ge=0, le=_MASK64)
-    derive_prefix_key: bool = True
-    prefix_key_chars: int = Field(default=1024, ge=1)
+    checkpoint_stride: int = Field(default=4, ge=1)
+    """Every this many fine blocks, a block whose worker binding replicas share."""
+
+
+def block_widths(width: int, fine_blocks: int, coarse_factor: int, length: int) -> list[int]:
+    """Widths of the blocks covering ``length`` units: ``fine_blocks`` of ``width``, then coarse.
+
+    The last block may be partial (it is hashed as it is).
+    """
+    fine_end = width * fine_blocks
+    if length <= fine_end:
+        return [width] * -(-length // width)
+    coarse = width * coarse_factor
+    return [width] * fine_blocks + [coarse] * -(-(length - fine_end) // coarse)
+
+
+def chain_chars(depth: int, width: int, fine_blocks: int, coarse_factor: int) -> int:
+    """Units (characters or tokens) covered by the first ``depth`` blocks of a chain."""
+    if depth <= fine_blocks:
+        return depth * width
+    return (fine_blocks + (depth - fine_blocks) * coarse_factor) * width
 
 
 def text_chain_hashes(
-    text: str, block_chars: int, max_blocks: int, seed: int = 0
+    text: str,
+    block_chars: int,
+    max_blocks: int,
+    seed: int = 0,
+    *,
+    coarse_factor: int = 0,
+    max_chars: int = 1 << 22,
 ) -> tuple[BlockHash, ...]:
-    """Chained xxh3-64 hashes of ``text`` cut into ``block_chars``-character blocks."""
+    """Chained xxh3-64 hashes of ``text``: ``max_blocks`` blocks of ``block_chars``.
+
+    With ``coarse_factor`` > 0 the chain goes on past them over the rest of the text
+    (up to ``max_chars``) in blocks ``coarse_factor`` times wider; with 0 it stops.
+    """
+    end = min(len(text), max_chars if coarse_factor else block_chars * max_blocks)
+    widths = block_widths(block_chars, max_blocks, max(1, coarse_factor), end)
     hashes: list[int] = []
     h = seed
     digest = xxhash.xxh3_64_intdigest
-    end = min(len(text), block_chars * max_blocks)
+    start = 0
     if text.isascii():
         # One character is one byte: encode once and hash views of the buffer.
         view = memoryview(text[:end].encode())
-        for start in range(0, end, block_chars):
-            h = digest(view[start : start + block_chars], h)
+        for width in widths:
+            h = digest(view[start : start + width], h)
             hashes.append(h)
+            start += width
     else:
-        for start in range(0, end, block_chars):
-            h = digest(text[start : start + block_chars].encode(), h)
+        for width in widths:
+            h = digest(text[start : start + width].encode(), h)
             hashes.append(h)
+            start += width
     return tuple(hashes)
 
 
 def token_chain_hashes(
-    tokens: Sequence[int], block_tokens: int, max_blocks: int, seed: int = 0
+    tokens: Sequence[int],
+    block_tokens: int,
+    max_blocks: int,
+    seed: int = 0,
+    *,
+    coarse_factor: int = 0,
+    max_tokens: int = 1 << 20,
 ) -> tuple[BlockHash, ...]:
-    """Chained xxh3-64 hashes of token ids, ``block_tokens`` ids per block."""
-    packed = array("q", tokens[: block_tokens * max_blocks]).tobytes()
-    step = block_tokens * 8
+    """Chained xxh3-64 hashes of token ids, ``block_tokens`` ids per block (then coarse)."""
+    end = min(len(tokens), max_tokens if coarse_factor else block_tokens * max_blocks)
+    packed = array("q", tokens[:end]).tobytes()
     hashes: list[int] = []
     h = seed
     view = memoryview(packed)
-    for start in range(0, len(packed), step):
-        h = xxhash.xxh3_64_intdigest(view[start : start + step], h)
+    start = 0
+    for width in block_widths(block_tokens, max_blocks, max(1, coarse_factor), end):
+        h = xxhash.xxh3_64_intdigest(view[start : start + width * 8], h)
         hashes.append(h)
+        start += width * 8
     return tuple(hashes)
 
 
@@ -273,12 +332,11 @@ def build_features(
     kind = endpoint if endpoint is not None else _infer_endpoint(body)
     prompt: str | list[int]
     if kind == "chat":
-        prompt, opening_end = chat_canonical_text(body.get("messages"))
+        prompt, _ = chat_canonical_text(body.get("messages"))
     else:
         if "prompt" not in body:
             raise InvalidRequestError("'prompt' is required", "prompt")
         prompt = completion_prompt(body["prompt"])
-        opening_end = cfg.prefix_key_chars
 
     text = prompt if isinstance(prompt, str) else TOKEN_SEP.join(map(str, prompt))
     hashes = _prefix_hashes(prompt, text, cfg, tokenize)
@@ -291,11 +349,6 @@ def build_features(
         max_chars=cfg.max_session_key_chars,
     )
     _require_unicode(session_key, "session key")
-    prefix_key = None
-    if session_key is None and cfg.derive_prefix_key:
-        limit = min(opening_end, cfg.block_chars * cfg.max_blocks)
-        prefix_key = prefix_key_for(text[:limit], cfg.hash_seed)
-
     pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
     if pinned is not None:
         pinned = pinned.strip() or None
@@ -309,8 +362,8 @@ def build_features(
         priority=Priority.parse(header_value(headers, cfg.priority_header)),
         pinned_version=pinned,
         stream=stream,
-        prefix_key=prefix_key,
         max_tokens=_max_tokens(body),
+        checkpoints=checkpoint_indices(len(hashes), cfg.max_blocks, cfg.checkpoint_stride),
     )
 
 
@@ -327,14 +380,28 @@ def _prefix_hashes(
     prompt: str | list[int], text: str, cfg: FeatureConfig, tokenize: Tokenizer | None
 ) -> tuple[BlockHash, ...]:
     if cfg.block_mode == "chars":
-        return text_chain_hashes(text, cfg.block_chars, cfg.max_blocks, cfg.hash_seed)
+        return text_chain_hashes(
+            text,
+            cfg.block_chars,
+            cfg.max_blocks,
+            cfg.hash_seed,
+            coarse_factor=cfg.coarse_factor,
+            max_chars=cfg.max_chars,
+        )
     if isinstance(prompt, list):
         tokens: Sequence[int] = prompt
     elif tokenize is None:
         raise ValueError("block_mode 'tokens' needs a tokenize function")
     else:
         tokens = tokenize(prompt)
-    return token_chain_hashes(tokens, cfg.block_tokens, cfg.max_blocks, cfg.hash_seed)
+    return token_chain_hashes(
+        tokens,
+        cfg.block_tokens,
+        cfg.max_blocks,
+        cfg.hash_seed,
+        coarse_factor=cfg.coarse_factor,
+        max_tokens=cfg.max_chars,
+    )
 
 
 _DEFAULT_CONFIG = FeatureConfig()

@@ -5,7 +5,9 @@ remembers, per worker, the block hashes recently sent there, in LRU order, and
 forgets roughly when the worker's KV cache would:
 
 - each worker holds at most ``kv_capacity_tokens / tokens_per_block`` blocks when
-  the worker's KV capacity is known, else ``default_worker_blocks``;
+  the worker's KV capacity is known, else ``default_worker_blocks``; blocks are
+  counted in fine-block units, so a coarse block (past the chain's first
+  ``fine_blocks``, ``coarse_factor`` times wider) weighs ``coarse_factor``;
 - all workers together hold at most ``max_total_blocks`` (each worker gets an
   equal share of that), so memory is bounded whatever the traffic;
 - the worker's own ``cached_tokens`` reports correct it: when a worker reports
@@ -20,6 +22,11 @@ recently used and its tail is forgotten first, as engines evict.
 
 Lookups cost one dictionary probe per block: a block hash maps to a bitmask of
 the workers holding it, and the walk intersects masks along the chain.
+
+Memory: an entry costs about 200 bytes (a slot in the worker's ordered dict and
+one in the shared holder map; measured by ``benchmarks/decision_bench.py``), so
+the default bound of 500,000 entries is about 100 MB however many workers, and
+a worker with 500k tokens of KV in 64-token blocks about 1.6 MB.
 """
 
 from __future__ import annotations
@@ -41,14 +48,28 @@ class PrefixIndexConfig(BaseModel):
           block_chars: 256          # must equal features.block_chars
           default_worker_blocks: 4096
           max_total_blocks: 500000
+          fine_blocks: 64           # = features.max_blocks
+          coarse_factor: 16         # = features.coarse_factor
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     block_chars: int = Field(default=256, ge=1)
+    fine_blocks: int = Field(default=64, ge=1)
+    coarse_factor: int = Field(default=16, ge=1)
     chars_per_token: float = Field(default=4.0, gt=0)
     default_worker_blocks: int = Field(default=4096, ge=1)
     min_worker_blocks: int = Field(default=16, ge=1)
+    kv_overcommit: float = Field(default=2.0, ge=0.1)
+    """The index remembers up to this multiple of a worker's KV capacity.
+
+    Forgetting too late sends a request to a worker that has evicted its blocks,
+    where it finds what it would find anywhere else (and the ``cached_tokens``
+    feedback shrinks the share); forgetting too early sends it away from a cache
+    that is still there. So err late: on issue 11's long-context trace an index
+    sized at exactly the KV capacity moved 42 of 227 later turns off their
+    worker (31.9% hit), at twice the capacity 19 (33.1%, of a 33.5% reference).
+    """
     max_total_blocks: int = Field(default=500_000, ge=1)
     miss_tolerance: float = Field(default=0.5, ge=0, le=1)
     miss_decrease: float = Field(default=0.7, gt=0, le=1)
@@ -63,7 +84,8 @@ class PrefixIndex:
     def __init__(self, config: PrefixIndexConfig | None = None) -> None:
         self.config = config if config is not None else PrefixIndexConfig()
         self._holders: dict[BlockHash, int] = {}
-        self._lru: dict[WorkerId, OrderedDict[BlockHash, None]] = {}
+        self._lru: dict[WorkerId, OrderedDict[BlockHash, int]] = {}
+        self._weight: dict[WorkerId, int] = {}
         self._bit: dict[WorkerId, int] = {}
         self._by_bit: list[WorkerId | None] = []
         self._base: dict[WorkerId, int] = {}
@@ -85,6 +107,23 @@ class PrefixIndex:
         lru = self._lru.get(worker)
         return len(lru) if lru is not None else 0
 
+    def worker_weight(self, worker: WorkerId) -> int:
+        """What ``worker``'s entries weigh, in fine blocks (what its capacity bounds)."""
+        return self._weight.get(worker, 0)
+
+    def fill(self, worker: WorkerId) -> float:
+        """How full ``worker``'s share is (0 to 1): near 1, new blocks there evict others."""
+        weight = self._weight.get(worker, 0)
+        return min(1.0, weight / self.capacity(worker)) if weight else 0.0
+
+    def depth_chars(self, depth: int) -> int:
+        """Characters covered by the first ``depth`` blocks of a chain."""
+        cfg = self.config
+        fine = cfg.fine_blocks
+        if depth <= fine:
+            return depth * cfg.block_chars
+        return (fine + (depth - fine) * cfg.coarse_factor) * cfg.block_chars
+
     def distinct_blocks(self) -> int:
         """Distinct block hashes held by at least one worker."""
         return len(self._holders)
@@ -103,7 +142,7 @@ class PrefixIndex:
             blocks = self.config.default_worker_blocks
         else:
             tokens_per_block = self.config.block_chars / self.config.chars_per_token
-            blocks = max(1, int(kv_capacity_tokens / tokens_per_block))
+            blocks = max(1, int(self.config.kv_overcommit * kv_capacity_tokens / tokens_per_block))
         if self._base.get(worker) != blocks:
             self._base[worker] = blocks
             if worker in self._lru:
@@ -120,12 +159,19 @@ class PrefixIndex:
             lru = self._add_worker(worker)
         mask = 1 << self._bit[worker]
         holders = self._holders
-        for h in reversed(hashes):
+        fine = self.config.fine_blocks
+        coarse = self.config.coarse_factor
+        added = 0
+        for i in range(len(hashes) - 1, -1, -1):
+            h = hashes[i]
             if h in lru:
                 lru.move_to_end(h)
             else:
-                lru[h] = None
+                weight = 1 if i < fine else coarse
+                lru[h] = weight
+                added += weight
                 holders[h] = holders.get(h, 0) | mask
+        self._weight[worker] += added
         self._trim(worker)
 
     def note_routed(self, request_id: str, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
@@ -154,7 +200,7 @@ class PrefixIndex:
         if entry is None or entry[0] != worker or entry[1] <= 0 or worker not in self._lru:
             return None
         cfg = self.config
-        predicted_chars = entry[1] * cfg.block_chars
+        predicted_chars = self.depth_chars(entry[1])
         if prompt_chars > 0:
             # The trailing block may be partial; never predict more than the prompt.
             predicted_chars = min(predicted_chars, prompt_chars)
@@ -173,6 +219,7 @@ class PrefixIndex:
     def remove_worker(self, worker: WorkerId) -> None:
         """Forget everything about ``worker``."""
         lru = self._lru.pop(worker, None)
+        self._weight.pop(worker, None)
         self._base.pop(worker, None)
         self._scale.pop(worker, None)
         if lru is None:
@@ -234,7 +281,7 @@ class PrefixIndex:
             {w: depth for w, bit in zip(self._by_bit, bits, strict=False) if bit == "1" and w}
         )
 
-    def _add_worker(self, worker: WorkerId) -> OrderedDict[BlockHash, None]:
+    def _add_worker(self, worker: WorkerId) -> OrderedDict[BlockHash, int]:
         try:
             bit = self._by_bit.index(None)
             self._by_bit[bit] = worker
@@ -242,8 +289,9 @@ class PrefixIndex:
             bit = len(self._by_bit)
             self._by_bit.append(worker)
         self._bit[worker] = bit
-        lru: OrderedDict[BlockHash, None] = OrderedDict()
+        lru: OrderedDict[BlockHash, int] = OrderedDict()
         self._lru[worker] = lru
+        self._weight[worker] = 0
         # One more worker shrinks everyone's share of the global bound.
         for other in list(self._lru):
             if other != worker:
@@ -253,14 +301,17 @@ class PrefixIndex:
     def _trim(self, worker: WorkerId) -> None:
         lru = self._lru[worker]
         cap = self.capacity(worker)
-        if len(lru) <= cap:
+        weight = self._weight[worker]
+        if weight <= cap:
             return
         keep = ~(1 << self._bit[worker])
         holders = self._holders
-        while len(lru) > cap:
-            h, _ = lru.popitem(last=False)
+        while weight > cap and lru:
+            h, w = lru.popitem(last=False)
+            weight -= w
             mask = holders[h] & keep
             if mask:
                 holders[h] = mask
             else:
                 del holders[h]
+        self._weight[worker] = weight

@@ -33,6 +33,7 @@ A new admission rule is one more step here, with a row in the table tests
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvgate.core.admission import (
@@ -47,6 +48,7 @@ from kvgate.core.admission import (
 from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, WorkerState
+from kvgate.core.holders import continues
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
     PressureConfig,
@@ -143,6 +145,7 @@ def route(
     queue_depth: int,
     held_s: Seconds | None,
     config: RouteConfig,
+    holders: Mapping[WorkerId, int] | None = None,
 ) -> Verdict:
     """The verdict for ``request`` on ``fleet`` (see the module docs for the steps).
 
@@ -150,19 +153,23 @@ def route(
     assigned version's, less those a retry already tried); ``queue_depth`` is
     how many requests wait in the driver's queue, this one not counted;
     ``held_s`` how long it has been held for KV headroom (``None``: never).
+    ``holders`` is the shared store's prefix state for the request
+    (``core.holders``); a headerless later turn it shows resident is not new work.
     """
+    holders = holders if holders is not None else {}
     if not any(w.routable for w in fleet.workers):
         return Unavailable()
     admission = config.admission
     priority = request.priority
-    if should_shed(priority, affinity is None, fleet):
+    fresh = affinity is None and not continues(len(request.prefix_hashes), holders)
+    if should_shed(priority, fresh, fleet):
         return Shed(f"pressure_{fleet_pressure(fleet)}", admission.retry_after_s)
     verdict = admit(
         admission, priority, queue_depth, fleet_saturation(fleet, admission.kv_saturated)
     )
     if not isinstance(verdict, Admit):
         return verdict
-    decision = policy.pick(request, RouteContext(fleet, affinity, rng))
+    decision = policy.pick(request, RouteContext(fleet, affinity, rng, holders))
     if decision.reason == CAPACITY_FULL:
         decision = overflow_decision(request, affinity, fleet) or decision
     if decision.worker is None:

@@ -16,8 +16,12 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from kvgate.types import SessionKey, SessionSource
 
 PREFIX_KEY_TAG = "prefix:"
-"""Leading tag of keys derived from the prompt, so they never equal a client's own id
-unless the client chooses to imitate one."""
+"""Leading tag of the session keys older gateways derived from prompt text.
+
+No key is derived any more (they bound strangers sharing an opening together),
+but a shared store may still hold such keys until their TTL runs out, and they
+are unknown to workers, so whoever sends keys to a worker skips them.
+"""
 
 
 _CASE_INSENSITIVE = (CIMultiDictProxy, CIMultiDict)
@@ -72,10 +76,3 @@ def session_key_from(
             if key is not None:
                 return key, SessionSource.USER
     return None, SessionSource.NONE
-
-
-def prefix_key_for(opening: str, seed: int = 0) -> SessionKey | None:
-    """A session key derived from a conversation's opening text (``None`` if empty)."""
-    if not opening:
-        return None
-    return PREFIX_KEY_TAG + format(xxhash.xxh3_64_intdigest(opening.encode(), seed), "016x")

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgate.bench import run_bench, workload_bound
 from kvgate.bench.report import results_document
-from kvgate.core.policies import default_registry
+from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet
 from kvgate.gateway.testing import running_gateway
 from kvgate.workload.prompts import CHARS_PER_TOKEN
@@ -73,7 +73,11 @@ def gateway_config(config: DemoConfig, urls: Sequence[str], policy: str) -> dict
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": config.fleet.model} for url in urls],
         "expose_worker_urls": True,  # answers are attributed to worker URLs
-        "policy": {"name": policy},
+        "policy": {
+            "name": policy,
+            # The policy's model-time rates, on a fleet running faster than real time.
+            "options": with_time_scale(default_registry(), policy, {}, config.fleet.time_scale),
+        },
         "health": {"interval_s": config.health_interval_s, "timeout_s": 1.0},
         "seed": config.seed,
     }

@@ -22,10 +22,12 @@ from kvgate.core.admission import AdmissionConfig, Queue, Shed, admit, fleet_sat
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
+from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.metrics import RunRecorder
 from kvgate.sim.worker import SimWorker
+from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
 from kvgate.types import Seconds
 from kvgate.workload.prompts import PromptCodec
@@ -80,6 +82,8 @@ class SimGateway:
         self.ttl = affinity_ttl
         self.rng = rng
         self.table = SessionTable(max_sessions)
+        self.holders = HolderTable()
+        """The shared prefix state (``core.holders``), as ``MemoryStore`` keeps it live."""
         self.flights: dict[str, Flight] = {}
         self._queue: list[tuple[tuple[int, int], int, _Waiter]] = []
         self._order = 0
@@ -88,6 +92,16 @@ class SimGateway:
     def queue_depth(self) -> int:
         """Requests waiting in the admission queue."""
         return len(self._queue)
+
+    def _context(
+        self, features: RequestFeatures, affinity: Affinity | None, now: Seconds
+    ) -> RouteContext:
+        """The policy's context, with the store's prefix holders as the live router reads them."""
+        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+        holders = (
+            holders_from(features.checkpoints, self.holders.get_many(keys, now)) if keys else {}
+        )
+        return RouteContext(self.snapshot(now), affinity, self.rng, holders)
 
     def snapshot(self, now: Seconds) -> FleetSnapshot:
         """The fleet as routing sees it at ``now``."""
@@ -112,7 +126,7 @@ class SimGateway:
         if isinstance(verdict, Queue):
             self._enqueue(request, features, affinity, now, verdict.max_wait)
             return
-        decision = self.policy.pick(features, RouteContext(snap, affinity, self.rng))
+        decision = self.policy.pick(features, self._context(features, affinity, now))
         if decision.worker is None:
             if decision.reason != "capacity_full":
                 # A policy that sheds while workers have room does so for its own
@@ -125,7 +139,7 @@ class SimGateway:
             elif isinstance(verdict, Shed):
                 self.recorder.shed(verdict.reason)
             return
-        self._apply(request, features, decision, now, queued=0.0)
+        self._apply(request, features, decision, now, queued=0.0, affinity=affinity)
 
     def _enqueue(
         self,
@@ -149,8 +163,10 @@ class SimGateway:
         decision: Decision,
         now: Seconds,
         queued: Seconds,
+        *,
+        affinity: Affinity | None = None,
     ) -> None:
-        """Carry out a routing decision: count, bind, tell the policy, send."""
+        """Carry out a routing decision: count, bind, tell the policy, share holders, send."""
         worker = self._by_id[decision.worker or ""]
         if not worker.engine.fits(request.prompt_tokens, request.max_tokens):
             # The worker would answer 400 (longer than its context); nothing is placed.
@@ -169,6 +185,12 @@ class SimGateway:
             wrote = True
             migrated = write.expected is not None and write.expected != write.worker
         self.policy.on_routed(features, worker.id, now)
+        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+        if keys:
+            # As the live router does: other replicas learn where the checkpoints went.
+            seen = self.holders.get_many(keys, now)
+            writes = holder_writes(keys, seen, worker.id)
+            self.holders.set_many(writes, now, min(self.ttl, HOLDER_TTL_S))
         self.recorder.routed(decision.reason, migrated)
         self.flights[request.request_id] = Flight(request, features, worker, wrote, queued)
         blocks, output_blocks = self.codec.engine_blocks_with_reply(request.segments, request.reply)
@@ -217,7 +239,7 @@ class SimGateway:
                 heapq.heappop(queue)
                 self.recorder.shed("queue_timeout")
                 continue
-            ctx = RouteContext(self.snapshot(now), waiter.affinity, self.rng)
+            ctx = self._context(waiter.features, waiter.affinity, now)
             decision = self.policy.pick(waiter.features, ctx)
             if decision.worker is None and decision.reason == "capacity_full":
                 return  # still no room: it keeps its place and its deadline
@@ -225,7 +247,14 @@ class SimGateway:
             if decision.worker is None:
                 self.recorder.shed(decision.reason)
                 continue
-            self._apply(waiter.request, waiter.features, decision, now, now - waiter.since)
+            self._apply(
+                waiter.request,
+                waiter.features,
+                decision,
+                now,
+                now - waiter.since,
+                affinity=waiter.affinity,
+            )
             return
 
     def expire_waiters(self) -> None:

@@ -89,6 +89,8 @@ class SimWorker:
                 running=running,
                 waiting=waiting,
                 kv_usage=kv_usage,
+                # As the live scrape reads it from the engine's cache config.
+                kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
                 gpu_temp_c=temp,
                 gpu_mem_usage=mem,
             )

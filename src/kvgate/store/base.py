@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from kvgate.core.decision import Affinity
 from kvgate.store.health import StoreHealth
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 
 class AffinityStore(ABC):
@@ -48,6 +48,22 @@ class AffinityStore(ABC):
     @abstractmethod
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for many keys in one round trip, in the order given."""
+        ...
+
+    @abstractmethod
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
+        """The worker each prefix block was last sent to, by any replica, in order.
+
+        The shared prefix state of ``kvgate.core.holders``: how replicas agree on
+        where a headerless conversation lives. One round trip.
+        """
+        ...
+
+    @abstractmethod
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins."""
         ...
 
     @abstractmethod

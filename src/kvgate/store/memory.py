@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 
 from kvgate.core.decision import Affinity
 from kvgate.store.base import AffinityStore
+from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 Clock = Callable[[], float]
 
@@ -31,8 +32,10 @@ class MemoryStore(AffinityStore):
         max_sessions: int = 1_000_000,
         clock: Clock = time.monotonic,
         expiry_granularity: Seconds = 1.0,
+        max_holders: int = 500_000,
     ) -> None:
         self.table = SessionTable(max_sessions, expiry_granularity)
+        self.holders = HolderTable(max_holders)
         self.clock = clock
         self._blobs: dict[str, bytes] = {}
         self._leases: dict[str, tuple[str, Seconds]] = {}
@@ -59,6 +62,16 @@ class MemoryStore(AffinityStore):
     async def get(self, key: SessionKey) -> Affinity | None:
         """The live binding for ``key``, or ``None``."""
         return self.table.get(key, self.clock())
+
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
+        """The worker each prefix block was last sent to (``kvgate.core.holders``), in order."""
+        return self.holders.get_many(blocks, self.clock())
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        """Record where prefix blocks were sent, for ``ttl`` seconds (last writer wins)."""
+        self.holders.set_many(entries, self.clock(), ttl)
 
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for each key, in order."""

@@ -38,12 +38,13 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +241,42 @@ class RedisStore(AffinityStore):
         return [
             await self._mirror_read(key, reply) for key, reply in zip(keys, replies, strict=True)
         ]
+
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
+        """Where each prefix block was last sent, by any replica: one ``MGET``.
+
+        Plain keys with a TTL, apart from the sessions (no per-worker index: they
+        are evidence of cached blocks, not sessions to drain or count).
+        """
+        if not blocks:
+            return []
+        keys = [self._holder_key(block) for block in blocks]
+        reply = await self._remote(lambda: self._redis.mget(keys))
+        if reply is _DOWN:
+            return await self.local.get_holders(blocks)
+        return [None if v is None else (v.decode() if isinstance(v, bytes) else v) for v in reply]
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        """Record where prefix blocks were sent, pipelined into one round trip."""
+        if not entries:
+            return
+        expire_ms = max(1, int(ttl * 1000))
+
+        async def write() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)
+            for block, worker in entries:
+                pipe.set(self._holder_key(block), worker, px=expire_ms)
+            replies: list[Any] = await pipe.execute()
+            return replies
+
+        await self._remote(write)
+        # Kept locally too, so an outage keeps this replica's own evidence.
+        await self.local.set_holders(entries, ttl)
+
+    def _holder_key(self, block: BlockHash) -> str:
+        return f"{self.prefix}{HOLDER_TAG}{block & 0xFFFFFFFFFFFFFFFF:016x}"
 
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""

@@ -35,19 +35,21 @@ def request(
     *,
     session: str | None = None,
     hashes: tuple[int, ...] = (),
-    prefix_key: str | None = None,
     pinned: str | None = None,
+    prompt_chars: int | None = None,
 ) -> RequestFeatures:
-    """A request; ``session`` is a client-supplied key (header)."""
+    """A request; ``session`` is a client-supplied key (header).
+
+    The prompt is 256 characters per block unless ``prompt_chars`` says otherwise.
+    """
     return RequestFeatures(
         request_id=request_id,
         model="m",
         session_key=session,
         session_source=SessionSource.HEADER if session else SessionSource.NONE,
         prefix_hashes=hashes,
-        prompt_chars=256 * len(hashes),
+        prompt_chars=256 * len(hashes) if prompt_chars is None else prompt_chars,
         pinned_version=pinned,
-        prefix_key=prefix_key,
     )
 
 

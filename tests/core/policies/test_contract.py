@@ -151,19 +151,17 @@ workers_strategy = st.lists(
 )
 
 requests_strategy = st.builds(
-    lambda n, session, group, length, pinned, prefix_key: request(
+    lambda n, session, group, length, pinned: request(
         f"r{n}",
         session=session,
         hashes=chain(group, length),
         pinned=pinned,
-        prefix_key=None if session else prefix_key,
     ),
     n=st.integers(0, 10**6),
     session=st.none() | st.sampled_from(["s1", "s2", "s3"]),
     group=st.integers(0, 3),
     length=st.integers(0, 6),
     pinned=st.none() | st.just("v1"),
-    prefix_key=st.none() | st.just("prefix:1"),
 )
 
 

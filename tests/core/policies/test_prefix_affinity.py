@@ -83,12 +83,12 @@ def test_no_herding_at_concurrency_32() -> None:
 
 def test_index_capacity_is_taken_from_the_workers_kv_capacity() -> None:
     policy = PrefixAffinity()
-    snapshot = fleet(worker("a", kv_capacity_tokens=64 * 10))
+    snapshot = fleet(worker("a", kv_capacity_tokens=64 * 10))  # 10 blocks of 64 tokens
     req = request(hashes=chain(1, 4))
     decision = policy.pick(req, ctx(snapshot))
     policy.on_routed(req, "a", 0.0)
     assert decision.worker == "a"
-    assert policy.index.capacity("a") == 16  # 10 blocks, raised to min_worker_blocks
+    assert policy.index.capacity("a") == 20  # 10 blocks of KV, remembered twice over
 
 
 def test_usage_feedback_and_worker_removal_reach_the_index() -> None:

@@ -102,12 +102,3 @@ def test_requests_without_any_key_are_routed_least_loaded_and_unbound() -> None:
     snapshot = fleet(worker("a", in_flight=1), worker("b"))
     decision = SessionAffinity().pick(request(), ctx(snapshot))
     assert (decision.worker, decision.reason, decision.affinity) == ("b", "least_loaded", None)
-
-
-def test_a_prefix_derived_key_binds_like_a_session() -> None:
-    snapshot = fleet(worker("a", in_flight=1), worker("b"))
-    decision = SessionAffinity().pick(request(prefix_key="prefix:1"), ctx(snapshot))
-    assert decision.affinity is not None
-    assert decision.affinity.session_key == "prefix:1"
-    off = SessionAffinity(SessionAffinityConfig(use_prefix_key=False))
-    assert off.pick(request(prefix_key="prefix:1"), ctx(snapshot)).affinity is None

@@ -91,7 +91,24 @@ def with_feature_blocks(
             f"{block_chars}; they must be equal (leave index.block_chars unset to follow "
             "features.block_chars)"
         )
+    index.setdefault("fine_blocks", features.max_blocks)
+    index.setdefault("coarse_factor", features.coarse_factor)
     merged["index"] = index
+    return merged
+
+
+def with_time_scale(
+    registry: PolicyRegistry, name: str, options: Mapping[str, Any], time_scale: float
+) -> dict[str, Any]:
+    """``options`` of policy ``name`` running against a fleet ``time_scale`` times real time.
+
+    A policy whose config has ``time_scale`` (its rates and times are the model's)
+    gets it, unless set by hand; other policies are untouched. Harnesses that run
+    emulated workers faster than real time pass their scale here.
+    """
+    merged = dict(options)
+    if "time_scale" in registry[name].config.model_fields:
+        merged.setdefault("time_scale", time_scale)
     return merged
 
 
@@ -102,4 +119,5 @@ __all__ = [
     "UnknownPolicyError",
     "default_registry",
     "with_feature_blocks",
+    "with_time_scale",
 ]

@@ -1,56 +1,60 @@
-"""``default``: sessions stick, new work goes where its prefix is cached, replicas agree.
+"""``default``: sessions stick; new work goes where its first token comes soonest.
 
 Used when the config names no policy. In order:
 
-1. A known session (``ctx.affinity``, looked up by ``request.affinity_key``:
-   the client's key, or the key derived from the conversation's opening) stays
-   on its worker while that worker is routable, not under hard pressure, under
-   the sticky threshold and holds at most ``ceil(sticky_load_factor × mean
-   load) + sticky_slack`` requests: ``affinity_hit``.
-2. Otherwise (a new session, or one whose worker is gone or overloaded; a
-   migration avoids the old worker and workers over the sticky threshold), when
-   the request will be bound (it has an affinity key) or this replica's prefix
-   index knows some of its prefix: the cheapest worker, where a worker costs
-   its load × ``load_cost_tokens`` (in prefix blocks) minus the blocks of the
-   prompt the index says it holds. Workers at the bounded-load cap
-   (``ceil(bounded_load_factor × mean load) + load_slack`` after this request)
-   or at ``kv_high`` KV usage are skipped. So a long cached prefix (a document,
-   a 2k-token system prompt) draws its requests to its worker, while a short
-   shared one (a chat app's system prompt, cheap to compute anywhere) does not
-   herd every new session onto the worker that happened to compute it first:
-   new sessions spread by load. Reasons: ``prefix_match`` (the worker holding
-   the longest match), ``imbalance_least_loaded`` (load outweighed a longer
-   match elsewhere), ``least_loaded`` (nothing cached anywhere). Blocks the
-   request says are restorable from disk (``restorable_blocks``: a llama.cpp
-   slot saved where every worker reads) count on every worker at
-   ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
-3. A request that will not be bound and whose prefix nobody holds takes the
-   rendezvous choice, with bounded loads, of the chain hash of its first
-   ``hash_blocks`` blocks: ``hash_primary`` / ``hash_bounded_walk``. Replicas
-   that share no prefix index agree there, and requests sharing an opening land
-   together. With no prompt either: ``least_loaded``.
+1. A request with the client's own session id (header or ``user``) whose
+   binding (``ctx.affinity``) names a worker that is routable, not under hard
+   pressure, under the sticky threshold and holding at most ``ceil(
+   sticky_load_factor × mean load) + sticky_slack`` requests stays there:
+   ``affinity_hit``. Nothing else binds: without a session id a request has no
+   key, and is followed by its own prefix chain (a conversation's later turns
+   extend it), never by a key derived from text strangers share.
+2. Everything else is *placed* on the worker with the lowest cost, where a
+   worker's cost is its expected time to first token for this request::
 
-   Bound sessions need no hash to agree: their later turns follow the binding,
-   and two replicas placing the same new session at once settle on one worker
-   through the store's compare-and-set.
-   A migration's reason says why it moved (``affinity_overloaded_migrated``,
-   ``affinity_lost_migrated``, ``affinity_pressure_migrated``,
-   ``affinity_version_migrated``). The new binding is written with an
-   ``AffinityWrite`` (``expected`` the old worker), so later turns stick.
+       ttft = (queued prefill tokens + this request's uncached tokens)
+              / prefill_tokens_per_s + requests on it × decode_s
+       cost = ttft + evict × uncached seconds × fill − pull
 
-Why it beats each component alone:
+   ``fill`` is how full the worker's cache is (its share of the prefix index,
+   sized from its KV capacity): new blocks on a full cache evict blocks that
+   later requests would have hit, so fresh content goes where there is room, and
+   a cold-start opening cannot pack every new conversation onto the two workers
+   that computed it first while the others' caches stay empty. The ``pull`` of a
+   cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
+   ``1 / (1 + queued seconds / busy_half_s)``. The cached tokens are
+   the longest match of the whole prompt's chain, from this replica's prefix
+   index or the shared store's prefix state (``ctx.holders``), so a long cached
+   match weighs what it saves. The pull keeps work on a warm worker a little
+   past the point where recomputing elsewhere would tie (its cache will serve
+   the conversation's next turns too), and fades as the warm worker's queue
+   grows, so a cache-rich but busy worker cannot win forever. That is herding
+   prevention as its own mechanism: work leaves a warm worker when its expected
+   TTFT is clearly worse than recomputing elsewhere, whatever the request counts.
 
-- ``session_affinity`` places new sessions least loaded, so a session's first
-  turn never finds a cached system prompt or document; here it goes where that
-  prefix is when it is worth more than the load difference.
-- ``prefix_affinity`` only knows what this replica routed, and forgets it when
-  its index evicts; the session binding lives in the shared store, so a
-  conversation keeps its worker across replicas and index evictions. Its
-  bounded-load cap still stops herding onto one warm worker.
-- ``consistent_hash`` moves a key whenever the load bound makes it walk and
-  moves it back when load falls, losing the cache twice; here a move is
-  recorded once and sticks. And it sends every session sharing an opening to
-  one worker; here sessions spread.
+   Load is counted in what it costs a request: queued prefill tokens, KV use,
+   requests in flight. The queue is this policy's own estimate: each routed
+   request adds its uncached tokens to its worker's queue, which drains at
+   ``prefill_tokens_per_s`` and is never more than the uncached tokens of the
+   requests still in flight there (so a wrong rate cannot make it drift).
+   Workers at ``kv_high`` KV use are skipped unless all are.
+
+   Blocks the request says are restorable from disk (``restorable_blocks``: a
+   llama.cpp slot saved where every worker reads) count as cached on every
+   worker at ``restorable_credit``; a worker chosen for them is a
+   ``restorable_match``.
+
+   Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
+   (a colder worker: the warm one's queue outweighed its cache),
+   ``least_loaded`` (nothing of the prompt cached anywhere). A session that had
+   to leave its worker says why (``affinity_{overloaded,lost,pressure,
+   version}_migrated``) and is bound where it goes (``AffinityWrite`` with
+   ``expected`` the old worker); a new session is bound where it is placed.
+
+Bursts of siblings (requests sharing a long new prefix, arriving together) land
+together without a side index: a routed chain is in the index at once, before
+the worker has computed it, and the queue estimate says when that worker will
+be done with it.
 
 Example::
 
@@ -59,98 +63,201 @@ Example::
       threshold_kind: fraction
       threshold: 0.8
       sticky_load_factor: 2.0
-      bounded_load_factor: 1.5
-      load_cost_tokens: 256
-      hash_blocks: 4
-      hash_load_factor: 1.25
+      prefill_tokens_per_s: 12000
+      decode_s: 0.002
+      stay: 0.5
+      busy_half_s: 3.0
+      evict: 1.0
+      kv_high: 0.9
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 from pydantic import Field
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
-from kvgate.core.hashing import bounded_load_cap, bounded_rendezvous
+from kvgate.core.hashing import bounded_load_cap
 from kvgate.core.policies.base import (
+    PolicyConfig,
     ThresholdKind,
     affinity_status,
     candidates,
-    least_loaded,
     refuse,
     route,
     under_threshold,
 )
-from kvgate.core.policies.consistent_hash import prefix_hash_key
-from kvgate.core.policies.prefix_affinity import (
-    PrefixLearning,
-    PrefixPlacementConfig,
-)
+from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policy import RouteContext
+from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
 
 
-class DefaultConfig(PrefixPlacementConfig):
-    """Options of ``default``: stickiness, prefix placement and the hash fallback.
-
-    Of the prefix placement options, ``bounded_load_factor``, ``load_slack``,
-    ``kv_high`` and ``index`` apply; ``match_threshold`` and ``balance_*`` are
-    ``prefix_affinity``'s rules, which ``load_cost_tokens`` replaces here.
-    """
+class DefaultConfig(PolicyConfig):
+    """Options of ``default``: session stickiness and the expected-TTFT cost model."""
 
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
     sticky_load_factor: float | None = Field(default=2.0, ge=1)
     sticky_slack: int = Field(default=4, ge=0)
-    hash_blocks: int = Field(default=4, ge=1)
-    hash_load_factor: float = Field(default=1.25, ge=1)
-    use_prefix_key: bool = True
-    load_cost_tokens: float = Field(default=256.0, ge=0)
-    """Uncached prompt tokens one request of load is worth when placing new work."""
+    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
+    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
+    decode_s: float = Field(default=0.002, ge=0)
+    """Time to first token each request already on a worker adds (its decode steps)."""
+    stay: float = Field(default=0.5, ge=0)
+    """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
+    busy_half_s: float = Field(default=3.0, gt=0)
+    """Queued prefill seconds at which the pull of a worker's cache is halved."""
+    evict: float = Field(default=1.0, ge=0)
+    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
+    kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break)."""
+    outstanding_horizon_s: float = Field(default=600.0, gt=0)
+    """A routed request never reported back is dropped from the queue estimate after this."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Model seconds per second of the driver's clock: the rates and times above are the
+    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
     restorable_credit: float = Field(default=0.9, ge=0, le=1)
     """What a prefix block restorable from disk is worth on any worker, against one in
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
+    index: PrefixIndexConfig = PrefixIndexConfig()
+
+
+class _Book:
+    """What the policy keeps per worker: its prefill queue estimate, cache fill, recent count.
+
+    One object a worker, so a decision costs one dictionary probe per worker.
+    """
+
+    __slots__ = ("busy_until", "fill", "owed_s", "recent", "recent_at")
+
+    def __init__(self, now: Seconds) -> None:
+        self.busy_until = now
+        """When the prefill queued there is done, at the configured rate (virtual time)."""
+        self.owed_s = 0.0
+        """Prefill seconds of the requests routed there and not yet reported back."""
+        self.fill = 0.0
+        """How full its share of the prefix index is (``PrefixIndex.fill``)."""
+        self.recent = 0.0
+        self.recent_at = now
 
 
 class DefaultPolicy(PrefixLearning):
-    """Session affinity, then prefix index, then bounded rendezvous, then least loaded."""
+    """Sticky explicit sessions; everything else placed by expected time to first token."""
 
     name = "default"
 
     def __init__(self, config: DefaultConfig | None = None) -> None:
         self.config = config if config is not None else DefaultConfig()
         super().__init__(self.config.index)
-        # Requests routed to each worker, decayed: (count, as of when). Among equally
-        # loaded workers a new session goes to the one that got least lately, so a
-        # trickle of sessions at low load does not pile onto one worker id.
-        self._recent: dict[WorkerId, tuple[float, Seconds]] = {}
+        cfg = self.config
+        self._tokens_per_char = 1.0 / cfg.index.chars_per_token
+        # The model's rates and times, in the driver's clock.
+        scale = cfg.time_scale
+        self._rate = cfg.prefill_tokens_per_s * scale
+        self._decode_s = cfg.decode_s / scale
+        self._half_s = cfg.busy_half_s / scale
+        self._recent_half_s = cfg.recent_half_life_s / scale
+        self._horizon_s = cfg.outstanding_horizon_s / scale
+        self._books: dict[WorkerId, _Book] = {}
+        # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
+        # replaced whenever the book changes, so the hot loop unpacks instead of probing.
+        self._costs: dict[WorkerId, tuple[float, float, float]] = {}
+        # Requests routed and not reported back: worker, prefill seconds, when routed.
+        self._flights: OrderedDict[str, tuple[WorkerId, float, Seconds]] = OrderedDict()
 
-    def _recent_count(self, worker: WorkerId, now: Seconds) -> float:
-        """Requests routed to ``worker`` lately, halved every ``recent_half_life_s``."""
-        entry = self._recent.get(worker)
-        if entry is None:
+    # -- learning -----------------------------------------------------------------
+
+    def queued_tokens(self, worker: WorkerId, now: Seconds) -> float:
+        """The prefill tokens ``worker`` is estimated to still have queued at ``now``."""
+        book = self._books.get(worker)
+        if book is None:
             return 0.0
-        count, at = entry
-        return count * math.exp2(-max(0.0, now - at) / self.config.recent_half_life_s)
+        seconds = min(max(0.0, book.busy_until - now), book.owed_s)
+        return seconds * self._rate
+
+    def _book(self, worker: WorkerId, now: Seconds) -> _Book:
+        book = self._books.get(worker)
+        if book is None:
+            book = self._books[worker] = _Book(now)
+        return book
+
+    def _publish(self, worker: WorkerId, book: _Book) -> None:
+        self._costs[worker] = (book.busy_until, book.owed_s, book.fill)
+
+    def _recent_count(self, book: _Book, now: Seconds) -> float:
+        """Requests routed to the worker lately, halved every ``recent_half_life_s``."""
+        age = max(0.0, now - book.recent_at)
+        return book.recent * math.exp2(-age / self._recent_half_s)
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
-        """Index the request's chain on ``worker`` and count it as recent there."""
+        """Queue the request's uncached tokens on ``worker``, then index its chain there."""
+        cfg = self.config
+        depth = self.index.match_worker(request.prefix_hashes, worker)
+        cached = min(request.prompt_chars, self.index.depth_chars(depth))
+        seconds = (request.prompt_chars - cached) * self._tokens_per_char / self._rate
+        book = self._book(worker, now)
+        book.busy_until = max(book.busy_until, now) + seconds
+        book.owed_s += seconds
+        book.recent = self._recent_count(book, now) + 1.0
+        book.recent_at = now
+        flights = self._flights
+        old = flights.pop(request.request_id, None)
+        if old is not None:
+            self._settle(old)
+        flights[request.request_id] = (worker, seconds, now)
+        horizon = now - self._horizon_s
+        while flights:
+            first = next(iter(flights.values()))
+            if first[2] >= horizon and len(flights) <= cfg.index.max_pending:
+                break
+            self._settle(flights.popitem(last=False)[1])
         super().on_routed(request, worker, now)
-        self._recent[worker] = (self._recent_count(worker, now) + 1.0, now)
+        book.fill = self.index.fill(worker)
+        self._publish(worker, book)
+
+    def on_usage(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
+        """The request is done: its tokens leave the queue bound; correct the index."""
+        flight = self._flights.pop(request.request_id, None)
+        if flight is not None:
+            self._settle(flight)
+        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        book = self._books.get(worker)
+        if book is not None:
+            book.fill = self.index.fill(worker)
+            self._publish(worker, book)
+
+    def _settle(self, flight: tuple[WorkerId, float, Seconds]) -> None:
+        worker, seconds, _ = flight
+        book = self._books.get(worker)
+        if book is not None:
+            left = book.owed_s - seconds
+            book.owed_s = left if left > 1e-9 else 0.0
+            self._publish(worker, book)
 
     def on_worker_removed(self, worker: WorkerId) -> None:
-        """Forget the worker's blocks and counts."""
+        """Forget the worker's blocks, queue and counts."""
         super().on_worker_removed(worker)
-        self._recent.pop(worker, None)
+        self._books.pop(worker, None)
+        self._costs.pop(worker, None)
+
+    # -- deciding -----------------------------------------------------------------
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
-        """Stay, or place (prefix, hash, least loaded), or refuse; see the module docs."""
+        """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
         cands = candidates(request, ctx)
         sticky_cap = None
@@ -176,85 +283,100 @@ class DefaultPolicy(PrefixLearning):
             if not pool:
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
-        keyed = request.has_session or (cfg.use_prefix_key and request.prefix_key is not None)
-        worker, reason = self._place(request, pool, keyed, ctx.fleet.now)
+        worker, reason = self._place(request, pool, ctx)
         self._remember_capacity(worker)
         if why != "new":
             reason = f"affinity_{why}_migrated"
+        keyed = request.session_key is not None
         return route(worker, reason, request if keyed else None, expected=old)
 
-    def _place(
-        self, request: RequestFeatures, pool: list[WorkerState], keyed: bool, now: Seconds
-    ) -> tuple[WorkerState, str]:
-        cfg = self.config
+    def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
+        """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
         hashes = request.prefix_hashes
-        matches = self.index.match(hashes) if hashes else {}
+        found = self.index.match(hashes) if hashes else {}
+        for worker, depth in ctx.holders.items():
+            if depth > found.get(worker, 0):
+                found[worker] = min(depth, len(hashes))
+        return found
+
+    def _place(
+        self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
+    ) -> tuple[WorkerState, str]:
+        """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
+        cfg = self.config
+        now = ctx.fleet.now
+        own = matches = self.matches(request, ctx)
         restorable = int(request.restorable_blocks * cfg.restorable_credit)
         if restorable:
             # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
-            own = matches
             matches = {w.id: max(own.get(w.id, 0), restorable) for w in pool}
-            worker, reason = self._cheapest(pool, matches, now)
-            if own.get(worker.id, 0) < restorable:
-                reason = "restorable_match"  # chosen for what it can restore, not hold
-            return worker, reason
-        if matches or keyed:
-            # A bound session's later turns follow the binding, so where it starts
-            # is free to balance; replicas placing it at once agree by compare-and-set.
-            return self._cheapest(pool, matches, now)
-        # Nothing cached and nothing to bind: replicas agree through the hash.
-        key = prefix_hash_key(request, cfg.hash_blocks)
-        if key is not None:
-            chosen = bounded_rendezvous(key, pool, cfg.hash_load_factor)
-            if chosen is not None:
-                worker, walked = chosen
-                return worker, "hash_bounded_walk" if walked else "hash_primary"
-        return least_loaded(pool), "least_loaded"
-
-    def _cheapest(
-        self, pool: list[WorkerState], matches: dict[str, int], now: Seconds
-    ) -> tuple[WorkerState, str]:
-        """The worker where new work costs least: its uncached blocks plus weighted load.
-
-        Workers at the bounded-load cap or at ``kv_high`` are skipped (least loaded
-        wins if that leaves none); ties go to the lower load, then the fewer
-        requests routed there lately, the lower KV usage, the id.
-        """
-        cfg = self.config
+        per_char = self._tokens_per_char / self._rate  # prefill seconds per character
+        prompt = request.prompt_chars
+        fresh_all = prompt * per_char
         index_cfg = self.index.config
-        per_load = cfg.load_cost_tokens * index_cfg.chars_per_token / index_cfg.block_chars
-        # One pass over plain locals: this runs for every worker on every new session.
-        loads = [w.in_flight + (w.waiting or 0) for w in pool]
-        cap = bounded_load_cap(sum(loads), len(pool), cfg.bounded_load_factor, cfg.load_slack)
-        kv_high = cfg.kv_high
+        fine, coarse, block_chars = (
+            index_cfg.fine_blocks,
+            index_cfg.coarse_factor,
+            index_cfg.block_chars,
+        )
+        costs = self._costs.get
         get = matches.get
+        kv_high, decode_s = cfg.kv_high, self._decode_s
+        evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
+        evict_all = evict * fresh_all
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
-        for w, load in zip(pool, loads, strict=True):
-            if load >= cap:
-                continue
-            kv = w.kv_usage or 0.0
-            if kv >= kv_high:
-                continue
-            # The prompt's own length is the same everywhere: only the cached part differs.
-            cost = per_load * load - get(w.id, 0)
-            if cost < best_cost:
-                best, best_cost, best_tie = w, cost, None
-            elif cost == best_cost and best is not None:
-                # Ties are common at low load; only then is the tie-break worth computing.
-                if best_tie is None:
-                    best_tie = self._tie(best, now)
-                tie = self._tie(w, now)
-                if tie < best_tie:
-                    best, best_tie = w, tie
+        # One pass over plain locals (this runs for every worker on every placement);
+        # a second one admits workers at kv_high only when all are.
+        for admit_high in (False, True):
+            for w in pool:
+                kv = w.kv_usage or 0.0
+                if kv >= kv_high and not admit_high:
+                    continue
+                wid = w.id
+                entry = costs(wid)
+                if entry is None:
+                    queued = fill = 0.0
+                else:
+                    until, owed, fill = entry
+                    queued = until - now
+                    if queued <= 0.0:
+                        queued = 0.0
+                    elif queued > owed:
+                        queued = owed
+                cost = (w.in_flight + (w.waiting or 0)) * decode_s
+                depth = get(wid)
+                if depth:
+                    # ``PrefixIndex.depth_chars``, inlined.
+                    chars = depth if depth <= fine else fine + (depth - fine) * coarse
+                    cached = chars * block_chars if chars * block_chars < prompt else prompt
+                    fresh = fresh_all - cached * per_char
+                    cost += queued + fresh + evict * fresh * fill
+                    cost -= stay * cached / (1.0 + queued / half)
+                else:
+                    cost += queued + fresh_all + evict_all * fill
+                if cost < best_cost:
+                    best, best_cost, best_tie = w, cost, None
+                elif cost == best_cost and best is not None:
+                    # Exact ties are common at low load: only then order them.
+                    if best_tie is None:
+                        best_tie = self._tie(best, now)
+                    tie = self._tie(w, now)
+                    if tie < best_tie:
+                        best, best_tie = w, tie
+            if best is not None:
+                break
+        assert best is not None  # ``pool`` is non-empty
         top = max(matches.values(), default=0)
-        if best is None:
-            return least_loaded(pool), "imbalance_least_loaded" if top else "least_loaded"
         if not top:
             return best, "least_loaded"
-        return best, "prefix_match" if get(best.id, 0) == top else "imbalance_least_loaded"
+        if restorable and own.get(best.id, 0) < restorable:
+            return best, "restorable_match"  # chosen for what it can restore, not hold
+        return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
-        return (worker.load, self._recent_count(worker.id, now), worker.kv_usage or 0.0, worker.id)
+        book = self._books.get(worker.id)
+        recent = self._recent_count(book, now) if book is not None else 0.0
+        return (worker.load, recent, worker.kv_usage or 0.0, worker.id)

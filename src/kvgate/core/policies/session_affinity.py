@@ -1,9 +1,8 @@
 """``session_affinity``: sticky sessions, moved only when their worker cannot keep them.
 
-A session (the client's key, or with ``use_prefix_key`` the key derived from
-the conversation's opening) stays on the worker it is bound to (``ctx.affinity``,
-read by the driver from the store) while that worker is routable and under the
-sticky threshold: ``threshold`` in-flight requests, or ``threshold ×
+A session (the client's own key: header or ``user``) stays on the worker it is
+bound to (``ctx.affinity``, read by the driver from the store) while that worker
+is routable and under the sticky threshold: ``threshold`` in-flight requests, or ``threshold ×
 max_in_flight`` with ``threshold_kind: fraction``. Over it, the session migrates
 to the least loaded worker that is under the threshold and accepts new
 sessions, and the binding is rewritten (``AffinityWrite`` with ``expected`` the
@@ -46,7 +45,6 @@ class SessionAffinityConfig(PolicyConfig):
 
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
-    use_prefix_key: bool = True
 
 
 class SessionAffinity(PolicyBase):
@@ -67,8 +65,7 @@ class SessionAffinity(PolicyBase):
         if not cands:
             return refuse(request, ctx, cfg.retry_after_s)
         if why == "new":
-            keyed = request.has_session or (cfg.use_prefix_key and request.prefix_key is not None)
-            if keyed:
+            if request.has_session:
                 return route(least_loaded(cands), "new_session_least_loaded", request)
             return route(least_loaded(cands), "least_loaded")
         old = ctx.affinity.worker if ctx.affinity is not None else None

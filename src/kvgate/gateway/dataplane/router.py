@@ -21,12 +21,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.core.admission import Shed
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
+from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
 from kvgate.core.policy import Policy
 from kvgate.core.route import (
     Hold,
@@ -43,7 +44,7 @@ from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedErro
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Lease, Worker, WorkerPool
 from kvgate.store.base import AffinityStore
-from kvgate.types import Priority, Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.dataplane.router")
 
@@ -148,6 +149,7 @@ class Router:
         held_at: float | None = None
         if version is None and self.versions is not None:
             version = self.versions.assign(features, affinity)
+        keys, seen, holders = await self._holders(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
@@ -161,6 +163,7 @@ class Router:
                 queue_depth=len(queue),
                 held_s=held_s,
                 config=self.config,
+                holders=holders,
             )
             if isinstance(verdict, Place):
                 break
@@ -187,7 +190,40 @@ class Router:
             if isinstance(verdict, Unavailable):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
             raise self._shed(features, verdict)
-        return await self._apply(features, verdict, excluded, queued_at, held_at)
+        return await self._apply(
+            features, verdict, excluded, queued_at, held_at, looked_up=(keys, seen)
+        )
+
+    async def _holders(
+        self, features: RequestFeatures, affinity: Affinity | None
+    ) -> tuple[list[BlockHash], list[WorkerId | None], Mapping[WorkerId, int]]:
+        """The shared prefix state for a request that follows no binding (``core.holders``).
+
+        Returns the checkpoint blocks looked up, what the store had for each, and
+        per worker the deepest of them it holds. A request bound to a session
+        needs none of it; a store error means no evidence, never a failure.
+        """
+        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+        if not keys:
+            return [], [], {}
+        try:
+            seen = await self.store.get_holders(keys)
+        except Exception:
+            self._store_failed("get_holders")
+            return keys, [None] * len(keys), {}
+        return keys, seen, holders_from(features.checkpoints, seen)
+
+    async def _share_holders(
+        self, keys: list[BlockHash], seen: list[WorkerId | None], worker: WorkerId
+    ) -> None:
+        """Tell other replicas where this request's checkpoint blocks went."""
+        writes = holder_writes(keys, seen, worker)
+        if not writes:
+            return
+        try:
+            await self.store.set_holders(writes, min(self.ttl, HOLDER_TTL_S))
+        except Exception:
+            self._store_failed("set_holders")
 
     async def _apply(
         self,
@@ -196,8 +232,13 @@ class Router:
         excluded: frozenset[WorkerId],
         queued_at: float | None,
         held_at: float | None,
+        *,
+        looked_up: tuple[list[BlockHash], list[WorkerId | None]] = ([], []),
     ) -> Placement:
-        """Take the lease, write the affinity, tell the policy; the lease is given back on error."""
+        """Take the lease, write the affinity, tell the policy and the other replicas.
+
+        The lease is given back on any error or cancellation before it is returned.
+        """
         worker = self.pool.get(verdict.worker)
         assert worker is not None  # the snapshot was taken from the pool without an await
         now = self.mono()
@@ -226,6 +267,8 @@ class Router:
                 placement.reason,
             ).inc()
             self.policy.on_routed(features, placement.worker.id, self.wall())
+            if looked_up[0]:
+                await self._share_holders(*looked_up, placement.worker.id)
         except BaseException:
             lease.release()
             raise
