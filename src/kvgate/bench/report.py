@@ -20,8 +20,8 @@ import numpy as np
 from rich.table import Table
 
 from kvgate.bench.replay import Outcome
-from kvgate.sim.metrics import RunRecorder
 from kvgate.workload.bound import Bound
+from kvgate.workload.recorder import RunRecorder
 
 UNNAMED_WORKER = "target"
 """Worker name for answers without an ``X-Kvgate-Worker`` header (a bare server)."""

@@ -7,33 +7,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvgate.sim.experiment import Experiment, workload_factory
-from kvgate.sim.report import print_tables, results_json, write_results
+from kvgate.sim.experiment import Experiment
+from kvgate.sim.report import print_tables, results_json
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
+from kvgate.workload.options import (
+    TraceOption,
+    WorkloadOption,
+    table_console,
+    workload_factory,
+    write_results,
+)
 from kvgate.workload.synthetic import parse_options
-
-WorkloadOption = Annotated[
-    str | None,
-    typer.Option(help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"),
-]
-"""``--workload``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
-TraceOption = Annotated[
-    Path | None,
-    typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
-]
-"""``--trace``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
-
-def table_console() -> Console:
-    """A console for result tables; piped to a file, wide enough for one line per row."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
 
 DEFAULT_REQUESTS = 2000
 """Requests taken from an endless synthetic workload when neither a count nor a duration is set."""

@@ -266,4 +266,5 @@ class PromptCodec:
             prompt_chars=request.prompt_tokens * self.chars_per_token,
             priority=request.priority,
             prefix_key=prefix_key,
+            max_tokens=request.max_tokens,
         )
