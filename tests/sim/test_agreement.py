@@ -306,7 +306,11 @@ async def test_live_and_simulated_runs_agree(policy: str) -> None:
     await agree(policy, PLAIN)
 
 
-@pytest.mark.parametrize("policy", list(default_registry()))
+COVERING = ("default", "session_affinity", "prefix_affinity", "round_robin")
+"""The policies the extra scenarios run (affine and stateless; each live run costs ~12 s)."""
+
+
+@pytest.mark.parametrize("policy", COVERING)
 async def test_they_agree_on_two_versions(policy: str) -> None:
     await agree(policy, VERSIONS)
 
@@ -316,6 +320,6 @@ async def test_on_tight_kv_both_hold_requests_for_headroom() -> None:
     assert live.kv_holds > 0 and sim.kv_holds > 0, (live, sim)
 
 
-@pytest.mark.parametrize("policy", list(default_registry()))
+@pytest.mark.parametrize("policy", COVERING)
 async def test_they_agree_on_headerless_sessions_with_a_shared_opening(policy: str) -> None:
     await agree(policy, HEADERLESS)
