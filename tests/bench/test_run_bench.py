@@ -71,6 +71,22 @@ async def test_every_request_answered_with_cache_hits_and_sim_shaped_results(
     assert run["served"] == {"target": 40}
 
 
+async def test_fleet_kv_blocks_adds_the_capacity_aware_reference(worker: WorkerHandle) -> None:
+    workload = build_workload(CHAT, seed=4)
+    results = await run_bench(worker.url, workload, requests=30, fleet_kv_blocks=40)
+    assert results["reference"]["capacity_blocks"] == 40
+    # 40 blocks hold the shared system prompt and a turn or two: some reuse, less than all.
+    assert 0 < results["reference_hit_rate"] < results["bound_hit_rate"]
+    run = results["policies"]["live"]
+    assert run["hit_rate_of_reference"] == pytest.approx(
+        run["hit_rate"] / results["reference_hit_rate"], 1e-4
+    )
+    without = await run_bench(worker.url, workload, requests=10)
+    assert (
+        without["reference"] is None and "hit_rate_of_reference" not in without["policies"]["live"]
+    )
+
+
 async def test_prompts_are_deterministic_across_two_workers() -> None:
     workload = build_workload(CHAT, seed=9)
     totals = []

@@ -28,8 +28,8 @@ KV estimate, the KV hold):
 
 - the plain chat;
 - the same chat on two model versions split 3:1 (a canary's share);
-- a chat whose sessions send no session id and all open with the same system
-  prompt, with pressure handling off in both: with it on, the live gateway's
+- issue 11's headerless chat (no session id, four shared system prompts), with
+  pressure handling off in both: with it on, the live gateway's
   pressure relief (migrating prefix-keyed sessions, which the simulator does
   not model) cost about 8 points of hit rate under round robin when measured;
 - the versions on KV tight enough that requests are held for KV headroom in
@@ -99,7 +99,11 @@ VERSIONS = Scenario(versions=("v1", "v2"), weights=(("v1", 3.0), ("v2", 1.0)), m
 TIGHT = Scenario(
     kv_blocks=700, versions=("v1", "v2"), weights=(("v1", 3.0), ("v2", 1.0)), max_shed=0.1
 )
-HEADERLESS = Scenario(workload=WORKLOAD + ",session_ids=false,system_prompts=1", pressure=False)
+HEADERLESS = Scenario(
+    workload="headerless-chat:rate=8,think_s=1,turns_mean=6,user_tokens=300,output_tokens=10",
+    pressure=False,
+)
+"""Issue 11's headerless chat (4 shared 1024-token system prompts), at this test's scale."""
 
 
 # -- tokenization ---------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvgate.workload.bound import infinite_cache_bound
+from kvgate.workload.bound import capacity_reference, infinite_cache_bound
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 
@@ -35,3 +37,65 @@ def test_bound_without_reuse_is_zero() -> None:
     codec = PromptCodec(16)
     requests = [SimRequest.of(float(i), f"r{i}", ((i, 100),), 1) for i in range(10)]
     assert infinite_cache_bound(requests, codec).hit_rate == 0.0
+
+
+def test_capacity_reference_on_a_hand_computed_lru() -> None:
+    codec = PromptCodec(4)
+    # 2-block prompts (at most 1 block can hit: the last token is computed).
+    requests = [
+        SimRequest.of(0.0, "a", ((1, 8),), 1),
+        SimRequest.of(1.0, "b", ((2, 8),), 1),
+        # With room for 4 blocks, c evicts a's two blocks...
+        SimRequest.of(2.0, "c", ((3, 8),), 1),
+        # ...so a's repeat misses, and evicts b's...
+        SimRequest.of(3.0, "d", ((1, 8),), 1),
+        # ...while c's blocks are still there: 4 tokens cached.
+        SimRequest.of(4.0, "e", ((3, 8),), 1),
+    ]
+    small = capacity_reference(requests, codec, 4)
+    assert small.capacity_blocks == 4
+    assert small.cached_tokens == 4
+    infinite = infinite_cache_bound(requests, codec)
+    assert infinite.cached_tokens == 4 + 4  # d and e each hit their first block
+    assert capacity_reference(requests, codec, 6).cached_tokens == 4 + 4
+
+
+def test_capacity_reference_evicts_a_chain_tail_first() -> None:
+    codec = PromptCodec(4)
+    # A 3-block prompt, then a 1-block stranger in a 3-block cache: the stranger
+    # evicts the first prompt's tail, so a repeat still hits the first two blocks.
+    requests = [
+        SimRequest.of(0.0, "a", ((1, 12), (9, 1)), 1),
+        SimRequest.of(1.0, "b", ((2, 4),), 1),
+        SimRequest.of(2.0, "c", ((1, 12), (9, 1)), 1),
+    ]
+    assert capacity_reference(requests, codec, 3).cached_tokens == 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 6), st.integers(1, 12)), min_size=1, max_size=5),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 40),
+)
+def test_capacity_reference_is_at_most_the_bound_and_grows_with_capacity(
+    prompts: list[list[tuple[int, int]]], capacity: int
+) -> None:
+    codec = PromptCodec(4)
+    requests = [
+        SimRequest.of(float(i), f"r{i}", tuple(segments), 1) for i, segments in enumerate(prompts)
+    ]
+    bound = infinite_cache_bound(requests, codec)
+    smaller = capacity_reference(requests, codec, capacity)
+    larger = capacity_reference(requests, codec, capacity + 8)
+    assert smaller.cached_tokens <= larger.cached_tokens <= bound.cached_tokens
+    roomy = capacity_reference(requests, codec, 10_000)
+    assert roomy.cached_tokens == bound.cached_tokens  # a cache that never fills is the bound
+
+
+def test_capacity_reference_needs_a_block() -> None:
+    with pytest.raises(ValueError, match="block"):
+        capacity_reference([], PromptCodec(4), 0)

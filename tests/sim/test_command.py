@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -47,12 +48,20 @@ def test_sim_out_writes_results_json_and_plots(tmp_path: Path) -> None:
     assert "prefix_affinity" in result.output
     results = json.loads((out / "results.json").read_text())
     assert 0.0 < results["bound_hit_rate"] <= 1.0
+    # The fleet's KV (2 workers x 300 blocks) as one LRU cache: at most the bound.
+    assert results["reference"]["capacity_blocks"] == 600
+    assert 0.0 < results["reference_hit_rate"] <= results["bound_hit_rate"]
     assert set(results["policies"]) == {"round_robin", "prefix_affinity"}
     for entry in results["policies"].values():
         for key in ("hit_rate", "ttft_p50", "ttft_p99", "throughput"):
             assert isinstance(entry[key], float)
         assert entry["ttft_p50"] <= entry["ttft_p99"]
         assert entry["requests"] == 150
+        # The file holds the reference's hit rate rounded: allow that rounding.
+        assert entry["hit_rate_of_reference"] == pytest.approx(
+            entry["hit_rate"] / results["reference_hit_rate"], abs=2e-6
+        )
+    assert "/ref" in result.output
     for name in ("ttft_cdf.png", "hit_rate.png", "load.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
 

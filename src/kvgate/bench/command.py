@@ -59,6 +59,14 @@ def bench(
     chars_per_token: Annotated[
         int, typer.Option(min=1, help="Characters of prompt text per workload token")
     ] = CHARS_PER_TOKEN,
+    fleet_kv_blocks: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The fleet's total KV blocks (of --block-size tokens): adds the capacity-aware "
+            "reference, the fleet's KV used as one LRU cache",
+        ),
+    ] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token for the target")
     ] = None,
@@ -88,6 +96,7 @@ def bench(
         "block_size": block_size,
         "chars_per_token": chars_per_token,
         "api_key": api_key,
+        "fleet_kv_blocks": fleet_kv_blocks,
     }
     try:
         if progress:

@@ -39,11 +39,13 @@ def summarize(
     time_scale: float = 1.0,
     bound: Bound | None = None,
     workers: Sequence[str] = (),
+    reference: Bound | None = None,
 ) -> dict[str, Any]:
     """The run's figures, shaped as one policy's entry of ``kvgate sim``'s results.json.
 
     ``workers`` lists the fleet's worker ids when known, so a worker that served
-    nothing still counts in the load spread.
+    nothing still counts in the load spread. ``reference`` is the capacity-aware
+    reference, when the fleet's KV size is known.
     """
     seen = [o.answer.worker or UNNAMED_WORKER for o in outcomes if o.answer.ok]
     ids = list(dict.fromkeys([*workers, *sorted(set(seen))]))
@@ -84,6 +86,10 @@ def summarize(
         )
     bound_rate = bound.hit_rate if bound is not None else None
     summary = recorder.summary(bound_rate)
+    if reference is not None:
+        summary["hit_rate_of_reference"] = (
+            round(summary["hit_rate"] / reference.hit_rate, 6) if reference.hit_rate else None
+        )
     for key in _CLIENT_INVISIBLE:
         summary.pop(key, None)
     summary.update(
@@ -122,9 +128,11 @@ def results_document(
     workload: dict[str, Any],
     bound: Bound,
     config: dict[str, Any],
+    reference: Bound | None = None,
 ) -> dict[str, Any]:
     """``results.json``: the sim's shape, one entry per label (policy or target) under
-    ``"policies"``, the infinite-cache bound at the top level."""
+    ``"policies"``, the infinite-cache bound and the capacity-aware reference (None
+    when the fleet's KV size was not given) at the top level."""
     rate = round(bound.hit_rate, 6)
     return {
         "workload": workload,
@@ -136,7 +144,19 @@ def results_document(
             "prompt_tokens": bound.prompt_tokens,
             "cached_tokens": bound.cached_tokens,
         },
+        "reference_hit_rate": round(reference.hit_rate, 6) if reference is not None else None,
+        "reference": _bound_json(reference) if reference is not None else None,
         "policies": dict(runs),
+    }
+
+
+def _bound_json(bound: Bound) -> dict[str, Any]:
+    return {
+        "hit_rate": round(bound.hit_rate, 6),
+        "requests": bound.requests,
+        "prompt_tokens": bound.prompt_tokens,
+        "cached_tokens": bound.cached_tokens,
+        "capacity_blocks": bound.capacity_blocks,
     }
 
 
@@ -149,13 +169,18 @@ def results_table(results: Mapping[str, Any], title: str | None = None) -> Table
     table that a client can measure, plus errors and sheds."""
     name = results.get("workload", {}).get("name", "workload")
     bound = float(results.get("bound_hit_rate", 0.0))
+    reference = results.get("reference_hit_rate")
     heading = title or f"{name}: infinite-cache bound hit rate {bound:.1%}"
+    if title is None and reference is not None:
+        heading += f", fleet-KV LRU reference {float(reference):.1%}"
     table = Table(title=heading, title_justify="left")
     columns: tuple[str, ...] = (
         "policy", "done", "req/s", "hit", "/bound", "TTFT p50", "p90", "p99",
         "e2e p50", "p99", "max/mean", "CV", "errors", "shed",
     )  # fmt: skip
     runs = results.get("policies", {})
+    if reference is not None:
+        columns = (*columns[:5], "/ref", *columns[5:])
     # Workers that report their own timing (kvgate_timing) get two more columns.
     worker_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
     if worker_timed:
@@ -167,12 +192,19 @@ def results_table(results: Mapping[str, Any], title: str | None = None) -> Table
         worker_cells = (
             (_time(s["worker_ttft_p50"]), _time(s["worker_ttft_p99"])) if worker_timed else ()
         )
+        of_reference = s.get("hit_rate_of_reference")
+        reference_cells = (
+            (f"{of_reference:.1%}" if of_reference is not None else "-",)
+            if reference is not None
+            else ()
+        )
         table.add_row(
             label,
             f"{s['finished']}/{s['requests']}",
             f"{s['throughput']:.2f}",
             f"{s['hit_rate']:.1%}",
             f"{of_bound:.1%}" if of_bound is not None else "-",
+            *reference_cells,
             _time(s["ttft_p50"]),
             _time(s["ttft_p90"]),
             _time(s["ttft_p99"]),

@@ -10,7 +10,7 @@ from kvgate.bench.client import BenchClient, normalize_target
 from kvgate.bench.payloads import PayloadBuilder
 from kvgate.bench.replay import Replay
 from kvgate.bench.report import results_document, summarize
-from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.bound import Bound, capacity_reference, infinite_cache_bound
 from kvgate.workload.prompts import CHARS_PER_TOKEN, PromptCodec
 from kvgate.workload.request import SimRequest
 from kvgate.workload.synthetic import Workload
@@ -33,6 +33,14 @@ def workload_bound(workload: Workload, requests: int | None, block_size: int = 1
     return infinite_cache_bound(limited(workload, requests), PromptCodec(block_size))
 
 
+def workload_reference(
+    workload: Workload, requests: int | None, fleet_kv_blocks: int, block_size: int = 16
+) -> Bound:
+    """The capacity-aware reference of the requests a run will send: the fleet's
+    ``fleet_kv_blocks`` KV blocks (of ``block_size`` tokens) used as one LRU cache."""
+    return capacity_reference(limited(workload, requests), PromptCodec(block_size), fleet_kv_blocks)
+
+
 async def run_bench(
     target: str,
     workload: Workload,
@@ -49,6 +57,7 @@ async def run_bench(
     api_key: str | None = None,
     timeout_s: float = 600.0,
     progress: Progress | None = None,
+    fleet_kv_blocks: int | None = None,
 ) -> dict[str, Any]:
     """Replay ``workload`` against ``target`` and return a ``results.json`` document.
 
@@ -59,12 +68,19 @@ async def run_bench(
     compressed by it and latencies reported in model seconds (1 for a real
     fleet). ``block_size`` is the engine block size the infinite-cache bound
     assumes. ``workers`` names the fleet's workers (``X-Kvgate-Worker``
-    values) so idle ones count in the load spread.
+    values) so idle ones count in the load spread. ``fleet_kv_blocks``, the
+    fleet's total KV blocks of ``block_size`` tokens, adds the capacity-aware
+    reference beside the bound.
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
     base = normalize_target(target)
     bound = workload_bound(workload, requests, block_size)
+    reference = (
+        workload_reference(workload, requests, fleet_kv_blocks, block_size)
+        if fleet_kv_blocks
+        else None
+    )
     async with BenchClient(
         base, concurrency=concurrency, timeout_s=timeout_s, api_key=api_key
     ) as client:
@@ -80,7 +96,9 @@ async def run_bench(
             progress=(lambda done: progress(done, total)) if progress is not None else None,
         )
         outcomes = await replay.run(limited(workload, requests))
-    summary = summarize(outcomes, time_scale=time_scale, bound=bound, workers=workers)
+    summary = summarize(
+        outcomes, time_scale=time_scale, bound=bound, workers=workers, reference=reference
+    )
     config = {
         "target": base,
         "model": name,
@@ -89,7 +107,12 @@ async def run_bench(
         "time_scale": time_scale,
         "block_size": block_size,
         "chars_per_token": chars_per_token,
+        "fleet_kv_blocks": fleet_kv_blocks,
     }
     return results_document(
-        {label: summary}, workload=workload.describe(), bound=bound, config=config
+        {label: summary},
+        workload=workload.describe(),
+        bound=bound,
+        config=config,
+        reference=reference,
     )

@@ -2,7 +2,8 @@
 
 Every policy sees the same requests (the workload is replayed from the start for
 each) on a fresh fleet with the same seed, and the infinite-cache bound is
-computed once per workload. A sweep repeats that for each value of one
+computed once per workload, beside the capacity-aware reference (the fleet's
+total KV as one LRU cache). A sweep repeats that for each value of one
 parameter: a fleet setting (``workers``, ``kv_blocks``, ``scrape_interval``...),
 an admission limit, the arrival rate, a workload option, or a policy option
 (given to every policy that has it).
@@ -18,7 +19,7 @@ from typing import Any
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
 from kvgate.sim.simulation import Progress, RunResult, SimConfig, Simulation
-from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.bound import Bound, capacity_reference, infinite_cache_bound
 from kvgate.workload.options import RATE_PARAMS, WorkloadFactory
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.synthetic import workload_options
@@ -35,6 +36,11 @@ _FLEET_PARAMS = {
 }
 
 
+def fleet_kv_blocks(config: SimConfig) -> int:
+    """The whole fleet's KV cache in engine blocks: the capacity-aware reference's size."""
+    return sum(config.engine_config(i).num_gpu_blocks for i in range(config.workers))
+
+
 @dataclass(frozen=True)
 class PointResult:
     """All policies at one sweep point (or the only point of a plain comparison)."""
@@ -43,6 +49,7 @@ class PointResult:
     workload: dict[str, Any]
     bound: Bound
     runs: list[RunResult]
+    reference: Bound | None = None
 
 
 @dataclass
@@ -111,6 +118,9 @@ class Experiment:
             workload = self.make_workload(overrides)
             codec = PromptCodec(config.block_size, config.features, model=config.model)
             bound = infinite_cache_bound(config.limited(workload.requests()), codec)
+            reference = capacity_reference(
+                config.limited(workload.requests()), codec, fleet_kv_blocks(config)
+            )
             runs: list[RunResult] = []
             for policy in self.policies:
                 label = policy if value is None else f"{policy} {self.sweep_param}={value}"
@@ -123,6 +133,11 @@ class Experiment:
                     if bound.hit_rate
                     else None
                 )
+                result.summary["hit_rate_of_reference"] = (
+                    round(result.summary["hit_rate"] / reference.hit_rate, 6)
+                    if reference.hit_rate
+                    else None
+                )
                 runs.append(result)
             shown: object = value
             if value is not None:
@@ -130,5 +145,5 @@ class Experiment:
                     shown = float(value) if "." in value or "e" in value.lower() else int(value)
                 except ValueError:
                     shown = value
-            points.append(PointResult(shown, workload.describe(), bound, runs))
+            points.append(PointResult(shown, workload.describe(), bound, runs, reference))
         return points

@@ -38,11 +38,18 @@ def config_json(config: SimConfig) -> dict[str, Any]:
 
 
 def _point_json(point: PointResult) -> dict[str, Any]:
+    reference = point.reference
     return {
         "value": point.value,
         "workload": point.workload,
         "bound_hit_rate": round(point.bound.hit_rate, 6),
         "bound": asdict(point.bound) | {"hit_rate": round(point.bound.hit_rate, 6)},
+        "reference_hit_rate": round(reference.hit_rate, 6) if reference is not None else None,
+        "reference": (
+            asdict(reference) | {"hit_rate": round(reference.hit_rate, 6)}
+            if reference is not None
+            else None
+        ),
         "policies": {run.policy: {"options": run.options, **run.summary} for run in point.runs},
     }
 
@@ -61,6 +68,8 @@ def results_json(
         "policy_options": dict(policy_options or {}),
         "bound_hit_rate": first["bound_hit_rate"],
         "bound": first["bound"],
+        "reference_hit_rate": first["reference_hit_rate"],
+        "reference": first["reference"],
         "policies": first["policies"],
     }
     if sweep_param is not None:
@@ -80,6 +89,8 @@ def results_table(point: PointResult, wall: Mapping[str, float] | None = None) -
     """One rich table comparing the policies of one point (wall seconds per run optional)."""
     name = point.workload.get("name", "workload")
     title = f"{name}: infinite-cache bound hit rate {point.bound.hit_rate:.1%}"
+    if point.reference is not None:
+        title += f", fleet-KV LRU reference {point.reference.hit_rate:.1%}"
     if point.value is not None:
         title += f"  (sweep value {point.value})"
     table = Table(title=title, title_justify="left")
@@ -89,6 +100,7 @@ def results_table(point: PointResult, wall: Mapping[str, float] | None = None) -
         "req/s",
         "hit",
         "/bound",
+        "/ref",
         "TTFT p50",
         "p90",
         "p99",
@@ -107,12 +119,14 @@ def results_table(point: PointResult, wall: Mapping[str, float] | None = None) -
     for run in point.runs:
         s = run.summary
         of_bound = s.get("hit_rate_of_bound")
+        of_reference = s.get("hit_rate_of_reference")
         row = [
             run.policy,
             f"{s['finished']}/{s['requests']}",
             f"{s['throughput']:.2f}",
             f"{s['hit_rate']:.1%}",
             f"{of_bound:.1%}" if of_bound is not None else "-",
+            f"{of_reference:.1%}" if of_reference is not None else "-",
             _ms(s["ttft_p50"]),
             _ms(s["ttft_p90"]),
             _ms(s["ttft_p99"]),

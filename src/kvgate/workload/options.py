@@ -14,12 +14,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from kvgate.workload.synthetic import SyntheticWorkload, Workload, build_workload
+from kvgate.workload.synthetic import WORKLOADS, SyntheticWorkload, Workload, build_workload
 from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace
 
 WorkloadOption = Annotated[
     str | None,
-    typer.Option(help="Synthetic workload: chat, system-prompt, rag, agent [NAME:key=value,...]"),
+    typer.Option(
+        help=f"Synthetic workload: {', '.join(WORKLOADS)} [NAME:key=value,...; vary=0.5 jitters "
+        "the options left at their defaults by the seed]"
+    ),
 ]
 """``--workload``, shared by ``kvgate sim`` and ``kvgate bench``."""
 

@@ -1,11 +1,16 @@
-"""Synthetic workloads: chat, shared system prompts, RAG and agent loops.
+"""Synthetic workloads: chat, shared system prompts, RAG, agent loops, and shared openings.
 
-Each workload is a config dataclass (defaults that mean something) and a
-``requests()`` method returning a fresh, endless-or-bounded iterator of
-``SimRequest`` in arrival order. Memory is bounded by the sessions active at one
-instant, never by how many requests were produced. Rates are in requests per
-second across the whole fleet; session workloads start sessions at
-``rate / turns_mean`` so the request rate comes out right.
+Each workload is a config dataclass (defaults that mean something) that knows
+its arrival process and builds a fresh, endless-or-bounded iterator of
+``SimRequest`` in arrival order. Rates are in requests per second across the
+whole fleet; session workloads start sessions at ``rate / turns_mean`` so the
+request rate comes out right (or keep a fixed number of sessions open).
+
+``WORKLOADS`` names each workload by its default config, so one generator can
+stand for several shapes (``headerless-chat`` is chat without session ids and
+with shared system prompts). ``vary=V`` draws every option not given
+explicitly from a seeded log-uniform band of factor ``1+V`` around its default,
+so a policy can be tried on instances of a shape nobody tuned on.
 
 Arrivals are open-loop: a session's next turn comes one think time after the
 previous turn's arrival, whatever the fleet did, as in trace replay.
@@ -13,17 +18,41 @@ previous turn's arrival, whatever the fleet did, as in trace replay.
 
 from __future__ import annotations
 
-import bisect
-import heapq
-import itertools
+import math
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from kvgate.types import Seconds
 from kvgate.workload.arrivals import ArrivalSpec
 from kvgate.workload.request import Segment, SimRequest
+from kvgate.workload.shapes import PrefixGroupsConfig, SharedOpeningTraceConfig
+from kvgate.workload.streams import (
+    Ids,
+    Session,
+    ZipfSampler,
+    around,
+    session_stream,
+    single_turn_stream,
+    turns,
+)
+
+__all__ = [
+    "WORKLOADS",
+    "AgentConfig",
+    "ChatConfig",
+    "PrefixGroupsConfig",
+    "RagConfig",
+    "SharedOpeningTraceConfig",
+    "SyntheticWorkload",
+    "SystemPromptConfig",
+    "Workload",
+    "WorkloadConfig",
+    "ZipfSampler",
+    "build_workload",
+    "parse_options",
+    "workload_options",
+]
 
 
 class Workload(Protocol):
@@ -43,142 +72,18 @@ class Workload(Protocol):
         ...
 
 
-class ZipfSampler:
-    """Draws ranks ``0..n-1`` with probability proportional to ``1 / (rank+1)**s``."""
+class WorkloadConfig(Protocol):
+    """A synthetic workload's parameters (a dataclass): its arrival process and stream."""
 
-    def __init__(self, n: int, s: float) -> None:
-        if n <= 0:
-            raise ValueError("a Zipf sampler needs at least one item")
-        weights = [1.0 / (rank + 1) ** s for rank in range(n)]
-        self._cumulative = list(itertools.accumulate(weights))
-        self._total = self._cumulative[-1]
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
-    def sample(self, rng: random.Random) -> int:
-        """One rank."""
-        return min(
-            bisect.bisect_right(self._cumulative, rng.random() * self._total),
-            len(self._cumulative) - 1,
-        )
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate (before any rate scale)."""
+        ...
 
-    def distinct(self, rng: random.Random, k: int) -> list[int]:
-        """``k`` different ranks (fewer if there are fewer items), in draw order."""
-        k = min(k, len(self._cumulative))
-        picked: list[int] = []
-        while len(picked) < k:
-            rank = self.sample(rng)
-            if rank not in picked:
-                picked.append(rank)
-        return picked
-
-
-def _around(rng: random.Random, mean: int) -> int:
-    """A positive size uniform on ``[mean/2, 3*mean/2]``: variety with a known mean."""
-    if mean <= 1:
-        return 1
-    return max(1, rng.randint(mean // 2, mean + mean // 2))
-
-
-def _turns(rng: random.Random, mean: float, cap: int) -> int:
-    """A geometric number of turns (at least one) with the given mean, capped."""
-    if mean <= 1:
-        return 1
-    p = 1.0 / mean
-    n = 1
-    while n < cap and rng.random() > p:
-        n += 1
-    return n
-
-
-class _Ids:
-    """Fresh segment ids; one counter per workload run so a seed fixes them all."""
-
-    def __init__(self, reserved: int) -> None:
-        self._next = reserved  # ids below are fixed content (system prompts, documents)
-
-    def take(self, n: int = 1) -> int:
-        first = self._next
-        self._next += n
-        return first
-
-
-@dataclass(slots=True)
-class _Session:
-    key: str
-    context: list[Segment]
-    turns_left: int
-    turn: int = 0
-
-
-_TurnFn = Callable[[random.Random, _Ids, _Session], tuple[list[Segment], int]]
-"""Builds one turn: the new segments appended to the context, and max_tokens."""
-
-
-def _session_stream(
-    name: str,
-    seed: int,
-    arrival: ArrivalSpec,
-    *,
-    turns_mean: float,
-    think_s: Seconds,
-    open_session: Callable[[random.Random, _Ids, str], _Session],
-    next_turn: _TurnFn,
-    session_ids: bool,
-    reserved: int,
-    opening: int,
-) -> Iterator[SimRequest]:
-    """Interleave sessions in time order: each turn re-sends the whole context."""
-    rng = random.Random(f"{name}:{seed}")
-    ids = _Ids(reserved)
-    starts = arrival.times(random.Random(f"{name}:{seed}:arrivals"), arrival.rate / turns_mean)
-    pending: list[tuple[Seconds, int, _Session]] = []
-    order = itertools.count()
-    next_start = next(starts)
-    n_sessions = 0
-    n_requests = 0
-    while True:
-        if pending and pending[0][0] <= next_start:
-            at, _, session = heapq.heappop(pending)
-            new, max_tokens = next_turn(rng, ids, session)
-            session.context.extend(new)
-            session.turn += 1
-            session.turns_left -= 1
-            # The reply becomes context of the next turn; its length is the
-            # max_tokens the engine will generate.
-            reply = (ids.take(), max_tokens) if session.turns_left > 0 else None
-            yield SimRequest.of(
-                arrival=at,
-                request_id=f"r{n_requests}",
-                segments=tuple(session.context),
-                max_tokens=max_tokens,
-                session_id=session.key if session_ids else None,
-                opening=opening,
-                reply=reply,
-            )
-            n_requests += 1
-            if reply is not None:
-                session.context.append(reply)
-                gap = rng.expovariate(1.0 / think_s) if think_s > 0 else 0.0
-                heapq.heappush(pending, (at + gap, next(order), session))
-        else:
-            session = open_session(rng, ids, f"s{n_sessions}")
-            n_sessions += 1
-            heapq.heappush(pending, (next_start, next(order), session))
-            next_start = next(starts)
-
-
-def _single_turn_stream(
-    name: str,
-    seed: int,
-    arrival: ArrivalSpec,
-    build: Callable[[random.Random, _Ids], tuple[list[Segment], int]],
-    reserved: int,
-) -> Iterator[SimRequest]:
-    """Independent chat requests (system message, one user message) at arrival instants."""
-    rng = random.Random(f"{name}:{seed}")
-    ids = _Ids(reserved)
-    for n, at in enumerate(arrival.times(random.Random(f"{name}:{seed}:arrivals"))):
-        segments, max_tokens = build(rng, ids)
-        yield SimRequest.of(at, f"r{n}", tuple(segments), max_tokens, opening=len(segments))
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """A fresh request stream arriving by ``arrival``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +92,9 @@ class ChatConfig:
 
     Each session uses one of ``system_prompts`` system prompts (uniformly) and,
     with ``doc_tokens`` > 0, opens with a document of its own (about that many
-    tokens) in its first user message. Example:
+    tokens) in its first user message. ``sessions`` > 0 keeps that many sessions
+    open at once instead of starting them at a rate (then about
+    ``sessions / think_s`` requests per second). Example:
     ``--workload chat:rate=20,turns_mean=8,think_s=10,system_prompts=4,doc_tokens=2000``.
     """
 
@@ -202,13 +109,23 @@ class ChatConfig:
     session_ids: bool = True
     system_prompts: int = 1
     doc_tokens: int = 0
+    sessions: int = 0
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        return _chat(name, seed, arrival, self)
 
 
 @dataclass(frozen=True, slots=True)
 class SystemPromptConfig:
     """Single-turn requests behind one of ``prompts`` long system prompts (Zipf).
 
-    The shape of SGLang's "generated-shared-prefix" benchmark. Example:
+    An endless variant of SGLang's "generated-shared-prefix" benchmark (its exact
+    shape is ``shared-prefix-groups``). Example:
     ``--workload system-prompt:prompts=64,zipf_s=0.8``.
     """
 
@@ -219,6 +136,14 @@ class SystemPromptConfig:
     zipf_s: float = 1.0
     question_tokens: int = 128
     output_tokens: int = 256
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        return _system_prompt(name, seed, arrival, self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,13 +164,23 @@ class RagConfig:
     question_tokens: int = 60
     output_tokens: int = 200
 
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        return _rag(name, seed, arrival, self)
+
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """Agent loops: many short turns (tool results) on a long, growing context.
 
     Each session belongs to one of ``agent_types`` (sharing its tool definitions),
-    adds a task description, then loops. Example: ``--workload agent:turns_mean=40``.
+    adds a task description, then loops. ``arrival=bursty`` starts agents in
+    bursts of mean ``burst_on_s`` separated by silences of mean ``burst_off_s``.
+    Example: ``--workload agent:turns_mean=40``.
     """
 
     rate: float = 20.0
@@ -259,6 +194,16 @@ class AgentConfig:
     output_tokens: int = 120
     think_s: float = 2.0
     session_ids: bool = True
+    burst_on_s: float = 5.0
+    burst_off_s: float = 15.0
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate, self.burst_on_s, self.burst_off_s)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        return _agent(name, seed, arrival, self)
 
 
 @dataclass(frozen=True)
@@ -266,51 +211,40 @@ class SyntheticWorkload:
     """A synthetic workload: a name, its config, a seed and a rate scale."""
 
     name: str
-    config: ChatConfig | SystemPromptConfig | RagConfig | AgentConfig
+    config: WorkloadConfig
     seed: int = 0
     rate_scale: float = 1.0
 
     @property
     def arrival(self) -> ArrivalSpec:
         """The arrival process, with the rate scale applied."""
-        return ArrivalSpec(self.config.arrival, self.config.rate * self.rate_scale)
+        return self.config.arrival_spec().scaled(self.rate_scale)
 
     def requests(self) -> Iterator[SimRequest]:
         """A fresh request stream (same seed, same stream)."""
-        config = self.config
-        if isinstance(config, ChatConfig):
-            return _chat(self.name, self.seed, self.arrival, config)
-        if isinstance(config, SystemPromptConfig):
-            return _system_prompt(self.name, self.seed, self.arrival, config)
-        if isinstance(config, RagConfig):
-            return _rag(self.name, self.seed, self.arrival, config)
-        return _agent(self.name, self.seed, self.arrival, config)
+        return self.config.stream(self.name, self.seed, self.arrival)
 
     def describe(self) -> dict[str, Any]:
         """Name, seed, rate scale and every config field."""
-        return {
-            "name": self.name,
-            "seed": self.seed,
-            "rate_scale": self.rate_scale,
-            **asdict(self.config),
-        }
+        options: dict[str, Any] = asdict(self.config)
+        return {"name": self.name, "seed": self.seed, "rate_scale": self.rate_scale, **options}
 
 
 def _chat(name: str, seed: int, arrival: ArrivalSpec, c: ChatConfig) -> Iterator[SimRequest]:
     prompts = max(1, c.system_prompts)  # ids 0..prompts-1 are the system prompts
 
-    def open_session(rng: random.Random, ids: _Ids, key: str) -> _Session:
+    def open_session(rng: random.Random, ids: Ids, key: str) -> Session:
         # Draw only what the options ask for, so the defaults keep their stream.
         system: Segment = (rng.randrange(prompts) if prompts > 1 else 0, c.system_tokens)
         context = [system]
         if c.doc_tokens > 0:
-            context.append((ids.take(), _around(rng, c.doc_tokens)))
-        return _Session(key, context, _turns(rng, c.turns_mean, c.turns_max))
+            context.append((ids.take(), around(rng, c.doc_tokens)))
+        return Session(key, context, turns(rng, c.turns_mean, c.turns_max))
 
-    def next_turn(rng: random.Random, ids: _Ids, s: _Session) -> tuple[list[Segment], int]:
-        return [(ids.take(), _around(rng, c.user_tokens))], _around(rng, c.output_tokens)
+    def next_turn(rng: random.Random, ids: Ids, s: Session) -> tuple[list[Segment], int]:
+        return [(ids.take(), around(rng, c.user_tokens))], around(rng, c.output_tokens)
 
-    return _session_stream(
+    return session_stream(
         name,
         seed,
         arrival,
@@ -322,6 +256,7 @@ def _chat(name: str, seed: int, arrival: ArrivalSpec, c: ChatConfig) -> Iterator
         reserved=prompts,
         # The system prompt and the first user message (the document and question).
         opening=3 if c.doc_tokens > 0 else 2,
+        population=c.sessions,
     )
 
 
@@ -330,12 +265,12 @@ def _system_prompt(
 ) -> Iterator[SimRequest]:
     zipf = ZipfSampler(c.prompts, c.zipf_s)  # ids 0..prompts-1 are the system prompts
 
-    def build(rng: random.Random, ids: _Ids) -> tuple[list[Segment], int]:
+    def build(rng: random.Random, ids: Ids) -> tuple[list[Segment], int]:
         prompt = zipf.sample(rng)
-        question = (ids.take(), _around(rng, c.question_tokens))
-        return [(prompt, c.system_tokens), question], _around(rng, c.output_tokens)
+        question = (ids.take(), around(rng, c.question_tokens))
+        return [(prompt, c.system_tokens), question], around(rng, c.output_tokens)
 
-    return _single_turn_stream(name, seed, arrival, build, reserved=c.prompts)
+    return single_turn_stream(name, seed, arrival, build, reserved=c.prompts)
 
 
 def _rag(name: str, seed: int, arrival: ArrivalSpec, c: RagConfig) -> Iterator[SimRequest]:
@@ -344,28 +279,28 @@ def _rag(name: str, seed: int, arrival: ArrivalSpec, c: RagConfig) -> Iterator[S
     doc_tokens = [sizes.randint(c.doc_tokens_min, c.doc_tokens_max) for _ in range(c.documents)]
     first_doc = 1  # id 0 is the system prompt; documents are 1..documents
 
-    def build(rng: random.Random, ids: _Ids) -> tuple[list[Segment], int]:
+    def build(rng: random.Random, ids: Ids) -> tuple[list[Segment], int]:
         segments: list[Segment] = [(0, c.system_tokens)]
         for rank in zipf.distinct(rng, c.docs_per_request):
             segments.append((first_doc + rank, doc_tokens[rank]))
-        segments.append((ids.take(), _around(rng, c.question_tokens)))
-        return segments, _around(rng, c.output_tokens)
+        segments.append((ids.take(), around(rng, c.question_tokens)))
+        return segments, around(rng, c.output_tokens)
 
-    return _single_turn_stream(name, seed, arrival, build, reserved=first_doc + c.documents)
+    return single_turn_stream(name, seed, arrival, build, reserved=first_doc + c.documents)
 
 
 def _agent(name: str, seed: int, arrival: ArrivalSpec, c: AgentConfig) -> Iterator[SimRequest]:
-    def open_session(rng: random.Random, ids: _Ids, key: str) -> _Session:
+    def open_session(rng: random.Random, ids: Ids, key: str) -> Session:
         tools: Segment = (rng.randrange(c.agent_types), c.tools_tokens)
-        task: Segment = (ids.take(), _around(rng, c.task_tokens))
-        return _Session(key, [tools, task], _turns(rng, c.turns_mean, c.turns_max))
+        task: Segment = (ids.take(), around(rng, c.task_tokens))
+        return Session(key, [tools, task], turns(rng, c.turns_mean, c.turns_max))
 
-    def next_turn(rng: random.Random, ids: _Ids, s: _Session) -> tuple[list[Segment], int]:
+    def next_turn(rng: random.Random, ids: Ids, s: Session) -> tuple[list[Segment], int]:
         if s.turn == 0:
-            return [], _around(rng, c.output_tokens)
-        return [(ids.take(), _around(rng, c.observation_tokens))], _around(rng, c.output_tokens)
+            return [], around(rng, c.output_tokens)
+        return [(ids.take(), around(rng, c.observation_tokens))], around(rng, c.output_tokens)
 
-    return _session_stream(
+    return session_stream(
         name,
         seed,
         arrival,
@@ -379,13 +314,45 @@ def _agent(name: str, seed: int, arrival: ArrivalSpec, c: AgentConfig) -> Iterat
     )
 
 
-WORKLOADS: dict[str, type[ChatConfig | SystemPromptConfig | RagConfig | AgentConfig]] = {
-    "chat": ChatConfig,
-    "system-prompt": SystemPromptConfig,
-    "rag": RagConfig,
-    "agent": AgentConfig,
+WORKLOADS: dict[str, WorkloadConfig] = {
+    "chat": ChatConfig(),
+    "system-prompt": SystemPromptConfig(),
+    "rag": RagConfig(),
+    "agent": AgentConfig(),
+    # The shapes of issue 11: text shared by strangers, mostly without session ids.
+    "shared-opening-trace": SharedOpeningTraceConfig(),
+    "shared-prefix-groups": PrefixGroupsConfig(),
+    # Multi-turn chat with neither a session header nor ``user``: only the turns'
+    # own prefix chain ties a conversation together, behind 4 shared system prompts.
+    "headerless-chat": ChatConfig(
+        rate=8.0, system_tokens=1024, system_prompts=4, session_ids=False, think_s=20.0
+    ),
+    # Agents behind one common tool preamble, each loop extending its own chain.
+    "agent-preamble": AgentConfig(
+        rate=10.0,
+        agent_types=1,
+        tools_tokens=4096,
+        task_tokens=800,
+        turns_mean=12.0,
+        think_s=3.0,
+        session_ids=False,
+    ),
+    # Sessions WITH ``X-Session-ID``: ~4k-token documents, 32 sessions open at once.
+    "session-docs": ChatConfig(
+        system_tokens=512,
+        system_prompts=4,
+        doc_tokens=4000,
+        sessions=32,
+        think_s=8.0,
+        turns_mean=6.0,
+        user_tokens=100,
+        output_tokens=150,
+    ),
 }
-"""Synthetic workloads by name (``--workload NAME[:key=value,...]``)."""
+"""Synthetic workloads by name, each its default config (``--workload NAME[:key=value,...]``)."""
+
+VARY_OPTION = "vary"
+"""The option that jitters every option left at its default (see the module docstring)."""
 
 
 def parse_options(text: str) -> dict[str, str]:
@@ -416,6 +383,25 @@ def _coerce(value: object, like: object) -> object:
     return value
 
 
+def _varied(defaults: Mapping[str, object], spread: float, rng: random.Random) -> dict[str, Any]:
+    """Every numeric default times a log-uniform factor in ``[1/(1+spread), 1+spread]``.
+
+    Integers are rounded and keep their sign of zero (an option at 0 means "off"
+    and stays off); booleans and names are kept.
+    """
+    width = math.log1p(spread)
+    out: dict[str, Any] = {}
+    for key, value in defaults.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        factor = math.exp(rng.uniform(-width, width))
+        if isinstance(value, int):
+            out[key] = max(1, round(value * factor)) if value > 0 else value
+        else:
+            out[key] = value * factor
+    return out
+
+
 def build_workload(
     spec: str,
     seed: int = 0,
@@ -430,23 +416,30 @@ def build_workload(
     name = name.strip()
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    config_type = WORKLOADS[name]
-    defaults = config_type()
-    known = {f.name: getattr(defaults, f.name) for f in fields(config_type)}
+    defaults = WORKLOADS[name]
+    known = {f.name: getattr(defaults, f.name) for f in fields(defaults)}
     options: dict[str, object] = {**parse_options(option_text), **dict(overrides or {})}
+    spread = float(str(options.pop(VARY_OPTION, 0.0)))
+    if not 0.0 <= spread <= 10.0:
+        raise ValueError(f"{VARY_OPTION} must be between 0 and 10, got {spread}")
     changes: dict[str, Any] = {}
+    if spread > 0:
+        changes.update(_varied(known, spread, random.Random(f"{name}:{seed}:{VARY_OPTION}")))
     for key, value in options.items():
         if key not in known:
             raise ValueError(
-                f"workload {name!r} has no option {key!r}; options: {', '.join(known)}"
+                f"workload {name!r} has no option {key!r}; options: {', '.join(known)}, "
+                f"{VARY_OPTION}"
             )
         changes[key] = _coerce(value, known[key])
-    config = replace(defaults, **changes)
-    ArrivalSpec(config.arrival, config.rate)  # validates the arrival kind and rate
+    config: WorkloadConfig = replace(defaults, **changes)
+    config.arrival_spec()  # validates the arrival kind and rate
     return SyntheticWorkload(name, config, seed, rate_scale)
 
 
 def workload_options(name: str) -> tuple[str, ...]:
     """The option names a synthetic workload accepts (empty for unknown names)."""
-    config_type = WORKLOADS.get(name)
-    return tuple(f.name for f in fields(config_type)) if config_type else ()
+    defaults = WORKLOADS.get(name)
+    if defaults is None:
+        return ()
+    return (*(f.name for f in fields(defaults)), VARY_OPTION)

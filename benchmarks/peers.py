@@ -1,0 +1,601 @@
+"""The peers benchmark: kvgate beside sglang-router, smg, vllm-router and HAProxy.
+
+Each router in turn is put in front of the same COLD fleet of 4 emulated workers
+(``kvgate worker-sim`` subprocesses with the ``h100-llama3-8b`` profile,
+time-scaled, restarted for every router so each starts with empty caches) and
+``kvgate.bench.run_bench`` replays each workload shape through it with the same
+seed. Reported per shape and router, over seeds and repeats (mean and min-max):
+prefix-cache hit rate (the workers' own ``cached_tokens``), model-clock TTFT p50
+and p99 (the workers' own ``usage.kvgate_timing``, which client and router CPU
+contention cannot inflate), requests per worker (each worker's own
+``vllm:request_success_total``, as the peers name no worker in their answers),
+and errors; beside them the infinite-cache bound and the capacity-aware
+reference (the fleet's KV used as one LRU cache).
+
+Peers are installed into throwaway virtualenvs on first use (see
+``peer_routers.py``); a router that cannot be installed or started is reported
+with its error and the others go on.
+
+    .venv/bin/python benchmarks/peers.py --json /tmp/peers.json          # ~20 min
+    .venv/bin/python benchmarks/peers.py --quick                         # ~4 min
+    .venv/bin/python benchmarks/peers.py --shapes shared-prefix-groups --routers kvgate-default,smg
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kvgate.bench import run_bench
+from kvgate.engine.config import EngineConfig
+from kvgate.testing import free_port, wait_until
+from kvgate.workload.synthetic import build_workload
+from peer_routers import KVGATE, MODEL, ROUTERS, Launch, Router, prepare
+
+WORKERS = 4
+PROFILE = "h100-llama3-8b"
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 262_144  # long-context prompts must not be refused by the workers
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One workload shape as the benchmark runs it.
+
+    ``kv_blocks`` is each worker's KV cache (blocks of ``BLOCK_SIZE`` tokens; 0 =
+    what the GPU holds); ``time_scale`` the workers' model seconds per real second,
+    chosen so a run takes seconds while the workers keep their model clock.
+    """
+
+    name: str
+    workload: str
+    requests: int
+    quick_requests: int
+    concurrency: int
+    kv_blocks: int
+    time_scale: float
+    why: str
+
+
+SHAPES: dict[str, Shape] = {
+    shape.name: shape
+    for shape in (
+        Shape(
+            "shared-opening-trace",
+            "shared-opening-trace",
+            600,
+            200,
+            64,
+            10_000,
+            10.0,
+            "Mooncake-shaped conversations behind one shared 512-token block, to "
+            "/v1/completions; the fleet's KV holds about half of what the bound reuses",
+        ),
+        Shape(
+            "shared-prefix-groups",
+            "shared-prefix-groups:rate=2000",
+            128,
+            128,
+            32,
+            0,
+            4.0,
+            "SGLang's generated shared prefix, 16 groups x 8 prompts, 2,048-token system "
+            "prompts, 128-token questions, all at once, 32 in flight",
+        ),
+        Shape(
+            "headerless-chat",
+            "headerless-chat",
+            600,
+            200,
+            64,
+            2_000,
+            10.0,
+            "multi-turn chat behind 4 shared 1,024-token system prompts, no session header",
+        ),
+        Shape(
+            "agent-preamble",
+            "agent-preamble",
+            600,
+            200,
+            64,
+            2_000,
+            8.0,
+            "agent loops behind one 4,096-token tool preamble, no session header",
+        ),
+        Shape(
+            "session-docs",
+            "session-docs",
+            600,
+            200,
+            32,
+            3_000,
+            15.0,
+            "X-Session-ID sessions with ~4k-token documents, 32 open at once",
+        ),
+    )
+}
+"""The shapes of issue 11, in table order."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one benchmark invocation runs."""
+
+    shapes: Sequence[Shape]
+    routers: Sequence[Router]
+    seeds: Sequence[int]
+    repeats: int
+    requests: int | None
+    quick: bool
+
+
+class Child:
+    """A child process of the benchmark, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str, log: Path) -> None:
+        self.proc = proc
+        self.name = name
+        self.log = log
+
+    async def stop(self, timeout_s: float = 20.0) -> int:
+        """Terminate and wait; the exit status."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode or 0
+
+    def check(self) -> None:
+        """Raise if the process has exited (with the end of its log)."""
+        if self.proc.returncode is not None:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"{self.name} exited with {self.proc.returncode}: {' | '.join(tail)}"
+            )
+
+
+async def spawn(argv: Sequence[str], name: str, log: Path) -> Child:
+    """Start ``argv`` with its output to ``log``."""
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    return Child(proc, name, log)
+
+
+@contextlib.asynccontextmanager
+async def fleet(shape: Shape, seed: int, logs: Path) -> AsyncIterator[list[str]]:
+    """Fresh emulated workers (cold caches) for the block; their URLs."""
+    children: list[Child] = []
+    try:
+        urls = []
+        for i in range(WORKERS):
+            port = free_port()
+            argv = [
+                KVGATE, "worker-sim", "--port", str(port), "--profile", PROFILE,
+                "--block-size", str(BLOCK_SIZE), "--time-scale", str(shape.time_scale),
+                "--seed", str(seed * 100 + i), "--max-model-len", str(MAX_MODEL_LEN),
+                "--log-level", "warning",
+            ]  # fmt: skip
+            if shape.kv_blocks:
+                argv += ["--kv-blocks", str(shape.kv_blocks)]
+            children.append(await spawn(argv, f"worker {i}", logs / f"worker-{i}.log"))
+            urls.append(f"http://127.0.0.1:{port}")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+            async def healthy() -> bool:
+                for child in children:
+                    child.check()
+                return all(await asyncio.gather(*(_ok(session, u + "/health") for u in urls)))
+
+            await wait_until(healthy, timeout=90, interval=0.1, message="workers healthy")
+        yield urls
+    finally:
+        await asyncio.gather(*(child.stop() for child in children))
+
+
+async def _ok(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(url) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _probe(session: aiohttp.ClientSession, base: str) -> bool:
+    """A one-token completion naming the model: answered means the router routes.
+
+    The prompt is shorter than one KV block, so it caches nothing.
+    """
+    body = {"model": MODEL, "prompt": "ping", "max_tokens": 1}
+    try:
+        async with session.post(base + "/v1/completions", json=body) as resp:
+            await resp.read()
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _models(session: aiohttp.ClientSession, base: str) -> list[str]:
+    try:
+        async with session.get(base + "/v1/models") as resp:
+            data = await resp.json(content_type=None)
+            return [str(m.get("id")) for m in data.get("data", [])]
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        return []
+
+
+@contextlib.asynccontextmanager
+async def router_in_front(
+    router: Router, venv: Path | None, urls: Sequence[str], seed: int, logs: Path
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """``router`` started in front of ``urls``; its URL and the models it lists.
+
+    Ready when it lists the model, or (sglang-router lists emulated workers as
+    ``unknown``) when a probe naming the model is answered.
+    """
+    launch = Launch(urls, free_port(), free_port(), logs, seed, venv)
+    child = await spawn(router.argv(launch), router.name, logs / f"{router.name}.log")
+    base = f"http://127.0.0.1:{launch.port}"
+    listed: list[str] = []
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+
+            async def ready() -> bool:
+                nonlocal listed
+                child.check()
+                listed = await _models(session, base)
+                return MODEL in listed or await _probe(session, base)
+
+            await wait_until(ready, timeout=120, interval=0.2, message=f"{router.name} ready")
+        yield base, listed
+    finally:
+        await child.stop()
+
+
+async def served_counts(urls: Sequence[str]) -> list[int]:
+    """Each worker's own count of finished requests (``vllm:request_success_total``)."""
+    counts = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        for url in urls:
+            async with session.get(url + "/metrics") as resp:
+                counts.append(requests_served(await resp.text()))
+    return counts
+
+
+def requests_served(metrics_text: str) -> int:
+    """The sum of ``vllm:request_success_total`` over its labels in a /metrics page."""
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "vllm:request_success_total":
+                total += sample.value
+    return int(total)
+
+
+def worker_kv_blocks(shape: Shape) -> int:
+    """Each worker's KV blocks: the shape's, or what the profile's GPU holds."""
+    if shape.kv_blocks:
+        return shape.kv_blocks
+    return EngineConfig(block_size=BLOCK_SIZE, profile=PROFILE).num_gpu_blocks
+
+
+async def one_run(
+    shape: Shape, router: Router, *, venv: Path | None, seed: int, requests: int, logs: Path
+) -> dict[str, Any]:
+    """One router on a fresh fleet, one shape and seed: the run's record."""
+    workload = build_workload(shape.workload, seed)
+    started = time.monotonic()
+    async with (
+        fleet(shape, seed, logs) as urls,
+        router_in_front(router, venv, urls, seed, logs) as (base, listed),
+    ):
+        ready = time.monotonic()
+        before = await served_counts(urls)
+        results = await run_bench(
+            base,
+            workload,
+            requests=requests,
+            concurrency=shape.concurrency,
+            model=MODEL,
+            time_scale=shape.time_scale,
+            label=router.name,
+            block_size=BLOCK_SIZE,
+            fleet_kv_blocks=WORKERS * worker_kv_blocks(shape),
+        )
+        after = await served_counts(urls)
+        replayed = time.monotonic()
+    s = results["policies"][router.name]
+    return {
+        "shape": shape.name,
+        "router": router.name,
+        "seed": seed,
+        "requests": s["requests"],
+        "finished": s["finished"],
+        "errors": s["errors"],
+        "error_kinds": s["error_kinds"],
+        "shed": s["shed"],
+        "missing_usage": s["missing_usage"],
+        "hit_rate": s["hit_rate"],
+        "worker_ttft_p50": s.get("worker_ttft_p50"),
+        "worker_ttft_p99": s.get("worker_ttft_p99"),
+        "client_ttft_p50": s["ttft_p50"],
+        "client_ttft_p99": s["ttft_p99"],
+        "per_worker": [a - b for a, b in zip(after, before, strict=True)],
+        "bound": results["bound_hit_rate"],
+        "reference": results["reference_hit_rate"],
+        "models_listed": listed,
+        "startup_s": round(ready - started, 1),
+        "replay_s": round(replayed - ready, 1),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "mean": round(statistics.fmean(values), 6),
+        "min": round(min(values), 6),
+        "max": round(max(values), 6),
+    }
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per shape and router: mean and min-max of every figure over seeds and repeats.
+
+    Runs that failed (``error`` set) are counted apart; bound and reference are
+    per shape (they depend only on the workload and seed).
+    """
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        out.setdefault(run["shape"], {}).setdefault(run["router"], {"_runs": []})
+        out[run["shape"]][run["router"]]["_runs"].append(run)
+    for routers in out.values():
+        for name, entry in list(routers.items()):
+            group = entry.pop("_runs")
+            good = [r for r in group if "error" not in r]
+            summary: dict[str, Any] = {
+                "runs": len(good),
+                "failed": [r["error"] for r in group if "error" in r],
+            }
+            if good:
+                for key in ("hit_rate", "worker_ttft_p50", "worker_ttft_p99", "bound"):
+                    values = [r[key] for r in good if r.get(key) is not None]
+                    summary[key] = _spread(values) if values else None
+                references = [r["reference"] for r in good if r.get("reference") is not None]
+                summary["reference"] = _spread(references) if references else None
+                per_worker = [sorted(r["per_worker"], reverse=True) for r in good]
+                summary["per_worker"] = [
+                    round(statistics.fmean(col), 1) for col in zip(*per_worker, strict=True)
+                ]
+                summary["errors"] = sum(r["errors"] + r["shed"] for r in good)
+                summary["requests"] = sum(r["requests"] for r in good)
+            routers[name] = summary
+    return out
+
+
+def _pct(spread: Mapping[str, float] | None) -> str:
+    if spread is None:
+        return "-"
+    text = f"{spread['mean']:.1%}"
+    if spread["max"] - spread["min"] >= 0.0005:
+        text += f" ({spread['min']:.1%}-{spread['max']:.1%})"
+    return text
+
+
+def _secs(spread: Mapping[str, float] | None) -> str:
+    if spread is None:
+        return "-"
+
+    def one(v: float) -> str:
+        return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+    text = one(spread["mean"])
+    if spread["max"] > spread["min"]:
+        text += f" ({one(spread['min'])}-{one(spread['max'])})"
+    return text
+
+
+def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
+    """One table for one shape: a row per router, with bound and reference in the title."""
+    first = next((r for r in routers.values() if r.get("bound")), None)
+    bound = first["bound"]["mean"] if first else None
+    reference = first.get("reference") if first else None
+    title = f"{shape}: infinite-cache bound {bound:.1%}" if bound is not None else shape
+    if reference is not None:
+        title += f", fleet-KV LRU reference {reference['mean']:.1%}"
+    table = Table(title=title, title_justify="left")
+    for column in ("router", "runs", "hit", "/ref", "TTFT p50", "TTFT p99", "per worker", "errors"):
+        table.add_column(column, justify="left" if column == "router" else "right")
+    for name, s in routers.items():
+        if not s["runs"]:
+            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 5)
+            continue
+        hit = s["hit_rate"]
+        ref = s.get("reference")
+        of_ref = f"{hit['mean'] / ref['mean']:.0%}" if ref and ref["mean"] else "-"
+        table.add_row(
+            name,
+            str(s["runs"]) + (f" (+{len(s['failed'])} failed)" if s["failed"] else ""),
+            _pct(hit),
+            of_ref,
+            _secs(s.get("worker_ttft_p50")),
+            _secs(s.get("worker_ttft_p99")),
+            "/".join(f"{v:.0f}" for v in s["per_worker"]),
+            f"{s['errors']}/{s['requests']}",
+        )
+    return table
+
+
+def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """The summary as Markdown tables (for docs/benchmarks.md)."""
+    lines = []
+    for shape, routers in summary.items():
+        first = next((r for r in routers.values() if r.get("bound")), None)
+        head = f"**{shape}**"
+        if first:
+            head += f": bound {first['bound']['mean']:.1%}"
+            if first.get("reference"):
+                head += f", fleet-KV LRU reference {first['reference']['mean']:.1%}"
+        lines += [head, "", "| router | hit | /ref | TTFT p50 | TTFT p99 | per worker | errors |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for name, s in routers.items():
+            if not s["runs"]:
+                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | |")
+                continue
+            ref = s.get("reference")
+            of_ref = f"{s['hit_rate']['mean'] / ref['mean']:.0%}" if ref and ref["mean"] else "-"
+            per_worker = "/".join(f"{v:.0f}" for v in s["per_worker"])
+            lines.append(
+                f"| {name} | {_pct(s['hit_rate'])} | {of_ref} | {_secs(s.get('worker_ttft_p50'))}"
+                f" | {_secs(s.get('worker_ttft_p99'))} | {per_worker} |"
+                f" {s['errors']}/{s['requests']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+async def run(plan: Plan, logs: Path, console: Console) -> list[dict[str, Any]]:
+    """Every shape, seed, repeat and router of ``plan``; one record per run."""
+    venvs: dict[str, Path | None] = {}
+    unavailable: dict[str, str] = {}
+    for router in plan.routers:
+        try:
+            venvs[router.name] = prepare(router, console.print)
+        except RuntimeError as exc:
+            unavailable[router.name] = str(exc)
+            console.print(f"[red]{router.name} unavailable: {exc}[/red]")
+    runs: list[dict[str, Any]] = []
+    for shape in plan.shapes:
+        requests = plan.requests or (shape.quick_requests if plan.quick else shape.requests)
+        for seed in plan.seeds:
+            for repeat in range(plan.repeats):
+                for router in plan.routers:
+                    record: dict[str, Any]
+                    if router.name in unavailable:
+                        record = {"error": unavailable[router.name]}
+                    else:
+                        folder = logs / f"{shape.name}-s{seed}-r{repeat}-{router.name}"
+                        folder.mkdir(parents=True, exist_ok=True)
+                        try:
+                            record = await one_run(
+                                shape,
+                                router,
+                                venv=venvs[router.name],
+                                seed=seed,
+                                requests=requests,
+                                logs=folder,
+                            )
+                        except (RuntimeError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+                            record = {"error": f"{type(exc).__name__}: {exc}"}
+                    record.update(
+                        {"shape": shape.name, "router": router.name, "seed": seed,
+                         "repeat": repeat}
+                    )  # fmt: skip
+                    runs.append(record)
+                    console.print(_progress_line(record))
+    return runs
+
+
+def _progress_line(record: Mapping[str, Any]) -> str:
+    where = f"{record['shape']} seed {record['seed']} {record['router']}"
+    if "error" in record:
+        return f"{where}: FAILED {record['error']}"
+    p99 = record.get("worker_ttft_p99")
+    return (
+        f"{where}: hit {record['hit_rate']:.1%} (ref {record['reference'] or 0:.1%}, "
+        f"bound {record['bound']:.1%}), TTFT p99 "
+        f"{p99 if p99 is not None else float('nan'):.2f}s, per worker {record['per_worker']}, "
+        f"errors {record['errors']} (start {record['startup_s']:.0f}s, replay "
+        f"{record['replay_s']:.0f}s, all {record['wall_s']:.0f}s)"
+    )
+
+
+def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namespace]:
+    """The plan from the command line (unknown shape or router names are errors)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes")
+    parser.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated routers")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated workload seeds")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per seed")
+    parser.add_argument("--requests", type=int, default=None, help="requests per run (override)")
+    parser.add_argument("--quick", action="store_true", help="one seed, fewer requests (~4 min)")
+    parser.add_argument("--json", type=Path, default=None, help="write every run and the summary")
+    parser.add_argument("--logs", type=Path, default=None, help="keep the processes' logs here")
+    args = parser.parse_args(argv)
+
+    def names(text: str, known: Mapping[str, object], what: str) -> list[str]:
+        chosen = [n.strip() for n in text.split(",") if n.strip()]
+        for name in chosen:
+            if name not in known:
+                parser.error(f"unknown {what} {name!r}; known: {', '.join(known)}")
+        return chosen
+
+    shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
+    routers = [ROUTERS[n] for n in names(args.routers, ROUTERS, "router")]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if args.quick and args.seeds == "0,1":
+        seeds = seeds[:1]
+    if args.repeats < 1 or (args.requests is not None and args.requests < 1) or not seeds:
+        parser.error("--repeats and --requests must be >= 1, and --seeds not empty")
+    return Plan(shapes, routers, seeds, args.repeats, args.requests, args.quick), args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the plan, print one table per shape, write ``--json``."""
+    plan, args = parse_plan(argv)
+    console = Console() if Console().is_terminal else Console(width=160)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        logs.mkdir(parents=True, exist_ok=True)
+        runs = asyncio.run(run(plan, logs, console))
+    summary = summarize(runs)
+    for shape, routers in summary.items():
+        console.print(shape_table(shape, routers))
+    wall = time.monotonic() - started
+    console.print(f"{len(runs)} runs in {wall / 60:.1f} min")
+    if args.json is not None:
+        document = {
+            "plan": {
+                "shapes": {s.name: replace(s).__dict__ for s in plan.shapes},
+                "routers": [r.name for r in plan.routers],
+                "seeds": list(plan.seeds),
+                "repeats": plan.repeats,
+                "requests": plan.requests,
+                "quick": plan.quick,
+                "workers": WORKERS,
+                "profile": PROFILE,
+                "block_size": BLOCK_SIZE,
+            },
+            "wall_s": round(wall, 1),
+            "runs": runs,
+            "summary": summary,
+            "markdown": markdown(summary),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Workload shapes that share text across strangers: what cache-aware routers meet in the wild.
+
+The synthetic workloads of ``kvgate.workload.synthetic`` give every conversation
+an opening of its own. These do not, and that is the point (issue 11): a
+prompt-block trace in which every prompt opens with the same block, and
+SGLang's "generated shared prefix" groups. Both send no session id, so a router
+can follow a conversation only by its own prefix chain, never by a key derived
+from the text everyone shares.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvgate.workload.arrivals import ArrivalSpec
+from kvgate.workload.request import Segment, SimRequest
+from kvgate.workload.streams import Ids, Session, around, session_stream, turns
+
+
+@dataclass(frozen=True, slots=True)
+class SharedOpeningTraceConfig:
+    """A long-context conversation trace in Mooncake's shape, every prompt opening alike.
+
+    Prompts are runs of ``block_tokens``-token blocks (Mooncake's ``hash_ids``):
+    one of ``openings`` shared opening blocks of ``opening_tokens`` (1: the same
+    block for everyone), then the conversation's own blocks; each later turn
+    re-sends the earlier turn's blocks and appends about ``turn_blocks`` new ones.
+    Like a trace of prompt blocks, output is not re-sent, no session id is given,
+    and each prompt ends in a partial block of its own. Requests go to
+    ``/v1/completions``. With the defaults the working set is several times a
+    small fleet's KV: the cache, not the router, is the limit. Example:
+    ``--workload shared-opening-trace:rate=2,first_blocks=32,openings=3``.
+    """
+
+    rate: float = 3.0
+    arrival: str = "poisson"
+    openings: int = 1
+    opening_tokens: int = 512
+    block_tokens: int = 512
+    first_blocks: int = 20
+    turn_blocks: int = 6
+    turns_mean: float = 2.0
+    turns_max: int = 20
+    think_s: float = 60.0
+    output_tokens: int = 150
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        openings = max(1, self.openings)  # ids 0..openings-1 are the shared openings
+        block = max(1, self.block_tokens)
+
+        def blocks(ids: Ids, n: int) -> list[Segment]:
+            first = ids.take(n)
+            return [(first + i, block) for i in range(n)]
+
+        def open_session(rng: random.Random, ids: Ids, key: str) -> Session:
+            shared: Segment = (rng.randrange(openings) if openings > 1 else 0, self.opening_tokens)
+            own = blocks(ids, around(rng, self.first_blocks))
+            return Session(key, [shared, *own], turns(rng, self.turns_mean, self.turns_max))
+
+        def next_turn(rng: random.Random, ids: Ids, s: Session) -> tuple[list[Segment], int]:
+            if s.turn > 0:
+                # The previous turn's private tail is gone; its full blocks stay.
+                s.context.pop()
+                s.context.extend(blocks(ids, around(rng, self.turn_blocks)))
+            tail: Segment = (ids.take(), rng.randint(1, block - 1) if block > 1 else 1)
+            return [tail], around(rng, self.output_tokens)
+
+        return session_stream(
+            name,
+            seed,
+            arrival,
+            turns_mean=self.turns_mean,
+            think_s=self.think_s,
+            open_session=open_session,
+            next_turn=next_turn,
+            session_ids=False,
+            reserved=openings,
+            opening=0,  # a completions prompt, as a trace replays
+            replies=False,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixGroupsConfig:
+    """SGLang's "generated shared prefix" benchmark: ``groups`` x ``prompts`` chat requests.
+
+    Each group has a long system prompt of its own (``system_tokens``); each of its
+    ``prompts`` requests asks one short question (about ``question_tokens``). All
+    ``groups * prompts`` requests are shuffled by the seed and arrive at ``rate``
+    (a high rate plus a client concurrency limit replays SGLang's "all at once,
+    N in flight"); the stream then ends. No session header. Example:
+    ``--workload shared-prefix-groups:groups=64,prompts=16,system_tokens=4096``.
+    """
+
+    rate: float = 64.0
+    arrival: str = "poisson"
+    groups: int = 16
+    prompts: int = 8
+    system_tokens: int = 2048
+    question_tokens: int = 128
+    output_tokens: int = 256
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+        rng = random.Random(f"{name}:{seed}")
+        groups = max(1, self.groups)  # ids 0..groups-1 are the system prompts
+        ids = Ids(groups)
+        order = [g for g in range(groups) for _ in range(max(1, self.prompts))]
+        rng.shuffle(order)
+        times = arrival.times(random.Random(f"{name}:{seed}:arrivals"))
+        for n, (group, at) in enumerate(zip(order, times, strict=False)):
+            question: Segment = (ids.take(), around(rng, self.question_tokens))
+            yield SimRequest.of(
+                at,
+                f"r{n}",
+                ((group, self.system_tokens), question),
+                around(rng, self.output_tokens),
+                opening=2,  # a system message and one user message
+            )
