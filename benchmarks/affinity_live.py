@@ -166,6 +166,7 @@ async def gateway(
     config = {
         "listen": {"host": "127.0.0.1", "port": port, "processes": processes},
         "workers": [{"url": url, "model": "demo"} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "store": {"url": store},
         "health": {"interval_s": 0.2, "timeout_s": 1.0},

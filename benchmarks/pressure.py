@@ -218,6 +218,7 @@ async def run_mode(settings: Settings, pressure: bool) -> ModeResult:
     async with _fleet(settings) as fleet:
         config: dict[str, Any] = {
             "workers": [{"url": w.url} for w in fleet],
+            "expose_worker_urls": True,  # answers are attributed to worker URLs
             "health": {"interval_s": settings.scrape_ms / 1000, "timeout_s": 1.0},
             "pressure": {"enabled": pressure},
             "policy": {"name": settings.policy},

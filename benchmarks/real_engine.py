@@ -224,6 +224,7 @@ async def run_policy(
     await fleet.reset()
     config = {
         "workers": [{"url": url, "model": DEFAULT_MODEL_NAME} for url in fleet.urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "health": {"interval_s": 0.5, "timeout_s": 5.0},
     }

@@ -153,6 +153,7 @@ async def agreement_live(policy: str) -> dict[str, float]:
         config = {
             "listen": {"host": "127.0.0.1", "port": 0},
             "workers": [{"url": url, "model": "demo"} for url in urls],
+            "expose_worker_urls": True,  # answers are attributed to worker URLs
             "policy": {"name": policy},
             "health": {"interval_s": AGREE_SCRAPE_S / AGREE_SCALE, "timeout_s": 1.0},
             "seed": 0,

@@ -12,6 +12,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
     sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
   fi
 fi
+# The dashboard's browser test drives Debian's chromium headless (Playwright, no download).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "chromium not found; installing it from Debian's packages" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
+  fi
+fi
 echo "== ruff"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks

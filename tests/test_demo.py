@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from kvgate.bench import run_bench
 from kvgate.demo import command
 from kvgate.demo.fleet import EmulatedFleet, Fleet, FleetSpec, emulated_fleet
 from kvgate.demo.runner import DemoConfig, run_demo
-from kvgate.demo.table import demo_table
+from kvgate.demo.table import demo_csv, demo_table
 from kvgate.workload.synthetic import build_workload
 
 TINY_WORKLOAD = (
@@ -78,7 +80,21 @@ async def test_tiny_demo_answers_every_request_for_every_policy() -> None:
     assert "round_robin" in text and "session_affinity" in text
     assert "time scale 1" in text
     # Emulated workers report their engines' own TTFT, shown beside the client's.
-    assert "engine TTFT" in text
+    assert "engine p50" in text and "model-time TTFT" in text
+    # The default table fits 80 columns; --wide adds the rest; CSV has every column.
+    narrow = Console(record=True, width=80)
+    narrow.print(demo_table(results))
+    narrow_text = narrow.export_text()
+    assert max(len(line) for line in narrow_text.splitlines()) <= 80
+    assert "…" not in narrow_text  # nothing cut to make it fit
+    assert "served" not in narrow_text
+    wide = Console(record=True, width=200)
+    wide.print(demo_table(results, wide=True))
+    wide_text = wide.export_text()
+    assert "served" in wide_text and "engine p99" in wide_text
+    rows = list(csv.DictReader(io.StringIO(demo_csv(results))))
+    assert [r["policy"] for r in rows] == ["round_robin", "session_affinity"]
+    assert float(rows[0]["hit_rate"]) == results["policies"]["round_robin"]["hit_rate"]
     for summary in results["policies"].values():
         assert 0 < summary["worker_ttft_p50"] <= summary["worker_ttft_p99"]
 
@@ -108,7 +124,7 @@ def test_demo_command_prints_the_table_and_writes_results(tmp_path: Path) -> Non
     result = CliRunner().invoke(make_app(), args)
     assert result.exit_code == 0, result.output
     assert "least_request" in result.output and "default" in result.output
-    assert "engine TTFT" in result.output and "time scale 1" in result.output
+    assert "engine p50" in result.output and "time scale 1" in result.output
     data = json.loads((tmp_path / "results.json").read_text())
     for summary in data["policies"].values():
         assert summary["finished"] == summary["requests"] == 16

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
+import io
 import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -28,14 +32,14 @@ def make_app() -> typer.Typer:
     return app
 
 
-@pytest.fixture
-def worker_url() -> Iterator[str]:
+@contextlib.contextmanager
+def threaded_worker(**options: Any) -> Iterator[str]:
     """An emulated worker served from its own thread's event loop (the CLI runs its own)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    options = WorkerOptions(port=0, profile="fast", kv_blocks=4096, seed=5)
-    handle = asyncio.run_coroutine_threadsafe(start_worker(options), loop).result(timeout=10)
+    opts = WorkerOptions(port=0, profile="fast", kv_blocks=4096, seed=5, **options)
+    handle = asyncio.run_coroutine_threadsafe(start_worker(opts), loop).result(timeout=10)
     try:
         yield handle.url
     finally:
@@ -43,6 +47,13 @@ def worker_url() -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@pytest.fixture
+def worker_url() -> Iterator[str]:
+    """A healthy emulated worker."""
+    with threaded_worker() as url:
+        yield url
 
 
 def test_bench_writes_results_json_and_prints_the_table(worker_url: str, tmp_path: Path) -> None:
@@ -87,3 +98,28 @@ def test_bench_reports_an_unreachable_target() -> None:
     )
     assert result.exit_code == 1
     assert "kvgate bench:" in result.output
+
+
+CHAT = "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05"
+
+
+def test_bench_fails_and_says_why_when_every_request_failed() -> None:
+    with threaded_worker(error_rate=1.0) as url:
+        args = ["bench", "--target", url, "--workload", CHAT, "--requests", "6"]
+        result = CliRunner().invoke(make_app(), [*args, "--rate-scale", "50", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "every request failed (6 sent): http_500 x6" in result.output
+
+
+def test_bench_prints_csv_and_json_on_stdout(worker_url: str) -> None:
+    base = ["bench", "--target", worker_url, "--workload", CHAT, "--requests", "8"]
+    base += ["--rate-scale", "50", "--label", "w0"]  # progress bars go to stderr
+    as_csv = CliRunner().invoke(make_app(), [*base, "--format", "csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    (row,) = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert row["policy"] == "w0" and int(row["finished"]) == 8
+    assert 0.0 <= float(row["hit_rate"]) <= 1.0 and float(row["ttft_p50"]) > 0
+    as_json = CliRunner().invoke(make_app(), [*base, "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.stdout)
+    assert data["policies"]["w0"]["finished"] == 8 and "bound_hit_rate" in data

@@ -39,10 +39,11 @@ def worker(
         (400, 100, 200),  # 100 prompt tokens + 100 output
         (401, 100, 201),  # a partial token counts
         (400, None, 356),  # no limit given: the default output
+        (400, 100_000, 356),  # a declared limit is a bound, not committed KV
         (0, 1, 1),
     ],
 )
-def test_kv_demand_is_prompt_tokens_plus_output_limit(
+def test_kv_demand_is_prompt_tokens_plus_expected_output(
     chars: int, max_tokens: int | None, expected: int
 ) -> None:
     request = RequestFeatures("r", "m", prompt_chars=chars, max_tokens=max_tokens)

@@ -219,11 +219,12 @@ GATES = Gates.model_validate(
              "latency_p99_vs_baseline": "inconclusive", "ttft_p95": "inconclusive",
              "quality": "inconclusive"},
         ),
-        (  # too few samples, even with terrible values
+        (  # too few samples, even with terrible values; but 10 errors in 10 prove the
+           # error bound broken (issue 13: a one-sided bound fails early)
             stats(requests=10, errors=10, latency=99.0, ttft=99.0),
             stats(),
             QualityStats(5, 0.0),
-            {"error_rate": "inconclusive", "latency_p99": "inconclusive",
+            {"error_rate": "fail", "latency_p99": "inconclusive",
              "latency_p99_vs_baseline": "inconclusive", "ttft_p95": "inconclusive",
              "quality": "inconclusive"},
         ),
@@ -505,3 +506,57 @@ def test_evaluating_a_finished_or_pending_rollout_changes_nothing() -> None:
         update = ctl.evaluate(100.0, stats(errors=100), stats())
         assert not update.changed and update.gates == ()
         assert ctl.to_dict() == before
+
+
+def test_a_paused_rollouts_message_counts_the_samples_the_table_shows() -> None:
+    """It once said "error_rate has 0 samples" beside a table showing 13."""
+    ctl = started()
+    sim = Sim(rps=4)
+    sim.run(ctl, 60)
+    assert ctl.progress.pause_reason is PauseReason.INCONCLUSIVE
+    sim.run(ctl, 30)
+    shown = {g.name: g.samples for g in ctl.progress.last_gates}
+    message = ctl.progress.message
+    name = message.removeprefix("inconclusive: ").split(" ", 1)[0]
+    assert f"has {shown[name]} " in message, (message, shown)
+    assert "needs" in message
+
+
+def test_at_the_full_step_no_gate_compares_with_the_baselines_stragglers() -> None:
+    """A healthy canary was once rolled back at 100%: the baseline, taking no new traffic,
+    still had a few sticky requests, and their quantiles were compared with."""
+    ctl = started(make_spec(steps=[50, 100], gates={"min_samples": 30}))
+    now = 0.0
+    while ctl.progress.canary_weight < 100:
+        now += 31
+        ctl.evaluate(now, stats(latency=1.0), stats(latency=1.0))
+        assert ctl.state is RolloutState.PROGRESSING, ctl.progress.message
+    # At 100%: 40 stragglers on the baseline, all fast: canary/baseline would be 10x.
+    now += 31
+    update = ctl.evaluate(now, stats(latency=1.0), stats(requests=40, latency=0.1))
+    assert ctl.state is not RolloutState.ROLLED_BACK, ctl.progress.message
+    ratios = {g.name: g.observed for g in update.gates if g.name.endswith("_vs_baseline")}
+    assert ratios and all(r == pytest.approx(1.0) for r in ratios.values()), ratios
+    assert ctl.status(now)["failed_gate"] is None
+
+
+def test_a_rolled_back_status_names_the_failed_gate() -> None:
+    ctl = started()
+    ctl.evaluate(31.0, stats(errors=50), stats())
+    assert ctl.state is RolloutState.ROLLED_BACK
+    assert ctl.status(31.0)["failed_gate"] == "error_rate"
+
+
+def test_a_rerun_keeps_how_the_last_run_ended() -> None:
+    ctl = started()
+    ctl.evaluate(31.0, stats(errors=50), stats())
+    assert ctl.state is RolloutState.ROLLED_BACK
+    again = ctl.rerun(make_spec())
+    again.start(40.0)
+    (past,) = again.progress.history
+    assert (past.state, past.failed_gate) == (RolloutState.ROLLED_BACK, "error_rate")
+    assert "error_rate" in past.message
+    restored = RolloutController.from_json(again.to_json())
+    assert restored.status(41.0)["history"][0]["failed_gate"] == "error_rate"
+    with pytest.raises(InvalidTransitionError):
+        again.rerun(make_spec())  # only a finished rollout runs again

@@ -21,6 +21,7 @@ def gateway_config(fleet: list[WorkerHandle], /, **overrides: Any) -> dict[str, 
     """A test gateway config over ``fleet`` with quick health checks."""
     config: dict[str, Any] = {
         "workers": [{"url": w.url} for w in fleet],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         # A generous probe timeout: a worker whose first probe times out (a busy
         # machine stalling this process) starts down, and tests expect it up.
         "health": {"interval_s": 0.1, "timeout_s": 2.0},

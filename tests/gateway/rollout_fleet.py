@@ -34,6 +34,7 @@ class Fleet:
         workers += [{"url": w.url, "model": "demo", "version": "v2"} for w in self.canary]
         config: dict[str, Any] = {
             "workers": workers,
+            "expose_worker_urls": True,  # answers are attributed to worker URLs
             "health": {"interval_s": 0.1, "timeout_s": 2.0},
             "retries": {"backoff_base_s": 0.0, "backoff_max_s": 0.0},
             # Per-worker outlier ejection would hide a failing canary from its own gates.

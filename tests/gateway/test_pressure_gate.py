@@ -87,3 +87,46 @@ async def test_without_pressure_handling_nothing_is_held() -> None:
         await wait_until(lambda: worker.in_flight == 2, message="both sent at once")
         assert await asyncio.gather(*sends) == [200, 200]
         assert gw.gateway.router.kv_holds == 0
+
+
+async def test_long_output_limits_do_not_mark_workers_pressured() -> None:
+    """One open stream per worker with max_tokens at 90% of the cache: no shedding."""
+    async with pressure_fleet(2) as fleet, aiohttp.ClientSession() as session:
+        config = pressure_config(fleet)
+        async with running_gateway(config) as gw:
+            await wait_until(
+                lambda: all(
+                    w.signals is not None and w.signals.kv_capacity_tokens == CAPACITY
+                    for w in gw.gateway.pool
+                ),
+                message="scrapes with the cache size",
+            )
+            greedy = {
+                "model": "demo",
+                "prompt": "hi",
+                "max_tokens": int(0.9 * CAPACITY),
+                "stream": True,
+            }
+            url = gw.openai_base + "/completions"
+            streams = [await session.post(url, json=greedy) for _ in range(2)]
+            try:
+                for stream in streams:
+                    assert stream.status == 200
+                pool = gw.gateway.pool
+                await wait_until(
+                    lambda: sum(w.in_flight for w in pool) == 2, message="both streams open"
+                )
+                for worker in pool:
+                    state = pool.snapshot("demo", 0.0, 0.0).get(worker.id)
+                    assert state is not None and state.pressure is Pressure.NORMAL
+                statuses = []
+                for i in range(6):
+                    body = {"model": "demo", "prompt": f"new session {i}", "max_tokens": 2}
+                    headers = {"X-Session-ID": f"s{i}"}
+                    async with session.post(url, json=body, headers=headers) as resp:
+                        await resp.read()
+                        statuses.append(resp.status)
+                assert statuses == [200] * 6
+            finally:
+                for stream in streams:
+                    stream.close()

@@ -61,6 +61,7 @@ def _exists(pid: int) -> bool:
 def _config(tmp_path: Path, name: str, workers: Sequence[WorkerHandle], **extra: Any) -> Path:
     data: dict[str, Any] = {
         "workers": [{"url": w.url} for w in workers],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "health": {"interval_s": 0.1, "timeout_s": 1.0},
         "drain_timeout_s": 10.0,
         **extra,

@@ -66,6 +66,7 @@ async def fleet() -> AsyncIterator[LlamaCppFleet]:
 def _gateway_config(fleet: LlamaCppFleet, policy: str) -> dict[str, object]:
     return {
         "workers": [{"url": url} for url in fleet.urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "health": {"interval_s": 0.2, "timeout_s": 2.0},
     }

@@ -192,6 +192,7 @@ def gateway_config(urls: list[str], policy: str, scenario: Scenario) -> dict[str
             {"url": url, "model": MODEL, "version": scenario.version_of(i)}
             for i, url in enumerate(urls)
         ],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "health": {"interval_s": SCRAPE_S / scenario.scale, "timeout_s": 1.0},
         "pressure": {"enabled": scenario.pressure},

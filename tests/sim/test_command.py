@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -101,3 +103,47 @@ def test_sim_rejects_bad_input() -> None:
     assert both.exit_code != 0
     neither = runner.invoke(app, ["sim", "--workers", "2"])
     assert neither.exit_code != 0
+
+
+SMALL = ["sim", "--workload", "system-prompt:prompts=12", "--workers", "2", "--requests", "120"]
+SMALL += ["--policies", "round_robin,prefix_affinity,consistent_hash", "--kv-blocks", "300"]
+
+
+def test_the_default_table_fits_80_columns_and_wide_shows_every_column() -> None:
+    narrow = CliRunner().invoke(make_app(), [*SMALL, "--no-progress"], terminal_width=80)
+    assert narrow.exit_code == 0, narrow.output
+    lines = narrow.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in narrow.stdout  # nothing cut to make it fit
+    header = next(line for line in lines if "policy" in line)
+    assert "TTFT p50" in header and "preempt" not in header
+    wide = CliRunner().invoke(make_app(), [*SMALL, "--no-progress", "--wide"])
+    assert wide.exit_code == 0, wide.output
+    header = next(line for line in wide.stdout.splitlines() if "policy" in line)
+    for column in ("req/s", "p90", "queue", "CV", "migr", "preempt", "sim/min"):
+        assert column in header, column
+
+
+def test_csv_and_json_go_to_stdout_alone() -> None:
+    as_csv = CliRunner().invoke(make_app(), [*SMALL, "--format", "csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert [r["policy"] for r in rows] == ["round_robin", "prefix_affinity", "consistent_hash"]
+    assert all(0.0 <= float(r["hit_rate"]) <= 1.0 for r in rows)
+    as_json = CliRunner().invoke(make_app(), [*SMALL, "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.stdout)
+    assert set(data["policies"]) == {"round_robin", "prefix_affinity", "consistent_hash"}
+    by_csv = {r["policy"]: float(r["hit_rate"]) for r in rows}
+    assert by_csv == {p: s["hit_rate"] for p, s in data["policies"].items()}
+
+
+def test_a_sweep_in_csv_has_one_row_per_point_and_policy() -> None:
+    args = [*SMALL[:-4], "--policies", "round_robin", "--sweep", "workers=2,3", "--format", "csv"]
+    result = CliRunner().invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [(r["sweep_value"], r["policy"]) for r in rows] == [
+        ("2", "round_robin"),
+        ("3", "round_robin"),
+    ]

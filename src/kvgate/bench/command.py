@@ -9,15 +9,17 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvgate.bench.report import results_table
+from kvgate.bench.report import results_csv, results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
-from kvgate.workload.options import (
-    TraceOption,
-    WorkloadOption,
-    table_console,
-    workload_factory,
-    write_results,
+from kvgate.tables import (
+    FormatOption,
+    OutputFormat,
+    WideOption,
+    emit,
+    json_text,
+    message_console,
 )
+from kvgate.workload.options import TraceOption, WorkloadOption, workload_factory, write_results
 from kvgate.workload.prompts import CHARS_PER_TOKEN
 from kvgate.workload.synthetic import Workload
 
@@ -71,9 +73,11 @@ def bench(
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token for the target")
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    wide: WideOption = False,
+    output: FormatOption = OutputFormat.TABLE,
 ) -> None:
     """Replay a workload live against an OpenAI-compatible endpoint and report like `kvgate sim`."""
-    console = table_console()
+    console = message_console(output, wide)
     if time_scale <= 0:
         raise typer.BadParameter("must be positive", param_hint="--time-scale")
     try:
@@ -123,10 +127,36 @@ def bench(
     except (ValueError, RuntimeError, OSError) as exc:
         typer.echo(f"kvgate bench: {exc}", err=True)
         raise typer.Exit(1) from None
-    console.print(results_table(results))
+    if output is OutputFormat.JSON:
+        emit(json_text(results))
+    elif output is OutputFormat.CSV:
+        emit(results_csv(results))
+    else:
+        console.print(results_table(results, wide=wide))
     if out is not None:
         write_results(out / "results.json", results)
         console.print(f"wrote {out / 'results.json'}")
+    failed = _all_failed(results)
+    if failed is not None:
+        typer.echo(f"kvgate bench: {failed}", err=True)
+        raise typer.Exit(1)
+
+
+def _all_failed(results: dict[str, Any]) -> str | None:
+    """What went wrong when no request of any run was answered (``None``: some were)."""
+    runs = results.get("policies", {})
+    if not runs or any(s.get("finished", 0) > 0 for s in runs.values()):
+        return None
+    kinds: dict[str, int] = {}
+    total = 0
+    for s in runs.values():
+        total += int(s.get("requests", 0))
+        for kind, n in s.get("error_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + int(n)
+        if s.get("shed"):
+            kinds["http_429 (shed)"] = kinds.get("http_429 (shed)", 0) + int(s["shed"])
+    detail = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return f"every request failed ({total} sent): {detail or 'no answer'}"
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from rich.table import Table
 
 from kvgate.bench.replay import Outcome
+from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
 from kvgate.workload.bound import Bound
 from kvgate.workload.recorder import RunRecorder
 
@@ -160,60 +161,91 @@ def _bound_json(bound: Bound) -> dict[str, Any]:
     }
 
 
-def _time(seconds: float) -> str:
-    return f"{seconds * 1000:.0f}ms" if seconds < 10 else f"{seconds:.1f}s"
+BENCH_COLUMNS: tuple[Column, ...] = (
+    Column("done", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished")),
+    Column("req/s", "throughput", lambda s: f"{s['throughput']:.2f}", field("throughput")),
+    Column("hit", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True),
+    Column(
+        "/bound",
+        "hit_rate_of_bound",
+        lambda s: percent(s.get("hit_rate_of_bound")),
+        field("hit_rate_of_bound"),
+        narrow=True,
+    ),
+    Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
+    Column("p90", "ttft_p90", lambda s: ms(s["ttft_p90"]), field("ttft_p90")),
+    Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
+    Column("e2e p50", "e2e_p50", lambda s: ms(s["e2e_p50"]), field("e2e_p50")),
+    Column("e2e p99", "e2e_p99", lambda s: ms(s["e2e_p99"]), field("e2e_p99")),
+    Column(
+        "max/mean",
+        "load_max_over_mean",
+        lambda s: f"{s['load_max_over_mean']:.2f}",
+        field("load_max_over_mean"),
+    ),
+    Column("CV", "load_cv", lambda s: f"{s['load_cv']:.2f}", field("load_cv")),
+    Column("errors", "errors", lambda s: str(s["errors"]), field("errors"), narrow=True),
+    Column("shed", "shed", lambda s: str(s["shed"]), field("shed"), narrow=True),
+)
+"""``kvgate bench``'s columns: what a client can measure; narrow ones fit 80 columns."""
+
+_WORKER_TIMED: tuple[Column, ...] = (
+    Column(
+        "worker p50",
+        "worker_ttft_p50",
+        lambda s: ms(s.get("worker_ttft_p50")),
+        field("worker_ttft_p50"),
+        narrow=True,
+    ),
+    Column(
+        "worker p99",
+        "worker_ttft_p99",
+        lambda s: ms(s.get("worker_ttft_p99")),
+        field("worker_ttft_p99"),
+    ),
+)
+"""Columns for workers that report their own TTFT (``kvgate_timing``)."""
 
 
-def results_table(results: Mapping[str, Any], title: str | None = None) -> Table:
-    """One row per entry of ``results["policies"]``, with the columns of ``kvgate sim``'s
-    table that a client can measure, plus errors and sheds."""
+_REFERENCE = Column(
+    "/ref",
+    "hit_rate_of_reference",
+    lambda s: percent(s.get("hit_rate_of_reference")),
+    field("hit_rate_of_reference"),
+)
+"""Hit rate against the fleet-KV LRU reference, when the results carry one (``--wide``)."""
+
+
+def _columns(results: Mapping[str, Any]) -> tuple[Column, ...]:
+    runs = results.get("policies", {})
+    columns = BENCH_COLUMNS
+    if results.get("reference_hit_rate") is not None:
+        columns = (*columns[:4], _REFERENCE, *columns[4:])
+    worker_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
+    return (*columns, *_WORKER_TIMED) if worker_timed else columns
+
+
+def results_table(
+    results: Mapping[str, Any], title: str | None = None, *, wide: bool = False
+) -> Table:
+    """One row per entry of ``results["policies"]``: the columns of ``kvgate sim``'s table
+    that a client can measure, plus errors and sheds (``wide``: all of them)."""
     name = results.get("workload", {}).get("name", "workload")
     bound = float(results.get("bound_hit_rate", 0.0))
     reference = results.get("reference_hit_rate")
     heading = title or f"{name}: infinite-cache bound hit rate {bound:.1%}"
     if title is None and reference is not None:
         heading += f", fleet-KV LRU reference {float(reference):.1%}"
-    table = Table(title=heading, title_justify="left")
-    columns: tuple[str, ...] = (
-        "policy", "done", "req/s", "hit", "/bound", "TTFT p50", "p90", "p99",
-        "e2e p50", "p99", "max/mean", "CV", "errors", "shed",
-    )  # fmt: skip
-    runs = results.get("policies", {})
-    if reference is not None:
-        columns = (*columns[:5], "/ref", *columns[5:])
-    # Workers that report their own timing (kvgate_timing) get two more columns.
-    worker_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
-    if worker_timed:
-        columns = (*columns, "worker TTFT p50", "p99")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for label, s in runs.items():
-        of_bound = s.get("hit_rate_of_bound")
-        worker_cells = (
-            (_time(s["worker_ttft_p50"]), _time(s["worker_ttft_p99"])) if worker_timed else ()
-        )
-        of_reference = s.get("hit_rate_of_reference")
-        reference_cells = (
-            (f"{of_reference:.1%}" if of_reference is not None else "-",)
-            if reference is not None
-            else ()
-        )
-        table.add_row(
-            label,
-            f"{s['finished']}/{s['requests']}",
-            f"{s['throughput']:.2f}",
-            f"{s['hit_rate']:.1%}",
-            f"{of_bound:.1%}" if of_bound is not None else "-",
-            *reference_cells,
-            _time(s["ttft_p50"]),
-            _time(s["ttft_p90"]),
-            _time(s["ttft_p99"]),
-            _time(s["e2e_p50"]),
-            _time(s["e2e_p99"]),
-            f"{s['load_max_over_mean']:.2f}",
-            f"{s['load_cv']:.2f}",
-            str(s["errors"]),
-            str(s["shed"]),
-            *worker_cells,
-        )
-    return table
+    runs = list(results.get("policies", {}).items())
+    columns = _columns(results)
+    caption = None
+    if _WORKER_TIMED[0] in columns:
+        caption = "worker p50: TTFT on the workers' own clock (model time)."
+    if not wide:
+        caption = f"{caption + ' ' if caption else ''}--wide: every column."
+    return rich_table(heading, columns, runs, wide=wide, caption=caption)
+
+
+def results_csv(results: Mapping[str, Any]) -> str:
+    """Every column as a raw number (times in model seconds), one line per run."""
+    return csv_text(_columns(results), list(results.get("policies", {}).items()))

@@ -200,15 +200,37 @@ def completion_prompt(prompt: object) -> str | list[int]:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return PART_SEP.join(prompt)
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        if all(_is_token_id(p) for p in prompt):
             return list(prompt)
         if all(isinstance(p, list) for p in prompt):
             flat = [t for p in prompt for t in p]
-            if all(isinstance(t, int) and not isinstance(t, bool) for t in flat):
+            if all(_is_token_id(t) for t in flat):
                 return flat
     raise InvalidRequestError(
-        "'prompt' must be a string, a non-empty list of strings, or token ids", "prompt"
+        "'prompt' must be a string, a non-empty list of strings, or token ids "
+        f"(integers from 0 to {MAX_TOKEN_ID})",
+        "prompt",
     )
+
+
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id an engine can take (vocabularies index with 32-bit integers)."""
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _require_unicode(value: str | None, param: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate, as JSON's ``\\ud800``)."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(
+            f"'{param}' holds a lone surrogate: not valid Unicode text", param
+        ) from None
 
 
 def _infer_endpoint(body: Mapping[str, Any]) -> Endpoint:
@@ -245,6 +267,8 @@ def build_features(
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequestError("'user' must be a string", "user")
+    _require_unicode(model, "model")
+    _require_unicode(user, "user")
 
     kind = endpoint if endpoint is not None else _infer_endpoint(body)
     prompt: str | list[int]
@@ -266,6 +290,7 @@ def build_features(
         use_user_field=cfg.use_user_field,
         max_chars=cfg.max_session_key_chars,
     )
+    _require_unicode(session_key, "session key")
     prefix_key = None
     if session_key is None and cfg.derive_prefix_key:
         limit = min(opening_end, cfg.block_chars * cfg.max_blocks)

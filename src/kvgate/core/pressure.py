@@ -16,14 +16,14 @@ An unknown signal (never scraped, stale, NaN) keeps the level it had; a worker
 never seen before starts ``NORMAL``: missing data never escalates.
 
 Scrapes lag: one admitted request can move KV usage a lot within one scrape
-interval, and what preempts is running requests growing their KV during decode
-once free blocks run out. So the driver also counts what it sends: each
-request's KV demand (``kv_demand_tokens``: its prompt, estimated from its
-characters, plus its output limit) is added to its worker's in-flight estimate
-until it ends. ``projected_level`` marks a worker ``SOFT`` as soon as that
-estimate reaches the soft mark (new sessions go elsewhere before a scrape shows
-it), and ``kv_fits`` is the gate: a request is held at the gateway rather than
-sent to a worker whose estimate would pass the hard mark with it.
+interval, and what preempts is running requests growing their KV during decode once
+free blocks run out. So the driver also counts what it sends: each request's KV
+demand (``kv_demand_tokens``: its prompt, estimated from its characters, plus a
+typical output, never its declared limit) is added to its worker's in-flight
+estimate until it ends. ``projected_level`` marks a worker ``SOFT`` as soon as that
+estimate reaches the soft mark (new sessions go elsewhere before a scrape shows it),
+and ``kv_fits`` is the gate: a request is held at the gateway rather than sent to a
+worker whose estimate would pass the hard mark with it.
 
 Example config::
 
@@ -219,9 +219,18 @@ class PressureTracker:
 
 
 def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
-    """KV tokens ``request`` holds at its end: its prompt (from its characters) plus its output."""
+    """KV tokens ``request`` is expected to hold: its prompt (from its characters) plus a
+    typical output (``default_output_tokens``, less when its ``max_tokens`` is lower).
+
+    A declared ``max_tokens`` is a bound, not a commitment: most requests stop far
+    short of it, and counting it in full let one client with a few long-limit
+    streams mark every worker ``SOFT`` (and have the fleet shed) while their real
+    KV use was near zero. Output that does grow past the typical shows in the
+    workers' scraped usage, which ``kv_committed_tokens`` takes when higher.
+    """
     prompt = math.ceil(request.prompt_chars / config.chars_per_token)
-    return max(1, prompt + (request.max_tokens or config.default_output_tokens))
+    output = min(request.max_tokens or config.default_output_tokens, config.default_output_tokens)
+    return max(1, prompt + output)
 
 
 def kv_committed_tokens(worker: WorkerState) -> float:

@@ -165,6 +165,21 @@ class Alert(StrictModel):
     message: str
 
 
+class PastRun(StrictModel):
+    """How an earlier, finished run of a rollout ended."""
+
+    state: RolloutState
+    steps: tuple[float, ...]
+    started_at: Seconds | None = None
+    finished_at: Seconds | None = None
+    failed_gate: str | None = None
+    message: str = ""
+
+
+MAX_HISTORY = 20
+"""Past runs a rollout keeps (the oldest are forgotten first)."""
+
+
 class RolloutProgress(StrictModel):
     """Everything a controller remembers besides its spec (what the store keeps)."""
 
@@ -182,6 +197,8 @@ class RolloutProgress(StrictModel):
     last_gates: tuple[GateResult, ...] = ()
     baseline_reference: WindowStats | None = None
     message: str = ""
+    history: tuple[PastRun, ...] = ()
+    """Earlier runs of the same rollout id, oldest first (a re-start keeps why they ended)."""
 
 
 class InvalidTransitionError(ValueError):
@@ -288,11 +305,17 @@ class RolloutController:
             samples=canary.requests,
         )
         reference = p.baseline_reference
-        if baseline is not None and measured(baseline, self.spec.gates.min_samples):
+        takes_traffic = p.canary_weight < 100.0
+        if (
+            takes_traffic
+            and baseline is not None
+            and measured(baseline, self.spec.gates.min_samples)
+        ):
             reference = baseline
-        elif reference is not None:
-            # The baseline takes no traffic at a 100% step: its last measured
-            # values stand in, or factor gates could never pass there.
+        elif reference is not None or not takes_traffic:
+            # The baseline takes no new traffic at a 100% step: its last measured
+            # values stand in (or factor gates could never pass there), never the
+            # few sticky stragglers it still serves, whose quantiles are noise.
             baseline = reference
         gates = (*evaluate_gates(self.spec.gates, canary, baseline, quality), traffic)
         seen = p.model_copy(
@@ -327,9 +350,11 @@ class RolloutController:
             return self._advance(now, seen, gates)
         if not time_met:
             return self._set(seen, "waiting", gates)
+        why = self._wanting(pending[0])
         if p.state is RolloutState.PAUSED:
-            return self._set(seen, "inconclusive", gates)
-        why = f"{pending[0].name} has {pending[0].samples} samples, needs more"
+            # Still waiting: the message says what the latest evaluation lacks.
+            return self._set(seen.model_copy(update={"message": f"inconclusive: {why}"}),
+                             "inconclusive", gates)  # fmt: skip
         paused = seen.model_copy(
             update={
                 "state": RolloutState.PAUSED,
@@ -339,6 +364,20 @@ class RolloutController:
         )
         alert = self._alert(AlertReason.INCONCLUSIVE, f"paused, too little data: {why}", pending[0])
         return self._set(paused, "inconclusive", gates, alert=alert, changed=True)
+
+    def _wanting(self, gate: GateResult) -> str:
+        """What an inconclusive gate lacks, in the numbers the status table shows."""
+        g = self.spec.gates
+        if gate.name == "step_requests":
+            need = self.spec.min_requests_per_step
+        elif gate.name == "quality" and g.quality is not None:
+            need = g.quality.min_samples
+        else:
+            need = g.min_samples
+        if gate.samples >= need:
+            extra = " on the baseline too" if gate.name.endswith("_vs_baseline") else ""
+            return f"{gate.name} has {gate.samples} samples; needs {need}{extra}"
+        return f"{gate.name} has {gate.samples} of the {need} samples it needs"
 
     def _advance(
         self, now: Seconds, seen: RolloutProgress, gates: tuple[GateResult, ...]
@@ -446,8 +485,27 @@ class RolloutController:
             "evaluations": p.evaluations,
             "last_evaluated_at": p.last_evaluated_at,
             "gates": [g.model_dump(mode="json") for g in p.last_gates],
+            "failed_gate": next((g.name for g in p.last_gates if g.verdict is Verdict.FAIL), None),
             "message": p.message,
+            "history": [run.model_dump(mode="json") for run in p.history],
         }
+
+    def rerun(self, spec: RolloutSpec) -> RolloutController:
+        """A new run of this (finished) rollout with ``spec``, remembering how this one ended."""
+        p = self._progress
+        if not p.state.finished:
+            raise InvalidTransitionError(f"rollout {self.spec.rollout_id} is {p.state.value}")
+        failed = next((g.name for g in p.last_gates if g.verdict is Verdict.FAIL), None)
+        past = PastRun(
+            state=p.state,
+            steps=self.spec.steps,
+            started_at=p.started_at,
+            finished_at=p.finished_at,
+            failed_gate=failed if p.state is RolloutState.ROLLED_BACK else None,
+            message=p.message,
+        )
+        history = (*p.history, past)[-MAX_HISTORY:]
+        return RolloutController(spec, RolloutProgress(history=history))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form of the whole controller (spec and progress)."""

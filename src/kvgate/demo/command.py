@@ -12,12 +12,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet, llamacpp_fleet, real_spec
 from kvgate.demo.runner import DEFAULT_POLICIES, DEMO_WORKLOAD, DemoConfig, run_demo
-from kvgate.demo.table import demo_table
+from kvgate.demo.table import demo_csv, demo_table
+from kvgate.tables import (
+    FormatOption,
+    OutputFormat,
+    WideOption,
+    emit,
+    json_text,
+    message_console,
+)
 from kvgate.workload.options import write_results
 
 _DEFAULTS = DemoConfig()
@@ -95,6 +102,8 @@ def demo(
     verbose: Annotated[
         bool, typer.Option(help="Show the gateway's and workers' own log lines")
     ] = False,
+    wide: WideOption = False,
+    output: FormatOption = OutputFormat.TABLE,
 ) -> None:
     """Start a fleet and compare routing policies through the real gateway.
 
@@ -105,9 +114,7 @@ def demo(
         # Pressure and health transitions are the demo working as intended; the table
         # is the output. Errors still show.
         logging.getLogger("kvgate").setLevel(logging.ERROR)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = message_console(output, wide)
     factory: FleetFactory = llamacpp_fleet if real_workers else emulated_fleet
     if real_workers:
         policies = policies or ",".join(REAL_POLICIES)
@@ -168,7 +175,12 @@ def demo(
             results = asyncio.run(run_demo(config, fleet_factory=factory, progress=tick))
     else:
         results = asyncio.run(run_demo(config, fleet_factory=factory))
-    console.print(demo_table(results))
+    if output is OutputFormat.JSON:
+        emit(json_text(results))
+    elif output is OutputFormat.CSV:
+        emit(demo_csv(results))
+    else:
+        console.print(demo_table(results, wide=wide))
     if out is not None:
         write_results(out / "results.json", results)
         console.print(f"wrote {out / 'results.json'}")

@@ -72,6 +72,7 @@ def gateway_config(config: DemoConfig, urls: Sequence[str], policy: str) -> dict
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "workers": [{"url": url, "model": config.fleet.model} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
         "policy": {"name": policy},
         "health": {"interval_s": config.health_interval_s, "timeout_s": 1.0},
         "seed": config.seed,

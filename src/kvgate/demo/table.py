@@ -7,9 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
 
 
 def _workers(fleet: Mapping[str, Any]) -> str:
@@ -17,52 +15,93 @@ def _workers(fleet: Mapping[str, Any]) -> str:
     return f"emulated {fleet['profile']}" if kind == "emulated" else str(kind)
 
 
-def demo_table(results: Mapping[str, Any]) -> Table:
+def _served(s: Mapping[str, Any]) -> str:
+    return "/".join(str(n) for n in s["served"].values())
+
+
+DEMO_COLUMNS: tuple[Column, ...] = (
+    Column("requests", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished")),
+    Column(
+        "errors",
+        "errors_and_sheds",
+        lambda s: str(s["errors"] + s["shed"]),
+        lambda s: s["errors"] + s["shed"],
+        narrow=True,
+    ),
+    Column(
+        "hit rate", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True
+    ),
+    Column(
+        "/bound",
+        "hit_rate_of_bound",
+        lambda s: percent(s.get("hit_rate_of_bound"), 0),
+        field("hit_rate_of_bound"),
+        narrow=True,
+    ),
+    Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
+    Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
+    Column("e2e p50", "e2e_p50", lambda s: ms(s["e2e_p50"]), field("e2e_p50")),
+    Column(
+        "load",
+        "load_max_over_mean",
+        lambda s: f"{s['load_max_over_mean']:.2f}",
+        field("load_max_over_mean"),
+        narrow=True,
+    ),
+    Column("served", "served", _served, _served),
+)
+"""The demo's columns; client TTFT (wall time x time scale) is ``TTFT``."""
+
+_ENGINE: tuple[Column, ...] = (
+    Column(
+        "engine p50",
+        "worker_ttft_p50",
+        lambda s: ms(s.get("worker_ttft_p50")),
+        field("worker_ttft_p50"),
+        narrow=True,
+    ),
+    Column(
+        "engine p99",
+        "worker_ttft_p99",
+        lambda s: ms(s.get("worker_ttft_p99")),
+        field("worker_ttft_p99"),
+    ),
+)
+
+
+def _columns(results: Mapping[str, Any]) -> tuple[Column, ...]:
+    runs = results["policies"]
+    # Emulated workers report their engine's own TTFT (kvgate_timing): what routing
+    # changes, free of this one process's CPU contention times the time scale.
+    if bool(runs) and all("worker_ttft_p50" in s for s in runs.values()):
+        return (*DEMO_COLUMNS[:6], *_ENGINE, *DEMO_COLUMNS[6:])
+    return DEMO_COLUMNS
+
+
+def demo_table(results: Mapping[str, Any], *, wide: bool = False) -> Table:
     """Policies as rows; latencies in model seconds, as the caption says."""
     fleet = results["config"]["fleet"]
     workload = results["workload"]
     title = (
         f"{fleet['workers']} {_workers(fleet)} workers, {workload['name']} workload: "
-        f"infinite-cache bound hit rate {results['bound_hit_rate']:.1%}"
+        f"infinite-cache bound {results['bound_hit_rate']:.1%}"
     )
-    runs = results["policies"]
-    # Emulated workers report their engine's own TTFT (kvgate_timing): what routing
-    # changes, free of this one process's CPU contention times the time scale.
-    engine_timed = bool(runs) and all("worker_ttft_p50" in s for s in runs.values())
+    columns = _columns(results)
     engine_note = (
-        "Engine TTFT: the workers' own model-time record (queue + prefill). "
-        if engine_timed
+        "engine p50: the workers' own model-time TTFT (queue + prefill). "
+        if columns is not DEMO_COLUMNS
         else ""
     )
     caption = (
-        f"Client TTFT: wall time x time scale {fleet['time_scale']:g}, including the "
-        "gateway's, client's and workers' shared CPU. "
-        f"{engine_note}Load = requests served per worker (max/mean; 1.00 is even)."
+        f"TTFT: client wall time x time scale {fleet['time_scale']:g}, sharing the CPU "
+        f"with gateway and workers. {engine_note}load: max/mean requests per worker "
+        "(1.00 is even)."
     )
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    columns: tuple[str, ...] = (
-        "policy", "requests", "errors", "hit rate", "/bound",
-        "client TTFT p50", "p99", "e2e p50", "load max/mean", "served",
-    )  # fmt: skip
-    if engine_timed:
-        columns = (*columns[:7], "engine TTFT p50", "p99", *columns[7:])
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for policy, s in runs.items():
-        of_bound = s.get("hit_rate_of_bound")
-        served = "/".join(str(n) for n in s["served"].values())
-        engine = (_ms(s["worker_ttft_p50"]), _ms(s["worker_ttft_p99"])) if engine_timed else ()
-        table.add_row(
-            policy,
-            f"{s['finished']}/{s['requests']}",
-            str(s["errors"] + s["shed"]),
-            f"{s['hit_rate']:.1%}",
-            f"{of_bound:.0%}" if of_bound is not None else "-",
-            _ms(s["ttft_p50"]),
-            _ms(s["ttft_p99"]),
-            *engine,
-            _ms(s["e2e_p50"]),
-            f"{s['load_max_over_mean']:.2f}",
-            served,
-        )
-    return table
+    if not wide:
+        caption += " --wide: every column."
+    return rich_table(title, columns, list(results["policies"].items()), wide=wide, caption=caption)
+
+
+def demo_csv(results: Mapping[str, Any]) -> str:
+    """Every column as a raw number (model seconds), one line per policy."""
+    return csv_text(_columns(results), list(results["policies"].items()))

@@ -35,7 +35,7 @@ def serve(
         int | None, typer.Option(help="Server processes sharing the port (SO_REUSEPORT).")
     ] = None,
     json_logs: Annotated[
-        bool | None, typer.Option("--json-logs/--text-logs", help="One JSON line per request.")
+        bool | None, typer.Option("--json-logs/--text-logs", help="Logs as JSON lines.")
     ] = None,
 ) -> None:
     """Serve the OpenAI API in front of a fleet of workers, routing for KV-cache reuse."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from yarl import URL
 
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
@@ -52,8 +53,28 @@ class _Model(BaseModel):
 
 
 def _check_url(value: str) -> str:
+    """An http(s) URL with a host (and a valid port), no query or fragment; no "/" at the end.
+
+    What a worker URL must be before it is probed or forwarded to: ``http://``
+    alone, ``http://:80`` or ``http://h:99999`` would only fail later, per request.
+    """
     if not value.startswith(("http://", "https://")):
         raise ValueError(f"must be an http(s) URL, got {value!r}")
+    if any(c.isspace() or ord(c) < 0x20 for c in value):
+        raise ValueError(
+            f"must be an http(s) URL without spaces or control characters, got {value!r}"
+        )
+    try:
+        url = URL(value)
+        port = url.port
+    except (ValueError, TypeError):
+        raise ValueError(f"not a valid URL: {value!r}") from None
+    if not url.host:
+        raise ValueError(f"must name a host, got {value!r}")
+    if port is None or not 0 < port < 65536:
+        raise ValueError(f"must have a port from 1 to 65535, got {value!r}")
+    if url.query_string or url.fragment:
+        raise ValueError(f"must have no query or fragment, got {value!r}")
     return value.rstrip("/")
 
 
@@ -61,6 +82,8 @@ class WorkerConfig(_Model):
     """One worker: where it is and what it serves (learned from /v1/models if unset)."""
 
     url: str
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    """What clients see in ``X-Kvgate-Worker`` (default: an id derived from the URL)."""
     model: str | None = None
     version: str | None = None
     metrics_url: str | None = None
@@ -149,6 +172,8 @@ class HealthConfig(_Model):
     """Scraped signals older than this count as unknown; default three intervals."""
     fall: int = Field(default=3, ge=1)
     rise: int = Field(default=2, ge=1)
+    max_scrape_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """A worker's metrics page larger than this is not read (its signals are unknown)."""
 
     @property
     def stale_after(self) -> float:
@@ -161,11 +186,21 @@ class HealthConfig(_Model):
 
 
 class LimitsConfig(_Model):
-    """Request size limits (413 over the body limit, 431 over the header limits)."""
+    """Request limits: sizes (413 over the body limit, 431 over the header limits), read
+    deadlines (408 and the connection closed) and connections per client address (429)."""
 
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     max_header_bytes: int = Field(default=8190, ge=256)
     max_headers: int = Field(default=128, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's head must be complete this long after the connection opened (or after
+    its first byte on a kept-alive connection)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request's body must be complete this long after its head."""
+    keepalive_s: float = Field(default=75.0, gt=0)
+    """An idle kept-alive client connection is closed after this long."""
+    max_connections_per_client: int = Field(default=1024, ge=0)
+    """Open connections from one client address (0: no bound)."""
 
 
 class PressureSettings(PressureConfig):
@@ -204,12 +239,22 @@ class GatewayConfig(_Model):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pressure: PressureSettings = Field(default_factory=PressureSettings)
     api_keys: list[str] = Field(default_factory=list)
+    metrics_auth: Literal["open", "api_key", "admin_token"] | None = None
+    """Who may read ``/metrics``: anyone, a client API key, or the admin token. Unset: a
+    client API key when ``api_keys`` are set (the fleet's names and load are not public),
+    else open."""
+    expose_worker_urls: bool = False
+    """``X-Kvgate-Worker`` names the worker by its URL (else by its ``name`` or an id)."""
     admin_token: str | None = None
     response_headers: bool = True
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    access_log: bool = True
+    """One line per request on the ``kvgate.access`` logger (JSON with ``json_logs``)."""
+    metrics_created: bool = False
+    """Export prometheus_client's ``*_created`` series (noise for most dashboards)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     seed: int = 0
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
@@ -225,6 +270,24 @@ class GatewayConfig(_Model):
                 raise ValueError(f"worker {worker.url} listed twice")
             seen.add(worker.url)
         return value
+
+    @model_validator(mode="after")
+    def _metrics_auth_has_a_secret(self) -> GatewayConfig:
+        if self.metrics_auth == "api_key" and not self.api_keys:
+            raise ValueError("metrics_auth: 'api_key' needs api_keys")
+        if self.metrics_auth == "admin_token" and not self.admin_token:
+            raise ValueError("metrics_auth: 'admin_token' needs admin_token")
+        return self
+
+    @property
+    def metrics_keys(self) -> list[str]:
+        """The bearer tokens that may read ``/metrics`` (empty: open)."""
+        auth = self.metrics_auth or ("api_key" if self.api_keys else "open")
+        if auth == "api_key":
+            return list(self.api_keys)
+        if auth == "admin_token" and self.admin_token:
+            return [self.admin_token]
+        return []
 
     @model_validator(mode="after")
     def _admin_needs_token(self) -> GatewayConfig:

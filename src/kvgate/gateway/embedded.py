@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.gateway.app import Gateway, build_app, runner_options
+from kvgate.gateway.app import Gateway, make_runner
 from kvgate.gateway.config import GatewayConfig, parse_config
 
 
@@ -40,7 +40,7 @@ async def running_gateway(
     """
     cfg = config if isinstance(config, GatewayConfig) else parse_config(config)
     gateway = Gateway(cfg, **parts)
-    runner = web.AppRunner(build_app(gateway), **runner_options(cfg))  # type: ignore[arg-type]
+    runner = make_runner(gateway)
     await runner.setup()
     try:
         site = web.TCPSite(runner, cfg.listen.host, 0)

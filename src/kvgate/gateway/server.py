@@ -2,9 +2,15 @@
 
 SIGTERM (or SIGINT) drains: readiness turns false, new requests get 503,
 in-flight requests and streams finish up to ``drain_timeout_s``, then the
-process exits. With ``listen.processes > 1`` the parent starts that many server
+process exits: 0 when everything finished, ``DRAIN_CUT_SHORT`` when the deadline
+cut requests off (their connections are closed at the deadline, not later).
+SIGHUP never kills: it calls ``reload_hook`` (by default a log line saying no
+reload is configured). A port already in use is one line and exit status 2.
+
+With ``listen.processes > 1`` the parent starts that many server
 processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
-with its own state; they share affinities only through a Redis store.
+with its own state; they share affinities only through a Redis store. A metrics
+scrape that lands on any of them answers for all (``observe.federation``).
 
 The parent supervises: it waits until every server process listens (or has
 failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
@@ -20,8 +26,10 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -31,14 +39,21 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from kvgate.gateway.app import Gateway, build_app, runner_options
+from kvgate.gateway.app import Gateway, make_runner
 from kvgate.gateway.config import ConfigError, GatewayConfig
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.logs import configure_logging
 
 log = logging.getLogger("kvgate.gateway.server")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that make a gateway drain and exit."""
+
+HANGUP = signal.SIGHUP
+"""Reload the configuration (where a reload hook is set); never a reason to die."""
+
+_BLOCKED = (*STOP_SIGNALS, HANGUP)
+"""Held pending in a server process until its own handlers are in place."""
 
 STARTUP_TIMEOUT_S = 60.0
 """A server process not listening this long after it was started is killed."""
@@ -49,25 +64,47 @@ DRAIN_CUT_SHORT = 3
 _T = TypeVar("_T")
 
 
+class ListenError(ConfigError):
+    """The gateway cannot listen where it was told to (port in use, address not here)."""
+
+
+def _no_reload(gateway: Gateway) -> None:
+    log.warning("SIGHUP received: configuration reload is not configured; ignoring it")
+
+
+ReloadHook = Callable[[Gateway], None]
+"""What SIGHUP does to a serving gateway (``reload_hook`` replaces the default)."""
+
+reload_hook: ReloadHook = _no_reload
+"""Called on SIGHUP in each server process; the default logs and carries on."""
+
+
 async def serve(
     config: GatewayConfig,
     *,
     reuse_port: bool = False,
     on_listening: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    peers: MetricsPeers | None = None,
 ) -> bool:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
-    True when every in-flight request finished within ``drain_timeout_s``.
+    True when every in-flight request finished within ``drain_timeout_s``; at
+    the deadline what is left is cut off (connections closed) and False is
+    returned at once. ``ListenError`` when the address cannot be bound.
     """
     gateway = Gateway(config)
-    runner = web.AppRunner(build_app(gateway), **runner_options(config))  # type: ignore[arg-type]
+    gateway.peers = peers
+    runner = make_runner(gateway)
     await runner.setup()
     stopping = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stopping.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(HANGUP, lambda: reload_hook(gateway))
+    drained = False
     try:
         site = web.TCPSite(
             runner,
@@ -76,8 +113,18 @@ async def serve(
             reuse_port=reuse_port or None,
             backlog=1024,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            where = f"{config.listen.host}:{config.listen.port}"
+            raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
         port = int(runner.addresses[0][1])
+        if peers is not None:
+
+            async def own_metrics(request: web.Request) -> web.Response:
+                return web.Response(body=gateway.metrics.render())
+
+            await peers.start(own_metrics)
         log.info(
             "kvgate gateway listening on http://%s:%d (policy %s, %d workers)",
             config.listen.host,
@@ -90,10 +137,29 @@ async def serve(
         await stopping.wait()
         log.info("draining: new requests refused, waiting up to %.0fs", config.drain_timeout_s)
         drained = await gateway.drain(config.drain_timeout_s)
+        if not drained:
+            _cut_connections(runner)
     finally:
+        if peers is not None:
+            await peers.stop()
         await runner.cleanup()
-    log.info("stopped")
+    log.info("stopped" if drained else "stopped at the drain deadline, requests cut short")
     return drained
+
+
+def _cut_connections(runner: web.BaseRunner) -> None:
+    """Close every client connection now: the drain deadline has passed.
+
+    Their handlers are cancelled (``handler_cancellation``), which drops their
+    upstream requests, so the workers stop generating for them too.
+    """
+    server = runner.server
+    if server is None:
+        return
+    connections = server.connections
+    log.warning("drain deadline: closing %d client connections", len(connections))
+    for connection in connections:
+        connection.force_close()
 
 
 def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
@@ -106,9 +172,9 @@ def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     return result
 
 
-def _run_one(config: GatewayConfig) -> None:
+def _run_one(config: GatewayConfig) -> int:
     configure_logging(config.json_logs)
-    _run_loop(serve(config))
+    return 0 if _run_loop(serve(config)) else DRAIN_CUT_SHORT
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -121,7 +187,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> None:
+def _run_child(
+    config: GatewayConfig, ready: Connection, parent_pid: int, index: int, peers_dir: str
+) -> None:
     """One of several server processes: report the port on ``ready`` once listening.
 
     The stop signals arrive blocked (the parent blocked them around the spawn and
@@ -132,12 +200,17 @@ def _run_child(config: GatewayConfig, ready: Connection, parent_pid: int) -> Non
     configure_logging(config.json_logs)
 
     def listening(port: int) -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
         with contextlib.suppress(OSError):
             ready.send(port)
         ready.close()
 
-    drained = _run_loop(serve(config, reuse_port=True, on_listening=listening))
+    try:
+        peers = MetricsPeers(peers_dir, index, config.listen.processes)
+        drained = _run_loop(serve(config, reuse_port=True, on_listening=listening, peers=peers))
+    except ListenError as exc:
+        log.error("%s", exc)
+        sys.exit(2)
     sys.exit(0 if drained else DRAIN_CUT_SHORT)
 
 
@@ -166,13 +239,17 @@ class _Supervisor:
         self.children: list[_Child] = []
         self.received: list[int] = []
         self.forwarded = 0
+        self.hangups = 0
+        self.hangups_forwarded = 0
+        self.peers_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+        """Where each server process serves its own metrics page to its siblings."""
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
 
     def run(self) -> int:
         """Serve until every child has exited; the exit status (0: all drained)."""
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in _BLOCKED}
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
         try:
             self._start()
@@ -183,19 +260,23 @@ class _Supervisor:
                 signal.signal(signum, handler)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            shutil.rmtree(self.peers_dir, ignore_errors=True)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self.received.append(signum)
+        if signum == HANGUP:
+            self.hangups += 1  # passed on to every server process, which reloads or logs
+        else:
+            self.received.append(signum)
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
             for index in range(self.config.listen.processes):
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
-                    args=(self.config, writer, os.getpid()),
+                    args=(self.config, writer, os.getpid(), index, self.peers_dir),
                     name=f"kvgate-serve-{index}",
                 )
                 try:
@@ -209,7 +290,7 @@ class _Supervisor:
                 self.children.append(_Child(index, process, reader))
         finally:
             # Signals that came meanwhile are delivered now, to _on_signal.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
 
     def _supervise(self) -> int:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -281,6 +362,13 @@ class _Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child.process.pid, signum)
         self.forwarded = len(self.received)
+        if self.hangups > self.hangups_forwarded:
+            log.info("SIGHUP: passed on to the gateway processes")
+            for child in self.children:
+                if not child.exited and child.process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.process.pid, HANGUP)
+            self.hangups_forwarded = self.hangups
 
     def _status(self) -> int:
         codes = [child.process.exitcode for child in self.children]
@@ -293,8 +381,7 @@ class _Supervisor:
 def run(config: GatewayConfig) -> int:
     """Serve ``config`` in this process, or in ``listen.processes`` children; exit status."""
     if config.listen.processes == 1:
-        _run_one(config)
-        return 0
+        return _run_one(config)
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
     configure_logging(config.json_logs)

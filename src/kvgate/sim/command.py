@@ -10,16 +10,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvgate.sim.experiment import Experiment
-from kvgate.sim.report import print_tables, results_json
+from kvgate.sim.report import print_tables, results_csv, results_json
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
-from kvgate.workload.options import (
-    TraceOption,
-    WorkloadOption,
-    table_console,
-    workload_factory,
-    write_results,
+from kvgate.tables import (
+    FormatOption,
+    OutputFormat,
+    WideOption,
+    emit,
+    json_text,
+    message_console,
 )
+from kvgate.workload.options import TraceOption, WorkloadOption, workload_factory, write_results
 from kvgate.workload.synthetic import parse_options
 
 DEFAULT_REQUESTS = 2000
@@ -82,9 +84,11 @@ def sim(
         typer.Option(help="PARAM=v1,v2,...: rerun for each value (rate, workers, a threshold...)"),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    wide: WideOption = False,
+    output: FormatOption = OutputFormat.TABLE,
 ) -> None:
     """Compare routing policies on one workload in virtual time (discrete-event simulation)."""
-    console = table_console()
+    console = message_console(output, wide)
     try:
         make = workload_factory(
             workload=workload,
@@ -141,11 +145,16 @@ def sim(
         points = experiment.run()
 
     wall = [{run.policy: run.wall_s for run in point.runs} for point in points]
-    print_tables(console, points, wall)
+    results = results_json(points, config, sweep_param, policy_options)
+    if output is OutputFormat.JSON:
+        emit(json_text(results))
+    elif output is OutputFormat.CSV:
+        emit(results_csv(points))
+    else:
+        print_tables(console, points, wall, wide=wide)
     if out is not None:
         from kvgate.sim.plots import write_plots  # matplotlib loads only when plots are asked for
 
-        results = results_json(points, config, sweep_param, policy_options)
         write_results(out / "results.json", results)
         written = write_plots(points, out, sweep_param)
         console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in written)}")

@@ -1,4 +1,4 @@
-"""Reports of an experiment: ``results.json`` and the console table.
+"""Reports of an experiment: ``results.json``, the console table and CSV.
 
 ``results.json`` holds only simulated quantities, so the same inputs and seed
 give the same bytes; wall-clock speed goes to the console only.
@@ -15,6 +15,7 @@ from rich.table import Table
 
 from kvgate.sim.experiment import PointResult
 from kvgate.sim.simulation import SimConfig
+from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
 
 
 def config_json(config: SimConfig) -> dict[str, Any]:
@@ -81,74 +82,99 @@ def results_json(
     return out
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f}ms" if seconds < 10 else f"{seconds:.1f}s"
+def _of_bound(s: Mapping[str, Any]) -> str:
+    return percent(s.get("hit_rate_of_bound"))
 
 
-def results_table(point: PointResult, wall: Mapping[str, float] | None = None) -> Table:
-    """One rich table comparing the policies of one point (wall seconds per run optional)."""
+SIM_COLUMNS: tuple[Column, ...] = (
+    Column("done", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished")),
+    Column("req/s", "throughput", lambda s: f"{s['throughput']:.2f}", field("throughput")),
+    Column("hit", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True),
+    Column("/bound", "hit_rate_of_bound", _of_bound, field("hit_rate_of_bound"), narrow=True),
+    Column(
+        "/ref",
+        "hit_rate_of_reference",
+        lambda s: percent(s.get("hit_rate_of_reference")),
+        field("hit_rate_of_reference"),
+        narrow=True,
+    ),
+    Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
+    Column("p90", "ttft_p90", lambda s: ms(s["ttft_p90"]), field("ttft_p90")),
+    Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
+    Column("e2e p50", "e2e_p50", lambda s: ms(s["e2e_p50"]), field("e2e_p50")),
+    Column("e2e p99", "e2e_p99", lambda s: ms(s["e2e_p99"]), field("e2e_p99")),
+    Column("queue", "queue_mean", lambda s: ms(s["queue_mean"]), field("queue_mean")),
+    Column(
+        "max/mean",
+        "load_max_over_mean",
+        lambda s: f"{s['load_max_over_mean']:.2f}",
+        field("load_max_over_mean"),
+        narrow=True,
+    ),
+    Column("CV", "load_cv", lambda s: f"{s['load_cv']:.2f}", field("load_cv")),
+    Column("shed", "shed", lambda s: str(s["shed"]), field("shed"), narrow=True),
+    Column("migr", "migrations", lambda s: str(s["migrations"]), field("migrations")),
+    Column("preempt", "preemptions", lambda s: str(s["preemptions"]), field("preemptions")),
+)
+"""``kvgate sim``'s columns; the narrow ones fit 80 columns, ``--wide`` shows all."""
+
+
+def _sim_speed(s: Mapping[str, Any]) -> str:
+    seconds = float(s.get("wall_s") or 0.0)
+    return f"{s['requests'] / seconds * 60:,.0f}" if seconds > 0 else "-"
+
+
+_SPEED = Column("sim/min", "requests_per_cpu_minute", _sim_speed, lambda s: s.get("wall_s"))
+
+
+def _rows(point: PointResult, wall: Mapping[str, float] | None) -> list[tuple[str, Any]]:
+    rows = []
+    for run in point.runs:
+        summary = dict(run.summary)
+        if wall is not None:
+            summary["wall_s"] = wall.get(run.policy, 0.0)
+        rows.append((run.policy, summary))
+    return rows
+
+
+def results_table(
+    point: PointResult, wall: Mapping[str, float] | None = None, *, wide: bool = False
+) -> Table:
+    """One table comparing the policies of one point (wall seconds per run optional).
+
+    The default columns fit 80; ``wide`` adds the rest (p90, e2e p50, queue, CV,
+    migrations, preemptions, and the simulator's speed when ``wall`` is given).
+    """
     name = point.workload.get("name", "workload")
     title = f"{name}: infinite-cache bound hit rate {point.bound.hit_rate:.1%}"
     if point.reference is not None:
         title += f", fleet-KV LRU reference {point.reference.hit_rate:.1%}"
     if point.value is not None:
         title += f"  (sweep value {point.value})"
-    table = Table(title=title, title_justify="left")
-    for column in (
-        "policy",
-        "done",
-        "req/s",
-        "hit",
-        "/bound",
-        "/ref",
-        "TTFT p50",
-        "p90",
-        "p99",
-        "e2e p50",
-        "p99",
-        "queue",
-        "max/mean",
-        "CV",
-        "shed",
-        "migr",
-        "preempt",
-    ):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    if wall is not None:
-        table.add_column("sim/min", justify="right")
-    for run in point.runs:
-        s = run.summary
-        of_bound = s.get("hit_rate_of_bound")
-        of_reference = s.get("hit_rate_of_reference")
-        row = [
-            run.policy,
-            f"{s['finished']}/{s['requests']}",
-            f"{s['throughput']:.2f}",
-            f"{s['hit_rate']:.1%}",
-            f"{of_bound:.1%}" if of_bound is not None else "-",
-            f"{of_reference:.1%}" if of_reference is not None else "-",
-            _ms(s["ttft_p50"]),
-            _ms(s["ttft_p90"]),
-            _ms(s["ttft_p99"]),
-            _ms(s["e2e_p50"]),
-            _ms(s["e2e_p99"]),
-            _ms(s["queue_mean"]),
-            f"{s['load_max_over_mean']:.2f}",
-            f"{s['load_cv']:.2f}",
-            str(s["shed"]),
-            str(s["migrations"]),
-            str(s["preemptions"]),
-        ]
-        if wall is not None:
-            seconds = wall.get(run.policy, 0.0)
-            row.append(f"{s['requests'] / seconds * 60:,.0f}" if seconds > 0 else "-")
-        table.add_row(*row)
-    return table
+    columns = (*SIM_COLUMNS, _SPEED) if wall is not None else SIM_COLUMNS
+    caption = None if wide else "max/mean: load spread (1.00 is even). --wide: every column."
+    return rich_table(title, columns, _rows(point, wall), wide=wide, caption=caption)
+
+
+def results_csv(points: Sequence[PointResult]) -> str:
+    """Every point's policies, every column as a raw number (times in seconds)."""
+    rows = [
+        (name, {**summary, "sweep_value": point.value})
+        for point in points
+        for name, summary in _rows(point, None)
+    ]
+    if points and points[0].value is not None:
+        return csv_text(SIM_COLUMNS, rows, extra=[("sweep_value", lambda _n, s: s["sweep_value"])])
+    return csv_text(SIM_COLUMNS, rows)
 
 
 def print_tables(
-    console: Console, points: Sequence[PointResult], wall: Sequence[Mapping[str, float]] | None
+    console: Console,
+    points: Sequence[PointResult],
+    wall: Sequence[Mapping[str, float]] | None,
+    *,
+    wide: bool = False,
 ) -> None:
     """One table per sweep point."""
     for i, point in enumerate(points):
-        console.print(results_table(point, wall[i] if wall is not None else None))
+        console.print(results_table(point, wall[i] if wall is not None else None, wide=wide))

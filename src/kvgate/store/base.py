@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from kvgate.core.decision import Affinity
+from kvgate.store.health import StoreHealth
 from kvgate.types import Seconds, SessionKey, WorkerId
 
 
@@ -33,6 +34,11 @@ class AffinityStore(ABC):
     def errors_total(self) -> int:
         """Backend operations that failed since the store was opened."""
         ...
+
+    def health(self) -> StoreHealth:
+        """The counters the gateway exports (``kvgate_store_*``); a backend that can fail
+        and recover (Redis) reports its outages, episodes, fallbacks and resyncs too."""
+        return StoreHealth(errors_total=self.errors_total, degraded=self.degraded)
 
     @abstractmethod
     async def get(self, key: SessionKey) -> Affinity | None:

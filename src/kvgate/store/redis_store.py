@@ -36,7 +36,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
+from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
 from kvgate.types import Seconds, SessionKey, WorkerId
@@ -54,6 +56,9 @@ class _Down(enum.Enum):
 
 
 _DOWN: Final = _Down.DOWN
+
+_RESYNC_ROUNDS = 8
+"""Batches pushed while still degraded before new calls go back to Redis (see try_recover)."""
 
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
@@ -88,6 +93,7 @@ class RedisStore(AffinityStore):
         client: Redis | None = None,
     ) -> None:
         self.url = url
+        self._url_for_logs = redact(url)
         if client is None:
             # A bounded pool: a burst of requests waits briefly for a connection
             # instead of opening hundreds (whose connects time out on a busy host).
@@ -114,6 +120,7 @@ class RedisStore(AffinityStore):
         self.fallbacks_total = 0
         self.resyncs_total = 0
         self.dirty_dropped_total = 0
+        self.degraded_total = 0
         self._recovery: asyncio.Task[None] | None = None
         self._recovering = asyncio.Lock()
         self._closed = False
@@ -127,6 +134,17 @@ class RedisStore(AffinityStore):
     def errors_total(self) -> int:
         """Failed Redis round trips since the store was opened."""
         return self._errors_total
+
+    def health(self) -> StoreHealth:
+        """The counters the gateway exports (``kvgate_store_*``)."""
+        return StoreHealth(
+            errors_total=self._errors_total,
+            degraded=self._degraded,
+            fallbacks_total=self.fallbacks_total,
+            resyncs_total=self.resyncs_total,
+            degraded_total=self.degraded_total,
+            dirty_dropped_total=self.dirty_dropped_total,
+        )
 
     @property
     def prefix(self) -> str:
@@ -309,12 +327,13 @@ class RedisStore(AffinityStore):
         if self._degraded or self._closed:
             return
         self._degraded = True
+        self.degraded_total += 1
         logger.warning(
             "affinity store degraded: redis at %s unreachable (%s: %s); "
             "serving from the local fallback map until it returns",
-            self.url,
+            self._url_for_logs,
             type(exc).__name__,
-            exc,
+            redact(str(exc)),
         )
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
@@ -329,15 +348,31 @@ class RedisStore(AffinityStore):
             if not self._degraded:
                 return True
             try:
+                # Connections pooled before the outage are dead (reset, or to the Redis
+                # that was restarted): each would fail once more and flip the store back
+                # to degraded. Drop them all; the probe and what follows open fresh ones.
+                await self._redis.connection_pool.disconnect()
                 await self._redis.ping()
-                await self._resync()
+                caught_up = await self._resync(rounds=_RESYNC_ROUNDS)
             except _FAILURES:
                 self._errors_total += 1
                 return False
-            # _resync returned with nothing dirty and no await since: safe to flip.
+            # Caught up: nothing dirty and no await since, safe to flip. Else traffic
+            # dirties bindings as fast as they are pushed (it would chase them forever,
+            # degraded all along): new calls go to Redis from now on, and what is still
+            # dirty is pushed after, compare-and-set, so a newer binding in Redis wins.
             self._degraded = False
+            if not caught_up:
+                try:
+                    await self._resync()
+                except _FAILURES as exc:
+                    self._errors_total += 1
+                    self._enter_degraded(exc)
+                    return False
             self.resyncs_total += 1
-            logger.warning("affinity store recovered: redis at %s is back, resynced", self.url)
+            logger.warning(
+                "affinity store recovered: redis at %s is back, resynced", self._url_for_logs
+            )
             return True
 
     async def _recover(self) -> None:
@@ -350,8 +385,9 @@ class RedisStore(AffinityStore):
         if self._recovery is asyncio.current_task():
             self._recovery = None
 
-    async def _resync(self) -> None:
-        """Write back what was done locally while degraded, until nothing is dirty."""
+    async def _resync(self, rounds: int | None = None) -> bool:
+        """Write back what was done locally while degraded, until nothing is dirty (True),
+        or until ``rounds`` batches of bindings were pushed (False if any is left)."""
         while self._dirty_blobs:
             name = self._dirty_blobs.pop()
             data = await self.local.get_blob(name)
@@ -361,7 +397,11 @@ class RedisStore(AffinityStore):
             except _FAILURES:
                 self._dirty_blobs.add(name)
                 raise
+        pushed = 0
         while self._dirty:
+            if rounds is not None and pushed >= rounds:
+                return False
+            pushed += 1
             batch = [self._dirty.popitem() for _ in range(min(_RESYNC_BATCH, len(self._dirty)))]
             try:
                 await self._push(batch)
@@ -369,6 +409,7 @@ class RedisStore(AffinityStore):
                 for key, deleted_from in batch:
                     self._dirty.setdefault(key, deleted_from)
                 raise
+        return True
 
     async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
         t = self.local.clock()

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from kvgate.workload.synthetic import WORKLOADS, SyntheticWorkload, Workload, build_workload
 from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace
@@ -31,12 +30,6 @@ TraceOption = Annotated[
     typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
 ]
 """``--trace``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
-
-def table_console() -> Console:
-    """A console for result tables; piped to a file, wide enough for one line per row."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 WorkloadFactory = Callable[[Mapping[str, object]], Workload]

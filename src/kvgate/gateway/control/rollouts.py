@@ -28,9 +28,11 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kvgate.core.gates import Verdict
 from kvgate.core.rollout import (
     InvalidTransitionError,
     RolloutController,
@@ -55,6 +57,9 @@ ACTIONS = ("pause", "resume", "promote", "abort")
 """The manual actions ``act`` takes (besides creating a rollout)."""
 
 _FULL_SYNC_EVERY = 30
+
+_HISTORY = 64
+"""History entries kept per rollout (the dashboard shows the latest)."""
 
 
 class RolloutNotFoundError(NotFoundError):
@@ -103,6 +108,8 @@ class RolloutManager:
         self.replica = replica_id or _replica_id()
         self.leader = False
         self._controllers: dict[str, RolloutController] = {}
+        self.history: dict[str, deque[dict[str, Any]]] = {}
+        """What each rollout did, as this replica saw it (bounded; for the dashboard)."""
         self._windows: dict[str, VersionWindows] = {}
         self._syncs = 0
         self._lock = asyncio.Lock()
@@ -205,7 +212,13 @@ class RolloutManager:
                     f"({busy.state}); finish or abort it first"
                 )
             self._ensure_versions(spec)
-            controller = RolloutController(spec)
+            if existing is not None:
+                # A re-run of a finished rollout: how the last run ended stays in its history.
+                controller = existing.rerun(spec)
+                log.info("rollout %s starts again; its last run was %s: %s",
+                         rollout_id, existing.state.value, existing.progress.message)  # fmt: skip
+            else:
+                controller = RolloutController(spec)
             now = self.clock()
             self._controllers[rollout_id] = controller
             self._windows.pop(rollout_id, None)  # a re-run starts with empty windows
@@ -385,6 +398,7 @@ class RolloutManager:
         rollout_id = spec.rollout_id
         await self.blobs.save(c)
         self.metrics.evaluations.labels(rollout_id, update.reason).inc()
+        self._remember(c, update)
         for gate in update.gates:
             if gate.observed is not None:
                 self.metrics.gate_value.labels(rollout_id, gate.name).set(gate.observed)
@@ -411,6 +425,31 @@ class RolloutManager:
                 },
             )
         self._adopt(c)
+
+    def _remember(self, c: RolloutController, update: RolloutUpdate) -> None:
+        """Add ``update`` to the rollout's history unless it only repeats the last entry.
+
+        ``waiting`` (nothing decided yet) is not history; a repeated verdict
+        (``inconclusive`` at every tick) is kept once.
+        """
+        if update.reason == "waiting":
+            return
+        events = self.history.setdefault(c.spec.rollout_id, deque(maxlen=_HISTORY))
+        entry = {
+            "at": self.clock(),
+            "reason": update.reason,
+            "state": update.state.value,
+            "step": update.step_index + 1,
+            "canary_weight": c.progress.canary_weight,
+            "message": c.progress.message,
+            "failed": [g.name for g in update.gates if g.verdict is Verdict.FAIL],
+        }
+        last = events[-1] if events else None
+        if last is not None and all(
+            last[k] == entry[k] for k in ("reason", "state", "step", "canary_weight")
+        ):
+            return
+        events.append(entry)
 
     def _show(self, c: RolloutController) -> None:
         rollout_id = c.spec.rollout_id

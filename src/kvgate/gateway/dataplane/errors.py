@@ -109,6 +109,25 @@ class HeadersTooLargeError(GatewayError):
     code = "headers_too_large"
 
 
+class RequestTimeoutError(GatewayError):
+    """408: the client did not send its request (head or body) in time; the connection closes."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
+
+
+class UnsupportedMediaError(GatewayError):
+    """415: a request body in an encoding the gateway cannot read."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_encoding"
+
+
 class OverloadedError(GatewayError):
     """429: shed; the client should come back after ``Retry-After`` seconds."""
 
@@ -187,3 +206,9 @@ class UpstreamBroken(UpstreamError):  # noqa: N818 (the names the design uses)
 
     kind = "broken"
     retryable = False
+
+
+class UpstreamTooLarge(UpstreamBroken):
+    """A short call's answer (a metrics page) is over the size the gateway reads."""
+
+    kind = "too_large"

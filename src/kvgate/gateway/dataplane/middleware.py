@@ -13,12 +13,15 @@ import logging
 from collections.abc import Iterable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
 from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     GatewayError,
     HeadersTooLargeError,
+    InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
     error_body,
@@ -64,6 +67,15 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _with_request_id(request, err.response())
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # The body could not be read (bad framing or Content-Encoding): the client's doing.
+        text = str(getattr(exc, "message", "") or exc).strip()
+        reason = (text.splitlines()[0] if text else type(exc).__name__)[:200]
+        err = InvalidRequestError(f"the request body cannot be read: {reason}")
+        return _with_request_id(request, err.response())
+    except (RecursionError, UnicodeError):
+        err = InvalidRequestError("the request is nested too deeply or is not valid Unicode")
+        return _with_request_id(request, err.response())
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
         response = web.Response(
@@ -94,13 +106,35 @@ def header_limit(max_bytes: int, max_count: int) -> Middleware:
     return check
 
 
-def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
-    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401)."""
-    allowed = [k.encode() for k in keys]
+def body_limit(max_bytes: int) -> Middleware:
+    """Refuse a request whose declared ``Content-Length`` is over ``max_bytes`` (413) at
+    once, rather than after reading (or waiting for) that much of it."""
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(protected_prefix):
+        declared = request.content_length
+        if declared is not None and declared > max_bytes:
+            raise BodyTooLargeError(
+                f"request body of {declared} bytes is over the limit of {max_bytes} bytes"
+            )
+        return await handler(request)
+
+    return check
+
+
+def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
+    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401).
+
+    ``protected_prefix`` is a path prefix, or an exact path (``/metrics``) when it
+    does not end with ``/``.
+    """
+    allowed = [k.encode() for k in keys]
+    exact = not protected_prefix.endswith("/")
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path == protected_prefix if exact else path.startswith(protected_prefix):
             auth = request.headers.get("Authorization", "")
             scheme, _, token = auth.partition(" ")
             given = token.strip().encode()

@@ -24,7 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import xxhash
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from kvgate.core import prefix
@@ -41,6 +44,7 @@ from kvgate.gateway.dataplane.errors import (
     ModelNotFoundError,
     NoHealthyWorkerError,
     OverloadedError,
+    UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -58,6 +62,7 @@ from kvgate.gateway.dataplane.usage import (
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import UpstreamResponse
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
@@ -84,6 +89,32 @@ _HOP_BY_HOP = frozenset(
         "x-request-id",
     }
 )
+
+
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding"}
+"""Request headers not passed to the worker: the server already decoded the body (gzip,
+deflate), so the bytes forwarded are not in the encoding the client named."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception's text, bounded (parser messages quote input)."""
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+_PUBLIC_KIND = {
+    "unavailable": "the worker could not be reached",
+    "timeout": "the worker did not answer in time",
+    "broken": "the worker's response broke off",
+}
+
+
+def _public(exc: UpstreamError) -> str:
+    """What a client may read of an upstream failure: its kind, never the worker's
+    address, bytes or exception text (those are in the gateway's log and metrics)."""
+    if exc.status is not None:
+        return f"the worker answered {exc.status}"
+    return _PUBLIC_KIND.get(exc.kind, "the worker failed")
 
 
 class PassiveHealth(Protocol):
@@ -113,6 +144,14 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    shed: str | None = None
+    """Why the request was shed (429), for the access log and the dashboard."""
+    refused: str | None = None
+    """The shed reason or error code of a request the gateway answered itself."""
+    last_chunk: float | None = None
+    """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
+    asked_model: str = ""
+    """The model a refused request named when no worker serves it (access log only)."""
 
 
 class _StreamResponse(web.StreamResponse):
@@ -162,6 +201,9 @@ class Proxy:
         rng: random.Random,
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
+        expose_worker_urls: bool = False,
+        traffic: TrafficWindow | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -177,6 +219,11 @@ class Proxy:
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
+        self.expose_worker_urls = expose_worker_urls
+        self._names: dict[str, str] = {}
+        self.traffic = traffic
+        """The dashboard's ring of recent traffic (``None``: not kept)."""
+        self.wall = wall
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -206,6 +253,13 @@ class Proxy:
         try:
             body = await self._read_body(request)
             features, payload = self._features(body, request, request_id, endpoint)
+            if not self.pool.serves(features.model):
+                # The access log says what was asked; metric labels never carry a
+                # client's made-up model name (one series per name, forever).
+                outcome.asked_model, features = features.model, None
+                raise ModelNotFoundError(
+                    f"The model {outcome.asked_model!r} does not exist", param="model"
+                )
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -216,6 +270,9 @@ class Proxy:
             )
         except GatewayError as exc:
             outcome.status = exc.status
+            if isinstance(exc, OverloadedError):
+                outcome.shed = exc.reason
+            outcome.refused = outcome.shed or exc.code
             raise
         except asyncio.CancelledError:
             outcome.status = 499
@@ -226,7 +283,7 @@ class Proxy:
             self.in_flight -= 1
             if not self.in_flight:
                 self.idle.set()
-            self._record(features, outcome, started, request_id)
+            self._record(features, outcome, started, request_id, path)
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
@@ -235,6 +292,9 @@ class Proxy:
             raise BodyTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes"
             ) from exc
+        except (HttpProcessingError, RequestPayloadError) as exc:
+            # Bad chunked framing, a body that is not what its Content-Encoding says...
+            raise InvalidRequestError(f"the request body cannot be read: {_reason(exc)}") from None
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
@@ -244,14 +304,21 @@ class Proxy:
             payload = json.loads(body)
         except ValueError:
             raise InvalidRequestError("the request body is not valid JSON") from None
+        except RecursionError:
+            raise InvalidRequestError("the request body's JSON is nested too deeply") from None
         try:
             features = prefix.build_features(
                 payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
-        if not self.pool.serves(features.model):
-            raise ModelNotFoundError(f"The model {features.model!r} does not exist", param="model")
+        except UnicodeEncodeError:
+            # JSON's "\ud800" decodes to a lone surrogate, which no text encoding takes.
+            raise InvalidRequestError(
+                "the request holds a lone surrogate: not valid Unicode text"
+            ) from None
+        except RecursionError:
+            raise InvalidRequestError("the request is nested too deeply") from None
         return features, payload
 
     async def _forward(
@@ -269,12 +336,24 @@ class Proxy:
         budget.requests += 1
         excluded: frozenset[str] = frozenset()
         last_failure: UpstreamError | None = None
+        # Error answers (5xx) not charged yet: one that another worker then serves was
+        # the worker's fault; the same error from the next worker follows the request.
+        unsettled: list[tuple[Worker, str, int]] = []
+        # Before the first byte, a request that failed on a canary version may be
+        # served by the stable one (else a failing canary's sessions only ever fail).
+        forced: str | None = None
+        stable = self.router.stable_version(features.model)
         try:
             while True:
                 try:
-                    placement = await self.router.place(features, affinity, excluded)
+                    placement = await self.router.place(features, affinity, excluded, forced)
                 except NoHealthyWorkerError:
                     if outcome.retries and last_failure is not None:
+                        tried = outcome.placement.version if outcome.placement else stable
+                        if forced is None and stable is not None and tried != stable:
+                            forced = stable  # no other canary worker: the stable one
+                            continue
+                        self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
                 async with placement.lease:
@@ -291,13 +370,28 @@ class Proxy:
                     except UpstreamError as exc:
                         placement.lease.release()  # free the slot before the backoff
                         last_failure = exc
-                        if not self._retry(exc, placement, features, outcome):
+                        if exc.status is not None and exc.status != 429:
+                            same = any(status == exc.status for _, _, status in unsettled)
+                            on_canary = stable is not None and placement.version != stable
+                            if same and on_canary and forced is None:
+                                forced = stable  # the canary may be at fault: ask the stable one
+                            elif same:
+                                # Two workers gave this request the same error: it is the
+                                # request's doing. Neither worker is charged, nor retried.
+                                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+                                unsettled.clear()
+                                outcome.reported = True  # says nothing about the version
+                                raise self._request_fault(exc.status, outcome.retries + 1) from None
+                        if not self._retry(exc, placement, features, outcome, unsettled):
+                            self._charge(unsettled, features)
                             raise self._client_error(exc, features) from None
                         excluded = excluded | {worker.id}
                         if placement.bound is not None:
                             affinity = placement.bound  # what this attempt bound; a retry moves it
                         await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
                         continue
+                    # Another worker served what these failed: that was the workers' fault.
+                    self._charge(unsettled, features)
                     if upstream.status < 500:
                         self.passive.success(worker)
                     return await self._respond(
@@ -318,15 +412,21 @@ class Proxy:
         placement: Placement,
         features: RequestFeatures,
         outcome: _Outcome,
+        unsettled: list[tuple[Worker, str, int]],
     ) -> bool:
-        """Count one failed attempt; True when the request may be retried on another worker."""
+        """Count one failed attempt; True when the request may be retried on another worker.
+
+        A connection failure is charged to the worker at once; a 5xx waits in
+        ``unsettled`` until another worker's answer says whose fault it was.
+        """
         worker = placement.worker
         self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-        if exc.status != 429:
-            self.passive.failure(worker)
-            if self.outcomes is not None:
-                self.outcomes.attempt_failed(features.model, placement.version)
-                outcome.reported = True
+        if exc.status is None:
+            self._charge([(worker, placement.version, 0)], features)
+            outcome.reported = True
+        elif exc.status != 429:
+            unsettled.append((worker, placement.version, exc.status))
+            outcome.reported = True
         if not exc.retryable or outcome.retries >= self.max_retries:
             return False
         if exc.status is not None:
@@ -340,6 +440,20 @@ class Proxy:
         outcome.retries += 1
         self.metrics.retries.labels(features.model).inc()
         return True
+
+    def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
+        """Count failed attempts against their workers (outlier detection) and versions."""
+        for worker, version, _ in failed:
+            self.passive.failure(worker)
+            if self.outcomes is not None:
+                self.outcomes.attempt_failed(features.model, version)
+        failed.clear()
+
+    def _request_fault(self, status: int, attempts: int) -> GatewayError:
+        return BadGatewayError(
+            f"{attempts} workers answered this request with the same error ({status}): "
+            "the request itself is the likely cause; it was not retried further"
+        )
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
         # Read the small error body so the connection can be reused.
@@ -360,14 +474,14 @@ class Proxy:
                 retry_after=1.0,
                 reason="upstream_429",
             )
-        return BadGatewayError(f"upstream failure serving {features.model!r}: {exc}")
+        return BadGatewayError(f"upstream failure serving {features.model!r}: {_public(exc)}")
 
     def _upstream_headers(
         self, request: web.Request, worker: Worker, request_id: str
     ) -> dict[str, str]:
         headers: dict[str, str] = {}
         connection = request.headers.get("Connection")
-        drop = _HOP_BY_HOP
+        drop = _NOT_FORWARDED
         if connection:
             drop = drop | {t.strip().lower() for t in connection.split(",")}
         for name, value in request.headers.items():
@@ -382,6 +496,15 @@ class Proxy:
             headers.pop("authorization", None)
         return headers
 
+    def _worker_name(self, worker: Worker) -> str:
+        """The worker as clients see it: an id, its URL only with ``expose_worker_urls``."""
+        if self.expose_worker_urls:
+            return worker.id
+        name = self._names.get(worker.id)
+        if name is None:
+            name = self._names[worker.id] = public_worker_name(worker.id, worker.config.name)
+        return name
+
     def _response_headers(
         self, upstream: UpstreamResponse, placement: Placement, request_id: str
     ) -> CIMultiDict[str]:
@@ -391,7 +514,7 @@ class Proxy:
                 headers.add(name, value)
         headers[REQUEST_ID] = request_id
         if self.response_headers:
-            headers[WORKER_HEADER] = placement.worker.id
+            headers[WORKER_HEADER] = self._worker_name(placement.worker)
             headers[VERSION_HEADER] = placement.version
             headers[REASON_HEADER] = placement.reason
         return headers
@@ -414,6 +537,9 @@ class Proxy:
                 response, done = await self._stream(request, upstream, headers, started, outcome)
             else:
                 data = await upstream.read()
+                if upstream.status < 300 and not _looks_like_json_object(data):
+                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
+                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
                 outcome.ttft = time.monotonic() - started
                 response = web.Response(body=data, status=upstream.status, headers=headers)
                 outcome.status = upstream.status
@@ -429,7 +555,9 @@ class Proxy:
             # The whole-body read failed before anything was sent: a 502.
             self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
             self.passive.failure(worker)
-            raise BadGatewayError(f"upstream failure serving {features.model!r}: {exc}") from None
+            raise BadGatewayError(
+                f"upstream failure serving {features.model!r}: {_public(exc)}"
+            ) from None
         except ConnectionResetError:
             self._client_gone(features.model, outcome)
             return web.Response(status=499)
@@ -467,6 +595,7 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -476,12 +605,25 @@ class Proxy:
                 await response.write(rest)
             await response.write_eof()
         except UpstreamError as exc:
-            # Bytes already went to the client: no retry and no error body. Cut the
-            # connection so the client sees an incomplete stream, not a finished one.
+            # Bytes already went to the client: no retry. End the stream with an
+            # OpenAI-style error event (what clients raise on), then close.
             assert outcome.placement is not None
             self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
             self.passive.failure(outcome.placement.worker)
             outcome.status = 502
+            event = b"" if tap.at_event_boundary else b"\n\n"
+            event += (
+                b"data: "
+                + BadGatewayError(
+                    f"the stream broke off: {_public(exc)}", code="stream_broken"
+                ).body()
+                + b"\n\n"
+            )
+            try:
+                await response.write(event)
+                await response.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                pass
             if request.transport is not None:
                 request.transport.close()
             return response, False
@@ -503,32 +645,47 @@ class Proxy:
         outcome: _Outcome,
         started: float,
         request_id: str,
+        path: str = "",
     ) -> None:
         duration = time.monotonic() - started
         model = features.model if features is not None else ""
         placement = outcome.placement
         worker = placement.worker.id if placement is not None else ""
         version = placement.version if placement is not None else ""
-        reason = placement.reason if placement is not None else "error"
+        reason = placement.reason if placement is not None else (outcome.refused or "error")
         status = outcome.status or 500
+        usage = outcome.usage
         m = self.metrics
         m.child(m.requests, model, version, worker, str(status), reason).inc()
         if features is not None and placement is not None:
-            m.child(m.request_duration, model, version).observe(duration)
+            m.child(m.request_duration, model, version, worker).observe(duration)
             if outcome.ttft is not None:
-                m.child(m.ttft, model, version).observe(outcome.ttft)
-            usage = outcome.usage
+                m.child(m.ttft, model, version, worker).observe(outcome.ttft)
+                itl = _inter_token(outcome, usage)
+                if itl is not None:
+                    m.child(m.inter_token_latency, model, version, worker).observe(itl)
             if usage is not None:
                 m.child(m.prompt_tokens, model, worker).inc(usage.prompt)
                 m.child(m.cached_tokens, model, worker).inc(usage.cached)
                 m.child(m.completion_tokens, model, worker).inc(usage.completion)
         if self.outcomes is not None and features is not None and placement is not None:
             _report(self.outcomes, features.model, placement.version, outcome, duration)
+        if self.traffic is not None:
+            self.traffic.record(
+                self.wall(),
+                status=status,
+                worker=worker,
+                reason=reason if placement is not None else None,
+                prompt_tokens=usage.prompt if usage is not None else 0,
+                cached_tokens=usage.cached if usage is not None else 0,
+                retries=outcome.retries,
+                shed_reason=outcome.shed,
+            )
         if self.access_log.enabled:
             self.access_log.write(
                 AccessRecord(
                     request_id=request_id,
-                    model=model,
+                    model=model or outcome.asked_model,
                     worker=worker,
                     version=version,
                     reason=reason,
@@ -536,8 +693,23 @@ class Proxy:
                     ttft=outcome.ttft,
                     duration=duration,
                     retries=outcome.retries,
+                    path=path,
+                    session=features.session_source.value if features is not None else "none",
+                    stream=features.stream if features is not None else False,
+                    prompt_tokens=usage.prompt if usage is not None else None,
+                    cached_tokens=usage.cached if usage is not None else None,
+                    completion_tokens=usage.completion if usage is not None else None,
                 )
             )
+
+
+def _inter_token(outcome: _Outcome, usage: Usage | None) -> float | None:
+    """A stream's mean time between output tokens after the first (``None``: not a stream)."""
+    if outcome.last_chunk is None or outcome.ttft is None or usage is None:
+        return None
+    if usage.completion < 2 or outcome.last_chunk <= outcome.ttft:
+        return None
+    return (outcome.last_chunk - outcome.ttft) / (usage.completion - 1)
 
 
 def _report(
@@ -558,6 +730,17 @@ def _report(
     )
     if outcome.sample is not None and ok:
         recorder.sample(model, version, outcome.body, outcome.sample)
+
+
+def public_worker_name(url: str, name: str | None = None) -> str:
+    """A worker's name for clients: its configured ``name``, else ``w-`` and a hash of its
+    URL (stable across gateway replicas and restarts, and no internal address)."""
+    return name or "w-" + xxhash.xxh3_64_hexdigest(url.encode())[:12]
+
+
+def _looks_like_json_object(data: bytes) -> bool:
+    """True when ``data`` is framed as a JSON object (a cheap check: no decoding)."""
+    return data.lstrip()[:1] == b"{" and data.rstrip()[-1:] == b"}"
 
 
 def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:

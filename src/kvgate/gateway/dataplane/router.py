@@ -78,6 +78,11 @@ class Placement:
 class Router:
     """Turns request features into a placed attempt holding a lease on one worker."""
 
+    def stable_version(self, model: str) -> str | None:
+        """The stable version of ``model`` (None without a version registry or entry)."""
+        found = self.versions.get(model) if self.versions is not None else None
+        return found.stable if found is not None else None
+
     def __init__(
         self,
         pool: WorkerPool,
@@ -128,17 +133,21 @@ class Router:
         features: RequestFeatures,
         affinity: Affinity | None,
         excluded: frozenset[WorkerId] = frozenset(),
+        version: str | None = None,
     ) -> Placement:
         """Carry out ``core.route`` until it places the request; the caller owns the lease.
 
-        Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
+        ``version`` overrides the version the registry would assign (a retry falling
+        back to the stable version). Raises ``NoHealthyWorkerError`` (503) or
+        ``OverloadedError`` (429).
         """
         queue = self.pool.queue
         priority = features.priority
         queued_at: float | None = None
         deadline = 0.0
         held_at: float | None = None
-        version = self.versions.assign(features, affinity) if self.versions is not None else None
+        if version is None and self.versions is not None:
+            version = self.versions.assign(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
@@ -210,6 +219,14 @@ class Router:
             )
             if verdict.affinity is not None:
                 await self._bind(features, verdict, placement, excluded)
+            m = self.metrics
+            m.child(
+                m.decisions,
+                features.model,
+                placement.version,
+                placement.worker.id,
+                placement.reason,
+            ).inc()
             self.policy.on_routed(features, placement.worker.id, self.wall())
         except BaseException:
             lease.release()

@@ -91,6 +91,12 @@ class StreamTap:
         if len(tail) > _TAIL_MAX:
             del tail[:-_TAIL_KEEP]
 
+    @property
+    def at_event_boundary(self) -> bool:
+        """True when what was forwarded so far ends with a whole event (or is nothing)."""
+        tail = self._tail
+        return not tail or tail.endswith(b"\n\n")
+
     def usage(self) -> Usage | None:
         """The last non-null ``usage`` among the kept events, if any."""
         tail = bytes(self._tail)

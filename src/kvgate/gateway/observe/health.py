@@ -24,11 +24,15 @@ from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
 from kvgate.gateway.config import HealthConfig
-from kvgate.gateway.dataplane.errors import UpstreamError
+from kvgate.gateway.dataplane.errors import UpstreamError, UpstreamTooLarge
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
 
 log = logging.getLogger("kvgate.gateway.observe.health")
+
+_PARSE_INLINE_BYTES = 64 * 1024
+"""Metrics pages up to this size are parsed on the event loop (quicker than a thread
+hop); larger ones on a thread, so a big page cannot stall requests."""
 
 
 class ScrapeListener(Protocol):
@@ -59,6 +63,7 @@ class HealthChecker:
         self.scrape_listeners = tuple(scrape_listeners)
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._oversized: set[str] = set()
 
     # -- passive (live requests) ------------------------------------------------
 
@@ -166,11 +171,23 @@ class HealthChecker:
             listener(worker, signals)
 
     async def _scrape_one(self, worker: Worker, url: str) -> WorkerSignals | None:
+        cap = self.config.max_scrape_bytes
         try:
-            status, body = await worker.upstream.get(url, self.config.timeout_s)
+            status, body = await worker.upstream.get(url, self.config.timeout_s, max_bytes=cap)
             if status != 200:
                 return None
-            return parse_worker_metrics(body.decode("utf-8", "replace"), now=time.time())
+            text = body.decode("utf-8", "replace")
+            if len(body) <= _PARSE_INLINE_BYTES:
+                return parse_worker_metrics(text, now=time.time())
+            # A large page would hold the event loop (every request, every probe) for
+            # as long as it parses: parse it on a thread.
+            return await asyncio.to_thread(parse_worker_metrics, text, now=time.time())
+        except UpstreamTooLarge:
+            if worker.id not in self._oversized:
+                self._oversized.add(worker.id)  # once per worker, not once per scrape
+                log.warning("worker %s: metrics page over %d bytes (health.max_scrape_bytes); "
+                            "its scraped signals are unknown", worker.id, cap)  # fmt: skip
+            return None
         except (UpstreamError, ScrapeError):
             return None
 

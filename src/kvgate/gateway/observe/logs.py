@@ -1,19 +1,27 @@
-"""Structured logs: one JSON line per request (optional) and the process log set-up."""
+"""Logs: one access line per request (JSON or plain text) and the process log set-up."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
+
+from kvgate.redaction import RedactingFilter
 
 ACCESS_LOGGER = "kvgate.access"
 
 
 @dataclass(frozen=True, slots=True)
 class AccessRecord:
-    """One answered request, as logged."""
+    """One finished request, as logged (answered, refused or failed).
+
+    ``model`` is what the client asked for, even when no worker serves it;
+    ``reason`` is the route reason, or the shed reason of a refused request.
+    Token counts are ``None`` when the response carried no usage.
+    """
 
     request_id: str
     model: str
@@ -24,23 +32,85 @@ class AccessRecord:
     ttft: float | None
     duration: float
     retries: int = 0
+    method: str = "POST"
+    path: str = ""
+    session: str = "none"
+    """Where the session key came from: header, user, prefix or none."""
+    stream: bool = False
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+_FIELDS = tuple(f.name for f in fields(AccessRecord))
+
+_PLAIN_ORDER = (
+    "worker",
+    "version",
+    "reason",
+    "session",
+    "stream",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "ttft",
+    "duration",
+    "retries",
+    "request_id",
+)
+
+
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
+
+
+def _plain_value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if not text:
+        return '""'
+    if _NEEDS_QUOTES.search(text) is not None:
+        return json.dumps(text)
+    return text
 
 
 class AccessLog:
-    """Writes ``AccessRecord``s as JSON lines to the ``kvgate.access`` logger when enabled."""
+    """Writes one line per request to the ``kvgate.access`` logger: JSON or plain text.
 
-    def __init__(self, enabled: bool, logger: logging.Logger | None = None) -> None:
+    Plain lines read like a web server's (``POST /v1/chat/completions 200 model=...``)
+    followed by ``key=value`` pairs; JSON lines hold the same fields as one object.
+    Nothing is formatted when the logger would drop the line.
+    """
+
+    def __init__(
+        self, enabled: bool, logger: logging.Logger | None = None, *, json_lines: bool = True
+    ) -> None:
         self.enabled = enabled
+        self.json_lines = json_lines
         self._logger = logger or logging.getLogger(ACCESS_LOGGER)
 
     def write(self, record: AccessRecord) -> None:
-        """Log one request as a JSON object on one line."""
-        data = asdict(record)
-        data["ts"] = round(time.time(), 6)
+        """Log one request on one line.
+
+        Built by hand, not with ``dataclasses.asdict`` (which deep-copies: about
+        25 µs of a request's ~400 µs of gateway CPU).
+        """
+        if not self._logger.isEnabledFor(logging.INFO):
+            return
+        data = {name: getattr(record, name) for name in _FIELDS}
         data["duration"] = round(record.duration, 6)
         if record.ttft is not None:
             data["ttft"] = round(record.ttft, 6)
-        self._logger.info(json.dumps(data, separators=(",", ":")))
+        if self.json_lines:
+            data["ts"] = round(time.time(), 6)
+            self._logger.info(json.dumps(data, separators=(",", ":")))
+            return
+        model = _plain_value(record.model)
+        head = f"{record.method} {record.path or '-'} {record.status} model={model}"
+        rest = " ".join(f"{k}={_plain_value(data[k])}" for k in _PLAIN_ORDER)
+        self._logger.info("%s %s", head, rest)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -67,6 +137,7 @@ def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())  # no credential in any line, whoever logs it
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

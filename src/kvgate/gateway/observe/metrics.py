@@ -2,8 +2,10 @@
 
 Each gateway app owns a ``GatewayMetrics`` with its own ``CollectorRegistry`` (no
 process-wide registry), so several gateways can run side by side in one test.
-Per-worker gauges (in flight, health) are read from the worker pool at scrape
-time rather than updated on the hot path.
+Per-worker gauges (what routing sees: in flight, health, KV usage, queue, pressure,
+GPU memory and temperature, scrape age) are read from the worker pool at scrape
+time rather than updated on the hot path. ``*_created`` series are left out
+unless ``created=True``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,9 +48,36 @@ _LATENCY_BUCKETS = (
 )
 
 
+# -- what routing sees, per worker (issue 14) ---------------------------------------
+#
+# These gauges are read from the worker pool when Prometheus scrapes (a custom
+# collector), so they cost nothing per request. Health is a value, never a label
+# that changes over time: ``kvgate_worker_healthy`` is 0/1 and
+# ``kvgate_worker_health_state`` has one series per state, 0 or 1, that never
+# disappears while the worker is in the pool.
+
+HEALTH_STATES = tuple(h.value for h in Health)
+"""Every health state: one ``kvgate_worker_health_state`` series each, per worker."""
+
+PRESSURE_VALUES = {Pressure.NORMAL.value: 0.0, Pressure.SOFT.value: 1.0, Pressure.HARD.value: 2.0}
+"""``kvgate_worker_*pressure_level`` values for each ``core.fleet.Pressure`` level."""
+
+_ROUTABLE = frozenset(h.value for h in ROUTABLE_HEALTH)
+
+_MIB = 1024.0 * 1024.0
+
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+"""Inter-token latency lives between ~5 ms (small models) and ~150 ms (loaded GPUs)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerGaugeRow:
-    """One worker's values for the scrape-time gauges."""
+    """One worker's values for the scrape-time gauges; ``None`` means unknown.
+
+    Scraped readings (``running`` .. ``gpu_mem_total_mib``) are the last scrape's,
+    however old: ``scrape_age_s`` and ``signals_fresh`` say whether routing still
+    believes them (stale readings count as unknown there).
+    """
 
     worker: str
     model: str
@@ -53,6 +85,24 @@ class WorkerGaugeRow:
     in_flight: int
     health: str
     ejected: bool
+    max_in_flight: int = 0
+    pressure: str = "normal"
+    """The level routing sees: the scraped level raised by the in-flight KV estimate."""
+    kv_in_flight_tokens: int = 0
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    """The worker's KV-cache size in tokens (configuration: it does not go stale)."""
+    gpu_temp_c: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+    scrape_age_s: float | None = None
+    signals_fresh: bool = False
+
+
+def _gauge(name: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=["worker", "model", "version"])
 
 
 class _WorkerCollector(Collector):
@@ -61,31 +111,123 @@ class _WorkerCollector(Collector):
     def __init__(self, rows: Callable[[], Iterable[WorkerGaugeRow]]) -> None:
         self._rows = rows
 
+    def describe(self) -> Iterator[Metric]:
+        """The families ``collect`` yields, without reading the pool."""
+        return iter(self._families())
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [
+            _gauge("kvgate_worker_in_flight", "Requests in flight here, per worker."),
+            _gauge("kvgate_worker_max_in_flight", "In-flight limit: past it, full."),
+            _gauge("kvgate_worker_healthy", "1: takes traffic (healthy, degraded)."),
+            GaugeMetricFamily(
+                "kvgate_worker_health_state",
+                "1 for the health state the worker is in, 0 for the others (healthy, degraded, "
+                "draining, ejected).",
+                labels=["worker", "model", "version", "state"],
+            ),
+            _gauge(
+                "kvgate_worker_routing_pressure_level",
+                "Memory pressure routing sees: 0 normal, 1 soft, 2 hard (the scraped level "
+                "raised by the gateway's in-flight KV estimate).",
+            ),
+            _gauge(
+                "kvgate_worker_kv_in_flight_tokens",
+                "KV tokens the requests in flight here will hold at their end (the gateway's "
+                "estimate).",
+            ),
+            _gauge("kvgate_worker_running_requests", "Requests the worker reports running."),
+            _gauge("kvgate_worker_waiting_requests", "Requests the worker reports waiting."),
+            _gauge("kvgate_worker_kv_usage_ratio", "KV-cache usage the worker reports, 0..1."),
+            _gauge("kvgate_worker_kv_capacity_tokens", "The worker's KV-cache size in tokens."),
+            _gauge("kvgate_worker_gpu_temperature_celsius", "GPU temperature (DCGM), worst GPU."),
+            _gauge("kvgate_worker_gpu_memory_used_bytes", "GPU memory used (DCGM), fullest GPU."),
+            _gauge("kvgate_worker_gpu_memory_free_bytes", "GPU memory free (DCGM), fullest GPU."),
+            _gauge("kvgate_worker_scrape_age_seconds", "Seconds since the last good scrape."),
+            _gauge(
+                "kvgate_worker_signals_fresh",
+                "1 when the last scrape is younger than health.stale_after (routing uses it).",
+            ),
+        ]
+
     def collect(self) -> Iterator[Metric]:
-        in_flight = GaugeMetricFamily(
-            "kvgate_worker_in_flight",
-            "Requests in flight through this gateway, per worker.",
-            labels=["worker", "model", "version"],
-        )
-        healthy = GaugeMetricFamily(
-            "kvgate_worker_healthy",
-            "1 when the worker takes traffic (healthy or degraded), else 0.",
-            labels=["worker", "model", "version", "state"],
-        )
+        """Every family, one sample per worker (scraped readings only when known)."""
+        families = self._families()
+        (
+            in_flight,
+            max_in_flight,
+            healthy,
+            health_state,
+            pressure,
+            kv_tokens,
+            running,
+            waiting,
+            kv_usage,
+            kv_capacity,
+            temp,
+            mem_used,
+            mem_free,
+            age,
+            fresh,
+        ) = families
         for row in self._rows():
-            in_flight.add_metric([row.worker, row.model, row.version], row.in_flight)
-            healthy.add_metric(
-                [row.worker, row.model, row.version, row.health],
-                0.0 if row.health in ("ejected", "draining") else 1.0,
-            )
-        yield in_flight
-        yield healthy
+            labels = [row.worker, row.model, row.version]
+            in_flight.add_metric(labels, row.in_flight)
+            max_in_flight.add_metric(labels, row.max_in_flight)
+            healthy.add_metric(labels, 1.0 if row.health in _ROUTABLE else 0.0)
+            for state in HEALTH_STATES:
+                health_state.add_metric([*labels, state], 1.0 if row.health == state else 0.0)
+            pressure.add_metric(labels, PRESSURE_VALUES.get(row.pressure, 0.0))
+            kv_tokens.add_metric(labels, row.kv_in_flight_tokens)
+            fresh.add_metric(labels, 1.0 if row.signals_fresh else 0.0)
+            _maybe(running, labels, row.running)
+            _maybe(waiting, labels, row.waiting)
+            _maybe(kv_usage, labels, row.kv_usage)
+            _maybe(kv_capacity, labels, row.kv_capacity_tokens)
+            _maybe(temp, labels, row.gpu_temp_c)
+            _maybe(age, labels, row.scrape_age_s)
+            if row.gpu_mem_used_mib is not None:
+                mem_used.add_metric(labels, row.gpu_mem_used_mib * _MIB)
+                if row.gpu_mem_total_mib is not None:
+                    free = max(0.0, row.gpu_mem_total_mib - row.gpu_mem_used_mib)
+                    mem_free.add_metric(labels, free * _MIB)
+        yield from families
+
+
+def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    """Add a sample only for a known reading: an unknown one is absent, never zero."""
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+class _WithoutCreated:
+    """A registry's view without the ``*_created`` samples (``render(created=False)``).
+
+    prometheus_client's ``disable_created_metrics()`` is process-wide; this keeps
+    the choice per registry, so one gateway's setting cannot change another's.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class GatewayMetrics:
     """The gateway's Prometheus metrics, in a registry of their own."""
 
-    def __init__(self, worker_rows: Callable[[], Iterable[WorkerGaugeRow]] | None = None) -> None:
+    def __init__(
+        self,
+        worker_rows: Callable[[], Iterable[WorkerGaugeRow]] | None = None,
+        *,
+        created: bool = False,
+    ) -> None:
+        self.created = created
+        """Export the ``*_created`` series (off by default: they were ~40% of the page)."""
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter(
@@ -96,15 +238,15 @@ class GatewayMetrics:
         )
         self.request_duration = Histogram(
             "kvgate_request_duration_seconds",
-            "Whole request time as the gateway saw it.",
-            ["model", "version"],
+            "Whole request time as the gateway saw it (end to end), by worker and version.",
+            ["model", "version", "worker"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "kvgate_time_to_first_token_seconds",
             "Time from request arrival to the first response byte (first chunk for streams).",
-            ["model", "version"],
+            ["model", "version", "worker"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -225,6 +367,21 @@ class GatewayMetrics:
             registry=r,
         )
         self.rollout = RolloutMetrics(r)
+        # -- the operator's view (issue 14) ------------------------------------------
+        self.inter_token_latency = Histogram(
+            "kvgate_inter_token_latency_seconds",
+            "Mean time between output tokens of one streamed response, as the gateway saw "
+            "it: (last chunk - first chunk) / (completion tokens - 1).",
+            ["model", "version", "worker"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "kvgate_route_decisions_total",
+            "Placements the router made (every attempt, retries too), by the policy's reason.",
+            ["model", "version", "worker", "reason"],
+            registry=r,
+        )
         if worker_rows is not None:
             r.register(_WorkerCollector(worker_rows))
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
@@ -245,9 +402,58 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*values)
         return found  # type: ignore[return-value]
 
+    # -- store health (issue 13) ------------------------------------------------
+
+    def watch_store(self, health: Callable[[], StoreHealth]) -> None:
+        """Export the affinity store's health counters, read when Prometheus scrapes."""
+        self.registry.register(_StoreCollector(health))
+
     def render(self) -> bytes:
-        """The text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The text exposition of every metric (``*_created`` only when asked for)."""
+        if self.created:
+            return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _StoreCollector(Collector):
+    """The store's own counters (a Redis outage is answered locally, so no request fails
+    and ``kvgate_store_errors_total`` alone would not show it)."""
+
+    def __init__(self, health: Callable[[], StoreHealth]) -> None:
+        self._health = health
+
+    def collect(self) -> Iterator[Metric]:
+        h = self._health()
+        yield CounterMetricFamily(
+            "kvgate_store_backend_errors",
+            "Failed round trips to the store's backend (Redis), probes included.",
+            value=h.errors_total,
+        )
+        yield GaugeMetricFamily(
+            "kvgate_store_degraded",
+            "1 while the store's backend is unreachable and calls are answered locally.",
+            value=1.0 if h.degraded else 0.0,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_degraded_episodes",
+            "Times the store entered degraded mode (backend outages seen).",
+            value=h.degraded_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_fallbacks",
+            "Store calls answered from the local fallback map during outages.",
+            value=h.fallbacks_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_resyncs",
+            "Outages recovered from: local writes pushed back to the backend.",
+            value=h.resyncs_total,
+        )
+        yield CounterMetricFamily(
+            "kvgate_store_dirty_dropped",
+            "Local writes dropped from the resync backlog (over its bound) during outages.",
+            value=h.dirty_dropped_total,
+        )
 
 
 class RolloutMetrics:

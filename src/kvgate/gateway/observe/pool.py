@@ -314,18 +314,35 @@ class WorkerPool:
         return sum(w.in_flight for w in self._workers.values())
 
     def gauge_rows(self, now_mono: float) -> list[WorkerGaugeRow]:
-        """Per-worker values for the scrape-time gauges."""
-        return [
-            WorkerGaugeRow(
-                worker=w.id,
-                model=w.model or "",
-                version=w.version,
-                in_flight=w.in_flight,
-                health=w.health(now_mono, self.stale_after).value,
-                ejected=w.ejected,
-            )
-            for w in self._workers.values()
-        ]
+        """Per-worker values for the scrape-time gauges and the dashboard."""
+        # A copy: /metrics renders in a thread while the loop may add or remove workers.
+        return [self._gauge_row(w, now_mono) for w in list(self._workers.values())]
+
+    def _gauge_row(self, w: Worker, now: float) -> WorkerGaugeRow:
+        stale = self.stale_after
+        state = w.state(now, stale)
+        sig = w.signals
+        age = now - w.signals_at if sig is not None else None
+        return WorkerGaugeRow(
+            worker=w.id,
+            model=w.model or "",
+            version=w.version,
+            in_flight=w.in_flight,
+            health=state.health.value,
+            ejected=w.ejected,
+            max_in_flight=w.max_in_flight,
+            pressure=state.pressure.value,
+            kv_in_flight_tokens=w.kv_in_flight_tokens,
+            running=sig.running if sig is not None else None,
+            waiting=sig.waiting if sig is not None else None,
+            kv_usage=sig.kv_usage if sig is not None else None,
+            kv_capacity_tokens=state.kv_capacity_tokens,
+            gpu_temp_c=sig.gpu_temp_c if sig is not None else None,
+            gpu_mem_used_mib=sig.gpu_mem_used_mib if sig is not None else None,
+            gpu_mem_total_mib=sig.gpu_mem_total_mib if sig is not None else None,
+            scrape_age_s=age,
+            signals_fresh=age is not None and age <= stale,
+        )
 
 
 class _View:

@@ -150,7 +150,7 @@ def parse_worker_metrics(text: str, *, now: float | None = None) -> WorkerSignal
     ``now`` is stamped into ``scraped_at`` so staleness can be judged later.
     Raises ``ScrapeError`` when the body is not Prometheus text format.
     """
-    samples = _collect(text)
+    samples = _collect(_relevant(text))
     return replace(merge(_engine_signals(samples), _gpu_signals(samples)), scraped_at=now)
 
 
@@ -199,6 +199,29 @@ _ENGINE_FIELDS = (
     "prefix_cache_hits_total",
     "prefix_cache_hit_rate",
 )
+
+
+_PREFIXES = ("vllm:", "sglang:", "llamacpp:", "DCGM_FI_")
+"""Every name read here starts with one of these."""
+
+
+def _relevant(text: str) -> str:
+    """Only the lines of families read here: the parser is slow, and a page may be huge
+    with other exporters' series (a big page cost seconds of event loop per scrape)."""
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[2].startswith(_PREFIXES):
+                keep.append(line)
+        elif line.startswith(_PREFIXES):
+            keep.append(line)
+    if not keep:
+        # Nothing of ours: the parser still judges whether it is the format at all,
+        # on a bounded head of the page.
+        return "\n".join(text.splitlines()[:64]) + "\n"
+    keep.append("")
+    return "\n".join(keep)
 
 
 def _collect(text: str) -> _Samples:

@@ -30,6 +30,9 @@ _PAUSE_AT = 256 * 1024
 """Body bytes buffered (not yet taken by the reader) at which reading pauses."""
 
 
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+
+
 class Http1Error(Exception):
     """A failed exchange with a worker."""
 
@@ -218,6 +221,10 @@ class Connection(asyncio.Protocol):
                 if len(buf) > _MAX_HEAD:
                     self._fail(ProtocolError("response head too large"))
                 return False
+            if end > _MAX_HEAD:
+                # Checked here too: a whole oversized head can arrive in one read.
+                self._fail(ProtocolError("response head too large"))
+                return False
             head = bytes(buf[:end])
             del buf[: end + 4]
             try:
@@ -249,7 +256,9 @@ class Connection(asyncio.Protocol):
             headers.add(key, text)
             lower = name.lower()
             if lower == b"content-length":
-                if not text.isdigit() or (length is not None and int(text) != length):
+                if not (text.isascii() and text.isdigit()) or (
+                    length is not None and int(text) != length
+                ):
                     raise ProtocolError("bad Content-Length")
                 length = int(text)
             elif lower == b"transfer-encoding":
@@ -311,7 +320,7 @@ class Connection(asyncio.Protocol):
             end = view.find(b"\r\n", pos)
             if end < 0:
                 if size - pos > _MAX_HEAD:
-                    self._fail(ProtocolError("chunk line too long"))
+                    self._fail_after(out, ProtocolError("chunk line too long"))
                     return
                 buf += view[pos:]
                 break
@@ -319,15 +328,15 @@ class Connection(asyncio.Protocol):
             pos = end + 2
             if state == 0:
                 digits = line.split(b";", 1)[0].strip()
-                try:
-                    self._left = int(digits, 16)
-                except ValueError:
-                    self._fail(ProtocolError(f"bad chunk size {digits[:20]!r}"))
+                if not digits or len(digits) > 15 or digits.strip(_HEX_DIGITS):
+                    # Only hex digits: int() would also take "-5", "+5", "0x5" or "1_0".
+                    self._fail_after(out, ProtocolError(f"bad chunk size {digits[:20]!r}"))
                     return
+                self._left = int(digits, 16)
                 self._chunk_state = 1 if self._left else 3
             elif state == 2:
                 if line:
-                    self._fail(ProtocolError("chunk data not followed by CRLF"))
+                    self._fail_after(out, ProtocolError("chunk data not followed by CRLF"))
                     return
                 self._chunk_state = 0
             elif not line:  # the empty line after the last chunk (and trailers)
@@ -339,6 +348,12 @@ class Connection(asyncio.Protocol):
                 return
         if out:
             self._push(out[0] if len(out) == 1 else b"".join(out))
+
+    def _fail_after(self, out: list[bytes], exc: Http1Error) -> None:
+        """Fail the exchange, delivering first the body bytes parsed before the error."""
+        if out:
+            self._push(b"".join(out))
+        self._fail(exc)
 
     def _push(self, data: bytes) -> None:
         if not data:

@@ -23,6 +23,7 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from kvgate.gateway.upstream import http1
@@ -214,14 +215,35 @@ class Upstream:
         return UpstreamResponse(pool, conn)
 
     async def get(
-        self, url: str, limit_s: float, headers: Mapping[str, str] | None = None
+        self,
+        url: str,
+        limit_s: float,
+        headers: Mapping[str, str] | None = None,
+        *,
+        max_bytes: int | None = None,
     ) -> tuple[int, bytes]:
-        """A short GET (health probe, metrics scrape, model list); whole body read."""
+        """A short GET (health probe, metrics scrape, model list); whole body read.
+
+        A body over ``max_bytes`` is refused (``UpstreamTooLarge``) as soon as it is
+        known to be, without reading the rest: a worker's page must not cost the
+        gateway unbounded memory or time.
+        """
         try:
             async with self.session.get(
                 url, headers=headers, timeout=aiohttp.ClientTimeout(total=limit_s)
             ) as resp:
-                return resp.status, await resp.read()
+                if max_bytes is None:
+                    return resp.status, await resp.read()
+                if (resp.content_length or 0) > max_bytes:
+                    raise UpstreamTooLarge(f"the response is over {max_bytes} bytes")
+                parts: list[bytes] = []
+                size = 0
+                while chunk := await resp.content.readany():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UpstreamTooLarge(f"the response is over {max_bytes} bytes")
+                    parts.append(chunk)
+                return resp.status, b"".join(parts)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, started=False) from exc
 

@@ -1,0 +1,133 @@
+"""One access-log line per request, plain and JSON, with what an operator needs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import aiohttp
+import pytest
+
+from kvgate.gateway.observe.logs import ACCESS_LOGGER, AccessLog, AccessRecord
+from kvgate.gateway.testing import running_gateway
+from kvgate.workersim.runner import WorkerHandle
+
+from .conftest import every_worker_up, gateway_config
+
+RECORD = AccessRecord(
+    request_id="r1",
+    model="demo",
+    worker="http://127.0.0.1:9000",
+    version="v2",
+    reason="affinity_hit",
+    status=200,
+    ttft=0.0123456789,
+    duration=0.5,
+    retries=1,
+    method="POST",
+    path="/v1/chat/completions",
+    session="header",
+    stream=True,
+    prompt_tokens=100,
+    cached_tokens=96,
+    completion_tokens=8,
+)
+
+
+def test_plain_line_reads_like_a_web_server_log(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        AccessLog(True, json_lines=False).write(RECORD)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert line.startswith("POST /v1/chat/completions 200 model=demo ")
+    for part in (
+        "worker=http://127.0.0.1:9000",
+        "version=v2",
+        "reason=affinity_hit",
+        "session=header",
+        "stream=true",
+        "prompt_tokens=100",
+        "cached_tokens=96",
+        "completion_tokens=8",
+        "ttft=0.012346",
+        "duration=0.5",
+        "retries=1",
+        "request_id=r1",
+    ):
+        assert f" {part}" in line, part
+
+
+def test_json_line_holds_every_field(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        AccessLog(True, json_lines=True).write(RECORD)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    data = json.loads(line)
+    assert data["path"] == "/v1/chat/completions" and data["method"] == "POST"
+    assert data["stream"] is True and data["session"] == "header"
+    assert (data["prompt_tokens"], data["cached_tokens"], data["completion_tokens"]) == (
+        100,
+        96,
+        8,
+    )
+    assert data["ttft"] == 0.012346 and data["retries"] == 1 and "ts" in data
+
+
+def test_nothing_is_formatted_when_the_logger_drops_info(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger=ACCESS_LOGGER):
+        AccessLog(True, json_lines=False).write(RECORD)
+    assert not [r for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+@pytest.mark.parametrize("json_logs", [False, True])
+async def test_one_line_per_request_live_and_an_unknown_model_is_logged_as_asked(
+    workers: list[WorkerHandle], caplog: pytest.LogCaptureFixture, json_logs: bool
+) -> None:
+    config = gateway_config(workers, json_logs=json_logs)
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
+            url = gw.openai_base + "/completions"
+            body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
+            async with session.post(url, json=body) as ok:
+                assert ok.status == 200
+            async with session.post(url, json={**body, "model": "no-such-model"}) as missing:
+                assert missing.status == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert len(lines) == 2
+    if json_logs:
+        first, second = (json.loads(line) for line in lines)
+        assert first["status"] == 200 and first["worker"] and first["prompt_tokens"] > 0
+        assert first["path"] == "/v1/completions" and first["stream"] is False
+        assert second["model"] == "no-such-model" and second["status"] == 404
+        assert second["reason"] == "model_not_found" and second["prompt_tokens"] is None
+    else:
+        assert lines[0].startswith("POST /v1/completions 200 model=demo ")
+        assert lines[1].startswith("POST /v1/completions 404 model=no-such-model ")
+        assert " reason=model_not_found " in lines[1]
+
+
+async def test_access_log_can_be_turned_off(
+    workers: list[WorkerHandle], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        async with running_gateway(gateway_config(workers, access_log=False)) as gw:
+            await every_worker_up(gw)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    gw.openai_base + "/completions",
+                    json={"model": "demo", "prompt": "hi", "max_tokens": 2},
+                ) as resp,
+            ):
+                assert resp.status == 200
+    assert not [r for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+async def test_made_up_model_names_never_become_metric_labels(workers: list[WorkerHandle]) -> None:
+    async with running_gateway(gateway_config(workers)) as gw, aiohttp.ClientSession() as session:
+        for i in range(5):
+            body = {"model": f"made-up-{i}", "prompt": "hi", "max_tokens": 2}
+            async with session.post(gw.openai_base + "/completions", json=body) as resp:
+                assert resp.status == 404
+        text = gw.gateway.metrics.render().decode()
+    assert "made-up" not in text
+    assert 'kvgate_requests_total{code="404",model="",reason="model_not_found"' in text

@@ -1,0 +1,46 @@
+"""Header values a client controls and the gateway echoes or forwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import fake_fleet, gateway_port, raw_exchange
+
+BODY = b'{"model":"demo","prompt":"x"}'
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"X-Request-ID: \xff\xfe\x80",
+        b"X-Request-ID: " + b"r" * 6000,
+        b"X-Session-ID: " + b"s" * 6000,
+        b"Authorization: Bearer \xff",
+        b"X-Kvgate-Priority: \xc3\x28",
+        b"X-Kvgate-Model-Version: \xed\xa0\x80",
+    ],
+)
+async def test_odd_header_values_get_a_clean_answer(header: bytes, no_tracebacks: object) -> None:
+    async with fake_fleet() as (gw, _):
+        req = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + header
+            + b"\r\n"
+            + f"Content-Length: {len(BODY)}\r\n\r\n".encode()
+            + BODY
+        )
+        answer = await raw_exchange(gateway_port(gw), req)
+    assert answer.status is not None and answer.status < 500, answer
+    if answer.status >= 400:
+        answer.error()
+
+
+async def test_a_content_length_over_the_limit_is_refused_before_the_body() -> None:
+    async with fake_fleet(limits={"max_body_bytes": 1000}) as (gw, _):
+        req = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50000000\r\n\r\n" + b"{" * 100
+        )
+        answer = await raw_exchange(gateway_port(gw), req, deadline_s=5.0)
+    assert answer.status == 413
+    answer.error()
