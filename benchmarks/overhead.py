@@ -21,6 +21,12 @@ times: both rows side by side, with the rollout gateway's CPU per request as a
 ratio of the plain one's.
 
     .venv/bin/python benchmarks/overhead.py --duration 5 --concurrency 32 --compare-rollout
+
+With ``--side-by-side`` (``side_by_side.py``) kvgate with 1 and ``--processes``
+processes runs beside HAProxy, sglang-router and vllm-router on fast mock
+workers, loaded by ``wrk``, plain and streamed, interleaved over ``--repeat``:
+
+    .venv/bin/python benchmarks/overhead.py --side-by-side --duration 3 --repeat 2
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+import side_by_side
 from kvgate.testing import free_port, wait_until_sync
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
@@ -270,7 +277,27 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=2, help="runs per level (--compare-rollout)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="kvgate beside HAProxy, sglang-router and vllm-router on mock workers, with wrk",
+    )
+    parser.add_argument("--processes", type=int, default=2, help="kvgate's N (--side-by-side)")
+    parser.add_argument("--peer-policy", default="round_robin", help="the Rust routers' policy")
+    parser.add_argument("--events", type=int, default=16, help="SSE events per mock stream")
+    parser.add_argument(
+        "--event-gap-ms",
+        type=float,
+        default=0.0,
+        help="pause between a mock stream's events (0: as fast as the router takes them)",
+    )
+    parser.add_argument("--ttft-requests", type=int, default=200, help="streams timed at c=1")
     opts = parser.parse_args()
+    if opts.side_by_side:
+        if opts.concurrency == "32,256":
+            opts.concurrency = "1,32,256"
+        side_by_side.run(opts)
+        return
     split = opts.rollout or opts.compare_rollout
     levels = [int(x) for x in opts.concurrency.split(",")]
 

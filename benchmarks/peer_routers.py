@@ -93,6 +93,7 @@ def _sglang_router(launch: Launch) -> list[str]:
         "--worker-urls", *launch.workers,
         "--policy", "cache_aware",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--worker-startup-check-interval", "1",
         "--log-level", "warn",
     ]  # fmt: skip
 
@@ -104,6 +105,7 @@ def _smg(launch: Launch) -> list[str]:
         "--worker-urls", *launch.workers,
         "--policy", "cache_aware",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--worker-startup-check-interval", "1",
         "--log-level", "warn",
     ]  # fmt: skip
 
@@ -115,6 +117,7 @@ def _vllm_router(launch: Launch) -> list[str]:
         "--worker-urls", *launch.workers,
         "--policy", "cache_aware",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
+        "--worker-startup-check-interval", "1",
         "--log-level", "warning",
     ]  # fmt: skip
 

@@ -78,60 +78,64 @@ SHAPES: dict[str, Shape] = {
     shape.name: shape
     for shape in (
         Shape(
-            "shared-opening-trace",
-            "shared-opening-trace",
-            600,
-            200,
-            64,
-            10_000,
-            10.0,
-            "Mooncake-shaped conversations behind one shared 512-token block, to "
+            name="shared-opening-trace",
+            workload="shared-opening-trace",
+            requests=300,
+            quick_requests=150,
+            concurrency=64,
+            kv_blocks=10_000,
+            time_scale=15.0,
+            why="Mooncake-shaped conversations behind one shared 512-token block, to "
             "/v1/completions; the fleet's KV holds about half of what the bound reuses",
         ),
         Shape(
-            "shared-prefix-groups",
-            "shared-prefix-groups:rate=2000",
-            128,
-            128,
-            32,
-            0,
-            4.0,
-            "SGLang's generated shared prefix, 16 groups x 8 prompts, 2,048-token system "
+            name="shared-prefix-groups",
+            workload="shared-prefix-groups:rate=2000",
+            requests=128,
+            quick_requests=128,
+            concurrency=32,
+            kv_blocks=0,
+            time_scale=4.0,
+            why="SGLang's generated shared prefix, 16 groups x 8 prompts, 2,048-token system "
             "prompts, 128-token questions, all at once, 32 in flight",
         ),
         Shape(
-            "headerless-chat",
-            "headerless-chat",
-            600,
-            200,
-            64,
-            2_000,
-            10.0,
-            "multi-turn chat behind 4 shared 1,024-token system prompts, no session header",
+            name="headerless-chat",
+            workload="headerless-chat",
+            requests=240,
+            quick_requests=120,
+            concurrency=64,
+            kv_blocks=2_000,
+            time_scale=12.0,
+            why="multi-turn chat behind 4 shared 1,024-token system prompts, no session header",
         ),
         Shape(
-            "agent-preamble",
-            "agent-preamble",
-            600,
-            200,
-            64,
-            2_000,
-            8.0,
-            "agent loops behind one 4,096-token tool preamble, no session header",
+            name="agent-preamble",
+            workload="agent-preamble",
+            requests=240,
+            quick_requests=120,
+            concurrency=64,
+            kv_blocks=2_000,
+            time_scale=10.0,
+            why="agent loops behind one 4,096-token tool preamble, no session header",
         ),
         Shape(
-            "session-docs",
-            "session-docs",
-            600,
-            200,
-            32,
-            3_000,
-            15.0,
-            "X-Session-ID sessions with ~4k-token documents, 32 open at once",
+            name="session-docs",
+            workload="session-docs",
+            requests=240,
+            quick_requests=120,
+            concurrency=32,
+            kv_blocks=3_000,
+            time_scale=15.0,
+            why="X-Session-ID sessions with ~4k-token documents, 32 open at once",
         ),
     )
 }
 """The shapes of issue 11, in table order."""
+
+
+QUICK_ROUTERS = ("kvgate-default", "sglang-router", "smg")
+"""``--quick``'s routers: kvgate's default against the two cache_aware peers issue 11 judges by."""
 
 
 @dataclass(frozen=True)
@@ -273,24 +277,38 @@ async def router_in_front(
         await child.stop()
 
 
-async def served_counts(urls: Sequence[str]) -> list[int]:
-    """Each worker's own count of finished requests (``vllm:request_success_total``)."""
+async def worker_counters(urls: Sequence[str]) -> list[tuple[int, float]]:
+    """Each worker's finished requests and the model seconds its timeline lost so far."""
     counts = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         for url in urls:
             async with session.get(url + "/metrics") as resp:
-                counts.append(requests_served(await resp.text()))
+                text = await resp.text()
+            counts.append((requests_served(text), lost_model_seconds(text)))
     return counts
+
+
+def _total(metrics_text: str, sample_name: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == sample_name
+    )
 
 
 def requests_served(metrics_text: str) -> int:
     """The sum of ``vllm:request_success_total`` over its labels in a /metrics page."""
-    total = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name == "vllm:request_success_total":
-                total += sample.value
-    return int(total)
+    return int(_total(metrics_text, "vllm:request_success_total"))
+
+
+def lost_model_seconds(metrics_text: str) -> float:
+    """Model seconds a worker's timeline skipped because its process fell behind.
+
+    Time the engine computed nothing while requests waited: it inflates model-clock
+    latencies, so a run where it is large measured the machine, not the router.
+    """
+    return _total(metrics_text, "kvgate_workersim_timeline_lost_model_seconds_total")
 
 
 def worker_kv_blocks(shape: Shape) -> int:
@@ -311,7 +329,7 @@ async def one_run(
         router_in_front(router, venv, urls, seed, logs) as (base, listed),
     ):
         ready = time.monotonic()
-        before = await served_counts(urls)
+        before = await worker_counters(urls)
         results = await run_bench(
             base,
             workload,
@@ -323,7 +341,7 @@ async def one_run(
             block_size=BLOCK_SIZE,
             fleet_kv_blocks=WORKERS * worker_kv_blocks(shape),
         )
-        after = await served_counts(urls)
+        after = await worker_counters(urls)
         replayed = time.monotonic()
     s = results["policies"][router.name]
     return {
@@ -341,7 +359,14 @@ async def one_run(
         "worker_ttft_p99": s.get("worker_ttft_p99"),
         "client_ttft_p50": s["ttft_p50"],
         "client_ttft_p99": s["ttft_p99"],
-        "per_worker": [a - b for a, b in zip(after, before, strict=True)],
+        "per_worker": [a[0] - b[0] for a, b in zip(after, before, strict=True)],
+        # Per worker, over the run's model duration: the share of model time lost to
+        # the machine (0 on a quiet one).
+        "lost_model_share": round(
+            max(a[1] - b[1] for a, b in zip(after, before, strict=True))
+            / max(1e-9, (replayed - ready) * shape.time_scale),
+            4,
+        ),
         "bound": results["bound_hit_rate"],
         "reference": results["reference_hit_rate"],
         "models_listed": listed,
@@ -388,6 +413,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
                     round(statistics.fmean(col), 1) for col in zip(*per_worker, strict=True)
                 ]
                 summary["errors"] = sum(r["errors"] + r["shed"] for r in good)
+                summary["lost_model_share"] = max(r.get("lost_model_share", 0.0) for r in good)
                 summary["requests"] = sum(r["requests"] for r in good)
             routers[name] = summary
     return out
@@ -424,11 +450,22 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
     if reference is not None:
         title += f", fleet-KV LRU reference {reference['mean']:.1%}"
     table = Table(title=title, title_justify="left")
-    for column in ("router", "runs", "hit", "/ref", "TTFT p50", "TTFT p99", "per worker", "errors"):
+    columns = (
+        "router",
+        "runs",
+        "hit",
+        "/ref",
+        "TTFT p50",
+        "TTFT p99",
+        "per worker",
+        "errors",
+        "lost",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "router" else "right")
     for name, s in routers.items():
         if not s["runs"]:
-            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 5)
+            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 6)
             continue
         hit = s["hit_rate"]
         ref = s.get("reference")
@@ -442,6 +479,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
             _secs(s.get("worker_ttft_p99")),
             "/".join(f"{v:.0f}" for v in s["per_worker"]),
             f"{s['errors']}/{s['requests']}",
+            f"{s['lost_model_share']:.0%}",
         )
     return table
 
@@ -456,11 +494,15 @@ def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
             head += f": bound {first['bound']['mean']:.1%}"
             if first.get("reference"):
                 head += f", fleet-KV LRU reference {first['reference']['mean']:.1%}"
-        lines += [head, "", "| router | hit | /ref | TTFT p50 | TTFT p99 | per worker | errors |"]
-        lines.append("|---|---|---|---|---|---|---|")
+        lines += [
+            head,
+            "",
+            "| router | hit | /ref | TTFT p50 | TTFT p99 | per worker | errors | lost |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, s in routers.items():
             if not s["runs"]:
-                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | |")
+                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | | |")
                 continue
             ref = s.get("reference")
             of_ref = f"{s['hit_rate']['mean'] / ref['mean']:.0%}" if ref and ref["mean"] else "-"
@@ -468,7 +510,7 @@ def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
             lines.append(
                 f"| {name} | {_pct(s['hit_rate'])} | {of_ref} | {_secs(s.get('worker_ttft_p50'))}"
                 f" | {_secs(s.get('worker_ttft_p99'))} | {per_worker} |"
-                f" {s['errors']}/{s['requests']} |"
+                f" {s['errors']}/{s['requests']} | {s['lost_model_share']:.0%} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -522,10 +564,12 @@ def _progress_line(record: Mapping[str, Any]) -> str:
         return f"{where}: FAILED {record['error']}"
     p99 = record.get("worker_ttft_p99")
     return (
-        f"{where}: hit {record['hit_rate']:.1%} (ref {record['reference'] or 0:.1%}, "
+        f"{where}: {record['finished']}/{record['requests']} done, "
+        f"hit {record['hit_rate']:.1%} (ref {record['reference'] or 0:.1%}, "
         f"bound {record['bound']:.1%}), TTFT p99 "
         f"{p99 if p99 is not None else float('nan'):.2f}s, per worker {record['per_worker']}, "
-        f"errors {record['errors']} (start {record['startup_s']:.0f}s, replay "
+        f"errors {record['errors']}, model time lost {record['lost_model_share']:.1%} "
+        f"(start {record['startup_s']:.0f}s, replay "
         f"{record['replay_s']:.0f}s, all {record['wall_s']:.0f}s)"
     )
 
@@ -534,11 +578,19 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
     """The plan from the command line (unknown shape or router names are errors)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes")
-    parser.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated routers")
+    parser.add_argument(
+        "--routers",
+        default=None,
+        help=f"comma-separated routers (default: all; --quick: {','.join(QUICK_ROUTERS)})",
+    )
     parser.add_argument("--seeds", default="0,1", help="comma-separated workload seeds")
     parser.add_argument("--repeats", type=int, default=1, help="runs per seed")
     parser.add_argument("--requests", type=int, default=None, help="requests per run (override)")
-    parser.add_argument("--quick", action="store_true", help="one seed, fewer requests (~4 min)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one seed, fewer requests, kvgate default against the cache_aware peers (~5 min)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every run and the summary")
     parser.add_argument("--logs", type=Path, default=None, help="keep the processes' logs here")
     args = parser.parse_args(argv)
@@ -551,7 +603,8 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
         return chosen
 
     shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
-    routers = [ROUTERS[n] for n in names(args.routers, ROUTERS, "router")]
+    chosen = args.routers or ",".join(QUICK_ROUTERS if args.quick else ROUTERS)
+    routers = [ROUTERS[n] for n in names(chosen, ROUTERS, "router")]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if args.quick and args.seeds == "0,1":
         seeds = seeds[:1]

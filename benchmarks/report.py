@@ -51,8 +51,11 @@ KEPT_SECTIONS = (
     "Memory pressure (live)",
     "Gateway overhead",
     "Real engine (llama.cpp, Gemma 3 270M)",
+    "Real KV offload and migration (llama.cpp slots)",
+    "Peers: sglang-router, smg, vllm-router, HAProxy (live, issue 11)",
 )
-"""Sections other scripts write into the doc (``benchmarks/real_engine.py``): a rerun
+"""Sections other scripts write into the doc (``benchmarks/real_engine.py``,
+``benchmarks/real_offload.py``): a rerun
 keeps them as they are, after the generated ones."""
 
 

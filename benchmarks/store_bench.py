@@ -1,18 +1,21 @@
 """Affinity store benchmark: memory footprint of MemoryStore and ops/s of both backends.
 
     .venv/bin/python benchmarks/store_bench.py [--sessions 1000000] [--ops 50000]
-                                               [--redis-ops 10000] [--no-redis] [--json PATH]
+                                               [--redis-ops 10000] [--repeats 3] [--no-redis]
+                                               [--no-cluster] [--json PATH]
 
 Footprint: 1M sessions (16 workers, 2 versions, 24-character keys) written through
 the public async API, measured as RSS growth and as tracemalloc's live bytes.
 Throughput: get and compare-and-set on MemoryStore, and on a redis-server started
-on a free port: one await at a time, 64 in flight, and pipelined in batches.
+on a free port and on a Redis Cluster (3 masters + 3 replicas) started on loopback:
+one await at a time, 64 in flight, and in batches; median and range over repeats.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import statistics
@@ -28,7 +31,7 @@ from rich.table import Table
 from kvgate.core.decision import Affinity
 from kvgate.store import MemoryStore, RedisStore
 from kvgate.store.scripts import Scripts
-from kvgate.testing_redis import RedisServer, find_redis_server
+from kvgate.testing_redis import RedisClusterServers, RedisServer, find_redis_server
 
 WORKERS = [f"http://10.0.{i // 8}.{i % 8}:8000" for i in range(16)]
 VERSIONS = ["v2.1", "v3.0-beta"]
@@ -147,44 +150,101 @@ async def memory_ops(n: int) -> list[dict[str, Any]]:
     return rows
 
 
-async def redis_ops(n: int) -> list[dict[str, Any]]:
-    """get/CAS throughput on a local redis-server: sequential, concurrent, pipelined."""
-    with RedisServer() as server:
-        store = RedisStore(
-            server.url,
-            socket_timeout=2.0,
-            connect_timeout=2.0,
-            max_connections=IN_FLIGHT,
-            prefix="bench:",
-        )
-        scripts = Scripts(store._redis, "bench-pipe:")  # same connection pool, own keys
+async def redis_ops(n: int, url: str, backend: str) -> list[dict[str, Any]]:
+    """get/CAS throughput on one Redis or a Redis Cluster: sequential, concurrent, batched.
 
-        async def cas_pipelined(indexes: range) -> None:
-            pipe = store._redis.pipeline(transaction=False)
-            for i in indexes:
-                await scripts.compare_and_set(session(i), None, affinity(i), TTL, pipe)
-            await pipe.execute()
+    On a cluster every key sits in one slot (one hash tag: the Lua scripts need it),
+    so its figures are one master's; "batched" there is ``asyncio.gather`` of direct
+    calls, as ``RedisStore`` does on a cluster, not a pipeline.
+    """
+    store = RedisStore(
+        url, socket_timeout=2.0, connect_timeout=2.0, max_connections=IN_FLIGHT, prefix="bench:"
+    )
+    scripts = Scripts(store._redis, "{bench}:pipe:" if store.cluster else "bench-pipe:")
 
-        async def get_pipelined(indexes: range) -> None:
-            await store.get_many([session(i) for i in indexes])
+    async def cas_batched(indexes: range) -> None:
+        if store.cluster:  # in slices the connection limit allows, as get_many does
+            for low in range(indexes.start, indexes.stop, IN_FLIGHT // 2):
+                part = range(low, min(indexes.stop, low + IN_FLIGHT // 2))
+                await asyncio.gather(
+                    *(scripts.compare_and_set(session(i), None, affinity(i), TTL) for i in part)
+                )
+            return
+        pipe = store._redis.pipeline(transaction=False)
+        for i in indexes:
+            await scripts.compare_and_set(session(i), None, affinity(i), TTL, pipe)
+        await pipe.execute()
 
-        rows = [
-            await timed("cas new (wins)", n, lambda i: store.compare_and_set(
-                session(i), None, affinity(i), TTL)),
-            await timed("get hit", n, lambda i: store.get(session(i))),
-            await timed(f"cas new, {IN_FLIGHT} in flight", n, lambda i: store.compare_and_set(
-                session(n + i), None, affinity(n + i), TTL), IN_FLIGHT),
-            await timed(f"get hit, {IN_FLIGHT} in flight", n, lambda i: store.get(session(i)),
-                        IN_FLIGHT),
-            await batched("cas new, pipelined", n, cas_pipelined),
-            await batched("get hit, pipelined", n, get_pipelined),
-        ]  # fmt: skip
-        errors = store.errors_total  # nonzero means some calls were served by the fallback
-        await store.close()
+    async def get_batched(indexes: range) -> None:
+        await store.get_many([session(i) for i in indexes])
+
+    mode = "gathered" if store.cluster else "pipelined"
+    rows = [
+        await timed("cas new (wins)", n, lambda i: store.compare_and_set(
+            session(i), None, affinity(i), TTL)),
+        await timed("get hit", n, lambda i: store.get(session(i))),
+        await timed(f"cas new, {IN_FLIGHT} in flight", n, lambda i: store.compare_and_set(
+            session(n + i), None, affinity(n + i), TTL), IN_FLIGHT),
+        await timed(f"get hit, {IN_FLIGHT} in flight", n, lambda i: store.get(session(i)),
+                    IN_FLIGHT),
+        await batched(f"cas new, {mode}", n, cas_batched),
+        await batched(f"get hit, {mode}", n, get_batched),
+    ]  # fmt: skip
+    errors = store.errors_total  # nonzero means some calls were served by the fallback
+    await store.close()
     for row in rows:
-        row["backend"] = "redis"
+        row["backend"] = backend
         row["store_errors_total"] = errors
     return rows
+
+
+async def backend_ops(n: int, repeats: int, cluster: bool) -> list[dict[str, Any]]:
+    """One Redis and (``cluster``) a 3-master cluster, ``repeats`` runs each, interleaved.
+
+    Each row is the median over the runs, with the lowest and highest ops/s, so
+    contention on a shared machine shows as spread instead of as a result.
+    """
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        single = stack.enter_context(RedisServer())
+        targets = [(single.url, "redis")]
+        if cluster:
+            nodes = stack.enter_context(RedisClusterServers())
+            targets.append((nodes.url, "cluster"))
+        for _ in range(repeats):
+            for url, backend in targets:
+                for row in await redis_ops(n, url, backend):
+                    runs.setdefault((backend, row["op"]), []).append(row)
+                await flush(url)
+    rows = []
+    for (backend, op), found in runs.items():
+        rates = sorted(r["ops_per_s"] for r in found)
+        rows.append({
+            "backend": backend, "op": op, "ops": n, "repeats": len(found),
+            "ops_per_s": statistics.median(rates), "ops_per_s_min": rates[0],
+            "ops_per_s_max": rates[-1],
+            "p50_us": statistics.median(r["p50_us"] for r in found),
+            "p99_us": statistics.median(r["p99_us"] for r in found),
+            "store_errors_total": sum(r["store_errors_total"] for r in found),
+        })  # fmt: skip
+    single_rates = {r["op"]: r["ops_per_s"] for r in rows if r["backend"] == "redis"}
+    for row in rows:
+        if row["backend"] == "cluster":
+            twin = row["op"].replace("gathered", "pipelined")
+            if twin in single_rates:
+                row["vs_single"] = row["ops_per_s"] / single_rates[twin]
+    return rows
+
+
+async def flush(url: str) -> None:
+    """Empty a backend between runs so every run writes new keys."""
+    store = RedisStore(url, socket_timeout=2.0, connect_timeout=2.0)
+    client = store._redis
+    if store.cluster:
+        await client.flushall(target_nodes=client.PRIMARIES)
+    else:
+        await client.flushall()
+    await store.close()
 
 
 def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -> None:
@@ -205,13 +265,19 @@ def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -
     table.add_row("sessions_of(limit=100)", f"{mem['sessions_of_100_s'] * 1e3:.1f} ms")
     console.print(table)
 
-    table = Table(title="Affinity store throughput (single client process)")
-    for name in ("backend", "operation", "ops/s", "p50 µs", "p99 µs"):
+    table = Table(title="Affinity store throughput (single client process; median of repeats)")
+    for name in ("backend", "operation", "ops/s", "min–max", "vs one redis", "p50 µs", "p99 µs"):
         table.add_column(name, justify="left" if name in ("backend", "operation") else "right")
     if any(row.get("store_errors_total") for row in ops):
         console.print("[red]redis calls failed during the run: some ops hit the fallback[/red]")
     for row in ops:
-        table.add_row(row["backend"], row["op"], f"{row['ops_per_s']:,.0f}",
+        spread = (
+            f"{row['ops_per_s_min']:,.0f}–{row['ops_per_s_max']:,.0f}"
+            if "ops_per_s_min" in row
+            else ""
+        )
+        ratio = f"{row['vs_single']:.2f}×" if "vs_single" in row else ""
+        table.add_row(row["backend"], row["op"], f"{row['ops_per_s']:,.0f}", spread, ratio,
                       f"{row['p50_us']:,.1f}", f"{row['p99_us']:,.1f}")  # fmt: skip
     console.print(table)
 
@@ -221,7 +287,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     mem = await footprint(args.sessions, not args.no_tracemalloc)
     ops = await memory_ops(args.ops)
     if not args.no_redis and find_redis_server() is not None:
-        ops += await redis_ops(args.redis_ops)
+        ops += await backend_ops(args.redis_ops, args.repeats, cluster=not args.no_cluster)
     return {"footprint": mem, "ops": ops}
 
 
@@ -232,6 +298,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ops", type=int, default=50_000, help="operations per memory test")
     parser.add_argument("--redis-ops", type=int, default=10_000, help="operations per redis test")
     parser.add_argument("--no-redis", action="store_true", help="skip the redis measurements")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the Redis Cluster")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per redis backend")
     parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (faster)")
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio, not uvloop")
     parser.add_argument("--json", type=Path, help="also write the results here")

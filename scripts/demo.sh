@@ -3,5 +3,5 @@
 # a short workload through it, and a result table. Does its own set-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh sim
 exec .venv/bin/kvgate demo "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11+) and installs kvgate into it. Idempotent.
-# Usage: scripts/setup.sh [EXTRAS]   e.g. "test,llamacpp"; none for the demo.
+# Usage: scripts/setup.sh [EXTRAS]   e.g. "test,llamacpp"; "sim" for the demo; none: the gateway only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"

@@ -12,6 +12,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from kvgate import __version__
+
+        typer.echo(f"kvgate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """A KV-cache-aware, load-aware gateway for fleets of LLM inference servers."""
+
+
 def _register() -> None:
     # Each part owns a ``command`` module with ``register(app)``; registration is
     # explicit and in one place so the CLI's shape is visible here.

@@ -223,6 +223,16 @@ SESSIONS = [
         ),
         pytest.param(
             source(),
+            [SessionLoad(s.session_key, s.last_active, s.context_tokens, 0.1) for s in SESSIONS],
+            [target("t1")],
+            # Recomputing would cost too much, but KV that moves with the session
+            # (a llama.cpp slot saved and restored) costs 0.1 s: tier-aware planning.
+            MigrationCostModel(prefill_tokens_per_s=100),
+            [("s2k", "t1"), ("s5k", "t1"), ("s8k", "t1")],
+            id="kv-moving-with-the-session-is-cheap",
+        ),
+        pytest.param(
+            source(),
             SESSIONS,
             [
                 target("busy", waiting=3),

@@ -24,7 +24,24 @@ def test_unknown_policy_is_refused_at_start_up() -> None:
     assert "unknown policy 'nope'" in result.output
 
 
-def test_serving_without_workers_is_refused() -> None:
-    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+def test_a_missing_environment_secret_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "kvgate.yaml"
+    path.write_text("admin_token: '${KVGATE_TEST_UNSET_TOKEN}'\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(path)], env={})
     assert result.exit_code == 2
-    assert "no workers" in result.output
+    assert "admin_token: environment variable KVGATE_TEST_UNSET_TOKEN is not set" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_version_is_printed() -> None:
+    from kvgate import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"kvgate {__version__}"
+
+
+def test_a_bad_log_level_is_refused() -> None:
+    result = CliRunner().invoke(app, ["serve", "--log-level", "loud"])
+    assert result.exit_code == 2
+    assert "log_level" in result.output

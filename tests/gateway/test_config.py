@@ -76,3 +76,23 @@ def test_command_line_overrides_apply_on_top() -> None:
     assert [w.url for w in config.workers] == ["http://a:1", "http://b:2"]
     assert config.listen.port == 8080
     assert config.store.url == "redis://r:6379/0"
+
+
+def test_processes_default_to_one_on_the_memory_store_and_one_per_core_on_redis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2})
+    assert parse_config({}).server_processes() == 1
+    assert parse_config({"store": {"url": "redis://h:6379/0"}}).server_processes() == 3
+    assert parse_config({"listen": {"processes": 1}}).server_processes() == 1
+    explicit = {"listen": {"processes": 2}, "store": {"url": "redis://h:6379/0"}}
+    assert parse_config(explicit).server_processes() == 2
+
+
+def test_several_processes_on_the_memory_store_are_refused() -> None:
+    with pytest.raises(ConfigError, match="cannot share the memory store"):
+        parse_config({"listen": {"processes": 2}})
+    with pytest.raises(ConfigError, match="cannot share the memory store"):
+        with_overrides(parse_config({}), processes=4)
+    both = with_overrides(parse_config({}), processes=4, store="redis://h:6379/0")
+    assert both.server_processes() == 4

@@ -399,3 +399,74 @@ def test_reuse_resumes_reading_paused_by_an_untaken_body(loop: asyncio.AbstractE
     assert conn.reusable
     conn.start(b"POST / HTTP/1.1\r\n\r\n", read_s=60.0, total_s=60.0)
     assert not transport.paused
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5x\r\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhi",
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xd9\xa3\r\n\r\nhi",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nhi",
+        b"HTTP/1.1 200 OK\r\n Folded: no\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",
+        b"SPDY/9 what\r\n\r\n",
+    ],
+)
+def test_invalid_answers_fail_the_exchange_and_drop_the_connection(
+    loop: asyncio.AbstractEventLoop, wire: bytes
+) -> None:
+    conn, transport, _ = _fed(loop, wire)
+    assert isinstance(conn.error, http1.ProtocolError)
+    assert not conn.done
+    assert not conn.reusable
+    assert transport.aborted
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["unfinished, in pieces", "whole, one read"])
+def test_a_head_larger_than_the_limit_fails(loop: asyncio.AbstractEventLoop, whole: bool) -> None:
+    wire = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * (70 * 1024)
+    if whole:
+        conn, transport, _ = _fed(loop, wire + b"\r\nContent-Length: 2\r\n\r\n{}")
+    else:
+        conn, transport, _ = _fed(loop, wire, *range(1024, len(wire), 1024))
+    assert isinstance(conn.error, http1.ProtocolError)
+    assert "too large" in str(conn.error)
+    assert not conn.done
+    assert transport.aborted
+
+
+@pytest.mark.parametrize("size", [b"-5", b"+5", b"0x5", b"1_0", b"", b"1" * 17])
+def test_a_chunk_size_of_anything_but_hex_digits_fails_after_the_good_chunks(
+    loop: asyncio.AbstractEventLoop, size: bytes
+) -> None:
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    conn, _, body = _fed(loop, wire + size + b"\r\nabcde\r\n0\r\n\r\n")
+    assert body == b"hello"  # what came before the bad framing is still delivered
+    assert isinstance(conn.error, http1.ProtocolError)
+    assert not conn.done
+
+
+def test_a_transfer_coding_not_ending_in_chunked_is_read_until_close(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    conn, _, body = _fed(loop, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nzipped", 20)
+    assert not conn.done
+    conn.connection_lost(None)
+    assert conn.done
+    assert body + conn.take() == b"zipped"
+    assert not conn.reusable
+
+
+def test_bytes_after_a_close_delimited_length_body_keep_the_answer_but_not_the_connection(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    conn, transport, body = _fed(
+        loop, b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhiXX"
+    )
+    assert body == b"hi"
+    assert conn.done
+    assert conn.error is None
+    assert not conn.reusable
+    assert not transport.aborted

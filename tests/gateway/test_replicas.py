@@ -153,7 +153,10 @@ async def test_two_replicas_sharing_redis_place_every_session_identically(
                 )
                 for i in range(4)
             ]
-            config = _config(tmp_path, "replica", fleet, store={"url": redis.url})
+            # One process each: two replicas, as two machines would run them.
+            config = _config(
+                tmp_path, "replica", fleet, store={"url": redis.url}, listen={"processes": 1}
+            )
             a = await stack.enter_async_context(gateway_process(config, free_port()))
             b = await stack.enter_async_context(gateway_process(config, free_port()))
             replicas = (a, b)
@@ -191,11 +194,17 @@ async def test_two_replicas_sharing_redis_place_every_session_identically(
                 assert await _store_errors(session, replica) == 0
 
 
+@needs_redis
 async def test_processes_sigterm_while_children_start_drains_all_and_exits_zero(
     tmp_path: Path,
 ) -> None:
+    with RedisServer() as redis:
+        await _sigterm_while_children_start(tmp_path, redis.url)
+
+
+async def _sigterm_while_children_start(tmp_path: Path, store: str) -> None:
     async with running_worker(WorkerOptions(port=0, profile="fast", time_scale=50.0)) as worker:
-        config = _config(tmp_path, "two", [worker], listen={"processes": 2})
+        config = _config(tmp_path, "two", [worker], listen={"processes": 2}, store={"url": store})
         port = free_port()
         async with gateway_process(config, port) as gateway:
             await wait_until(
@@ -215,9 +224,15 @@ async def test_processes_sigterm_while_children_start_drains_all_and_exits_zero(
             assert not _exists(pid), f"server process {pid} outlived its parent"
 
 
+@needs_redis
 async def test_processes_report_a_dead_child_and_fail_when_all_die(tmp_path: Path) -> None:
+    with RedisServer() as redis:
+        await _dead_child_reported(tmp_path, redis.url)
+
+
+async def _dead_child_reported(tmp_path: Path, store: str) -> None:
     async with running_worker(WorkerOptions(port=0, profile="fast", time_scale=50.0)) as worker:
-        config = _config(tmp_path, "two", [worker], listen={"processes": 2})
+        config = _config(tmp_path, "two", [worker], listen={"processes": 2}, store={"url": store})
         async with (
             gateway_process(config, free_port()) as gateway,
             aiohttp.ClientSession() as session,
@@ -242,3 +257,15 @@ async def test_processes_report_a_dead_child_and_fail_when_all_die(tmp_path: Pat
             os.kill(second, signal.SIGKILL)
             assert await asyncio.wait_for(gateway.proc.wait(), START_TIMEOUT_S) == 1
         assert gateway.logged("every gateway process has exited") == 1
+
+
+async def test_several_processes_on_the_memory_store_are_refused_at_start(tmp_path: Path) -> None:
+    config = _config(tmp_path, "mem", [], listen={"processes": 2})
+    proc = await asyncio.create_subprocess_exec(
+        KVGATE, "serve", "--config", str(config), "--worker", "http://127.0.0.1:9",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), START_TIMEOUT_S)
+    assert proc.returncode == 2
+    assert b"cannot share the memory store" in err

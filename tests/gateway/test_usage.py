@@ -77,6 +77,20 @@ def test_usage_stripper_hides_what_the_client_did_not_ask_for(crlf: bool, step: 
     assert stripper.usage == Usage(prompt=40, completion=8, cached=32)
 
 
+@pytest.mark.parametrize("crlf", [False, True])
+def test_usage_stripper_on_a_whole_stream_in_one_chunk(crlf: bool) -> None:
+    # A relay that lags gets many events in one read: those before the usage event
+    # pass unchanged, the usage-only event is held back, the end marker follows.
+    content = [{"choices": [{"text": f"tok {i}"}]} for i in range(16)]
+    upstream = _stream([*content, {"choices": [], "usage": USAGE}], crlf)
+    stripper = UsageStripper()
+    out = stripper.feed(upstream[:-5]) + stripper.feed(upstream[-5:]) + stripper.flush()
+    assert out == _stream(content, crlf)
+    assert stripper.usage == Usage(prompt=40, completion=8, cached=32)
+    whole = UsageStripper()
+    assert whole.feed(upstream) + whole.flush() == _stream(content, crlf)
+
+
 def test_usage_stripper_passes_other_events_unchanged() -> None:
     stripper = UsageStripper()
     text = _event({"choices": [{"text": 'the word "usage" in quotes'}]})

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.gateway.observe.federation import merge_pages
 from kvgate.testing import free_port, wait_until
+from kvgate.testing_redis import RedisServer
 
 from .fake_worker import fake_workers
 
@@ -43,11 +44,18 @@ def test_pages_merge_by_family_with_a_process_label() -> None:
 
 
 async def test_every_scrape_counts_the_requests_of_every_process(tmp_path: Path) -> None:
+    # Several processes need a shared store (the memory store is refused for N > 1).
+    with RedisServer() as redis:
+        await _every_scrape_counts(tmp_path, redis.url)
+
+
+async def _every_scrape_counts(tmp_path: Path, store_url: str) -> None:
     async with fake_workers(1) as (fake,):
         port = free_port()
         config = {
             "listen": {"port": port, "processes": 2},
             "workers": [{"url": fake.url, "model": "demo"}],
+            "store": {"url": store_url},
             "drain_timeout_s": 2.0,
         }
         path = tmp_path / "kvgate.yaml"

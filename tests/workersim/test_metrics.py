@@ -80,3 +80,15 @@ async def test_two_workers_in_one_process_keep_their_own_metrics(worker: WorkerH
     labels = {"engine": "0", "finished_reason": "length"}
     assert sample(success_mine, "_total", model_name=FAST.model, **labels) == 0
     assert sample(success_theirs, "_total", model_name="other", **labels) == 1
+
+
+async def test_timeline_jumps_and_the_model_time_they_skipped_are_exported(
+    worker: WorkerHandle,
+) -> None:
+    driver = worker.worker.driver
+    # As the driver counts them when its loop falls behind (set here: a test cannot
+    # starve its own event loop deterministically).
+    driver.lag_jumps, driver.lag_lost_s = 2, 1.5
+    families = await scrape(worker.url)
+    assert sample(families["kvgate_workersim_timeline_jumps"], "_total") == 2
+    assert sample(families["kvgate_workersim_timeline_lost_model_seconds"], "_total") == 1.5

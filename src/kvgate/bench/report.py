@@ -16,10 +16,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from rich.table import Table
 
 from kvgate.bench.replay import Outcome
+from kvgate.extras import require
 from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
 from kvgate.workload.bound import Bound
 from kvgate.workload.recorder import RunRecorder
@@ -31,7 +31,10 @@ _CLIENT_INVISIBLE = ("queue_mean", "queue_p99", "preemptions", "migrations")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    return round(float(np.percentile(values, q)), 6) if values else 0.0
+    if not values:
+        return 0.0
+    np = require("numpy", "sim")  # not at import: the CLI loads this module for every command
+    return round(float(np.percentile(values, q)), 6)
 
 
 def summarize(

@@ -27,6 +27,9 @@ class RequestFeatures:
     prefix_key: SessionKey | None = None
     max_tokens: int | None = None
     """The client's output limit (``max_tokens`` / ``max_completion_tokens``), if given."""
+    restorable_blocks: int = 0
+    """Prefix blocks whose KV any worker can restore from disk (a llama.cpp slot the
+    gateway saved in the folder every worker reads): worth almost as much everywhere."""
 
     @property
     def has_session(self) -> bool:

@@ -306,6 +306,9 @@ class SessionLoad(NamedTuple):
     session_key: SessionKey
     last_active: Seconds
     context_tokens: int
+    move_s: Seconds | None = None
+    """Seconds to move its KV with it (a llama.cpp slot: save here, restore there), when
+    the worker can; ``None``: the target recomputes the context."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +394,12 @@ def plan_migrations(
         target = min(fits, key=lambda t: (t.load, t.usage, t.worker.id))
         overshoot = max(0.0, usage - soft) / (1.0 - soft) * cost.overshoot_penalty_s
         gain = source_queue + overshoot - _queue_delay(target.worker, cost)
-        move_cost = session.context_tokens / cost.prefill_tokens_per_s
+        # Tier-aware: KV that moves with the session costs its transfer, not a recompute.
+        move_cost = (
+            session.move_s
+            if session.move_s is not None
+            else session.context_tokens / cost.prefill_tokens_per_s
+        )
         if gain <= move_cost:
             continue
         plan.append(

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -31,11 +32,15 @@ from kvgate.gateway.admin.dashboard import Dashboard
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
+from kvgate.gateway.control.reload import Reloader
 from kvgate.gateway.dataplane import middleware
 from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner
-from kvgate.gateway.dataplane.proxy import Proxy, models_payload
+from kvgate.gateway.dataplane.models import models_payload
+from kvgate.gateway.dataplane.passthrough import Passthrough
+from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Router
@@ -62,13 +67,14 @@ class Gateway:
         registry: PolicyRegistry | None = None,
         policy: Policy | None = None,
         store: AffinityStore | None = None,
+        source: Callable[[], GatewayConfig] | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or (registry or default_registry()).build(
             config.policy.name, config.policy_options()
         )
         self._owns_store = store is None
-        self.store = store if store is not None else open_store(config.store.url)
+        self.store = store if store is not None else open_store(config.store.effective_url)
         self.queue = AdmissionQueue(config.admission.queue_size)
         t = config.timeouts
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
@@ -90,6 +96,7 @@ class Gateway:
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
         self.metrics.watch_store(self.store.health)
+        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -97,6 +104,7 @@ class Gateway:
             config.pressure,
             affinity_ttl=config.store.affinity_ttl_s,
             relieve_interval_s=config.health.interval_s,
+            slots=self.slots,
         )
         self.health = HealthChecker(
             self.pool, config.health, config.outlier, scrape_listeners=[self.pressure.observe]
@@ -143,8 +151,12 @@ class Gateway:
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
             expose_worker_urls=config.expose_worker_urls,
+            aliases=config.model_aliases,
+            slots=self.slots,
             traffic=self.traffic,
         )
+        self.reloader = Reloader(self, source)
+        self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
 
     def ready(self) -> bool:
         """True when not draining and some worker can take a request."""
@@ -161,6 +173,8 @@ class Gateway:
         for worker in self.pool:
             if worker.model is None:
                 log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
+        if not len(self.pool) and not self.config.discovery.dns:
+            log.warning("no workers: add them with POST /admin/workers or configure discovery")
         self.health.start()
         await self.control.start()
 
@@ -191,7 +205,7 @@ GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
 
 async def _models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.json_response(models_payload(gateway.pool.models()))
+    return web.json_response(models_payload(gateway.pool.models(), gateway.config.model_aliases))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -200,10 +214,21 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
+    detail: dict[str, object] = {}
+    if gateway.health.model_mismatch:
+        detail["model_mismatch"] = dict(gateway.health.model_mismatch)
     if gateway.ready():
-        return web.json_response({"status": "ready"})
+        return web.json_response({"status": "ready", **detail})
     status = "draining" if gateway.draining else "no healthy worker"
-    return web.json_response({"status": status}, status=503)
+    if not gateway.draining and len(gateway.pool) == 0:
+        status = "no workers yet"
+    return web.json_response({"status": status, **detail}, status=503)
+
+
+async def _reload(request: web.Request) -> web.Response:
+    """``POST /admin/reload``: re-read the config file (409 naming what needs a restart)."""
+    result = await request.app[GATEWAY_KEY].reloader.reload_source()
+    return web.json_response(result.to_dict())
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -240,7 +265,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.add_routes(Dashboard(gateway).routes())
     if config.admin.enabled:
         drain = DrainApi(gateway.pool, gateway.pressure)
-        setup_admin(app, gateway.control, drain.routes())
+        setup_admin(app, gateway.control, [*drain.routes(), ("POST", "/admin/reload", _reload)])
+    app.add_routes(gateway.passthrough.routes())  # last: it ends with a /v1/ catch-all
 
     async def _start(app: web.Application) -> None:
         await gateway.start()

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from kvgate.core.registry import UnknownPolicyError
-from kvgate.gateway.config import ConfigError, GatewayConfig, load_config, with_overrides
+from kvgate.gateway.config import (
+    ConfigError,
+    ConfigSource,
+    GatewayConfig,
+    load_config,
+    with_overrides,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -32,27 +38,34 @@ def serve(
         str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
     ] = None,
     processes: Annotated[
-        int | None, typer.Option(help="Server processes sharing the port (SO_REUSEPORT).")
+        int | None,
+        typer.Option(
+            help="Server processes sharing the port (SO_REUSEPORT); default: one per core "
+            "with a Redis store, one with the memory store (which N > 1 refuses)."
+        ),
     ] = None,
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs/--text-logs", help="Logs as JSON lines.")
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning or error (default: info).")
     ] = None,
 ) -> None:
     """Serve the OpenAI API in front of a fleet of workers, routing for KV-cache reuse."""
     try:
         base = load_config(config) if config is not None else GatewayConfig()
-        cfg = with_overrides(
-            base,
-            workers=worker or (),
-            policy=policy,
-            host=host,
-            port=port,
-            store=store,
-            processes=processes,
-            json_logs=json_logs,
-        )
-        if not cfg.workers:
-            raise ConfigError("no workers: give --worker URL (repeatable) or a config file")
+        overrides: dict[str, Any] = {
+            "workers": tuple(worker or ()),
+            "policy": policy,
+            "host": host,
+            "port": port,
+            "store": store,
+            "processes": processes,
+            "json_logs": json_logs,
+            "log_level": log_level,
+        }
+        cfg = with_overrides(base, **overrides)
+        source = None if config is None else ConfigSource(config, tuple(overrides.items()))
         # Build once here so an unknown policy or bad options fail before forking.
         from kvgate.core.policies import default_registry
 
@@ -64,7 +77,7 @@ def serve(
     from kvgate.gateway.server import run
 
     try:
-        status = run(cfg)
+        status = run(cfg, source)
     except ConfigError as exc:
         typer.echo(f"kvgate serve: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -8,7 +8,9 @@ Example ``kvgate.yaml``::
 
     listen: {host: 0.0.0.0, port: 8000}
     policy: {name: prefix_affinity, options: {}}
-    store: {url: "redis://127.0.0.1:6379/0"}
+    store: {url: "redis://redis:6379/0", password_file: /run/secrets/redis-password}
+    admin_token: "${KVGATE_ADMIN_TOKEN}"      # from the environment
+    discovery: {dns: [{name: vllm.default.svc.cluster.local, port: 8000}]}
     workers:
       - {url: "http://10.0.0.5:8000", model: llama-3-8b, version: v2.1}
       - {url: "http://10.0.0.6:8000", dcgm_url: "http://10.0.0.6:9400/metrics"}
@@ -16,9 +18,12 @@ Example ``kvgate.yaml``::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import yaml
 from pydantic import (
@@ -36,12 +41,20 @@ from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
+from kvgate.gateway import secrets
 from kvgate.gateway.control.config import (
     AdminConfig,
+    DiscoveryConfig,
     ModelVersionsConfig,
     RolloutsConfig,
     is_loopback,
 )
+
+STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
+"""URL schemes of the shared store (``+cluster``: Redis Cluster)."""
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class ConfigError(ValueError):
@@ -93,6 +106,9 @@ class WorkerConfig(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     api_key: str | None = None
     offload_url: str | None = None
+    engine: Literal["openai", "llamacpp"] = "openai"
+    """``llamacpp``: a llama.cpp server whose slots the gateway pins, saves and restores
+    (``slots:`` section; the server needs ``--slot-save-path``)."""
 
     _url = field_validator("url")(_check_url)
 
@@ -113,30 +129,57 @@ class WorkerConfig(_Model):
 
 
 class ListenConfig(_Model):
-    """Where the gateway listens and how many server processes share the port."""
+    """Where the gateway listens and how many server processes share the port.
+
+    ``processes`` unset means one per core available to the gateway when the
+    store is shared (Redis), and one with the memory store: processes behind one
+    port must agree on placement, and separate in-memory stores cannot.
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    processes: int = Field(default=1, ge=1, le=256)
+    processes: int | None = Field(default=None, ge=1, le=256)
 
 
 class PolicyConfig(_Model):
     """The routing policy, chosen by name from the registry, and its options."""
 
     name: str = DEFAULT_POLICY
+    """One of the registered policies (an unknown name is refused at start-up)."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """The policy's own options (its config class in ``core/policies/``); live on reload."""
 
 
 class StoreConfig(_Model):
-    """Where affinities live: ``memory`` (one process) or ``redis://HOST:PORT/DB``."""
+    """Where affinities live: ``memory`` (one process), ``redis://HOST:PORT/DB``, or a
+    Redis Cluster (``redis+cluster://HOST:PORT``, any one node; the rest are discovered).
+
+    ``password`` (or ``password_file``) is put into the URL, so the URL itself can
+    sit in a ConfigMap and the password in a Secret.
+    """
 
     url: str = "memory"
+    password: str | None = Field(default=None, repr=False)
+    """Put into ``url``'s credentials (``password_file`` for a mounted Secret)."""
     affinity_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long a session's binding lives without a request."""
+
+    @property
+    def effective_url(self) -> str:
+        """``url`` with ``password`` in it (``url`` itself when no password is set)."""
+        if self.password is None or self.url == "memory":
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        host = netloc.rpartition("@")[2]
+        user = netloc.rpartition("@")[0].partition(":")[0] if "@" in netloc else ""
+        secret = quote(self.password, safe="")
+        return f"{scheme}://{user}:{secret}@{host}{slash}{path}"
 
     @field_validator("url")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(("redis://", "rediss://")):
+        if value != "memory" and not value.startswith(STORE_SCHEMES):
             raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
         return value
 
@@ -223,6 +266,33 @@ class PressureSettings(PressureConfig):
     """Longest a request is held for KV headroom on its worker before it is sent anyway."""
 
 
+class SlotSettings(_Model):
+    """The ``slots:`` section: llama.cpp slot offload and migration (``engine: llamacpp``).
+
+    Every request to such a worker is pinned to a slot; an idle session's slot is
+    saved to a file before another session takes it, and restored when the session
+    returns, on the same worker or another one reading the same folder (every
+    llama.cpp worker's ``--slot-save-path`` must be that one folder). Saved slots
+    reuse ``max_saved`` file names, so disk use stays bounded; ``dir`` (the folder as
+    the gateway sees it) lets the gateway delete files it no longer needs too.
+    ``file_prefix`` must differ between gateway replicas sharing the folder.
+
+    Example::
+
+        workers:
+          - {url: "http://127.0.0.1:8081", engine: llamacpp}
+        slots: {dir: /var/lib/kvgate/slots, max_saved: 64, max_bytes: 4294967296}
+    """
+
+    enabled: bool = True
+    dir: str | None = None
+    file_prefix: str = Field(default="kvgate", pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    max_saved: int = Field(default=64, ge=1)
+    max_bytes: int = Field(default=4 * 1024**3, ge=1)
+    max_age_s: float = Field(default=3600.0, gt=0)
+    action_timeout_s: float = Field(default=30.0, gt=0)
+
+
 class GatewayConfig(_Model):
     """The whole gateway configuration (the root of ``kvgate.yaml``)."""
 
@@ -238,25 +308,37 @@ class GatewayConfig(_Model):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pressure: PressureSettings = Field(default_factory=PressureSettings)
-    api_keys: list[str] = Field(default_factory=list)
+    slots: SlotSettings = Field(default_factory=SlotSettings)
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
+    api_keys: list[str] = Field(default_factory=list, repr=False)
+    """Client keys (``Authorization: Bearer``); none: the API is open. ``api_keys_file``."""
     metrics_auth: Literal["open", "api_key", "admin_token"] | None = None
     """Who may read ``/metrics``: anyone, a client API key, or the admin token. Unset: a
     client API key when ``api_keys`` are set (the fleet's names and load are not public),
     else open."""
     expose_worker_urls: bool = False
     """``X-Kvgate-Worker`` names the worker by its URL (else by its ``name`` or an id)."""
-    admin_token: str | None = None
+    admin_token: str | None = Field(default=None, repr=False)
+    """The admin API's bearer token; required off loopback. ``admin_token_file`` or ``${ENV}``."""
     response_headers: bool = True
+    """Add ``X-Kvgate-Worker``, ``-Model-Version`` and ``-Route-Reason`` to answers."""
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""
     json_logs: bool = False
+    """One JSON line per request (access log) and per log record."""
+    log_level: LogLevel = "info"
+    """The process's log level (``kvgate serve --log-level``)."""
     access_log: bool = True
     """One line per request on the ``kvgate.access`` logger (JSON with ``json_logs``)."""
     metrics_created: bool = False
     """Export prometheus_client's ``*_created`` series (noise for most dashboards)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, and for removed workers: how long in-flight requests may finish."""
     seed: int = 0
+    """Seeds the gateway's randomness (retry jitter, version splits by request id)."""
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
@@ -269,6 +351,18 @@ class GatewayConfig(_Model):
             if worker.url in seen:
                 raise ValueError(f"worker {worker.url} listed twice")
             seen.add(worker.url)
+        return value
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _plain_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias, target in value.items():
+            if not alias or not target:
+                raise ValueError("aliases and their models must be non-empty")
+            if alias == target:
+                raise ValueError(f"{alias!r} is an alias of itself")
+            if target in value:
+                raise ValueError(f"{alias!r} -> {target!r}: an alias must name a model")
         return value
 
     @model_validator(mode="after")
@@ -301,6 +395,39 @@ class GatewayConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _slots_need_one_process(self) -> GatewayConfig:
+        # Each process would pin and save the same slots without knowing of the others.
+        llamacpp = any(w.engine == "llamacpp" for w in self.workers)
+        if llamacpp and self.slots.enabled and self.server_processes() > 1:
+            raise ValueError(
+                "slots: llama.cpp slot offload keeps the slot map in one process; "
+                "use listen.processes: 1, or slots.enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _processes_share_a_store(self) -> GatewayConfig:
+        # Each process would keep its own affinities, rollouts and drains: the same
+        # session would land on different workers depending on which process the
+        # kernel handed its connection to.
+        if (self.listen.processes or 1) > 1 and self.store.url == "memory":
+            raise ValueError(
+                f"listen.processes: {self.listen.processes} processes cannot share the "
+                "memory store (each would route on its own affinities); set store.url "
+                "to a redis:// URL, or run one process"
+            )
+        return self
+
+    def server_processes(self) -> int:
+        """How many server processes to run: ``listen.processes``, or the default for the
+        store (the cores this process may run on with Redis, one with the memory store)."""
+        if self.listen.processes is not None:
+            return self.listen.processes
+        if self.store.url == "memory":
+            return 1
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+    @model_validator(mode="after")
     def _index_blocks_match_features(self) -> GatewayConfig:
         # A prefix index counting other blocks than the features hash never matches.
         self.policy_options()
@@ -326,10 +453,20 @@ def _describe(exc: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def parse_config(data: Mapping[str, Any] | None) -> GatewayConfig:
-    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys."""
+def parse_config(
+    data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Validate a configuration mapping; raise ``ConfigError`` naming bad keys.
+
+    ``${NAME}`` and ``X_file`` values are resolved first (``gateway.secrets``),
+    from ``env`` (default: the process environment).
+    """
     try:
-        return GatewayConfig.model_validate(dict(data or {}))
+        resolved = secrets.resolve(dict(data or {}), env)
+    except secrets.SecretError as exc:
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    try:
+        return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
 
@@ -359,15 +496,19 @@ def with_overrides(
     store: str | None = None,
     processes: int | None = None,
     json_logs: bool | None = None,
+    log_level: str | None = None,
 ) -> GatewayConfig:
     """``config`` with command-line options applied on top (validated again)."""
-    data = config.model_dump(mode="python")
+    data = config.model_dump(mode="python", exclude={"discovery"})
+    data["discovery"] = config.discovery
     if workers:
         data["workers"] = [{"url": url} for url in workers]
     if policy is not None and policy != config.policy.name:
         data["policy"] = {"name": policy, "options": {}}
     if json_logs is not None:
         data["json_logs"] = json_logs
+    if log_level is not None:
+        data["log_level"] = log_level.lower()
     listen = data["listen"]
     if host is not None:
         listen["host"] = host
@@ -377,4 +518,23 @@ def with_overrides(
         listen["processes"] = processes
     if store is not None:
         data["store"]["url"] = store
-    return parse_config(data)
+    try:  # already resolved: a secret holding "${" must not be expanded again
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where the configuration in force came from, so a reload can read it again.
+
+    The file, plus the command-line options applied on top of it (they still
+    win after a reload). Picklable: server processes get it when spawned.
+    """
+
+    path: Path
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self) -> GatewayConfig:
+        """Read and validate the file again, with the same overrides."""
+        return with_overrides(load_config(self.path), **dict(self.overrides))

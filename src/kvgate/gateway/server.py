@@ -4,13 +4,16 @@ SIGTERM (or SIGINT) drains: readiness turns false, new requests get 503,
 in-flight requests and streams finish up to ``drain_timeout_s``, then the
 process exits: 0 when everything finished, ``DRAIN_CUT_SHORT`` when the deadline
 cut requests off (their connections are closed at the deadline, not later).
-SIGHUP never kills: it calls ``reload_hook`` (by default a log line saying no
-reload is configured). A port already in use is one line and exit status 2.
+SIGHUP never kills: it re-reads the config file (``control.reload``), and a
+refused reload is one log line; the gateway serves on. A port already in use is
+one line and exit status 2.
 
-With ``listen.processes > 1`` the parent starts that many server
-processes bound with ``SO_REUSEPORT`` (the kernel spreads connections), each
-with its own state; they share affinities only through a Redis store. A metrics
-scrape that lands on any of them answers for all (``observe.federation``).
+With several processes (``GatewayConfig.server_processes``: one per core with a
+Redis store by default) the parent starts that many server processes bound with
+``SO_REUSEPORT`` (the kernel spreads connections); they agree on placement
+through the shared store, and the configuration refuses several processes on
+the memory store. A metrics scrape that lands on any of them answers for all
+(``observe.federation``).
 
 The parent supervises: it waits until every server process listens (or has
 failed) before it passes SIGTERM/SIGINT on, so a stop that arrives during
@@ -40,7 +43,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from kvgate.gateway.app import Gateway, make_runner
-from kvgate.gateway.config import ConfigError, GatewayConfig
+from kvgate.gateway.config import ConfigError, ConfigSource, GatewayConfig
+from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.logs import configure_logging
 
@@ -50,7 +54,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that make a gateway drain and exit."""
 
 HANGUP = signal.SIGHUP
-"""Reload the configuration (where a reload hook is set); never a reason to die."""
+"""Re-read the config file (``control.reload``); never a reason to die."""
 
 _BLOCKED = (*STOP_SIGNALS, HANGUP)
 """Held pending in a server process until its own handlers are in place."""
@@ -68,20 +72,19 @@ class ListenError(ConfigError):
     """The gateway cannot listen where it was told to (port in use, address not here)."""
 
 
-def _no_reload(gateway: Gateway) -> None:
-    log.warning("SIGHUP received: configuration reload is not configured; ignoring it")
-
-
-ReloadHook = Callable[[Gateway], None]
-"""What SIGHUP does to a serving gateway (``reload_hook`` replaces the default)."""
-
-reload_hook: ReloadHook = _no_reload
-"""Called on SIGHUP in each server process; the default logs and carries on."""
+async def _reload(gateway: Gateway) -> None:
+    """SIGHUP: re-read the config file; a refusal is logged, the gateway serves on."""
+    log.info("SIGHUP: reloading the configuration")
+    try:
+        await gateway.reloader.reload_source()
+    except GatewayError as exc:
+        log.error("SIGHUP: %s", exc)
 
 
 async def serve(
     config: GatewayConfig,
     *,
+    source: ConfigSource | None = None,
     reuse_port: bool = False,
     on_listening: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
@@ -93,7 +96,7 @@ async def serve(
     the deadline what is left is cut off (connections closed) and False is
     returned at once. ``ListenError`` when the address cannot be bound.
     """
-    gateway = Gateway(config)
+    gateway = Gateway(config, source=source)
     gateway.peers = peers
     runner = make_runner(gateway)
     await runner.setup()
@@ -102,8 +105,15 @@ async def serve(
     for signum in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(_reload(gateway), name="kvgate-reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(HANGUP, lambda: reload_hook(gateway))
+        loop.add_signal_handler(HANGUP, on_hup)
     drained = False
     try:
         site = web.TCPSite(
@@ -162,6 +172,11 @@ def _cut_connections(runner: web.BaseRunner) -> None:
         connection.force_close()
 
 
+def log_level(config: GatewayConfig) -> int:
+    """The ``logging`` level ``log_level`` names."""
+    return int(getattr(logging, config.log_level.upper()))
+
+
 def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     """Run ``main`` on uvloop (asyncio's own loop where uvloop is missing)."""
     try:
@@ -172,9 +187,9 @@ def _run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     return result
 
 
-def _run_one(config: GatewayConfig) -> int:
-    configure_logging(config.json_logs)
-    return 0 if _run_loop(serve(config)) else DRAIN_CUT_SHORT
+def _run_one(config: GatewayConfig, source: ConfigSource | None) -> int:
+    configure_logging(config.json_logs, log_level(config))
+    return 0 if _run_loop(serve(config, source=source)) else DRAIN_CUT_SHORT
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -188,7 +203,13 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _run_child(
-    config: GatewayConfig, ready: Connection, parent_pid: int, index: int, peers_dir: str
+    config: GatewayConfig,
+    ready: Connection,
+    parent_pid: int,
+    index: int,
+    peers_dir: str,
+    *,
+    source: ConfigSource | None,
 ) -> None:
     """One of several server processes: report the port on ``ready`` once listening.
 
@@ -197,7 +218,7 @@ def _run_child(
     loop's handlers are installed, then drains as usual instead of killing.
     """
     _die_with_parent(parent_pid)
-    configure_logging(config.json_logs)
+    configure_logging(config.json_logs, log_level(config))
 
     def listening(port: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
@@ -206,8 +227,10 @@ def _run_child(
         ready.close()
 
     try:
-        peers = MetricsPeers(peers_dir, index, config.listen.processes)
-        drained = _run_loop(serve(config, reuse_port=True, on_listening=listening, peers=peers))
+        peers = MetricsPeers(peers_dir, index, config.server_processes())
+        drained = _run_loop(
+            serve(config, source=source, reuse_port=True, on_listening=listening, peers=peers)
+        )
     except ListenError as exc:
         log.error("%s", exc)
         sys.exit(2)
@@ -234,8 +257,9 @@ class _Child:
 class _Supervisor:
     """Starts the server processes, forwards stop signals, reports deaths, sums up."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, source: ConfigSource | None = None) -> None:
         self.config = config
+        self.source = source
         self.children: list[_Child] = []
         self.received: list[int] = []
         self.forwarded = 0
@@ -272,11 +296,12 @@ class _Supervisor:
         ctx = multiprocessing.get_context("spawn")
         signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
-            for index in range(self.config.listen.processes):
+            for index in range(self.config.server_processes()):
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=_run_child,
                     args=(self.config, writer, os.getpid(), index, self.peers_dir),
+                    kwargs={"source": self.source},
                     name=f"kvgate-serve-{index}",
                 )
                 try:
@@ -378,11 +403,18 @@ class _Supervisor:
         return 1
 
 
-def run(config: GatewayConfig) -> int:
-    """Serve ``config`` in this process, or in ``listen.processes`` children; exit status."""
-    if config.listen.processes == 1:
-        return _run_one(config)
+def run(config: GatewayConfig, source: ConfigSource | None = None) -> int:
+    """Serve ``config`` in this process, or in ``server_processes()`` children; exit status.
+
+    ``source`` is where ``config`` came from: SIGHUP reads it again (``control.reload``).
+    """
+    if config.server_processes() == 1:
+        if config.listen.processes is None and config.store.url == "memory":
+            configure_logging(config.json_logs, log_level(config))
+            log.info("one server process: the memory store is not shared between processes "
+                     "(a Redis store runs one per core)")  # fmt: skip
+        return _run_one(config, source)
     if config.listen.port == 0:
         raise ConfigError("listen.port: several processes need a fixed port, not 0")
-    configure_logging(config.json_logs)
-    return _Supervisor(config).run()
+    configure_logging(config.json_logs, log_level(config))
+    return _Supervisor(config, source).run()

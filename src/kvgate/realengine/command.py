@@ -55,7 +55,7 @@ def llamacpp(
     ] = False,
     slot_save_path: Annotated[
         Path | None,
-        typer.Option(help="Folder for saved slots; enables /slots actions (erase, save)."),
+        typer.Option(help="Folder for saved slots; enables /slots actions (erase, save, restore)."),
     ] = None,
     ready_file: Annotated[
         Path | None,

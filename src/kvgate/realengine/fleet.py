@@ -45,9 +45,19 @@ class LlamaCppFleet:
         await asyncio.gather(*(reset_prefix_cache(url, timeout_s) for url in self.urls))
 
 
-def fleet_options(options: LlamaCppOptions, workdir: Path) -> LlamaCppOptions:
-    """``options`` made resettable: slot API on (saves under ``workdir``), no RAM cache."""
-    return dataclasses.replace(options, slot_save_path=workdir / "slots", cache_ram_mib=0)
+def fleet_options(
+    options: LlamaCppOptions, workdir: Path, slot_dir: Path | None = None
+) -> LlamaCppOptions:
+    """``options`` made resettable: slot API on (saves under ``slot_dir``, by default
+    ``workdir/slots``), no RAM cache."""
+    slots = slot_dir if slot_dir is not None else workdir / "slots"
+    return dataclasses.replace(options, slot_save_path=slots, cache_ram_mib=0)
+
+
+def _make_folders(*folders: Path | None) -> None:
+    for folder in folders:
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
 
 
 @contextlib.asynccontextmanager
@@ -57,10 +67,13 @@ async def running_llamacpp_fleet(
     *,
     startup_timeout: float = STARTUP_TIMEOUT_S,
     workdir: Path | None = None,
+    slot_dir: Path | None = None,
 ) -> AsyncIterator[LlamaCppFleet]:
     """``workers`` ready llama.cpp workers with ``options`` (port 0 is best), then stopped.
 
     Each worker logs under ``workdir/worker-<i>`` (default: a new temporary folder).
+    With ``slot_dir`` every worker saves and restores slots in that one folder, so a
+    slot saved on one can be restored on another (migration with KV).
     """
     if workers < 1:
         raise ValueError("the fleet needs at least one worker")
@@ -69,8 +82,8 @@ async def running_llamacpp_fleet(
     try:
         for i in range(workers):
             folder = root / f"worker-{i}"
-            (folder / "slots").mkdir(parents=True, exist_ok=True)
-            processes.append(start_llamacpp(fleet_options(options, folder), folder))
+            _make_folders(folder / "slots", slot_dir)
+            processes.append(start_llamacpp(fleet_options(options, folder, slot_dir), folder))
         await asyncio.gather(*(p.wait_ready_async(startup_timeout) for p in processes))
         yield LlamaCppFleet(processes)
     finally:

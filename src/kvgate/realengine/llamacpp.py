@@ -50,8 +50,11 @@ class LlamaCppOptions:
     (0 disables it, -1 means no limit). ``cache_reuse`` is llama.cpp's
     ``--cache-reuse``: the smallest chunk reused by shifting KV when a prompt
     differs from the cached one in the middle (0 disables it). ``slot_save_path``
-    (llama.cpp ``--slot-save-path``) enables the ``/slots/{id}?action=...`` API,
-    whose ``erase`` empties a slot's KV: how a fleet is made cold between runs.
+    (llama.cpp ``--slot-save-path``) enables the ``/slots/{id}?action=...`` API:
+    ``erase`` empties a slot's KV (how a fleet is made cold between runs), ``save`` and
+    ``restore`` move it to and from a file there (the gateway's offload and migration,
+    ``gateway.control.offload``; workers that share the folder can restore each
+    other's slots).
     """
 
     model: Path | None = None
@@ -147,7 +150,9 @@ def build_params(options: LlamaCppOptions, model_path: Path) -> Any:
     params.slot_prompt_similarity = options.slot_similarity
     params.warmup = options.warmup
     if options.slot_save_path is not None:
-        params.slot_save_path = str(options.slot_save_path)
+        # llama.cpp joins the folder and a file name by plain concatenation: without
+        # the trailing separator ``slots`` + ``a.bin`` would be saved as ``slotsa.bin``.
+        params.slot_save_path = os.path.join(str(options.slot_save_path), "")
     return params
 
 

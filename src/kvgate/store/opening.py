@@ -10,7 +10,8 @@ from kvgate.store.redis_store import RedisStore
 
 
 def open_store(url: str = "memory", **options: Any) -> AffinityStore:
-    """A store for ``url``: ``"memory"`` or ``"redis://host:port/db"`` (also ``rediss://``).
+    """A store for ``url``: ``"memory"``, ``"redis://host:port/db"`` (also ``rediss://``),
+    or a Redis Cluster node ``"redis+cluster://host:port"``.
 
     ``options`` go to the backend's constructor; options meant for the other backend
     are a ``TypeError``, as are unknown URLs a ``ValueError``, so config mistakes
@@ -18,6 +19,8 @@ def open_store(url: str = "memory", **options: Any) -> AffinityStore:
     """
     if url in ("memory", "memory://"):
         return MemoryStore(**options)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(
+        ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+    ):
         return RedisStore(url, **options)
     raise ValueError(f"unknown store URL {url!r}: expected 'memory' or 'redis://host:port/db'")

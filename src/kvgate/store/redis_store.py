@@ -29,8 +29,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeVar
+from urllib.parse import unquote
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -63,6 +65,46 @@ _RESYNC_ROUNDS = 8
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
 
 
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster)."""
+    return url.startswith(("redis+cluster://", "rediss+cluster://"))
+
+
+def cluster_nodes(url: str) -> dict[str, Any]:
+    """``RedisCluster`` arguments from ``redis+cluster://[user:pass@]h1:p1[,h2:p2...]``.
+
+    Several startup nodes, so a client started while one of them is down (a failed
+    master) still finds the cluster; the rest of the nodes are discovered.
+    """
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    nodes = []
+    for part in hosts.split(","):
+        host, _, port = part.rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port or 6379)))
+    return {
+        "startup_nodes": nodes,
+        "username": unquote(user) or None,
+        "password": unquote(password) or None,
+        "ssl": scheme.startswith("rediss"),
+    }
+
+
+def cluster_prefix(prefix: str) -> str:
+    """``prefix`` with a hash tag, so every key of the store lands in one cluster slot.
+
+    The Lua scripts touch a binding and its worker's indexes together, and Redis
+    Cluster runs a script only over keys of one slot: ``kvgate:`` becomes
+    ``{kvgate}:``; a prefix that already has a tag is kept.
+    """
+    if "{" in prefix and "}" in prefix.split("{", 1)[1]:
+        return prefix
+    stem = prefix.rstrip(":")
+    return f"{{{stem}}}:" if stem else "{kvgate}:"
+
+
 class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
@@ -90,10 +132,21 @@ class RedisStore(AffinityStore):
         max_dirty: int = 100_000,
         max_connections: int = 32,
         clock: Clock = time.monotonic,
-        client: Redis | None = None,
+        client: Redis | RedisCluster | None = None,
     ) -> None:
         self.url = url
         self._url_for_logs = redact(url)
+        self.cluster = is_cluster_url(url) or isinstance(client, RedisCluster)
+        if self.cluster:
+            prefix = cluster_prefix(prefix)
+        if client is None and self.cluster:
+            client = RedisCluster(
+                **cluster_nodes(url),
+                max_connections=max_connections,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
+            )
         if client is None:
             # A bounded pool: a burst of requests waits briefly for a connection
             # instead of opening hundreds (whose connects time out on a busy host).
@@ -106,7 +159,12 @@ class RedisStore(AffinityStore):
                 retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
             )
             client = Redis.from_pool(pool)
-        self._redis = client
+        self._redis: Any = client
+        # The cluster client refuses (MaxConnectionsError) rather than waits for a
+        # connection past max_connections: calls wait here instead. Half for calls,
+        # half for the parallel reads of get_many, which holds one call slot.
+        self._batch = max(1, max_connections // 2)
+        self._calls = asyncio.Semaphore(self._batch) if self.cluster else None
         self._scripts = Scripts(self._redis, prefix)
         self.local = MemoryStore(fallback_max_sessions, clock)
         self._backoff_initial = backoff_initial
@@ -164,10 +222,17 @@ class RedisStore(AffinityStore):
         """``get`` for many keys, pipelined into one round trip."""
 
         async def fetch() -> list[Any]:
+            if self.cluster:  # scripts in a cluster pipeline do not reload after a failover
+                out: list[Any] = []
+                for low in range(0, len(keys), self._batch):
+                    chunk = keys[low : low + self._batch]
+                    out.extend(await asyncio.gather(*(self._scripts.get(k) for k in chunk)))
+                return out
             pipe = self._redis.pipeline(transaction=False)
             for key in keys:
                 await self._scripts.get(key, pipe)
-            return await pipe.execute()
+            replies: list[Any] = await pipe.execute()
+            return replies
 
         replies = await self._remote(fetch)
         if replies is _DOWN:
@@ -292,7 +357,11 @@ class RedisStore(AffinityStore):
             self.fallbacks_total += 1
             return _DOWN
         try:
-            reply = await call()
+            if self._calls is None:
+                reply = await call()
+            else:
+                async with self._calls:
+                    reply = await call()
         except _FAILURES as exc:
             self._errors_total += 1
             self.fallbacks_total += 1
@@ -338,6 +407,14 @@ class RedisStore(AffinityStore):
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
+    async def _drop_pooled_connections(self) -> None:
+        """Close every pooled connection (one pool, or one per cluster node)."""
+        if isinstance(self._redis, RedisCluster):
+            for node in self._redis.get_nodes():
+                await node.disconnect()
+        else:
+            await self._redis.connection_pool.disconnect()
+
     async def try_recover(self) -> bool:
         """Probe Redis now and, if it answers, resync and leave degraded mode.
 
@@ -351,7 +428,7 @@ class RedisStore(AffinityStore):
                 # Connections pooled before the outage are dead (reset, or to the Redis
                 # that was restarted): each would fail once more and flip the store back
                 # to degraded. Drop them all; the probe and what follows open fresh ones.
-                await self._redis.connection_pool.disconnect()
+                await self._drop_pooled_connections()
                 await self._redis.ping()
                 caught_up = await self._resync(rounds=_RESYNC_ROUNDS)
             except _FAILURES:
@@ -413,22 +490,29 @@ class RedisStore(AffinityStore):
 
     async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
         t = self.local.clock()
-        pipe = self._redis.pipeline(transaction=False)
+        # On a cluster each call runs at once: a script a node lacks (after a failover,
+        # Redis does not replicate its script cache) is reloaded only outside a pipeline.
+        pipe = None if self.cluster else self._redis.pipeline(transaction=False)
+        direct: list[Any] = []
         queued: list[tuple[SessionKey, Seconds] | None] = []  # one per queued command
         for key, deleted_from in batch:
             if deleted_from is not None:
-                await self._scripts.delete(key, deleted_from, pipe)
+                direct.append(await self._scripts.delete(key, deleted_from, pipe))
                 queued.append(None)
                 continue
             affinity = self.local.table.get(key, t)
             deadline = self.local.table.deadline(key, t)
             if affinity is None or deadline is None:
                 continue  # expired locally meanwhile: nothing to claim
-            await self._scripts.compare_and_set(key, affinity.worker, affinity, deadline - t, pipe)
+            direct.append(
+                await self._scripts.compare_and_set(
+                    key, affinity.worker, affinity, deadline - t, pipe
+                )
+            )
             queued.append((key, deadline - t))
         if not queued:
             return
-        replies = await pipe.execute()
+        replies = direct if pipe is None else await pipe.execute()
         for pushed, reply in zip(queued, replies, strict=True):
             if pushed is not None and pushed[0] not in self._dirty:
                 key, ttl = pushed  # adopt what is in force, unless rewritten locally since

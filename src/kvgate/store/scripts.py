@@ -13,8 +13,10 @@ Key layout under a prefix ``P`` (default ``kvgate:``):
 
 Every write that touches a binding runs as one Lua script, so the binding and both
 indexes change together and compare-and-set is atomic across gateway replicas.
-Scripts derive index keys from the prefix, so on Redis Cluster the prefix must carry
-a hash tag (``kvgate:{aff}:``) to keep every key in one slot.
+Scripts derive index keys from the prefix, so on Redis Cluster the prefix carries
+a hash tag (``{kvgate}:``, see ``redis_store.cluster_prefix``) to keep every key in
+one slot; scripts without a key of their own pass ``P workers`` as KEYS[1] so the
+cluster client routes them to that slot.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
@@ -178,7 +180,7 @@ class Scripts:
     pipeline returns) or runs at once; ``decode_*`` turn raw replies into values.
     """
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis | RedisCluster, prefix: str) -> None:
         self.prefix = prefix
 
         def register(body: str) -> AsyncScript:
@@ -277,7 +279,9 @@ class Scripts:
         stop = -1 if limit is None else limit - 1
         if stop < -1 or limit == 0:
             return []
-        reply: Sequence[Any] = await self._sessions_of([], [self.prefix, worker, stop])
+        # KEYS[1] is not read: it routes the call to the slot's node on Redis Cluster.
+        index = [f"{self.prefix}workers"]
+        reply: Sequence[Any] = await self._sessions_of(index, [self.prefix, worker, stop])
         return [
             decode_affinity(_text(reply[i]), worker, reply[i + 1], reply[i + 2])
             for i in range(0, len(reply), 3)
@@ -285,7 +289,7 @@ class Scripts:
 
     async def counts(self) -> dict[WorkerId, int]:
         """Live sessions per worker (pruning expired ones as it goes)."""
-        reply: Sequence[Any] = await self._counts([], [self.prefix])
+        reply: Sequence[Any] = await self._counts([f"{self.prefix}workers"], [self.prefix])
         return {_text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
 
     async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:

@@ -13,7 +13,7 @@ from kvgate import __version__
 from kvgate.engine.blocks import chain_hashes
 from kvgate.engine.tokenizer import tokenize
 from kvgate.workersim.faults import FaultUpdate
-from kvgate.workersim.protocol import ChatMessage, read_body, render_chat
+from kvgate.workersim.protocol import ApiError, ChatMessage, read_body, render_chat
 from kvgate.workersim.worker import WORKER_KEY
 
 
@@ -25,8 +25,7 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one model served, with its version."""
+def _card(request: web.Request) -> dict[str, object]:
     worker = request.app[WORKER_KEY]
     options = worker.options
     card = {
@@ -40,7 +39,20 @@ async def models(request: web.Request) -> web.Response:
         "kvgate_version": options.version,
         "kvgate_worker": {"profile": options.profile, "software": f"kvgate {__version__}"},
     }
-    return web.json_response({"object": "list", "data": [card]})
+    return card
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one model served, with its version."""
+    return web.json_response({"object": "list", "data": [_card(request)]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: the model's card, or 404 for another name."""
+    name = request.match_info["model"]
+    if name != request.app[WORKER_KEY].options.model:
+        raise ApiError(404, f"The model `{name}` does not exist.", code="model_not_found")
+    return web.json_response(_card(request))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.engine import Engine
-from kvgate.workersim import admin, completions
+from kvgate.workersim import admin, completions, responses_api, tokens
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError
 from kvgate.workersim.worker import WORKER_KEY, Worker
@@ -35,6 +35,13 @@ def create_app(options: WorkerOptions, engine: Engine | None = None) -> web.Appl
     app.router.add_post("/v1/chat/completions", completions.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
     app.router.add_get("/v1/models", admin.models)
+    app.router.add_get("/v1/models/{model:.+}", admin.model)
+    app.router.add_post("/v1/embeddings", tokens.embeddings_endpoint)
+    app.router.add_post("/v1/responses", responses_api.responses_endpoint)
+    app.router.add_post("/tokenize", tokens.tokenize_endpoint)
+    app.router.add_post("/detokenize", tokens.detokenize_endpoint)
+    app[tokens.VOCABULARY_KEY] = tokens.Vocabulary()
+    app[responses_api.RESPONSE_LOG_KEY] = responses_api.ResponseLog()
     app.router.add_get("/health", admin.health)
     app.router.add_get("/metrics", admin.metrics)
     app.router.add_post("/kv/offload", admin.offload)

@@ -52,7 +52,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, body, "completion")
 
 
-class _Run:
+class Run:
     """One request's progress through the engine, as its events report it."""
 
     def __init__(self, queue: asyncio.Queue[Event], prompt_tokens: int) -> None:
@@ -120,7 +120,7 @@ async def _serve(
         raise ApiError(503, str(exc), type_="service_unavailable") from None
     except ValueError as exc:  # the engine refuses what it could never hold
         raise ApiError(400, str(exc), code="context_length_exceeded") from None
-    run = _Run(queue, prompt_tokens)
+    run = Run(queue, prompt_tokens)
     header = ResponseHeader(request_id, worker.created(), body.model, endpoint)
     try:
         if body.stream:
@@ -129,10 +129,10 @@ async def _serve(
             )
         return await _complete(run, header, finish_reason)
     finally:
-        _settle(worker, run, request_id, finish_reason)
+        settle(worker, run, request_id, finish_reason)
 
 
-def _settle(worker: Worker, run: _Run, request_id: str, finish_reason: str) -> None:
+def settle(worker: Worker, run: Run, request_id: str, finish_reason: str) -> None:
     """Count the request's end; abort it in the engine if it did not finish."""
     if run.finished:
         worker.driver.release(request_id)
@@ -142,7 +142,7 @@ def _settle(worker: Worker, run: _Run, request_id: str, finish_reason: str) -> N
         worker.finished["abort"] += 1
 
 
-async def _complete(run: _Run, header: ResponseHeader, finish_reason: str) -> web.Response:
+async def _complete(run: Run, header: ResponseHeader, finish_reason: str) -> web.Response:
     while not run.finished:
         await run.next()
     text = filler(0, run.completion_tokens)
@@ -152,7 +152,7 @@ async def _complete(run: _Run, header: ResponseHeader, finish_reason: str) -> we
 async def _stream(
     request: web.Request,
     worker: Worker,
-    run: _Run,
+    run: Run,
     header: ResponseHeader,
     *,
     finish_reason: str,

@@ -104,6 +104,9 @@ class EngineDriver:
         self.aborts = 0
         self.lag_jumps = 0
         """Times the timeline jumped forward because the loop fell ``_MAX_LAG_S`` behind."""
+        self.lag_lost_s = 0.0
+        """Model seconds those jumps skipped: time in which the engine computed nothing
+        because the process did not get the CPU, which inflates model-clock latencies."""
         self.failed = False
 
     # -- clock ---------------------------------------------------------------
@@ -217,6 +220,7 @@ class EngineDriver:
             start = max(start, floor)
             behind = now - _MAX_LAG_S * self.time_scale
             if start < behind:
+                self.lag_lost_s += behind - start
                 start = behind
                 self.lag_jumps += 1
             horizon = self._horizon

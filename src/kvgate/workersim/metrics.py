@@ -222,6 +222,18 @@ class WorkerCollector(Collector):
             "KV blocks brought back to the GPU from an offload tier.",
             value=stats.restored_blocks,
         )
+        # A benchmark on a crowded machine reads these to know whether its
+        # model-clock latencies were inflated by the process waiting for a CPU.
+        yield CounterMetricFamily(
+            "kvgate_workersim_timeline_jumps",
+            "Times the model timeline jumped forward because the process fell behind.",
+            value=self._driver.lag_jumps,
+        )
+        yield CounterMetricFamily(
+            "kvgate_workersim_timeline_lost_model_seconds",
+            "Model seconds those jumps skipped (the engine computed nothing meanwhile).",
+            value=self._driver.lag_lost_s,
+        )
 
 
 def build_registry(collector: WorkerCollector) -> CollectorRegistry:

@@ -13,14 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from kvgate.extras import require
 from kvgate.types import Seconds
 
 
 def _percentile(values: array[float], q: float) -> float:
     if not values:
         return 0.0
+    np = require("numpy", "sim")  # not at import: the gateway imports this module's users
     return float(np.percentile(np.frombuffer(values, dtype=np.float64), q))
 
 
@@ -171,6 +171,7 @@ class RunRecorder:
         """TTFT quantiles at ``points`` evenly spaced levels (for the CDF plot)."""
         if not self.ttft:
             return []
+        np = require("numpy", "sim")
         values = np.frombuffer(self.ttft, dtype=np.float64)
         levels = np.linspace(0, 100, points)
         return [_r(float(v)) for v in np.percentile(values, levels)]

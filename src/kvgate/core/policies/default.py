@@ -20,7 +20,10 @@ Used when the config names no policy. In order:
    herd every new session onto the worker that happened to compute it first:
    new sessions spread by load. Reasons: ``prefix_match`` (the worker holding
    the longest match), ``imbalance_least_loaded`` (load outweighed a longer
-   match elsewhere), ``least_loaded`` (nothing cached anywhere).
+   match elsewhere), ``least_loaded`` (nothing cached anywhere). Blocks the
+   request says are restorable from disk (``restorable_blocks``: a llama.cpp
+   slot saved where every worker reads) count on every worker at
+   ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
 3. A request that will not be bound and whose prefix nobody holds takes the
    rendezvous choice, with bounded loads, of the chain hash of its first
    ``hash_blocks`` blocks: ``hash_primary`` / ``hash_bounded_walk``. Replicas
@@ -109,6 +112,10 @@ class DefaultConfig(PrefixPlacementConfig):
     """Uncached prompt tokens one request of load is worth when placing new work."""
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break)."""
+    restorable_credit: float = Field(default=0.9, ge=0, le=1)
+    """What a prefix block restorable from disk is worth on any worker, against one in
+    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
+    takes to recompute it (``benchmarks/real_offload.py``)."""
 
 
 class DefaultPolicy(PrefixLearning):
@@ -182,6 +189,15 @@ class DefaultPolicy(PrefixLearning):
         cfg = self.config
         hashes = request.prefix_hashes
         matches = self.index.match(hashes) if hashes else {}
+        restorable = int(request.restorable_blocks * cfg.restorable_credit)
+        if restorable:
+            # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
+            own = matches
+            matches = {w.id: max(own.get(w.id, 0), restorable) for w in pool}
+            worker, reason = self._cheapest(pool, matches, now)
+            if own.get(worker.id, 0) < restorable:
+                reason = "restorable_match"  # chosen for what it can restore, not hold
+            return worker, reason
         if matches or keyed:
             # A bound session's later turns follow the binding, so where it starts
             # is free to balance; replicas placing it at once agree by compare-and-set.

@@ -15,7 +15,8 @@ action the current state forbids 409.
     DELETE /admin/models/{model}/versions/{version}
     POST   /admin/models/{model}/stable                {"version": "v3"}
     GET    /admin/workers
-    POST   /admin/workers                              a worker config: {"url": ..., ...}
+    POST   /admin/workers                              a worker config: {"url": ..., ...};
+                                                       saved in the store: kept over restarts
     DELETE /admin/workers?url=URL[&wait=true]          stop routing; in-flight finish
     GET    /admin/rollouts
     POST   /admin/rollouts                             a RolloutSpec; starts it (201)
@@ -240,7 +241,7 @@ async def post_worker(request: web.Request) -> web.Response:
     """``POST /admin/workers``: add a worker (probed before it takes traffic)."""
     control = check_admin(request)
     config = _parse(WorkerConfig, await _body(request))
-    worker = await control.membership.add(config)
+    worker = await control.add_worker(config)
     return _json(
         {"url": worker.id, "model": worker.model, "version": worker.version, "up": worker.probe_ok},
         status=201,
@@ -254,7 +255,7 @@ async def delete_worker(request: web.Request) -> web.Response:
     if not url:
         raise InvalidRequestError("give the worker's url as ?url=", param="url")
     wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
-    worker = await control.membership.remove(url.rstrip("/"), wait=wait)
+    worker = await control.remove_worker(url.rstrip("/"), wait=wait)
     return _json({"url": worker.id, "removed": True, "in_flight": worker.in_flight})
 
 

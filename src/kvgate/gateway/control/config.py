@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -140,3 +140,75 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+class DnsTarget(_Model):
+    """One DNS name whose records are workers, and what every such worker serves.
+
+    ``record: A`` (A and AAAA records, e.g. a Kubernetes headless Service) needs
+    ``port``; ``record: SRV`` takes host and port from each SRV record (e.g.
+    ``_http._tcp.vllm.default.svc.cluster.local``). The worker fields (``model``,
+    ``version``, ``api_key``, ``labels``, ``max_in_flight``) apply to every
+    worker found; ``model`` unset: learned from each worker's ``/v1/models``.
+    """
+
+    name: str = Field(min_length=1)
+    record: Literal["A", "SRV"] = "A"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    model: str | None = None
+    version: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_in_flight: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _port_for_a(self) -> Self:
+        if self.record == "A" and self.port is None:
+            raise ValueError(f"{self.name}: record A needs a port (or use record: SRV)")
+        return self
+
+
+class DiscoveryConfig(_Model):
+    """Workers found in DNS, re-resolved every ``interval_s``.
+
+    A worker that appears is probed and then routed to; one that disappears is
+    drained (no new requests, in-flight ones finish, up to ``drain_timeout_s``).
+    A failed lookup (timeout, SERVFAIL) changes nothing; a name that no longer
+    exists or has no records removes its workers. ``nameservers`` (``host`` or
+    ``host:port``) replace the system resolver's (``/etc/resolv.conf``).
+    Static ``workers`` and those added through the admin API are never touched.
+    Example::
+
+        discovery:
+          interval_s: 5
+          dns:
+            - {name: vllm.default.svc.cluster.local, port: 8000, model: llama-3-8b}
+            - {name: _http._tcp.sglang.default.svc.cluster.local, record: SRV}
+    """
+
+    dns: list[DnsTarget] = Field(default_factory=list)
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+    nameservers: list[str] = Field(default_factory=list)
+
+    @field_validator("nameservers")
+    @classmethod
+    def _host_port(cls, value: list[str]) -> list[str]:
+        for server in value:
+            host, port = split_host_port(server, 53)
+            ipaddress.ip_address(host)  # ValueError names the bad address
+            if not 0 < port < 65536:
+                raise ValueError(f"bad port in {server!r}")
+        return value
+
+
+def split_host_port(text: str, default_port: int) -> tuple[str, int]:
+    """``"10.0.0.1:53"``, ``"[::1]:53"``, ``"::1"`` or ``"10.0.0.1"`` as (host, port)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default_port
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        return host, int(port)
+    return text, default_port

@@ -78,6 +78,7 @@ class Membership:
         worker.update(draining=True)
         self.pool.remove(worker_id)
         self.health.outlier.forget(worker_id)
+        self.health.forget(worker_id)
         self.policy.on_worker_removed(worker_id)
         log.info("worker %s removed; %d requests still in flight", worker_id, worker.in_flight)
         task = asyncio.create_task(self._close_when_idle(worker), name=f"kvgate-remove-{worker_id}")

@@ -35,6 +35,7 @@ from kvgate.core.fleet import Pressure
 from kvgate.core.pressure import Migration, PressureTracker, SessionLoad, plan_migrations
 from kvgate.core.session import PREFIX_KEY_TAG
 from kvgate.gateway.config import PressureSettings
+from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.dataplane.errors import UpstreamError
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -105,8 +106,11 @@ class PressureDriver:
         relieve_interval_s: Seconds,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        slots: SlotPlane | None = None,
     ) -> None:
         self.pool = pool
+        self.slots = slots
+        """Offload for llama.cpp workers (slot save); others get ``POST /kv/offload``."""
         self.store = store
         self.metrics = metrics
         self.settings = settings
@@ -231,8 +235,14 @@ class PressureDriver:
             self.metrics.store_errors.labels("sessions_of").inc()
             log.warning("listing sessions of %s failed", worker.id, exc_info=True)
             return []
+        slots = self.slots if self.slots is not None and self.slots.manages(worker) else None
         loads = [
-            SessionLoad(a.session_key, a.last_active, self.contexts.tokens(a.session_key))
+            SessionLoad(
+                a.session_key,
+                a.last_active,
+                self.contexts.tokens(a.session_key),
+                slots.move_seconds(a.session_key) if slots is not None else None,
+            )
             for a in bound
         ]
         plan = plan_migrations(state, loads, snap, self.settings.migration, self.settings)
@@ -289,6 +299,10 @@ class PressureDriver:
         """Ask ``worker`` to move these sessions' KV to its offload tier; True if it answered."""
         if not self.settings.offload:
             return False
+        if self.slots is not None and self.slots.manages(worker):
+            saved = await self.slots.offload(worker, keys)
+            self.metrics.offloads.labels(worker.id, reason, "ok" if saved else "error").inc()
+            return saved > 0
         # Keys the gateway derived from a prompt are unknown to the worker.
         ids = [k for k in keys if not k.startswith(PREFIX_KEY_TAG)]
         if not ids:

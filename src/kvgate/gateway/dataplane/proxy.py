@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import Endpoint, FeatureConfig
+from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
@@ -41,7 +43,6 @@ from kvgate.gateway.dataplane.errors import (
     GatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
-    ModelNotFoundError,
     NoHealthyWorkerError,
     OverloadedError,
     UpstreamBroken,
@@ -49,6 +50,7 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamTimeout,
 )
 from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
+from kvgate.gateway.dataplane.models import unknown_model_error
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import (
@@ -117,6 +119,24 @@ def _public(exc: UpstreamError) -> str:
     return _PUBLIC_KIND.get(exc.kind, "the worker failed")
 
 
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """How to forward a request that is not a generation: its features and body."""
+
+    features: RequestFeatures
+    body: bytes
+    method: str = "POST"
+    answer_key: str | None = None
+    """Tag under which the answer's id is bound to its worker (``None``: not bound)."""
+
+
+Describe = Callable[[bytes, web.Request, str], Forward]
+"""Builds a ``Forward`` from the body, the request and its id (raises ``GatewayError``)."""
+
+
 class PassiveHealth(Protocol):
     """Where live request outcomes go (outlier detection)."""
 
@@ -144,6 +164,9 @@ class _Outcome:
     body: bytes = b""
     sample: bytes | None = None
     """The response body, kept only when it was sampled for the quality evaluator."""
+    method: str = "POST"
+    answer_key: str | None = None
+    """Bind the id the answer starts with under this tag (``response:``), for continuations."""
     shed: str | None = None
     """Why the request was shed (429), for the access log and the dashboard."""
     refused: str | None = None
@@ -202,10 +225,14 @@ class Proxy:
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
         expose_worker_urls: bool = False,
+        aliases: Mapping[str, str] | None = None,
+        slots: SlotPlane | None = None,
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
+        self.aliases: Mapping[str, str] = aliases or {}
+        """Model names clients may use for another model (``model_aliases``)."""
         self.router = router
         self.budget = budget
         self.metrics = metrics
@@ -221,6 +248,7 @@ class Proxy:
         self.outcomes = outcomes
         self.expose_worker_urls = expose_worker_urls
         self._names: dict[str, str] = {}
+        self.slots = slots
         self.traffic = traffic
         """The dashboard's ring of recent traffic (``None``: not kept)."""
         self.wall = wall
@@ -238,9 +266,18 @@ class Proxy:
         return await self.handle(request, "/v1/completions", "completions")
 
     async def handle(
-        self, request: web.Request, path: str, endpoint: Endpoint
+        self,
+        request: web.Request,
+        path: str,
+        endpoint: Endpoint,
+        *,
+        describe: Describe | None = None,
     ) -> web.StreamResponse:
-        """Parse, route, forward (with retries) and answer one request."""
+        """Parse, route, forward (with retries) and answer one request.
+
+        ``describe`` builds the features of a request that is not a generation
+        (embeddings, responses, tokenize, any other path); it may rewrite the body.
+        """
         started = time.monotonic()
         request_id = request.headers.get(REQUEST_ID) or self._new_id()
         request[REQUEST_ID_KEY] = request_id
@@ -252,14 +289,23 @@ class Proxy:
         features: RequestFeatures | None = None
         try:
             body = await self._read_body(request)
-            features, payload = self._features(body, request, request_id, endpoint)
+            if describe is not None:
+                forward = describe(body, request, request_id)
+                features, body = forward.features, forward.body
+                outcome.method = forward.method
+                outcome.answer_key = forward.answer_key
+                outcome.body = body
+                return await self._forward(
+                    request, path, body=body, features=features, started=started, outcome=outcome
+                )
+            features, payload, body = self._features(body, request, request_id, endpoint)
             if not self.pool.serves(features.model):
                 # The access log says what was asked; metric labels never carry a
                 # client's made-up model name (one series per name, forever).
                 outcome.asked_model, features = features.model, None
-                raise ModelNotFoundError(
-                    f"The model {outcome.asked_model!r} does not exist", param="model"
-                )
+                raise unknown_model_error(self.pool, outcome.asked_model)  # 404, or 503
+            if self.slots is not None:
+                features = self.slots.annotate(features)  # KV that can follow the session
             if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
@@ -298,14 +344,20 @@ class Proxy:
 
     def _features(
         self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
-    ) -> tuple[RequestFeatures, dict[str, Any]]:
-        """The request's features and its decoded body; 400/404 errors on a bad one."""
+    ) -> tuple[RequestFeatures, dict[str, Any], bytes]:
+        """The request's features, decoded body and the body to forward (an alias
+        resolved to its model); 400/404 errors on a bad one."""
         try:
             payload = json.loads(body)
         except ValueError:
             raise InvalidRequestError("the request body is not valid JSON") from None
         except RecursionError:
             raise InvalidRequestError("the request body's JSON is nested too deeply") from None
+        if self.aliases and isinstance(payload, dict):
+            target = self.aliases.get(payload.get("model"))  # type: ignore[arg-type]
+            if target is not None:
+                payload["model"] = target
+                body = json.dumps(payload, separators=(",", ":")).encode()
         try:
             features = prefix.build_features(
                 payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
@@ -319,7 +371,7 @@ class Proxy:
             ) from None
         except RecursionError:
             raise InvalidRequestError("the request is nested too deeply") from None
-        return features, payload
+        return features, payload, body
 
     async def _forward(
         self,
@@ -361,9 +413,23 @@ class Proxy:
                     outcome.reported = False
                     worker = placement.worker
                     try:
-                        upstream = await worker.upstream.post(
-                            path, body, self._upstream_headers(request, worker, features.request_id)
-                        )
+                        headers = self._upstream_headers(request, worker, features.request_id)
+                        if (
+                            self.slots is not None
+                            and outcome.method == "POST"
+                            and self.slots.manages(worker)
+                        ):
+                            # A llama.cpp worker: a slot lease (offload/restore/migration).
+                            upstream = await self.slots.post(
+                                worker, path, body, headers, features.affinity_key
+                            )
+                            # The reason says which tier the KV came from: slot, disk, ...
+                            if tier := upstream.headers.get(TIER_HEADER):
+                                placement.reason = f"{placement.reason}/{tier}"
+                        else:
+                            upstream = await worker.upstream.send(
+                                outcome.method, path, body, headers
+                            )
                         if upstream.status == 429 or upstream.status >= 500:
                             await self._drain_error(upstream)
                             raise UpstreamError(status=upstream.status)
@@ -547,6 +613,8 @@ class Proxy:
                 await response.write_eof()
                 outcome.usage = usage_from_body(data)
                 done = True
+                if outcome.answer_key is not None:
+                    await self._remember_answer(data, placement, outcome.answer_key)
                 recorder = self.outcomes
                 version = placement.version
                 if recorder is not None and recorder.wants_sample(features.model, version):
@@ -595,6 +663,8 @@ class Proxy:
             async for chunk in upstream.chunks():
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - started
+                    if outcome.answer_key is not None:
+                        await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
                 outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
@@ -634,6 +704,12 @@ class Proxy:
             return response, False
         outcome.usage = stripper.usage if stripper is not None else tap.usage()
         return response, True
+
+    async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
+        """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
+        found = _ANSWER_ID.search(data, 0, 4096)
+        if found is not None and placement is not None:
+            await self.router.remember(tag + found.group(1).decode(), placement)
 
     def _client_gone(self, model: str, outcome: _Outcome) -> None:
         outcome.status = 499
@@ -741,20 +817,3 @@ def public_worker_name(url: str, name: str | None = None) -> str:
 def _looks_like_json_object(data: bytes) -> bool:
     """True when ``data`` is framed as a JSON object (a cheap check: no decoding)."""
     return data.lstrip()[:1] == b"{" and data.rstrip()[-1:] == b"}"
-
-
-def models_payload(models: Mapping[str, list[str]]) -> dict[str, object]:
-    """The ``GET /v1/models`` body for the models the fleet serves."""
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": model,
-                "object": "model",
-                "created": 0,
-                "owned_by": "kvgate",
-                "versions": versions,
-            }
-            for model, versions in models.items()
-        ],
-    }

@@ -297,6 +297,18 @@ class Router:
             except Exception:
                 self._store_failed("touch")
 
+    async def remember(self, key: SessionKey, placement: Placement) -> None:
+        """Bind a key the worker's answer named (a response id) to the worker that made it.
+
+        A later request naming that key (``previous_response_id``) then goes back to
+        the one worker holding the state it continues.
+        """
+        bound = Affinity(key, placement.worker.id, placement.version, self.wall())
+        try:
+            await self.store.compare_and_set(key, None, bound, self.ttl)
+        except Exception:
+            self._store_failed("compare_and_set")
+
     def _store_failed(self, op: str) -> None:
         self.metrics.store_errors.labels(op).inc()
         log.warning("affinity store %s failed", op, exc_info=True)

@@ -39,9 +39,13 @@ def usage_from(payload: object) -> Usage | None:
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens", 0)
+    details: Any = usage.get("prompt_tokens_details")
+    if prompt is None and "input_tokens" in usage:  # the Responses API's names
+        prompt = usage.get("input_tokens")
+        completion = usage.get("output_tokens", 0)
+        details = usage.get("input_tokens_details")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    details: Any = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(prompt, completion, cached if isinstance(cached, int) else 0)
 
@@ -135,6 +139,13 @@ def _event_end(buf: bytearray | bytes, start: int = 0) -> int:
     return lf + 2 if lf >= 0 else -1
 
 
+def _last_event_end(data: bytes, limit: int) -> int:
+    """The index just past the last whole SSE event ending before ``limit`` (0: none)."""
+    lf = data.rfind(b"\n\n", 0, limit)
+    crlf = data.rfind(b"\r\n\r\n", 0, limit)
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
 class UsageStripper:
     """Forwards an SSE stream whose ``usage`` the gateway asked for but the client did not.
 
@@ -155,8 +166,16 @@ class UsageStripper:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (and of earlier partial events) to forward now."""
         buf = self._buf
-        if not buf and b'"usage"' not in chunk and chunk.endswith(b"\n\n"):
-            return chunk  # the common case: whole events, nothing to change
+        head = b""
+        if not buf:
+            at = chunk.find(b'"usage"')
+            if at < 0 and chunk.endswith(b"\n\n"):
+                return chunk  # the common case: whole events, nothing to change
+            # Whole events before the first "usage" pass as they are; only the rest is
+            # cut into events (events coalesce into one chunk when the relay lags).
+            cut = _last_event_end(chunk, at if at >= 0 else len(chunk))
+            if cut:
+                head, chunk = chunk[:cut], chunk[cut:]
         buf += chunk
         out = bytearray()
         start = 0
@@ -164,7 +183,7 @@ class UsageStripper:
             out += self._filter(bytes(buf[start:end]))
             start = end
         del buf[:start]
-        return bytes(out)
+        return head + out if head else bytes(out)
 
     def flush(self) -> bytes:
         """What is left when the stream ends (an unterminated last event)."""

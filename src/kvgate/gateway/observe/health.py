@@ -60,6 +60,9 @@ class HealthChecker:
         self.outlier = OutlierDetector(outlier)
         self.outlier.set_workers(w.id for w in pool)
         self._probed: set[str] = set()
+        self._model_checked: set[str] = set()
+        self.model_mismatch: dict[str, str] = {}
+        """Worker -> why its configured model is not one it serves (see ``_check_model``)."""
         self.scrape_listeners = tuple(scrape_listeners)
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -95,6 +98,8 @@ class HealthChecker:
         if ok and worker.model is None:
             await self._discover(worker)
             ok = worker.model is not None
+        elif ok and worker.id not in self._model_checked:
+            await self._check_model(worker)
         if ok:
             await self._scrape(worker)
         self._apply_probe(worker, ok)
@@ -132,6 +137,43 @@ class HealthChecker:
         except UpstreamError:
             return False
         return status == 200
+
+    async def _check_model(self, worker: Worker) -> None:
+        """Warn once when a worker configured for a model does not list it.
+
+        Left alone, every request for that model would fail with the worker's own
+        404; the warning names the fix, and ``/readyz`` shows it (``model_mismatch``).
+        """
+        try:
+            status, body = await worker.upstream.get(
+                f"{worker.id}/v1/models", self.config.timeout_s, self._auth(worker)
+            )
+            cards = json.loads(body).get("data") if status == 200 else None
+        except (UpstreamError, ValueError, AttributeError):
+            return  # try again on the next probe
+        self._model_checked.add(worker.id)
+        if not isinstance(cards, list):
+            return
+        served = sorted(str(c.get("id")) for c in cards if isinstance(c, dict) and c.get("id"))
+        if served and worker.model not in served:
+            self.model_mismatch[worker.id] = (
+                f"configured for model {worker.model!r} but serves {served}"
+            )
+            log.warning(
+                "worker %s is configured for model %r but serves %s: requests for %r will "
+                "fail there; fix workers[].model (or add a model_aliases entry)",
+                worker.id,
+                worker.model,
+                served,
+                worker.model,
+            )
+        else:
+            self.model_mismatch.pop(worker.id, None)
+
+    def forget(self, worker_id: str) -> None:
+        """Drop what the checker knows of a removed worker."""
+        self._model_checked.discard(worker_id)
+        self.model_mismatch.pop(worker_id, None)
 
     async def _discover(self, worker: Worker) -> None:
         try:

@@ -367,6 +367,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.rollout = RolloutMetrics(r)
+        self.slots = SlotMetrics(r)
         # -- the operator's view (issue 14) ------------------------------------------
         self.inter_token_latency = Histogram(
             "kvgate_inter_token_latency_seconds",
@@ -453,6 +454,71 @@ class _StoreCollector(Collector):
             "kvgate_store_dirty_dropped",
             "Local writes dropped from the resync backlog (over its bound) during outages.",
             value=h.dirty_dropped_total,
+        )
+
+
+class SlotMetrics:
+    """llama.cpp slot offload, restore and migration (``GatewayMetrics.slots``).
+
+    A *save* writes an idle session's slot to disk before another session takes
+    the slot (an offload); a *restore* loads it back when the session returns; a
+    *migration* saves it on one worker and restores it on another. ``tier`` says
+    where each turn's KV came from (slot, disk, migrated, recompute, fallback).
+    """
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.saves = Counter(
+            "kvgate_slot_saves_total",
+            "Slots saved to disk (offloads), by worker and result (ok, error).",
+            ["worker", "result"],
+            registry=r,
+        )
+        self.restores = Counter(
+            "kvgate_slot_restores_total",
+            "Saved slots restored into a worker's slot, by worker and result (ok, error).",
+            ["worker", "result"],
+            registry=r,
+        )
+        self.migrations = Counter(
+            "kvgate_slot_migrations_total",
+            "Sessions moved between workers with their KV (save there, restore here).",
+            ["from_worker", "to_worker", "result"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "kvgate_slot_recompute_fallbacks_total",
+            "Turns recomputed because a restore or a migration failed, by worker and step.",
+            ["worker", "step"],
+            registry=r,
+        )
+        self.turns = Counter(
+            "kvgate_slot_turns_total",
+            "Turns sent to llama.cpp workers, by where their KV came from (tier).",
+            ["worker", "tier"],
+            registry=r,
+        )
+        self.saved_bytes = Gauge(
+            "kvgate_slot_saved_bytes",
+            "Bytes of saved slots the gateway keeps on disk.",
+            registry=r,
+        )
+        self.saved_sessions = Gauge(
+            "kvgate_slot_saved_sessions",
+            "Sessions whose KV is saved on disk.",
+            registry=r,
+        )
+        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+        self.save_seconds = Histogram(
+            "kvgate_slot_save_seconds",
+            "Seconds to save a slot, as the gateway waited for it.",
+            buckets=buckets,
+            registry=r,
+        )
+        self.restore_seconds = Histogram(
+            "kvgate_slot_restore_seconds",
+            "Seconds to restore a slot, as the gateway waited for it.",
+            buckets=buckets,
+            registry=r,
         )
 
 

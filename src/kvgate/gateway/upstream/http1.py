@@ -3,9 +3,11 @@
 The forwarding path sends one small POST and passes the answer through; a
 general client library spends more per request building request objects,
 timers, header skip lists and reader streams than the gateway spends routing.
-This one writes the request head and body in one ``write``, parses the response
-head with bytes operations, decodes ``Content-Length``, chunked and
-read-to-close bodies, and keeps idle connections per worker for reuse.
+This one writes the request head and body in one ``write``, lets llhttp (the C
+parser of Node and uvicorn, through ``httptools``) parse the answer in every
+framing (``Content-Length``, chunked, read to close), and keeps idle connections
+per worker for reuse. An earlier hand-written parser measured no faster and was
+a second protocol implementation to keep right; llhttp is the one parser here.
 
 One timer per request covers both timeouts: ``read_s`` (response head, then any
 silence between body bytes) and ``total_s`` (the whole exchange); it is re-armed
@@ -21,6 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import cast
 
+import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 _MAX_HEAD = 64 * 1024
@@ -30,7 +33,13 @@ _PAUSE_AT = 256 * 1024
 """Body bytes buffered (not yet taken by the reader) at which reading pauses."""
 
 
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
+def _frames_body(name: bytes, value: bytes) -> bool:
+    """True for a header that delimits the body (so it is not read until close)."""
+    lower = name.lower()
+    if lower == b"content-length":
+        return True
+    # Only a transfer coding ending in "chunked" frames a response (RFC 9112 6.3).
+    return lower == b"transfer-encoding" and value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
 
 
 class Http1Error(Exception):
@@ -58,14 +67,23 @@ class ProtocolError(Http1Error):
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection to a worker, carrying one exchange at a time."""
+    """One keep-alive connection to a worker, carrying one exchange at a time.
+
+    The bytes are parsed by llhttp (``httptools.HttpResponseParser``), the
+    parser Node and uvicorn use; one parser lives as long as the connection, as
+    HTTP/1.1 keep-alive asks. Its callbacks only record what they see: every
+    decision (done, reusable, failed) is taken here, outside the C parser.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self._buf = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
+        # RFC 9112 allows whitespace before a chunk extension (BWS): accept exactly that,
+        # nothing else llhttp refuses.
+        self._parser.set_dangerous_leniencies(lenient_spaces_after_chunk_size=True)
         self._reset()
 
     def _reset(self) -> None:
@@ -78,9 +96,10 @@ class Connection(asyncio.Protocol):
         self._pieces: list[bytes] = []
         self._pending = 0
         self._paused = False
-        self._framing = 0  # 0 length, 1 chunked, 2 until close
-        self._left = 0  # body bytes left (length) or in the current chunk (chunked)
-        self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        self._until_close = False
+        self._head_bytes = 0
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0
         self._error: Http1Error | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_io = 0.0
@@ -101,40 +120,94 @@ class Connection(asyncio.Protocol):
         # Only the worker's orderly close (no error, and not our own abort after a
         # timeout or a bad response) marks a read-to-close body complete: a reset or
         # an abort mid-body must not pass a truncated body off as the whole one.
-        if exc is None and self._error is None and self.headers is not None and self._framing == 2:
+        if exc is None and self._error is None and self.headers is not None and self._until_close:
             self._finish()
         else:
             self._fail(DisconnectedError(f"the worker closed the connection ({exc or 'EOF'})"))
 
     def data_received(self, data: bytes) -> None:
-        """Parse the response head, then the body, as bytes arrive."""
+        """Feed the parser; its callbacks below collect the head and the body."""
         self._last_io = self._loop.time()
-        if self._head_waiter is None or self.done:
+        if self._outside_exchange():
             # Bytes outside an exchange: the connection cannot be trusted for reuse.
             self.keep_alive = False
             return
         if self.headers is None:
-            buf = self._buf
-            buf += data
-            if not self._take_head(buf):
-                return
-            data = bytes(buf)
-            buf.clear()
-            waiter = self._head_waiter
-            if not waiter.done():
-                waiter.set_result(None)
-            if self._framing == 0 and self._left == 0:
-                if data:
-                    self.keep_alive = False  # bytes past an empty body: never reuse
-                self._finish()
-                return
-            if not data:
-                return
-        self._feed_body(data)
+            self._head_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.done:
+                # Bytes past a complete answer (after ``Connection: close``, say):
+                # the answer stands, the connection is not reused.
+                self.keep_alive = False
+            else:
+                self._fail(ProtocolError(f"invalid response from the worker: {exc}"))
+            return
+        if self.headers is None and self._head_bytes > _MAX_HEAD and self._error is None:
+            # llhttp sets no limit of its own; this bounds what it and we buffer.
+            self._fail(ProtocolError("response head too large"))
+
+    def _outside_exchange(self) -> bool:
+        return self._head_waiter is None or self.done or self._error is not None
 
     def eof_received(self) -> bool | None:
         """Close our side too (``connection_lost`` follows)."""
         return None
+
+    # -- llhttp callbacks (called from ``feed_data``; they never raise) -------------
+
+    def on_message_begin(self) -> None:
+        """A new message: after a complete answer, bytes the worker had no reason to send."""
+        if self.done:
+            self.keep_alive = False
+        self._fields = []
+        self._field_bytes = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """One header field (llhttp joins a field split across reads)."""
+        self._fields.append((name, value))
+        self._field_bytes += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        """The head is complete: publish it, unless it is an interim (1xx) one."""
+        if self.done or self._error is not None:
+            return
+        if self._field_bytes > _MAX_HEAD:
+            # A whole oversized head can arrive in one read, past the check on partial ones.
+            self._fail(ProtocolError("response head too large"))
+            return
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                self._fail(ProtocolError("the worker switched protocols unasked"))
+            return  # an interim answer: the real head follows
+        headers: CIMultiDict[str] = CIMultiDict()
+        framed = status in (204, 304)
+        for name, value in self._fields:
+            key = name.decode("ascii", "surrogateescape")
+            headers.add(key, value.decode("utf-8", "surrogateescape"))
+            if not framed:
+                framed = _frames_body(name, value)
+        self._fields = []
+        self.status = status
+        self._until_close = not framed
+        self.keep_alive = parser.should_keep_alive() and not self._until_close
+        self.headers = CIMultiDictProxy(headers)
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        """Body bytes, framing already removed."""
+        if not self.done and self._error is None:
+            self._push(body)
+
+    def on_message_complete(self) -> None:
+        """The answer ended (an interim 1xx one does not count)."""
+        if self.headers is not None and not self.done and self._error is None:
+            self._finish()
 
     # -- the exchange ---------------------------------------------------------
 
@@ -212,148 +285,6 @@ class Connection(asyncio.Protocol):
         return self.done and self.keep_alive and not self.closed and self._error is None
 
     # -- internals --------------------------------------------------------------
-
-    def _take_head(self, buf: bytearray) -> bool:
-        """Parse the response head off ``buf`` (skipping interim 1xx ones); True once parsed."""
-        while self.headers is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > _MAX_HEAD:
-                    self._fail(ProtocolError("response head too large"))
-                return False
-            if end > _MAX_HEAD:
-                # Checked here too: a whole oversized head can arrive in one read.
-                self._fail(ProtocolError("response head too large"))
-                return False
-            head = bytes(buf[:end])
-            del buf[: end + 4]
-            try:
-                self._parse_head(head)
-            except ProtocolError as exc:
-                self._fail(exc)
-                return False
-        return True
-
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
-        if not version.startswith(b"HTTP/1.") or not code.isdigit():
-            raise ProtocolError(f"bad status line {lines[0][:80]!r}")
-        status = int(code)
-        if 100 <= status < 200 and status != 101:
-            return  # an interim answer: the real head follows
-        headers: CIMultiDict[str] = CIMultiDict()
-        length: int | None = None
-        chunked = False
-        keep_alive = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
-                raise ProtocolError(f"bad header line {line[:80]!r}")
-            text = value.strip().decode("utf-8", "surrogateescape")
-            key = name.decode("ascii", "surrogateescape")
-            headers.add(key, text)
-            lower = name.lower()
-            if lower == b"content-length":
-                if not (text.isascii() and text.isdigit()) or (
-                    length is not None and int(text) != length
-                ):
-                    raise ProtocolError("bad Content-Length")
-                length = int(text)
-            elif lower == b"transfer-encoding":
-                chunked = text.lower().rsplit(",", 1)[-1].strip() == "chunked"
-            elif lower == b"connection":
-                tokens = {t.strip() for t in text.lower().split(",")}
-                if "close" in tokens:
-                    keep_alive = False
-                elif "keep-alive" in tokens:
-                    keep_alive = True
-        self.status = status
-        self.keep_alive = keep_alive
-        if status in (204, 304):
-            self._framing, self._left = 0, 0
-        elif chunked:
-            self._framing, self._left = 1, 0
-        elif length is not None:
-            self._framing, self._left = 0, length
-        else:
-            self._framing = 2
-            self.keep_alive = False
-        self.headers = CIMultiDictProxy(headers)
-
-    def _feed_body(self, data: bytes) -> None:
-        if self._framing == 0:
-            if len(data) > self._left:
-                self.keep_alive = False  # more than the body: never reuse this one
-                data = data[: self._left]
-            self._left -= len(data)
-            self._push(data)
-            if self._left == 0:
-                self._finish()
-        elif self._framing == 1:
-            self._feed_chunked(data)
-        else:
-            self._push(data)
-
-    def _feed_chunked(self, data: bytes) -> None:
-        buf = self._buf
-        if buf:
-            buf += data
-            view: bytes = bytes(buf)
-            buf.clear()
-        else:
-            view = data
-        pos = 0
-        size = len(view)
-        out: list[bytes] = []
-        while pos < size:
-            state = self._chunk_state
-            if state == 1:
-                take = min(self._left, size - pos)
-                out.append(view[pos : pos + take])
-                pos += take
-                self._left -= take
-                if self._left == 0:
-                    self._chunk_state = 2
-                continue
-            end = view.find(b"\r\n", pos)
-            if end < 0:
-                if size - pos > _MAX_HEAD:
-                    self._fail_after(out, ProtocolError("chunk line too long"))
-                    return
-                buf += view[pos:]
-                break
-            line = view[pos:end]
-            pos = end + 2
-            if state == 0:
-                digits = line.split(b";", 1)[0].strip()
-                if not digits or len(digits) > 15 or digits.strip(_HEX_DIGITS):
-                    # Only hex digits: int() would also take "-5", "+5", "0x5" or "1_0".
-                    self._fail_after(out, ProtocolError(f"bad chunk size {digits[:20]!r}"))
-                    return
-                self._left = int(digits, 16)
-                self._chunk_state = 1 if self._left else 3
-            elif state == 2:
-                if line:
-                    self._fail_after(out, ProtocolError("chunk data not followed by CRLF"))
-                    return
-                self._chunk_state = 0
-            elif not line:  # the empty line after the last chunk (and trailers)
-                if pos < size:
-                    self.keep_alive = False
-                if out:
-                    self._push(b"".join(out))
-                self._finish()
-                return
-        if out:
-            self._push(out[0] if len(out) == 1 else b"".join(out))
-
-    def _fail_after(self, out: list[bytes], exc: Http1Error) -> None:
-        """Fail the exchange, delivering first the body bytes parsed before the error."""
-        if out:
-            self._push(b"".join(out))
-        self._fail(exc)
 
     def _push(self, data: bytes) -> None:
         if not data:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -27,6 +27,9 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamUnavailable,
 )
 from kvgate.gateway.upstream import http1
+
+_MAX_CACHED_TARGETS = 64
+"""Request targets remembered per worker (the fixed OpenAI paths; not every client path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent")
 class UpstreamResponse:
     """A worker's response whose head has arrived; the body is read or streamed."""
 
-    __slots__ = ("_conn", "_pool", "_released", "headers", "status")
+    __slots__ = ("_conn", "_pool", "_released", "headers", "on_release", "status")
 
     def __init__(self, pool: http1.ConnectionPool, conn: http1.Connection) -> None:
         assert conn.headers is not None
@@ -69,6 +72,9 @@ class UpstreamResponse:
         self._released = False
         self.status: int = conn.status
         self.headers: CIMultiDictProxy[str] = conn.headers
+        self.on_release: Callable[[bool], None] | None = None
+        """Called once when the response is done with: True when it was read to its end
+        (a llama.cpp slot lease ends here, see ``gateway.control.offload``)."""
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
@@ -112,13 +118,18 @@ class UpstreamResponse:
     def close(self) -> None:
         """Abort: drop the connection so the worker sees the client go away."""
         self._conn.abort()
-        self.release()
+        self._finish(complete=False)
 
     def release(self) -> None:
         """Done with the response; a fully read connection is reused."""
+        self._finish(complete=True)
+
+    def _finish(self, *, complete: bool) -> None:
         if not self._released:
             self._released = True
             self._pool.release(self._conn)
+            if self.on_release is not None:
+                self.on_release(complete)
 
 
 class Upstream:
@@ -183,14 +194,22 @@ class Upstream:
         found = self._targets.get(path)
         if found is None:
             url = URL(self.base_url + path)
-            found = self._targets[path] = (url.raw_path_qs, url.host_port_subcomponent or "")
+            found = (url.raw_path_qs, url.host_port_subcomponent or "")
+            if len(self._targets) < _MAX_CACHED_TARGETS:  # forwarded paths come from clients
+                self._targets[path] = found
         return found
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a POST to the worker and wait for the response head."""
+        return await self.send("POST", path, body, headers)
+
+    async def send(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """Send a request with any method to the worker and wait for the response head."""
         target, host = self._target(path)
         try:
-            head = http1.request_head("POST", target, host, headers, len(body))
+            head = http1.request_head(method, target, host, headers, len(body))
         except ValueError as exc:
             raise UpstreamUnavailable(str(exc)) from None
         pool = self._connections()

@@ -1,0 +1,335 @@
+"""Which llama.cpp slot holds which session, and which sessions wait on disk.
+
+A llama.cpp worker has a fixed number of slots; each keeps the KV of the last
+prompt it served. The gateway pins every request it sends to such a worker to
+one slot (llama.cpp's ``id_slot`` request field), so it knows at all times
+whose KV each slot holds. That turns the slot API into real actions:
+
+- **offload**: before a slot is given to another session, its idle holder's KV
+  is saved to a file (``POST /slots/{id}?action=save``);
+- **restore**: a session that comes back while its KV is on disk is restored
+  into the slot it is given (``?action=restore``) before its turn is sent;
+- **migrate**: a session placed on another worker than the one whose slot holds
+  it is saved there and restored here (both workers read the same folder).
+
+This module only decides; ``gateway.control.offload`` carries the plan out and
+reports back. Saved slots live in a bounded set of **cells** (file names reused
+in turn), bounded by count, bytes and age, so the disk tier can never grow
+without limit even when the gateway cannot delete files itself.
+
+Pure and synchronous: times are passed in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvgate.types import Seconds, SessionKey, WorkerId
+
+
+class KvTier(StrEnum):
+    """Where a session's KV came from for one turn (a metric label and a header)."""
+
+    SLOT = "slot"
+    """Still in the slot it was last served from."""
+    DISK = "disk"
+    """Restored from a saved slot file on the same or another worker."""
+    MIGRATED = "migrated"
+    """Saved from another worker's slot and restored here, for this turn."""
+    RECOMPUTE = "recompute"
+    """Nothing known: the prompt is computed (new or forgotten session)."""
+    FALLBACK = "fallback"
+    """A restore or migration failed; the prompt is recomputed instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotBounds:
+    """How much the disk tier may hold: cells (files), bytes and age."""
+
+    max_saved: int = 64
+    max_bytes: int = 4 * 1024**3
+    max_age_s: Seconds = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_saved < 1 or self.max_bytes < 1 or self.max_age_s <= 0:
+            raise ValueError("slot bounds must be positive")
+
+
+@dataclass(slots=True)
+class Slot:
+    """One slot of one worker: whose KV it holds and whether a request uses it."""
+
+    holder: SessionKey | None = None
+    last_used: Seconds = float("-inf")
+    busy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One session's KV saved in a cell."""
+
+    cell: int
+    tokens: int
+    bytes: int
+    saved_at: Seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A slot on a worker."""
+
+    worker: WorkerId
+    slot: int
+
+
+@dataclass(slots=True)
+class SlotPlan:
+    """What to do before a request is sent: the slot it gets and the KV moves first.
+
+    ``evict`` is the slot's previous holder, to be saved into ``evict_cell``;
+    ``migrate_from`` is a slot of another worker holding the session, to be saved
+    into ``move_cell`` and restored here; ``restore`` is a cell to
+    restore into the slot. The driver reports each step back.
+    """
+
+    key: SessionKey | None
+    place: Place
+    tier: KvTier
+    evict: SessionKey | None = None
+    evict_cell: int | None = None
+    migrate_from: Place | None = None
+    move_cell: int | None = None
+    restore: Saved | None = None
+    source_held: bool = False
+    """The migration source's slot is still marked busy for this plan."""
+
+
+class SlotMap:
+    """The slot holders of every managed worker and the saved sessions (bounded)."""
+
+    def __init__(self, bounds: SlotBounds) -> None:
+        self.bounds = bounds
+        self._slots: dict[WorkerId, list[Slot]] = {}
+        self._resident: dict[SessionKey, Place] = {}
+        self._saved: OrderedDict[SessionKey, Saved] = OrderedDict()
+        self._free_cells: list[int] = list(range(bounds.max_saved - 1, -1, -1))
+        self._pending_cells: set[int] = set()
+        self.saved_bytes = 0
+
+    # -- workers ------------------------------------------------------------------
+
+    def add_worker(self, worker: WorkerId, slots: int) -> None:
+        """Manage ``worker`` with ``slots`` slots (all empty: their KV is unknown)."""
+        if slots < 1:
+            raise ValueError(f"a worker needs at least one slot, got {slots}")
+        self._slots[worker] = [Slot() for _ in range(slots)]
+
+    def manages(self, worker: WorkerId) -> bool:
+        """True once ``worker``'s slots are known."""
+        return worker in self._slots
+
+    def forget_worker(self, worker: WorkerId) -> None:
+        """``worker`` restarted or left: its slots' KV is gone (saved files stay)."""
+        for slot in self._slots.pop(worker, []):
+            if slot.holder is not None:
+                self._resident.pop(slot.holder, None)
+
+    # -- queries ------------------------------------------------------------------
+
+    def where(self, key: SessionKey) -> tuple[KvTier, WorkerId | None]:
+        """Where ``key``'s KV is: in a slot (and whose), on disk, or nowhere known."""
+        place = self._resident.get(key)
+        if place is not None:
+            return KvTier.SLOT, place.worker
+        if key in self._saved:
+            return KvTier.DISK, None
+        return KvTier.RECOMPUTE, None
+
+    def saved_count(self) -> int:
+        """How many sessions are saved on disk."""
+        return len(self._saved)
+
+    def holders(self, worker: WorkerId) -> list[SessionKey | None]:
+        """Each slot's holder on ``worker`` (tests, admin)."""
+        return [s.holder for s in self._slots.get(worker, [])]
+
+    # -- the plan -----------------------------------------------------------------
+
+    def acquire(self, worker: WorkerId, key: SessionKey | None, now: Seconds) -> SlotPlan | None:
+        """Give the request a free slot of ``worker`` and say what must move first.
+
+        None when every slot is busy (the caller waits for a release). Prefers the
+        slot that holds ``key``, then an empty one, then the least recently used.
+        """
+        slots = self._slots[worker]
+        index = self._choose(worker, slots, key)
+        if index is None:
+            return None
+        slot = slots[index]
+        slot.busy = True
+        plan = SlotPlan(key, Place(worker, index), KvTier.RECOMPUTE)
+        if key is not None and slot.holder == key:
+            plan.tier = KvTier.SLOT
+            return plan
+        if slot.holder is not None:
+            # The idle holder's KV goes to disk instead of being overwritten.
+            plan.evict = slot.holder
+            self._resident.pop(slot.holder, None)
+            slot.holder = None
+            plan.evict_cell = self._take_cell()
+        if key is None:
+            return plan
+        elsewhere = self._resident.get(key)
+        if elsewhere is not None:
+            source = self._slots[elsewhere.worker][elsewhere.slot]
+            cell = None if source.busy else self._take_cell()
+            if cell is not None:
+                source.busy = True
+                plan.migrate_from = elsewhere
+                plan.source_held = True
+                plan.move_cell = cell
+                plan.tier = KvTier.MIGRATED
+            # A busy source serves this session right now: recompute rather than wait.
+            return plan
+        saved = self._saved.pop(key, None)
+        if saved is not None:
+            self.saved_bytes -= saved.bytes
+            self._pending_cells.add(saved.cell)
+            plan.restore = saved
+            plan.tier = KvTier.DISK
+        return plan
+
+    def evict_idle(self, worker: WorkerId, key: SessionKey) -> SlotPlan | None:
+        """Plan saving ``key``'s idle slot on ``worker`` to disk and freeing the slot.
+
+        The pressure driver's offload: the session was moved away, and its next turn
+        restores from disk wherever it lands. None when ``key`` holds no idle slot
+        there, or no cell is free.
+        """
+        place = self._resident.get(key)
+        if place is None or place.worker != worker:
+            return None
+        slot = self._slots[worker][place.slot]
+        if slot.busy:
+            return None
+        cell = self._take_cell()
+        if cell is None:
+            return None
+        slot.busy = True
+        slot.holder = None
+        del self._resident[key]
+        return SlotPlan(None, place, KvTier.DISK, evict=key, evict_cell=cell)
+
+    def _choose(self, worker: WorkerId, slots: list[Slot], key: SessionKey | None) -> int | None:
+        if key is not None:
+            place = self._resident.get(key)
+            if place is not None and place.worker == worker and not slots[place.slot].busy:
+                return place.slot
+        idle = [i for i, s in enumerate(slots) if not s.busy]
+        if not idle:
+            return None
+        empty = [i for i in idle if slots[i].holder is None]
+        if empty:
+            return empty[0]
+        return min(idle, key=lambda i: slots[i].last_used)
+
+    def _take_cell(self) -> int | None:
+        """A cell to save into; None when all are being written or read right now."""
+        if not self._free_cells:
+            if not self._saved:
+                return None
+            # Every cell is taken: the oldest saved session is forgotten, its cell reused.
+            self._drop(next(iter(self._saved)))
+        cell = self._free_cells.pop()
+        self._pending_cells.add(cell)
+        return cell
+
+    def _drop(self, key: SessionKey) -> int:
+        saved = self._saved.pop(key)
+        self.saved_bytes -= saved.bytes
+        self._free_cells.append(saved.cell)
+        return saved.cell
+
+    # -- reports from the driver --------------------------------------------------
+
+    def saved(self, key: SessionKey, cell: int, tokens: int, size: int, now: Seconds) -> list[int]:
+        """``key``'s KV is in ``cell`` (``size`` bytes); cells dropped to stay in bounds."""
+        self._pending_cells.discard(cell)
+        if key in self._saved:
+            self._drop(key)
+        self._saved[key] = Saved(cell, tokens, size, now)
+        self.saved_bytes += size
+        dropped: list[int] = []
+        while self.saved_bytes > self.bounds.max_bytes and len(self._saved) > 1:
+            dropped.append(self._drop(next(iter(self._saved))))
+        return dropped
+
+    def release_cell(self, cell: int) -> None:
+        """``cell`` is no longer needed (a failed save, or its KV was restored)."""
+        if cell in self._pending_cells:
+            self._pending_cells.discard(cell)
+            self._free_cells.append(cell)
+
+    def moved_out(self, plan: SlotPlan) -> None:
+        """The migration source's slot was saved (or failed): it holds nobody now, and is free."""
+        place = plan.migrate_from
+        if place is None or not plan.source_held:
+            return
+        plan.source_held = False
+        slots = self._slots.get(place.worker)
+        if slots is None:
+            return
+        slot = slots[place.slot]
+        if slot.holder is not None:
+            self._resident.pop(slot.holder, None)
+        slot.holder = None
+        slot.busy = False
+
+    def abandon(self, plan: SlotPlan) -> None:
+        """The plan was cut short (an error, a cancelled request): give back what it held."""
+        for cell in (plan.evict_cell, plan.move_cell):
+            if cell is not None:
+                self.release_cell(cell)
+        if plan.restore is not None:
+            self.release_cell(plan.restore.cell)
+        self.moved_out(plan)
+
+    def release(self, plan: SlotPlan, now: Seconds, *, served: bool) -> None:
+        """The request is over: its session holds the slot (``served``), or nobody does."""
+        slots = self._slots.get(plan.place.worker)
+        if slots is None:
+            return  # the worker was forgotten meanwhile
+        slot = slots[plan.place.slot]
+        slot.busy = False
+        slot.last_used = now
+        key = plan.key
+        if served and key is not None:
+            old = self._resident.get(key)
+            if old is not None and old != plan.place:
+                other = self._slots.get(old.worker)
+                if other is not None and other[old.slot].holder == key:
+                    other[old.slot].holder = None
+            slot.holder = key
+            self._resident[key] = plan.place
+            stale = self._saved.pop(key, None)
+            if stale is not None:
+                # A newer turn is in a slot; the older copy on disk is of no use.
+                self.saved_bytes -= stale.bytes
+                self._free_cells.append(stale.cell)
+        else:
+            if slot.holder is not None:
+                self._resident.pop(slot.holder, None)
+            slot.holder = None
+
+    def expire(self, now: Seconds) -> list[int]:
+        """Forget sessions saved longer than ``max_age_s`` ago; their cells."""
+        dropped: list[int] = []
+        limit = now - self.bounds.max_age_s
+        while self._saved:
+            key, saved = next(iter(self._saved.items()))
+            if saved.saved_at > limit:
+                break
+            dropped.append(self._drop(key))
+        return dropped

@@ -1,0 +1,178 @@
+"""The rest of the OpenAI surface: embeddings, responses, tokenize, models, any ``/v1/`` path.
+
+These requests are not generations the policy can read prefix blocks from, but
+they go through the same proxy as chat and completions: the same routing to a
+healthy worker of the requested model, the same retries before the first byte,
+the same error shapes. What differs is only how their features are built:
+
+- the model comes from the body's ``model``, else the ``model`` query
+  parameter, else the one model the fleet serves (a 400 if it serves several);
+  an alias is resolved to its model and the body rewritten;
+- the session key is the client's (header or ``user``), except for
+  ``/v1/responses`` continuing a conversation: there it is the
+  ``previous_response_id``, and every answer's id is bound to the worker that
+  made it, because only that worker holds the conversation (vLLM keeps stored
+  responses in its own memory).
+
+``GET /v1/models/{id}`` is answered by the gateway from what its fleet serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from kvgate.core.features import RequestFeatures
+from kvgate.core.prefix import FeatureConfig
+from kvgate.core.session import normalize_key, session_key_from
+from kvgate.gateway.dataplane.errors import InvalidRequestError
+from kvgate.gateway.dataplane.models import check_model
+from kvgate.gateway.dataplane.proxy import Forward, Proxy
+from kvgate.gateway.observe.pool import WorkerPool
+from kvgate.types import SessionSource
+
+RESPONSE_TAG = "response:"
+"""Affinity keys of stored responses: ``response:<id>`` never equals a client's key."""
+
+FORWARDED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+"""Methods forwarded on ``/v1/{path}``; HEAD and OPTIONS are not."""
+
+
+class Passthrough:
+    """Handlers for the non-generation endpoints, each forwarded through ``Proxy``."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        pool: WorkerPool,
+        features: FeatureConfig,
+        aliases: Mapping[str, str],
+    ) -> None:
+        self.proxy = proxy
+        self.pool = pool
+        self.features = features
+        self.aliases = aliases
+
+    def routes(self) -> list[web.AbstractRouteDef]:
+        """The routes, to add after the specific ``/v1/`` ones."""
+        return [
+            web.get("/v1/models/{model:.+}", self.model_card),
+            web.post("/v1/embeddings", self.embeddings),
+            web.post("/v1/responses", self.responses),
+            web.post("/tokenize", self.tokenize),
+            web.post("/detokenize", self.detokenize),
+            *(web.route(m, "/v1/{path:.*}", self.any_v1) for m in FORWARDED_METHODS),
+        ]
+
+    async def model_card(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}``: the model (or alias) as the fleet serves it."""
+        name = request.match_info["model"]
+        target = self.aliases.get(name, name)
+        check_model(self.pool, target)
+        card: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvgate",
+            "versions": self.pool.models().get(target, []),
+        }
+        if target != name:
+            card["alias_of"] = target
+        return web.json_response(card)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/embeddings``."""
+        return await self._forward(request, "/v1/embeddings")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: continuations go to the worker that holds the conversation."""
+        return await self._forward(request, "/v1/responses", responses=True)
+
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
+        """``POST /tokenize`` (vLLM's)."""
+        return await self._forward(request, "/tokenize")
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        """``POST /detokenize`` (vLLM's)."""
+        return await self._forward(request, "/detokenize")
+
+    async def any_v1(self, request: web.Request) -> web.StreamResponse:
+        """Any other ``/v1/`` path: forwarded to a worker of the requested model."""
+        return await self._forward(request, request.path_qs)
+
+    async def _forward(
+        self, request: web.Request, path: str, *, responses: bool = False
+    ) -> web.StreamResponse:
+        def describe(body: bytes, req: web.Request, request_id: str) -> Forward:
+            return self.describe(body, req, request_id, responses=responses)
+
+        return await self.proxy.handle(request, path, "completions", describe=describe)
+
+    def describe(
+        self, body: bytes, request: web.Request, request_id: str, *, responses: bool = False
+    ) -> Forward:
+        """The features and body to forward for one request (400/404/503 on a bad one)."""
+        payload: dict[str, Any] | None = None
+        if body:
+            try:
+                decoded = json.loads(body)
+            except ValueError:
+                raise InvalidRequestError("the request body is not valid JSON") from None
+            if not isinstance(decoded, dict):
+                raise InvalidRequestError("the request body must be a JSON object")
+            payload = decoded
+        model = self._model(payload, request)
+        target = self.aliases.get(model, model)
+        if payload is not None and target != model:
+            payload["model"] = target
+            body = json.dumps(payload, separators=(",", ":")).encode()
+        check_model(self.pool, target)
+        cfg = self.features
+        key, source = session_key_from(
+            request.headers,
+            payload or {},
+            header=cfg.session_header,
+            use_user_field=cfg.use_user_field,
+            max_chars=cfg.max_session_key_chars,
+        )
+        if responses and payload is not None:
+            previous = payload.get("previous_response_id")
+            if previous is not None and not isinstance(previous, str):
+                raise InvalidRequestError(
+                    "'previous_response_id' must be a string", param="previous_response_id"
+                )
+            if previous:
+                key = normalize_key(RESPONSE_TAG + previous, cfg.max_session_key_chars)
+                source = SessionSource.HEADER
+        stream = payload.get("stream", False) if payload is not None else False
+        features = RequestFeatures(
+            request_id=request_id,
+            model=target,
+            session_key=key,
+            session_source=source,
+            stream=stream is True,
+        )
+        return Forward(
+            features,
+            body,
+            method=request.method,
+            answer_key=RESPONSE_TAG if responses else None,
+        )
+
+    def _model(self, payload: dict[str, Any] | None, request: web.Request) -> str:
+        model = payload.get("model") if payload is not None else None
+        if model is None:
+            model = request.query.get("model")
+        if model is None:
+            served = list(self.pool.models())
+            if len(served) == 1:
+                return served[0]
+            raise InvalidRequestError(
+                "'model' is required (the fleet serves several models)", param="model"
+            )
+        if not isinstance(model, str) or not model:
+            raise InvalidRequestError("'model' must be a non-empty string", param="model")
+        return model

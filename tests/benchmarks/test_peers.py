@@ -1,0 +1,181 @@
+"""``benchmarks/peers.py``: its pure parts, and one small run with kvgate's own routers.
+
+No peer is installed here: the peers' install and launch are exercised by running
+the benchmark itself (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from rich.console import Console
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+peers = _load("peers")
+peer_routers = _load("peer_routers")
+
+
+def run_record(
+    router: str, seed: int, hit: float, p99: float, **extra: object
+) -> dict[str, object]:
+    record: dict[str, object] = {
+        "shape": "shape-a",
+        "router": router,
+        "seed": seed,
+        "requests": 100,
+        "finished": 100,
+        "errors": 0,
+        "shed": 0,
+        "hit_rate": hit,
+        "worker_ttft_p50": p99 / 4,
+        "worker_ttft_p99": p99,
+        "per_worker": [10, 40, 30, 20],
+        "bound": 0.5,
+        "reference": 0.25,
+    }
+    record.update(extra)
+    return record
+
+
+def test_summary_gives_mean_and_spread_over_seeds_and_counts_failures_apart() -> None:
+    runs = [
+        run_record("a", 0, 0.20, 2.0),
+        run_record("a", 1, 0.24, 4.0, errors=2, per_worker=[25, 25, 25, 25]),
+        run_record("b", 0, 0.10, 8.0),
+        {"shape": "shape-a", "router": "b", "seed": 1, "error": "RuntimeError: b exited with 1"},
+        {"shape": "shape-a", "router": "c", "seed": 0, "error": "not installed"},
+    ]
+    summary = peers.summarize(runs)["shape-a"]
+    a = summary["a"]
+    assert a["runs"] == 2 and a["failed"] == []
+    assert a["hit_rate"] == {"mean": pytest.approx(0.22), "min": 0.20, "max": 0.24}
+    assert a["worker_ttft_p99"] == {"mean": 3.0, "min": 2.0, "max": 4.0}
+    # Per-worker counts are sorted busiest first, then averaged rank by rank.
+    assert a["per_worker"] == [32.5, 27.5, 22.5, 17.5]
+    assert a["errors"] == 2 and a["requests"] == 200
+    assert a["lost_model_share"] == 0.0  # records without the figure count as none lost
+    assert summary["b"]["runs"] == 1 and summary["b"]["failed"] == ["RuntimeError: b exited with 1"]
+    assert summary["c"] == {"runs": 0, "failed": ["not installed"]}
+
+
+def test_tables_show_each_router_with_the_bound_and_reference() -> None:
+    failed = {"shape": "shape-a", "router": "c", "seed": 0, "error": "pip failed: no such package"}
+    summary = peers.summarize(
+        [
+            run_record("a", 0, 0.20, 2.0),
+            run_record("a", 1, 0.24, 4.0),
+            run_record("b", 0, 0.1, 0.5),
+            failed,
+        ]
+    )
+    console = Console(width=200, record=True)
+    console.print(peers.shape_table("shape-a", summary["shape-a"]))
+    text = console.export_text()
+    assert "infinite-cache bound 50.0%, fleet-KV LRU reference 25.0%" in text
+    assert "22.0% (20.0%-24.0%)" in text  # mean and spread of router a
+    assert "88%" in text  # a's hit over the reference
+    assert "500ms" in text and "3.00s (2.00s-4.00s)" in text
+    assert "failed: pip failed" in text
+    md = peers.markdown(summary)
+    assert "| a | 22.0% (20.0%-24.0%) | 88% | 750ms (500ms-1.00s) | 3.00s (2.00s-4.00s) |" in md
+    assert "| c | failed: pip failed: no such package |" in md
+
+
+def test_requests_served_reads_the_workers_own_counter() -> None:
+    text = (
+        "# TYPE vllm:request_success counter\n"
+        'vllm:request_success_total{finished_reason="stop",model_name="demo"} 3.0\n'
+        'vllm:request_success_total{finished_reason="length",model_name="demo"} 4.0\n'
+        'vllm:request_success_created{finished_reason="stop",model_name="demo"} 1.7e9\n'
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\n"
+    )
+    assert peers.requests_served(text) == 7
+    lost = "# TYPE kvgate_workersim_timeline_lost_model_seconds counter\n"
+    lost += "kvgate_workersim_timeline_lost_model_seconds_total 2.5\n"
+    assert peers.lost_model_seconds(text + lost) == 2.5
+    assert peers.lost_model_seconds(text) == 0.0
+
+
+def test_haproxy_config_balances_round_robin_over_every_worker() -> None:
+    config = peer_routers.haproxy_config(8080, ["http://127.0.0.1:1", "http://127.0.0.1:2/"])
+    assert "bind 127.0.0.1:8080" in config
+    assert "balance roundrobin" in config
+    assert "server w0 127.0.0.1:1\n" in config and "server w1 127.0.0.1:2\n" in config
+    assert "timeout server 900s" in config  # long-context streams must not be cut
+
+
+def test_peer_command_lines_name_the_policy_workers_and_a_metrics_port(tmp_path: Path) -> None:
+    launch = peer_routers.Launch(["http://a", "http://b"], 7000, 7001, tmp_path, 0, tmp_path)
+    for name in ("sglang-router", "smg", "vllm-router"):
+        argv = peer_routers.ROUTERS[name].argv(launch)
+        assert argv[0].startswith(str(tmp_path / "bin"))
+        assert argv[argv.index("--policy") + 1] == "cache_aware"
+        assert argv[argv.index("--port") + 1] == "7000"
+        assert argv[argv.index("--prometheus-port") + 1] == "7001"
+        start = argv.index("--worker-urls") + 1
+        assert argv[start : start + 2] == ["http://a", "http://b"]
+    assert peer_routers.ROUTERS["smg"].argv(launch)[1] == "launch"
+    no_venv = peer_routers.Launch(["http://a"], 7000, 7001, tmp_path)
+    with pytest.raises(RuntimeError, match="virtualenv"):
+        peer_routers.ROUTERS["smg"].argv(no_venv)
+
+
+def test_cached_virtualenv_is_reused_when_it_holds_the_pinned_version() -> None:
+    assert peer_routers._wanted("sglang-router==0.3.2", "0.3.2")
+    assert not peer_routers._wanted("sglang-router==0.3.2", "0.3.1")
+    assert peer_routers._wanted("smg", "1.13.0")
+
+
+def test_unknown_names_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        peers.parse_plan(["--routers", "kvgate-default,nginx"])
+    with pytest.raises(SystemExit):
+        peers.parse_plan(["--shapes", "nope"])
+    plan, _ = peers.parse_plan(["--quick"])
+    assert list(plan.seeds) == [0] and plan.quick
+    assert [s.name for s in plan.shapes] == list(peers.SHAPES)
+
+
+@pytest.mark.timeout(600)  # two cold fleets of 4 processes: slow to start on a busy machine
+def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Path) -> None:
+    """kvgate's default and HAProxy (kvgate's round_robin when HAProxy is absent), tiny run."""
+    routers = "kvgate-default," + ("haproxy" if shutil.which("haproxy") else "kvgate-round_robin")
+    out = tmp_path / "peers.json"
+    peers.main(
+        [
+            "--shapes", "shared-prefix-groups", "--routers", routers, "--seeds", "3",
+            "--requests", "24", "--json", str(out), "--logs", str(tmp_path / "logs"),
+        ]
+    )  # fmt: skip
+    import json
+
+    document = json.loads(out.read_text())
+    runs = document["runs"]
+    assert [r["router"] for r in runs] == routers.split(",")
+    for run in runs:
+        assert "error" not in run, run
+        assert run["finished"] == 24 and run["errors"] == 0
+        assert sum(run["per_worker"]) == 24  # the probe is not counted
+        assert run["worker_ttft_p99"] >= run["worker_ttft_p50"] > 0
+        assert 0 <= run["hit_rate"] <= run["bound"]
+        assert run["reference"] == pytest.approx(run["bound"], abs=1e-6)  # the GPU holds it all
+    summary = document["summary"]["shared-prefix-groups"]
+    assert set(summary) == set(routers.split(","))
+    assert "| kvgate-default |" in document["markdown"]

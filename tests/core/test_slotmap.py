@@ -1,0 +1,164 @@
+"""``core.slotmap``: which slot a request gets, what is saved, restored or migrated first."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvgate.core.slotmap import KvTier, SlotBounds, SlotMap, SlotPlan
+
+W1, W2 = "http://w1", "http://w2"
+
+
+def _served(m: SlotMap, worker: str, key: str | None, now: float) -> SlotPlan:
+    """Acquire, report every move as done (1,000 tokens, 10 bytes), release as served."""
+    plan = m.acquire(worker, key, now)
+    assert plan is not None
+    if plan.evict is not None and plan.evict_cell is not None:
+        m.saved(plan.evict, plan.evict_cell, 1000, 10, now)
+    if plan.migrate_from is not None:
+        m.moved_out(plan)
+        assert plan.move_cell is not None
+        m.release_cell(plan.move_cell)
+    if plan.restore is not None:
+        m.release_cell(plan.restore.cell)
+    m.release(plan, now, served=True)
+    return plan
+
+
+def test_returning_session_gets_its_slot_back() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    assert _served(m, W1, "a", 1).tier is KvTier.RECOMPUTE
+    assert _served(m, W1, "b", 2).tier is KvTier.RECOMPUTE
+    again = _served(m, W1, "a", 3)
+    assert again.tier is KvTier.SLOT and again.evict is None
+    assert m.holders(W1) == ["a", "b"]
+
+
+def test_slot_reuse_saves_the_least_recent_holder_then_restores_it() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    _served(m, W1, "a", 1)
+    _served(m, W1, "b", 2)
+    c = _served(m, W1, "c", 3)
+    assert c.evict == "a" and c.place.slot == 0 and c.tier is KvTier.RECOMPUTE
+    assert m.where("a") == (KvTier.DISK, None)
+    back = _served(m, W1, "a", 4)
+    assert back.tier is KvTier.DISK and back.evict == "b"
+    assert back.restore is not None and back.restore.cell == c.evict_cell
+    assert m.where("a") == (KvTier.SLOT, W1) and m.where("b") == (KvTier.DISK, None)
+
+
+def test_session_on_another_worker_migrates_from_its_idle_slot() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    m.add_worker(W2, 1)
+    _served(m, W1, "a", 1)
+    plan = m.acquire(W2, "a", 2)
+    assert plan is not None and plan.tier is KvTier.MIGRATED
+    assert plan.migrate_from is not None and plan.migrate_from.worker == W1
+    m.moved_out(plan)
+    assert m.holders(W1) == [None]
+    m.release(plan, 3, served=True)
+    assert m.where("a") == (KvTier.SLOT, W2)
+
+
+def test_busy_source_is_not_waited_for() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    m.add_worker(W2, 1)
+    _served(m, W1, "a", 1)
+    held = m.acquire(W1, "a", 2)  # a turn of ``a`` is running on W1
+    assert held is not None and held.tier is KvTier.SLOT
+    other = m.acquire(W2, "a", 3)
+    assert other is not None and other.tier is KvTier.RECOMPUTE and other.migrate_from is None
+
+
+def test_all_slots_busy_means_wait() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    first = m.acquire(W1, "a", 1)
+    assert first is not None
+    assert m.acquire(W1, "b", 2) is None
+    m.release(first, 3, served=True)
+    assert m.acquire(W1, "b", 4) is not None
+
+
+def test_anonymous_requests_are_never_saved() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    _served(m, W1, None, 1)
+    assert m.holders(W1) == [None]
+    plan = _served(m, W1, "a", 2)
+    assert plan.evict is None
+
+
+def test_failed_request_leaves_the_slot_unknown() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    plan = m.acquire(W1, "a", 1)
+    assert plan is not None
+    m.release(plan, 2, served=False)
+    assert m.where("a") == (KvTier.RECOMPUTE, None)
+    assert m.holders(W1) == [None]
+
+
+def test_disk_tier_bounded_by_count() -> None:
+    m = SlotMap(SlotBounds(max_saved=2))
+    m.add_worker(W1, 1)
+    for t, key in enumerate("abcd"):
+        _served(m, W1, key, t)
+    # a, b, c were saved in turn into two cells: a was forgotten for c.
+    assert m.saved_count() == 2 and m.where("a") == (KvTier.RECOMPUTE, None)
+    assert m.where("b") == m.where("c") == (KvTier.DISK, None)
+    assert m.saved_bytes == 20
+
+
+def test_disk_tier_bounded_by_bytes_and_age() -> None:
+    m = SlotMap(SlotBounds(max_saved=5, max_bytes=25, max_age_s=100))
+    assert m.saved("a", 0, 1, 10, 0) == []
+    assert m.saved("b", 1, 1, 10, 50) == []
+    # A third file would pass 25 bytes: the oldest is dropped, its cell returned.
+    assert m.saved("c", 2, 1, 10, 60) == [0]
+    assert m.saved_bytes == 20 and m.where("a") == (KvTier.RECOMPUTE, None)
+    assert m.expire(120) == []
+    assert m.expire(151) == [1] and m.where("c") == (KvTier.DISK, None)
+    assert m.expire(1_000) == [2] and m.saved_count() == 0 and m.saved_bytes == 0
+
+
+def test_abandoned_plan_gives_back_cells_and_source() -> None:
+    m = SlotMap(SlotBounds(max_saved=1))
+    m.add_worker(W1, 1)
+    m.add_worker(W2, 1)
+    _served(m, W1, "a", 1)
+    plan = m.acquire(W2, "a", 2)
+    assert plan is not None and plan.move_cell is not None
+    m.abandon(plan)
+    m.release(plan, 3, served=False)
+    # The only cell is free again and W1's slot is not stuck busy.
+    again = m.acquire(W1, "b", 4)
+    assert again is not None and again.place.slot == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([W1, W2]), st.sampled_from(["a", "b", "c", "d", "e", None])),
+        max_size=60,
+    )
+)
+def test_invariants_hold_on_any_sequence(steps: list[tuple[str, str | None]]) -> None:
+    """A session is in at most one place; cells are never shared; bounds always hold."""
+    m = SlotMap(SlotBounds(max_saved=3, max_bytes=10_000))
+    m.add_worker(W1, 2)
+    m.add_worker(W2, 1)
+    for t, (worker, key) in enumerate(steps):
+        _served(m, worker, key, float(t))
+        resident = [h for w in (W1, W2) for h in m.holders(w) if h is not None]
+        assert len(resident) == len(set(resident))
+        assert not set(resident) & set(m._saved)
+        cells = [s.cell for s in m._saved.values()]
+        assert len(cells) == len(set(cells)) and len(cells) <= 3
+        assert m.saved_bytes == sum(s.bytes for s in m._saved.values()) <= 10_000
+        assert not set(cells) & set(m._free_cells)

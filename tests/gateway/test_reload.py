@@ -1,0 +1,144 @@
+"""Reload in operation: POST /admin/reload and SIGHUP change weights without a dropped request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from kvgate.gateway.config import ConfigSource, load_config
+from kvgate.gateway.server import serve
+from kvgate.gateway.testing import running_gateway
+from kvgate.testing import wait_until
+from kvgate.workersim.runner import WorkerHandle
+
+from .conftest import gateway_config, worker_fleet
+
+BODY = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def _write(path: Path, fleet: list[WorkerHandle], weights: dict[str, int], **extra: Any) -> None:
+    config = gateway_config(fleet, **extra)
+    config["workers"] = [
+        {"url": w.url, "version": v} for w, v in zip(fleet, ("v1", "v2"), strict=True)
+    ]
+    config["models"] = {"demo": {"weights": weights}}
+    path.write_text(yaml.safe_dump(config))
+
+
+async def _version(session: aiohttp.ClientSession, base: str) -> tuple[int, str]:
+    async with session.post(base + "/v1/chat/completions", json=BODY) as resp:
+        await resp.read()
+        return resp.status, resp.headers.get("X-Kvgate-Model-Version", "")
+
+
+async def test_admin_reload_moves_weights_under_traffic_and_refuses_restart_keys(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kvgate.yaml"
+    async with worker_fleet(2) as fleet:
+        _write(path, fleet, {"v1": 100, "v2": 0})
+        source = ConfigSource(path)
+        async with (
+            running_gateway(source(), source=source) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            await wait_until(lambda: all(w.probe_ok for w in gw.gateway.pool), message="up")
+            results: list[tuple[int, str]] = []
+            stop = asyncio.Event()
+
+            async def traffic() -> None:
+                while not stop.is_set():
+                    results.append(await _version(session, gw.url))
+
+            load = asyncio.create_task(traffic())
+            await wait_until(lambda: len(results) >= 5, message="traffic before")
+            _write(path, fleet, {"v1": 0, "v2": 100})
+            async with session.post(gw.url + "/admin/reload") as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["changed"] == ["models.demo"]
+            before = len(results)
+            await wait_until(lambda: len(results) >= before + 10, message="traffic after")
+            stop.set()
+            await load
+            assert {status for status, _ in results} == {200}  # not one request dropped
+            assert {v for _, v in results[:5]} == {"v1"}
+            assert {v for _, v in results[before + 2 :]} == {"v2"}
+
+            # A key that needs a restart: refused by name, nothing applied.
+            _write(path, fleet, {"v1": 50, "v2": 50}, limits={"max_headers": 64})
+            async with session.post(gw.url + "/admin/reload") as resp:
+                assert resp.status == 409
+                error = (await resp.json())["error"]
+            assert error["code"] == "reload_refused"
+            assert "cannot change without a restart: limits" in error["message"]
+            assert gw.gateway.control.versions.get("demo").weights["v2"] == 100  # type: ignore[union-attr]
+
+
+async def test_reload_adds_and_drains_workers_and_rebuilds_policy_options(tmp_path: Path) -> None:
+    path = tmp_path / "kvgate.yaml"
+    async with worker_fleet(2) as fleet:
+        path.write_text(yaml.safe_dump(gateway_config(fleet[:1])))
+        source = ConfigSource(path)
+        async with running_gateway(source(), source=source) as gw:
+            old_policy = gw.gateway.policy
+            config = gateway_config(fleet[1:], policy={"name": "least_request", "options": {}})
+            path.write_text(yaml.safe_dump(config))
+            refused = await _try(gw.gateway.reloader.reload_source())
+            assert "policy.name" in refused  # a different policy needs a restart
+            assert [w.id for w in gw.gateway.pool] == [fleet[0].url]  # nothing applied
+            path.write_text(yaml.safe_dump(gateway_config(fleet[1:])))
+            result = await gw.gateway.reloader.reload_source()
+            assert result.added == [fleet[1].url] and result.removed == [fleet[0].url]
+            assert [w.id for w in gw.gateway.pool] == [fleet[1].url]
+            assert gw.gateway.policy is old_policy  # options unchanged: the same policy
+            options = {"name": "default", "options": {"sticky_slack": 9}}
+            path.write_text(yaml.safe_dump(gateway_config(fleet[1:], policy=options)))
+            result = await gw.gateway.reloader.reload_source()
+            assert result.changed == ["policy.options"]
+            new_policy = gw.gateway.policy
+            assert new_policy is not old_policy
+            assert gw.gateway.router.policy is new_policy
+
+
+async def _try(call: Any) -> str:
+    try:
+        await call
+    except Exception as exc:
+        return str(exc)
+    raise AssertionError("the reload was not refused")
+
+
+async def test_sighup_rereads_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "kvgate.yaml"
+    async with worker_fleet(2) as fleet:
+        _write(path, fleet, {"v1": 100, "v2": 0}, listen={"port": 0})
+        stop = asyncio.Event()
+        ports: list[int] = []
+        config, source = load_config(path), ConfigSource(path)
+        server = asyncio.create_task(
+            serve(config, source=source, stop=stop, on_listening=ports.append)
+        )
+        try:
+            await wait_until(lambda: bool(ports), message="listening")
+            base = f"http://127.0.0.1:{ports[0]}"
+            _write(path, fleet, {"v1": 0, "v2": 100}, listen={"port": 0})
+            os.kill(os.getpid(), signal.SIGHUP)
+            async with aiohttp.ClientSession() as session:
+
+                async def weights() -> bool:
+                    async with session.get(base + "/admin/models") as resp:
+                        models = (await resp.json())["models"]
+                    return models["demo"]["weights"] == {"v1": 0.0, "v2": 100.0}
+
+                await wait_until(weights, message="weights reloaded on SIGHUP")
+                status, version = await _version(session, base)
+            assert (status, version) == (200, "v2")
+        finally:
+            stop.set()
+            await server

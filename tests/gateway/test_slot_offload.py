@@ -1,0 +1,266 @@
+"""The slot plane against a small stand-in for llama.cpp's slot API: the failure paths.
+
+The real engine's happy paths are in ``tests/realengine/test_offload.py``. Here a
+stand-in server keeps, per slot, the prompt it last served (cached tokens are the
+words it shares with the next prompt) and saves/restores slots to files in a
+shared folder; it can be told to fail restores or saves, or to hold answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kvgate.core.features import RequestFeatures
+from kvgate.gateway.config import ConfigError, parse_config
+from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.testing import wait_until
+
+
+@dataclass
+class FakeLlamaCpp:
+    """llama.cpp's slot API in miniature (see ``gateway.upstream.slots`` for the real one)."""
+
+    folder: Path
+    slots: int = 1
+    fail_restore: bool = False
+    fail_save: bool = False
+    hold: asyncio.Event | None = None
+    content: list[list[str]] = field(default_factory=list)
+    pinned: list[int] = field(default_factory=list)
+    url: str = ""
+
+    def app(self) -> web.Application:
+        self.content = [[] for _ in range(self.slots)]
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/slots", self.list_slots)
+        app.router.add_post("/slots/{id}", self.action)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def list_slots(self, request: web.Request) -> web.Response:
+        return web.json_response([{"id": i, "is_processing": False} for i in range(self.slots)])
+
+    async def action(self, request: web.Request) -> web.Response:
+        slot = int(request.match_info["id"])
+        action = request.query["action"]
+        body = await request.json()
+        if action == "erase":
+            self.content[slot] = []
+            return web.json_response({"id_slot": slot})
+        path = self.folder / body["filename"]
+        if action == "save":
+            if self.fail_save:
+                return web.json_response({"error": {"message": "disk full"}}, status=500)
+            path.write_text(json.dumps(self.content[slot]))
+            n = len(self.content[slot])
+            return web.json_response(
+                {"n_saved": n, "n_written": 100 * n, "timings": {"save_ms": 1}}
+            )
+        if self.fail_restore or not path.exists():
+            return web.json_response({"error": {"message": "invalid slot file"}}, status=400)
+        self.content[slot] = json.loads(path.read_text())
+        n = len(self.content[slot])
+        return web.json_response({"n_restored": n, "n_read": 100 * n, "timings": {"restore_ms": 1}})
+
+    async def chat(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        slot = int(payload["id_slot"])
+        self.pinned.append(slot)
+        if self.hold is not None:
+            await self.hold.wait()
+        words = " ".join(m["content"] for m in payload["messages"]).split()
+        cached = 0
+        for old, new in zip(self.content[slot], words, strict=False):
+            if old != new:
+                break
+            cached += 1
+        self.content[slot] = words
+        return web.json_response(
+            {
+                "object": "chat.completion",
+                "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {
+                    "prompt_tokens": len(words),
+                    "completion_tokens": 1,
+                    "total_tokens": len(words) + 1,
+                    "prompt_tokens_details": {"cached_tokens": cached},
+                },
+            }
+        )
+
+
+@contextlib.asynccontextmanager
+async def serving(fakes: list[FakeLlamaCpp]) -> AsyncIterator[None]:
+    runners = []
+    try:
+        for fake in fakes:
+            runner = web.AppRunner(fake.app())
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            runners.append(runner)
+        yield
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def _config(fakes: list[FakeLlamaCpp], folder: Path) -> dict[str, Any]:
+    return {
+        "workers": [{"url": f.url, "engine": "llamacpp"} for f in fakes],
+        "health": {"interval_s": 0.1, "timeout_s": 2.0},
+        "slots": {"dir": str(folder), "max_saved": 8},
+    }
+
+
+async def _chat(gw: GatewayHandle, session: str, text: str) -> tuple[int, dict[str, Any], str]:
+    """(status, body, KV tier header) of one chat through the gateway; the route reason
+    ends with the same tier."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": text}]},
+            headers={"X-Session-ID": session},
+        ) as resp,
+    ):
+        tier = resp.headers.get("X-Kvgate-KV-Tier", "")
+        if resp.status == 200:
+            assert resp.headers["X-Kvgate-Route-Reason"].endswith("/" + tier)
+        return resp.status, await resp.json(), tier
+
+
+def _metric(gw: GatewayHandle, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for family in gw.gateway.metrics.registry.collect()
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+async def test_failed_restore_falls_back_to_recompute(folder: Path) -> None:
+    fake = FakeLlamaCpp(folder)
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        assert (await _chat(gw, "a", "alpha beta gamma"))[2] == "recompute"
+        assert (await _chat(gw, "b", "delta epsilon"))[2] == "recompute"  # a saved
+        status, body, tier = await _chat(gw, "a", "alpha beta gamma again")
+        assert (status, tier) == (200, "disk")
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+        assert (await _chat(gw, "b", "delta epsilon more"))[2] == "disk"
+
+        fake.fail_restore = True
+        status, body, tier = await _chat(gw, "a", "alpha beta gamma again and again")
+        # The client sees an ordinary answer; only the cache was lost.
+        assert (status, tier) == (200, "fallback")
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert _metric(gw, "kvgate_slot_recompute_fallbacks_total", step="restore") == 1
+        assert _metric(gw, "kvgate_slot_restores_total", result="error") == 1
+        assert fake.pinned == [0, 0, 0, 0, 0]
+
+
+async def test_failed_save_drops_the_kv_but_serves(folder: Path) -> None:
+    fake = FakeLlamaCpp(folder, fail_save=True)
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        await _chat(gw, "a", "alpha beta")
+        assert (await _chat(gw, "b", "gamma"))[:1] == (200,)
+        status, _, tier = await _chat(gw, "a", "alpha beta again")
+        assert (status, tier) == (200, "recompute")
+        assert _metric(gw, "kvgate_slot_saves_total", result="error") == 2
+        assert _metric(gw, "kvgate_slot_saved_sessions") == 0
+
+
+async def test_requests_wait_for_a_slot_and_a_cancelled_one_gives_its_slot_back(
+    folder: Path,
+) -> None:
+    hold = asyncio.Event()
+    fake = FakeLlamaCpp(folder, hold=hold)
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        first = asyncio.create_task(_chat(gw, "a", "alpha"))
+        await wait_until(lambda: len(fake.pinned) == 1, message="first request at the worker")
+        # One slot, in use: the second can only get it once the first gives it back.
+        second = asyncio.create_task(_chat(gw, "b", "beta"))
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await wait_until(lambda: len(fake.pinned) == 2, message="second request got the slot")
+        hold.set()
+        status, _, tier = await second
+        assert status == 200 and tier == "recompute"
+        # The cancelled turn left its slot unknown: nothing of ``a`` was saved.
+        assert gw.gateway.slots.map.holders(fake.url) == ["b"]
+
+
+async def test_pressure_offload_saves_idle_slots_and_the_next_worker_restores(
+    folder: Path,
+) -> None:
+    fakes = [FakeLlamaCpp(folder), FakeLlamaCpp(folder)]
+    async with serving(fakes), running_gateway(_config(fakes, folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        status, _, _ = await _chat(gw, "a", "alpha beta gamma")
+        source = next(w for w in gw.gateway.pool if "a" in gw.gateway.slots.map.holders(w.id))
+        plane = gw.gateway.slots
+        # What the pressure planner is told moving costs, by tier: a slot is saved and
+        # restored, a saved slot only restored, an unknown session recomputed.
+        in_slot = plane.move_seconds("a")
+        assert in_slot is not None and plane.move_seconds("nobody") is None
+        assert await gw.gateway.slots.offload(source, ["a"]) == 1
+        on_disk = plane.move_seconds("a")
+        assert on_disk is not None and on_disk < in_slot
+        # The policy is told the session's prefix (but its new last block) can follow it.
+        turn = RequestFeatures("r", "m", session_key="a", prefix_hashes=(1, 2, 3))
+        assert plane.annotate(turn).restorable_blocks == 2
+        assert plane.annotate(replace(turn, session_key="nobody")).restorable_blocks == 0
+        assert gw.gateway.slots.map.holders(source.id) == [None]
+        gw.gateway.pressure.set_admin_drain(source, True)
+        status, body, tier = await _chat(gw, "a", "alpha beta gamma delta")
+        assert (status, tier) == (200, "disk")
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+        other = next(w for w in gw.gateway.pool if w is not source)
+        assert gw.gateway.slots.map.holders(other.id) == ["a"]
+
+
+def test_config_refuses_slot_offload_over_several_processes() -> None:
+    workers = [{"url": "http://127.0.0.1:9", "engine": "llamacpp"}]
+    redis = {"url": "redis://127.0.0.1:6379/0"}  # several processes need a shared store
+    with pytest.raises(ConfigError, match="one process"):
+        parse_config({"workers": workers, "listen": {"processes": 2}, "store": redis})
+    parsed = parse_config(
+        {
+            "workers": workers,
+            "listen": {"processes": 2},
+            "store": redis,
+            "slots": {"enabled": False},
+        }
+    )
+    assert parsed.workers[0].engine == "llamacpp"
+    with pytest.raises(ConfigError, match="engine"):
+        parse_config({"workers": [{"url": "http://127.0.0.1:9", "engine": "vllm-ish"}]})
