@@ -40,9 +40,9 @@ from rich.table import Table
 from kvgate.bench import run_bench, workload_bound
 from kvgate.bench.report import results_document
 from kvgate.core.policies import default_registry, with_time_scale
-from kvgate.sim.report import write_results
 from kvgate.testing import free_port, wait_until
 from kvgate.testing_redis import RedisServer
+from kvgate.workload.options import write_results
 from kvgate.workload.synthetic import build_workload
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")

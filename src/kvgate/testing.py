@@ -1,14 +1,16 @@
 """Helpers for tests and benchmarks: free ports and waiting on conditions.
 
-Tests never sleep to wait for something: they wait on a condition, with a deadline.
+Tests never sleep to wait for something: they wait on a condition, with a deadline
+(``wait_until``, which lives in ``kvgate.waiting`` for product code too).
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import time
-from collections.abc import Awaitable, Callable
+
+from kvgate.waiting import wait_until, wait_until_sync
+
+__all__ = ["free_port", "wait_until", "wait_until_sync"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -16,36 +18,3 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-async def wait_until(
-    condition: Callable[[], bool | Awaitable[bool]],
-    timeout: float = 10.0,  # noqa: ASYNC109 - a polling deadline, not an I/O timeout
-    interval: float = 0.01,
-    message: str = "condition",
-) -> None:
-    """Poll ``condition`` until it is true; raise ``TimeoutError`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(interval)
-
-
-def wait_until_sync(
-    condition: Callable[[], bool],
-    timeout: float = 10.0,
-    interval: float = 0.01,
-    message: str = "condition",
-) -> None:
-    """Blocking twin of ``wait_until`` for code outside an event loop."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)

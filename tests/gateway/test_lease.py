@@ -158,8 +158,8 @@ async def sweep(
         except (asyncio.CancelledError, GatewayError):
             pass
         else:
-            # The cancellation was swallowed below (redis-py may turn it into a
-            # connection error, which the store rides out): the caller owns the lease.
+            # A cancellation swallowed below (the Redis store guards against
+            # redis-py doing so): the placement is the caller's, with its lease.
             late.lease.release()
         assert counts(pool) == baseline, f"leaked after a cancel at turn {turns}"
         if turns >= 50:

@@ -144,5 +144,9 @@ async def test_losing_the_affinity_race_follows_the_binding_in_force(
         status, _, headers = await post(
             session, gw.openai_base + "/completions", headers={"X-Session-ID": "race"}
         )
+        pool = gw.gateway.pool
+        # The slot moved with the request and was given back once, on the worker it ran on.
+        counted = [(w.in_flight, w.kv_in_flight_tokens) for w in pool]
     assert status == 200
     assert headers["X-Kvgate-Route-Reason"] == "affinity_race"
+    assert counted == [(0, 0)] * len(workers)

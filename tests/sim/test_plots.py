@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.sim.experiment import Experiment, PointResult, workload_factory
+from kvgate.sim.experiment import Experiment, PointResult
 from kvgate.sim.plots import plot_hit_rate, plot_load, plot_sweep, plot_ttft_cdf
 from kvgate.sim.simulation import SimConfig
+from kvgate.workload.options import workload_factory
 
 POLICIES = ["round_robin", "default", "consistent_hash", "prefix_affinity"]
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from kvgate.sim.experiment import Experiment, workload_factory
+from kvgate.sim.experiment import Experiment
 from kvgate.sim.report import results_json
 from kvgate.sim.simulation import SimConfig, Simulation
+from kvgate.workload.options import workload_factory
 from kvgate.workload.synthetic import build_workload
 
 SHARED_PREFIX = "system-prompt:prompts=24,rate=12"

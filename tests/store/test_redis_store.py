@@ -252,3 +252,35 @@ async def test_dirty_set_is_bounded(own_server: RedisServer) -> None:
             assert sorted(raw.keys("kvgate:s:*")) == [b"kvgate:s:s2", b"kvgate:s:s3"]
     finally:
         await store.close()
+
+
+async def test_a_cancelled_call_is_never_swallowed(redis_url: str) -> None:
+    """A call cancelled mid-command raises ``CancelledError``, never returns its reply.
+
+    redis-py can swallow a cancellation that lands inside a command; a request
+    whose client went away would then go on to a worker. Swept over the loop
+    turns a call spends awaiting, so the cancellation lands at each of them.
+    """
+    store = RedisStore(redis_url, **PATIENT)
+    try:
+        await store.get("warm-up")
+        cancelled = 0
+        for turns in range(40):
+            key = f"cancel-{turns}"
+            task = asyncio.ensure_future(
+                store.compare_and_set(key, None, Affinity(key, "w", "v"), 60.0)
+            )
+            for _ in range(turns):
+                if task.done():
+                    break
+                await asyncio.sleep(0)
+            if task.done():
+                continue
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            cancelled += 1
+        assert cancelled > 0
+        assert not store.degraded  # a cancellation is not a backend failure
+    finally:
+        await store.close()

@@ -11,9 +11,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvgate.bench.report import results_csv, results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
-from kvgate.sim.command import TraceOption, WorkloadOption
-from kvgate.sim.experiment import workload_factory
-from kvgate.sim.report import write_results
 from kvgate.tables import (
     FormatOption,
     OutputFormat,
@@ -22,6 +19,7 @@ from kvgate.tables import (
     json_text,
     message_console,
 )
+from kvgate.workload.options import TraceOption, WorkloadOption, workload_factory, write_results
 from kvgate.workload.prompts import CHARS_PER_TOKEN
 from kvgate.workload.synthetic import Workload
 

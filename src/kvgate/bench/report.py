@@ -20,9 +20,9 @@ from rich.table import Table
 
 from kvgate.bench.replay import Outcome
 from kvgate.extras import require
-from kvgate.sim.metrics import RunRecorder
 from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
 from kvgate.workload.bound import Bound
+from kvgate.workload.recorder import RunRecorder
 
 UNNAMED_WORKER = "target"
 """Worker name for answers without an ``X-Kvgate-Worker`` header (a bare server)."""

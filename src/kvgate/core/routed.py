@@ -81,11 +81,25 @@ class Routed:
     signals_at: Seconds = NEVER
 
     def loaded(self, requests: int, kv_tokens: int) -> Routed:
-        """This value with ``requests`` more in flight holding ``kv_tokens`` more (or fewer)."""
-        return replace(
-            self,
-            in_flight=self.in_flight + requests,
-            kv_in_flight_tokens=max(0, self.kv_in_flight_tokens + kv_tokens),
+        """This value with ``requests`` more in flight holding ``kv_tokens`` more (or fewer).
+
+        Built field by field rather than with ``dataclasses.replace``: it runs
+        twice per request (lease and release), and this is several times faster.
+        """
+        return Routed(
+            self.id,
+            self.model,
+            self.version,
+            self.max_in_flight,
+            self.labels,
+            self.probe_ok,
+            self.ejected,
+            self.draining,
+            self.pressure,
+            self.in_flight + requests,
+            max(0, self.kv_in_flight_tokens + kv_tokens),
+            self.signals,
+            self.signals_at,
         )
 
 

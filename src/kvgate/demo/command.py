@@ -17,7 +17,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet, llamacpp_fleet, real_spec
 from kvgate.demo.runner import DEFAULT_POLICIES, DEMO_WORKLOAD, DemoConfig, run_demo
 from kvgate.demo.table import demo_csv, demo_table
-from kvgate.sim.report import write_results
 from kvgate.tables import (
     FormatOption,
     OutputFormat,
@@ -26,6 +25,7 @@ from kvgate.tables import (
     json_text,
     message_console,
 )
+from kvgate.workload.options import write_results
 
 _DEFAULTS = DemoConfig()
 

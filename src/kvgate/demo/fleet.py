@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvgate.realengine import DEFAULT_MODEL_NAME, running_llamacpp_fleet, small_options
-from kvgate.testing import wait_until
+from kvgate.waiting import wait_until
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 
 

@@ -17,7 +17,7 @@ from kvgate.bench import run_bench, workload_bound
 from kvgate.bench.report import results_document
 from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet
-from kvgate.gateway.testing import running_gateway
+from kvgate.gateway.embedded import running_gateway
 from kvgate.workload.prompts import CHARS_PER_TOKEN
 from kvgate.workload.synthetic import build_workload
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from kvgate.realengine.llamacpp import LlamaCppOptions, LlamaCppUnavailableError, llamacpp_available
-from kvgate.testing import wait_until_sync
+from kvgate.waiting import wait_until_sync
 
 STARTUP_TIMEOUT_S = 120.0
 """Loading the model, warming up and binding takes 3-10 s on a busy 2-core machine."""

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kvgate.testing import wait_until
+from kvgate.waiting import wait_until
 
 
 class SlotActionError(RuntimeError):

@@ -7,9 +7,10 @@ infinite-cache bound; ``report`` and ``plots`` write the results.
 ``kvgate sim`` (``command``) is the command line over all of it.
 """
 
-from kvgate.sim.experiment import Experiment, workload_factory
+from kvgate.sim.experiment import Experiment
 from kvgate.sim.simulation import RunResult, SimConfig, Simulation
 from kvgate.workload.bound import Bound, infinite_cache_bound
+from kvgate.workload.options import workload_factory
 from kvgate.workload.request import SimRequest
 from kvgate.workload.synthetic import build_workload
 from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvgate.sim.experiment import Experiment, workload_factory
-from kvgate.sim.report import print_tables, results_csv, results_json, write_results
+from kvgate.sim.experiment import Experiment
+from kvgate.sim.report import print_tables, results_csv, results_json
 from kvgate.sim.simulation import Progress as ProgressFn
 from kvgate.sim.simulation import SimConfig
 from kvgate.tables import (
@@ -21,23 +21,8 @@ from kvgate.tables import (
     json_text,
     message_console,
 )
-from kvgate.workload.synthetic import WORKLOADS, parse_options
-
-WorkloadOption = Annotated[
-    str | None,
-    typer.Option(
-        help=f"Synthetic workload: {', '.join(WORKLOADS)} [NAME:key=value,...; vary=0.5 jitters "
-        "the options left at their defaults by the seed]"
-    ),
-]
-"""``--workload``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
-TraceOption = Annotated[
-    Path | None,
-    typer.Option(help="Trace to replay: a Mooncake JSONL file or the RAGPulse folder"),
-]
-"""``--trace``, shared by ``kvgate sim`` and ``kvgate bench``."""
-
+from kvgate.workload.options import TraceOption, WorkloadOption, workload_factory, write_results
+from kvgate.workload.synthetic import parse_options
 
 DEFAULT_REQUESTS = 2000
 """Requests taken from an endless synthetic workload when neither a count nor a duration is set."""

@@ -20,12 +20,9 @@ from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
 from kvgate.sim.simulation import Progress, RunResult, SimConfig, Simulation
 from kvgate.workload.bound import Bound, capacity_reference, infinite_cache_bound
+from kvgate.workload.options import RATE_PARAMS, WorkloadFactory
 from kvgate.workload.prompts import PromptCodec
-from kvgate.workload.synthetic import SyntheticWorkload, Workload, build_workload, workload_options
-from kvgate.workload.traces import MooncakeTrace, RagPulseTrace, open_trace
-
-WorkloadFactory = Callable[[Mapping[str, object]], Workload]
-"""Builds the workload for one sweep point from workload-level overrides."""
+from kvgate.workload.synthetic import workload_options
 
 _FLEET_PARAMS = {
     "workers": int,
@@ -37,41 +34,6 @@ _FLEET_PARAMS = {
     "affinity_ttl": float,
     "seed": int,
 }
-_RATE_PARAMS = ("rate", "rate_scale")
-
-
-def workload_factory(
-    *, workload: str | None, trace: str | None, seed: int, rate_scale: float
-) -> WorkloadFactory:
-    """A factory for ``--workload NAME[:opts]`` or ``--trace FILE`` (exactly one)."""
-    if (workload is None) == (trace is None):
-        raise ValueError("give exactly one of a workload name or a trace file")
-    if trace is not None:
-        path = trace
-        open_trace(path, rate_scale)  # fail early on a bad path
-
-        def make_trace(overrides: Mapping[str, object]) -> Workload:
-            scale = rate_scale
-            for key, value in overrides.items():
-                if key not in _RATE_PARAMS:
-                    raise ValueError(f"a trace has no option {key!r}; sweep rate or rate_scale")
-                scale = float(str(value)) if key == "rate_scale" else scale * float(str(value))
-            loaded: MooncakeTrace | RagPulseTrace = open_trace(path, scale)
-            return loaded
-
-        return make_trace
-    spec = workload or ""
-    build_workload(spec, seed, rate_scale)  # fail early on a bad name or option
-
-    def make_synthetic(overrides: Mapping[str, object]) -> Workload:
-        scale = rate_scale
-        options = dict(overrides)
-        if "rate_scale" in options:
-            scale = float(str(options.pop("rate_scale")))
-        built: SyntheticWorkload = build_workload(spec, seed, scale, options)
-        return built
-
-    return make_synthetic
 
 
 def fleet_kv_blocks(config: SimConfig) -> int:
@@ -128,7 +90,7 @@ class Experiment:
             admission = config.admission.model_copy(update={param: float(value)})
             admission = AdmissionConfig.model_validate(admission.model_dump())
             return dataclasses.replace(config, admission=admission), {}, {}
-        if param in _RATE_PARAMS:
+        if param in RATE_PARAMS:
             return config, {param: value}, {}
         probe = self.make_workload({})
         if param in workload_options(probe.name):

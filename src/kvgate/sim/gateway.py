@@ -1,13 +1,24 @@
-"""The simulated gateway: the live router's decision flow, driven synchronously.
+"""The simulated gateway: the live router's pipeline (``core.route``), driven synchronously.
 
-Per request, as ``kvgate.gateway.dataplane.router`` does it live: features -> affinity
-lookup -> admission (``kvgate.core.admission``) -> ``policy.pick`` on a fresh
-snapshot -> apply the decision (count it in flight, write the affinity with
-compare-and-set, ``policy.on_routed``) -> the worker. When the response ends:
-``policy.on_usage`` and, unless the decision wrote it, the affinity's TTL is
-refreshed. Requests the policy refuses with ``capacity_full`` wait in a bounded
-priority queue; each finished request wakes one waiter, which asks the policy
-again. The affinity store is ``kvgate.store``'s own ``SessionTable`` (what
+Per request, as ``kvgate.gateway.dataplane.router`` does it live: features ->
+affinity lookup -> version (``core.versions.assign_version``, when the model is
+split) -> ``core.route.route`` on a fresh snapshot of that version's workers,
+and its verdict carried out:
+
+- ``Place``: count it in flight (with its KV demand), write the affinity with
+  compare-and-set (following the binding in force when it lost, as
+  ``follows_binding`` says), ``policy.on_routed``, submit to the engine.
+- ``Queue`` / ``Hold``: wait in one priority-ordered queue; a finished request
+  wakes one waiter (every waiter when it held KV, or when a scrape changed a
+  worker's pressure), which asks ``route`` again. A queued request past its
+  wait is refused (``queue_timeout``); a held one past its hold is placed.
+- ``Shed`` / ``Unavailable``: refused, counted by reason.
+
+When the response ends: ``policy.on_usage`` and, unless the decision wrote it,
+the affinity's TTL is refreshed. After each scrape, pressure levels follow the
+workers' KV and GPU readings (``core.pressure.PressureTracker``), as the live
+pressure driver sets them; migration of sessions off ``HARD`` workers is not
+simulated. The affinity store is ``kvgate.store``'s own ``SessionTable`` (what
 ``MemoryStore`` wraps), read against virtual time.
 """
 
@@ -18,19 +29,30 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvgate.core.admission import AdmissionConfig, Queue, Shed, admit, fleet_saturation, wait_order
-from kvgate.core.decision import Affinity, Decision
+from kvgate.core.admission import Queue, wait_order
+from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
 from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
-from kvgate.core.policy import Policy, RouteContext
+from kvgate.core.policy import Policy
+from kvgate.core.pressure import PressureTracker
+from kvgate.core.route import (
+    Hold,
+    Place,
+    RouteConfig,
+    Verdict,
+    follows_binding,
+    queue_timeout,
+    route,
+)
+from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
-from kvgate.sim.metrics import RunRecorder
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
 from kvgate.types import Seconds
 from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest
 
 Submit = Callable[[SimWorker, EngineRequest, Seconds], None]
@@ -45,6 +67,7 @@ class Flight:
     worker: SimWorker
     wrote_affinity: bool
     queued: Seconds
+    kv_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -52,8 +75,12 @@ class _Waiter:
     request: SimRequest
     features: RequestFeatures
     affinity: Affinity | None
+    version: str | None
     since: Seconds
-    deadline: Seconds
+    deadline: Seconds | None = None
+    """When its queue wait runs out (it is refused then); set when it first queues."""
+    held_since: Seconds | None = None
+    """When it was first held for KV headroom (``None``: never)."""
 
 
 class SimGateway:
@@ -67,9 +94,11 @@ class SimGateway:
         recorder: RunRecorder,
         submit: Submit,
         *,
-        admission: AdmissionConfig,
+        config: RouteConfig,
         affinity_ttl: Seconds,
         rng: random.Random,
+        versions: ModelVersions | None = None,
+        pressure: PressureTracker | None = None,
         max_sessions: int = 1_000_000,
     ) -> None:
         self.workers = workers
@@ -78,121 +107,137 @@ class SimGateway:
         self.codec = codec
         self.recorder = recorder
         self.submit = submit
-        self.admission = admission
+        self.config = config
         self.ttl = affinity_ttl
         self.rng = rng
+        self.versions = versions
+        """The model's versions and weights (``None``: not split, any worker serves it)."""
+        self.pressure = pressure
+        """Levels from each scrape's readings (``None``: pressure handling off)."""
         self.table = SessionTable(max_sessions)
         self.holders = HolderTable()
         """The shared prefix state (``core.holders``), as ``MemoryStore`` keeps it live."""
         self.flights: dict[str, Flight] = {}
+        self.kv_holds = 0
+        """Requests held at least once for KV headroom."""
         self._queue: list[tuple[tuple[int, int], int, _Waiter]] = []
         self._order = 0
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting in the admission queue."""
+        """Requests waiting in the admission queue (for a slot or for KV headroom)."""
         return len(self._queue)
 
-    def _context(
-        self, features: RequestFeatures, affinity: Affinity | None, now: Seconds
-    ) -> RouteContext:
-        """The policy's context, with the store's prefix holders as the live router reads them."""
-        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
-        holders = (
-            holders_from(features.checkpoints, self.holders.get_many(keys, now)) if keys else {}
+    def snapshot(self, now: Seconds, version: str | None = None) -> FleetSnapshot:
+        """The fleet as routing sees it at ``now``; with ``version``, only its workers."""
+        states = tuple(
+            w.state(now) for w in self.workers if version is None or w.version == version
         )
-        return RouteContext(self.snapshot(now), affinity, self.rng, holders)
-
-    def snapshot(self, now: Seconds) -> FleetSnapshot:
-        """The fleet as routing sees it at ``now``."""
-        return FleetSnapshot(now, tuple(w.state(now) for w in self.workers))
+        return FleetSnapshot(now, states)
 
     # -- arrivals ----------------------------------------------------------------
 
     def arrive(self, request: SimRequest, now: Seconds) -> None:
-        """A request reached the gateway: admit, route, queue or shed it."""
+        """A request reached the gateway: route it and carry out the verdict."""
         self.recorder.arrived(now)
         features = self.codec.features_of(request)
         key = features.affinity_key
         affinity = self.table.get(key, now) if key is not None else None
-        snap = self.snapshot(now)
-        cfg = self.admission
-        verdict = admit(
-            cfg, request.priority, len(self._queue), fleet_saturation(snap, cfg.kv_saturated)
-        )
-        if isinstance(verdict, Shed):
-            self.recorder.shed(verdict.reason)
-            return
-        if isinstance(verdict, Queue):
-            self._enqueue(request, features, affinity, now, verdict.max_wait)
-            return
-        decision = self.policy.pick(features, self._context(features, affinity, now))
-        if decision.worker is None:
-            if decision.reason != "capacity_full":
-                # A policy that sheds while workers have room does so for its own
-                # reasons (priority, pressure): waiting would not help.
-                self.recorder.shed(decision.reason)
-                return
-            verdict = admit(cfg, request.priority, len(self._queue), 1.0)
-            if isinstance(verdict, Queue):
-                self._enqueue(request, features, affinity, now, verdict.max_wait)
-            elif isinstance(verdict, Shed):
-                self.recorder.shed(verdict.reason)
-            return
-        self._apply(request, features, decision, now, queued=0.0, affinity=affinity)
+        version = None
+        if self.versions is not None:
+            bound = affinity.version if affinity is not None else None
+            version, _ = assign_version(
+                self.versions, key, features.request_id, pinned=None, bound=bound
+            )
+        waiter = _Waiter(request, features, affinity, version, now)
+        verdict = self._route(waiter, now, len(self._queue))
+        if isinstance(verdict, Queue | Hold):
+            self._enqueue(waiter, verdict, now)
+        else:
+            self._carry_out(waiter, verdict, now)
 
-    def _enqueue(
-        self,
-        request: SimRequest,
-        features: RequestFeatures,
-        affinity: Affinity | None,
-        now: Seconds,
-        max_wait: Seconds,
-    ) -> None:
+    def _holder_keys(self, waiter: _Waiter) -> list[int]:
+        features = waiter.features
+        return lookup_keys(
+            features.prefix_hashes, features.checkpoints, waiter.affinity is not None
+        )
+
+    def _route(self, waiter: _Waiter, now: Seconds, queue_depth: int) -> Verdict:
+        held_s = None if waiter.held_since is None else now - waiter.held_since
+        keys = self._holder_keys(waiter)
+        # The store's prefix holders, as the live router reads them before routing.
+        seen = self.holders.get_many(keys, now) if keys else []
+        holders = holders_from(waiter.features.checkpoints, seen) if keys else {}
+        return route(
+            waiter.features,
+            waiter.affinity,
+            self.snapshot(now, waiter.version),
+            self.policy,
+            self.rng,
+            queue_depth=queue_depth,
+            held_s=held_s,
+            config=self.config,
+            holders=holders,
+        )
+
+    def _enqueue(self, waiter: _Waiter, verdict: Queue | Hold, now: Seconds) -> None:
+        self._note_wait(waiter, verdict, now)
         self._order += 1
-        key = wait_order(request.priority, self._order)
-        heapq.heappush(
-            self._queue,
-            (key, self._order, _Waiter(request, features, affinity, now, now + max_wait)),
-        )
+        key = wait_order(waiter.request.priority, self._order)
+        heapq.heappush(self._queue, (key, self._order, waiter))
 
-    def _apply(
-        self,
-        request: SimRequest,
-        features: RequestFeatures,
-        decision: Decision,
-        now: Seconds,
-        queued: Seconds,
-        *,
-        affinity: Affinity | None = None,
-    ) -> None:
-        """Carry out a routing decision: count, bind, tell the policy, share holders, send."""
-        worker = self._by_id[decision.worker or ""]
+    def _note_wait(self, waiter: _Waiter, verdict: Queue | Hold, now: Seconds) -> None:
+        if isinstance(verdict, Hold):
+            if waiter.held_since is None:
+                waiter.held_since = now
+                self.kv_holds += 1
+        elif waiter.deadline is None:
+            waiter.deadline = now + verdict.max_wait  # fixed when it first queues
+
+    def _carry_out(self, waiter: _Waiter, verdict: Verdict, now: Seconds) -> None:
+        """A verdict other than a wait: place the request or refuse it."""
+        if isinstance(verdict, Hold):
+            verdict = verdict.place
+        if isinstance(verdict, Place):
+            self._apply(waiter, verdict, now)
+        else:
+            self.recorder.shed(verdict.reason)
+
+    def _apply(self, waiter: _Waiter, verdict: Place, now: Seconds) -> None:
+        """Carry out a placement: count, bind, tell the policy, send."""
+        request, features = waiter.request, waiter.features
+        worker = self._by_id[verdict.worker]
         if not worker.engine.fits(request.prompt_tokens, request.max_tokens):
             # The worker would answer 400 (longer than its context); nothing is placed.
             self.recorder.shed("too_long")
             return
-        worker.in_flight += 1
-        worker.changed()
+        reason = verdict.reason
         wrote = False
         migrated = False
-        write = decision.affinity
+        write = verdict.affinity
         if write is not None:
             wanted = Affinity(write.session_key, write.worker, write.version, now)
-            self.table.compare_and_set(
+            bound = self.table.compare_and_set(
                 write.session_key, write.expected, wanted, now + self.ttl, now
             )
             wrote = True
             migrated = write.expected is not None and write.expected != write.worker
+            other = self._by_id.get(bound.worker) if bound.worker != worker.id else None
+            if other is not None and follows_binding(features, worker.id, bound, other.state(now)):
+                worker, reason, migrated = other, "affinity_race", False
+        worker.load(1, verdict.kv_tokens)
         self.policy.on_routed(features, worker.id, now)
-        keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+        keys = self._holder_keys(waiter)
         if keys:
             # As the live router does: other replicas learn where the checkpoints went.
             seen = self.holders.get_many(keys, now)
             writes = holder_writes(keys, seen, worker.id)
             self.holders.set_many(writes, now, min(self.ttl, HOLDER_TTL_S))
-        self.recorder.routed(decision.reason, migrated)
-        self.flights[request.request_id] = Flight(request, features, worker, wrote, queued)
+        self.recorder.routed(reason, migrated)
+        queued = now - waiter.since
+        self.flights[request.request_id] = Flight(
+            request, features, worker, wrote, queued, verdict.kv_tokens
+        )
         blocks, output_blocks = self.codec.engine_blocks_with_reply(request.segments, request.reply)
         engine_request = EngineRequest(
             request_id=request.request_id,
@@ -204,14 +249,13 @@ class SimGateway:
         )
         self.submit(worker, engine_request, now)
 
-    # -- completions -------------------------------------------------------------
+    # -- completions and scrapes -------------------------------------------------
 
     def finished(self, done: FinishedRequest, now: Seconds) -> None:
         """A response ended: usage to the policy, refresh the affinity, free the slot."""
         flight = self.flights.pop(done.request_id)
         worker = flight.worker
-        worker.in_flight -= 1
-        worker.changed()
+        worker.load(-1, -flight.kv_tokens)
         features = flight.features
         self.policy.on_usage(features, worker.id, done.prompt_tokens, done.cached_tokens, now)
         key = features.affinity_key
@@ -228,34 +272,49 @@ class SimGateway:
             output_tokens=done.output_tokens,
             now=now,
         )
-        self._wake_one(now)
+        # As the live pool: a release that held KV may let any held waiter fit.
+        self._wake(now, everyone=flight.kv_tokens > 0)
 
-    def _wake_one(self, now: Seconds) -> None:
-        """A slot freed: the most important, oldest live waiter asks the policy again."""
+    def scraped(self, now: Seconds) -> None:
+        """Every worker was just scraped: pressure levels follow their readings."""
+        tracker = self.pressure
+        if tracker is None:
+            return
+        changed = False
+        for worker in self.workers:
+            state = worker.state(now)
+            reading = tracker.observe(state, now)
+            changed |= worker.set_pressure(reading.level, reading.drain)
+        if changed:
+            self._wake(now, everyone=True)  # queued requests may fit elsewhere now
+
+    def _wake(self, now: Seconds, *, everyone: bool) -> None:
+        """Waiters ask ``route`` again, most important and oldest first.
+
+        One waiter (``everyone`` False) as a freed slot wakes one live; each
+        woken waiter that still has to wait keeps its place and its deadline.
+        """
+        kept: list[tuple[tuple[int, int], int, _Waiter]] = []
         queue = self._queue
         while queue:
-            _, _, waiter = queue[0]
-            if waiter.deadline < now:
-                heapq.heappop(queue)
-                self.recorder.shed("queue_timeout")
+            entry = heapq.heappop(queue)
+            waiter = entry[2]
+            late = waiter.deadline is not None and waiter.deadline < now
+            if late and waiter.held_since is None:
+                self.recorder.shed(queue_timeout(self.config, len(queue) + len(kept)).reason)
                 continue
-            ctx = self._context(waiter.features, waiter.affinity, now)
-            decision = self.policy.pick(waiter.features, ctx)
-            if decision.worker is None and decision.reason == "capacity_full":
-                return  # still no room: it keeps its place and its deadline
-            heapq.heappop(queue)
-            if decision.worker is None:
-                self.recorder.shed(decision.reason)
+            verdict = self._route(waiter, now, len(queue) + len(kept))
+            if isinstance(verdict, Queue | Hold):
+                self._note_wait(waiter, verdict, now)
+                kept.append(entry)
+                if not everyone:
+                    break
                 continue
-            self._apply(
-                waiter.request,
-                waiter.features,
-                decision,
-                now,
-                now - waiter.since,
-                affinity=waiter.affinity,
-            )
-            return
+            self._carry_out(waiter, verdict, now)
+            if not everyone:
+                break
+        for entry in kept:
+            heapq.heappush(queue, entry)
 
     def expire_waiters(self) -> None:
         """At the end of a run: whoever still waits is refused (their wait ran out)."""

@@ -6,10 +6,8 @@ give the same bytes; wall-clock speed goes to the console only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -82,12 +80,6 @@ def results_json(
             "points": [_point_json(p) for p in points],
         }
     return out
-
-
-def write_results(path: Path, results: Mapping[str, Any]) -> None:
-    """Write ``results`` as stable, indented JSON."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
 def _of_bound(s: Mapping[str, Any]) -> str:

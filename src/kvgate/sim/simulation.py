@@ -24,12 +24,15 @@ from typing import Any
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
+from kvgate.core.pressure import PressureConfig, PressureTracker
+from kvgate.core.route import RouteConfig
+from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.gateway import SimGateway
-from kvgate.sim.metrics import RunRecorder
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
 from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest
 
 _STEP = 0
@@ -48,6 +51,14 @@ class SimConfig:
     makes a mixed fleet. ``kv_blocks`` 0 means what the profile's GPU holds.
     ``scrape_interval`` is how often worker metrics refresh (the live gateway's
     health interval); signals older than ``stale_after`` count as unknown.
+
+    As the live gateway's defaults: ``pressure`` (watermarks; ``None`` turns
+    pressure handling off) sets each worker's level from its scraped KV and GPU
+    readings and counts each request's KV demand in flight; with its
+    ``kv_gate``, requests are held up to ``kv_gate_max_wait_s`` for KV headroom.
+    ``versions`` are assigned to workers in turn; ``version_weights`` (pairs of
+    version and weight, ``()``: not split) split the model's traffic between
+    them as the live ``models:`` config does, so a canary's share can be run.
     """
 
     workers: int = 4
@@ -61,6 +72,10 @@ class SimConfig:
     affinity_ttl: Seconds = 3600.0
     admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig.model_validate({}))
     features: FeatureConfig = field(default_factory=lambda: FeatureConfig.model_validate({}))
+    pressure: PressureConfig | None = field(default_factory=PressureConfig)
+    kv_gate_max_wait_s: Seconds = 10.0
+    versions: tuple[str, ...] = ("default",)
+    version_weights: tuple[tuple[str, float], ...] = ()
     seed: int = 0
     max_requests: int | None = None
     duration: Seconds | None = None
@@ -73,6 +88,25 @@ class SimConfig:
             raise ValueError("profiles and kv_blocks need at least one value each")
         if self.scrape_interval <= 0:
             raise ValueError("scrape_interval must be positive")
+        if not self.versions:
+            raise ValueError("versions needs at least one value")
+        unknown = {name for name, _ in self.version_weights} - set(self.versions)
+        if unknown:
+            raise ValueError(f"no worker serves version(s) {', '.join(sorted(unknown))}")
+
+    def model_versions(self) -> ModelVersions | None:
+        """The model's split by version, or ``None`` when it is not split."""
+        if not self.version_weights:
+            return None
+        weights = VersionWeights(self.version_weights)
+        stable = min(weights, key=lambda name: (-weights[name], name))
+        return ModelVersions(self.model, weights, stable)
+
+    def route_config(self) -> RouteConfig:
+        """What ``core.route`` reads, as the live gateway builds it from the same settings."""
+        pressure = self.pressure
+        gate = pressure if pressure is not None and pressure.kv_gate else None
+        return RouteConfig(self.admission, gate, self.kv_gate_max_wait_s)
 
     def engine_config(self, index: int) -> EngineConfig:
         """The engine config of worker ``index``."""
@@ -127,8 +161,10 @@ class Simulation:
                 i,
                 config.engine_config(i),
                 model=config.model,
+                version=config.versions[i % len(config.versions)],
                 max_in_flight=max_in_flight,
                 stale_after=stale,
+                pressure=config.pressure,
             )
             for i in range(config.workers)
         ]
@@ -142,9 +178,11 @@ class Simulation:
             self.codec,
             self.recorder,
             self._submit,
-            admission=config.admission,
+            config=config.route_config(),
             affinity_ttl=config.affinity_ttl,
             rng=random.Random(config.seed),
+            versions=config.model_versions(),
+            pressure=PressureTracker(config.pressure) if config.pressure is not None else None,
         )
         self._requests = config.limited(requests)
         self._events: list[tuple[Seconds, int, int, int]] = []
@@ -243,10 +281,11 @@ class Simulation:
         workers = self.workers
         for worker in workers:
             worker.scrape(now)
+        self.gateway.scraped(now)
         self.recorder.load.sample(
             now,
             [w.in_flight for w in workers],
-            [w.signals[2] if w.signals else 0.0 for w in workers],
+            [w.kv_usage for w in workers],
         )
         interval = self.config.scrape_interval
         busy = any(w.busy for w in workers) or self.gateway.queue_depth > 0

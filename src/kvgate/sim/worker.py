@@ -1,13 +1,20 @@
-"""A simulated worker: one engine, the gateway's accounting of it, and its scraped signals.
+"""A simulated worker: one engine, and its routed state as the live gateway keeps it.
 
-The gateway's own in-flight count changes the instant a request is routed or
-finishes; the engine's waiting queue, KV usage and GPU readings are seen only as
-of the last scrape, as the live gateway sees them.
+The routed state is the same immutable ``core.routed.Routed`` value the live
+pool keeps, turned into the ``WorkerState`` policies see by the same
+``worker_state``. The gateway's own in-flight count and KV estimate change the
+instant a request is routed or finishes; the engine's waiting queue, KV usage,
+cache size and GPU readings are seen only as of the last scrape, as the live
+gateway sees them.
 """
 
 from __future__ import annotations
 
-from kvgate.core.fleet import Health, WorkerState
+from dataclasses import replace
+
+from kvgate.core.fleet import Pressure, WorkerState
+from kvgate.core.pressure import PressureConfig
+from kvgate.core.routed import Routed, Scraped, state_bounds, worker_state
 from kvgate.engine import Engine, EngineConfig
 from kvgate.types import Seconds, WorkerId
 
@@ -17,16 +24,14 @@ class SimWorker:
 
     __slots__ = (
         "_state",
+        "_state_after",
+        "_state_until",
         "busy",
         "engine",
-        "id",
-        "in_flight",
         "index",
-        "max_in_flight",
-        "model",
+        "pressure_config",
         "profile",
-        "signals",
-        "signals_at",
+        "routed",
         "stale_after",
     )
 
@@ -38,61 +43,87 @@ class SimWorker:
         model: str,
         max_in_flight: int,
         stale_after: Seconds,
+        version: str = "default",
+        pressure: PressureConfig | None = None,
     ) -> None:
         self.index = index
-        self.id: WorkerId = f"sim-w{index:02d}"
-        self.model = model
         self.profile = config.profile
         self.engine = Engine(config)
-        self.max_in_flight = max_in_flight
         self.stale_after = stale_after
-        self.in_flight = 0
+        self.pressure_config = pressure
         self.busy = False  # a step is scheduled or running
-        self.signals: tuple[int, int, float, float, float] | None = None
-        self.signals_at = float("-inf")
+        # A simulated worker always passes its health checks.
+        self.routed = Routed(
+            id=f"sim-w{index:02d}",
+            model=model,
+            version=version,
+            max_in_flight=max_in_flight,
+            probe_ok=True,
+        )
         self._state: WorkerState | None = None
+        self._state_after = 0.0
+        self._state_until = 0.0
 
-    def scrape(self, now: Seconds) -> None:
+    @property
+    def id(self) -> WorkerId:
+        """The worker's id (its URL, live)."""
+        return self.routed.id
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the gateway has in flight here."""
+        return self.routed.in_flight
+
+    @property
+    def version(self) -> str:
+        """The model version it serves."""
+        return self.routed.version
+
+    @property
+    def kv_usage(self) -> float:
+        """KV usage as last scraped (0 before the first scrape)."""
+        signals = self.routed.signals
+        return (signals.kv_usage or 0.0) if signals is not None else 0.0
+
+    def update(self, routed: Routed) -> None:
+        """Replace the routed state (its snapshot is rebuilt on next use)."""
+        self.routed = routed
+        self._state = None
+
+    def load(self, requests: int, kv_tokens: int) -> None:
+        """Count ``requests`` more (or fewer) in flight holding ``kv_tokens`` of KV."""
+        self.update(self.routed.loaded(requests, kv_tokens))
+
+    def set_pressure(self, level: Pressure, draining: bool) -> bool:
+        """The pressure tracker's verdict after a scrape; True when it changed anything."""
+        routed = self.routed
+        if routed.pressure is level and routed.draining == draining:
+            return False
+        self.update(replace(routed, pressure=level, draining=draining))
+        return True
+
+    def scrape(self, now: Seconds) -> Scraped:
         """Read the engine's metrics as the gateway's scraper would."""
         stats = self.engine.stats(now)
-        mem = stats.gpu_mem_used_mib / stats.gpu_mem_total_mib if stats.gpu_mem_total_mib else 0.0
-        self.signals = (stats.running, stats.waiting, stats.kv_usage, stats.gpu_temp_c, mem)
-        self.signals_at = now
-        self._state = None
-
-    def changed(self) -> None:
-        """The gateway's accounting changed: rebuild the state on next use."""
-        self._state = None
+        signals = Scraped(
+            running=stats.running,
+            waiting=stats.waiting,
+            kv_usage=stats.kv_usage,
+            kv_capacity_tokens=stats.num_gpu_blocks * stats.block_size,
+            gpu_temp_c=stats.gpu_temp_c,
+            gpu_mem_used_mib=stats.gpu_mem_used_mib,
+            gpu_mem_total_mib=stats.gpu_mem_total_mib,
+        )
+        self.update(replace(self.routed, signals=signals, signals_at=now))
+        return signals
 
     def state(self, now: Seconds) -> WorkerState:
         """This worker as the gateway's snapshot shows it at ``now``."""
         state = self._state
-        if state is not None and now - self.signals_at <= self.stale_after:
+        if state is not None and self._state_after < now <= self._state_until:
             return state
-        sig = self.signals
-        if sig is None or now - self.signals_at > self.stale_after:
-            state = WorkerState(
-                id=self.id,
-                model=self.model,
-                health=Health.DEGRADED,
-                in_flight=self.in_flight,
-                max_in_flight=self.max_in_flight,
-            )
-        else:
-            running, waiting, kv_usage, temp, mem = sig
-            state = WorkerState(
-                id=self.id,
-                model=self.model,
-                health=Health.HEALTHY,
-                in_flight=self.in_flight,
-                max_in_flight=self.max_in_flight,
-                running=running,
-                waiting=waiting,
-                kv_usage=kv_usage,
-                # As the live scrape reads it from the engine's cache config.
-                kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
-                gpu_temp_c=temp,
-                gpu_mem_usage=mem,
-            )
+        routed = self.routed
+        state = worker_state(routed, now, self.stale_after, self.pressure_config)
         self._state = state
+        self._state_after, self._state_until = state_bounds(routed, now, self.stale_after)
         return state

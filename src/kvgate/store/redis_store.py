@@ -395,14 +395,22 @@ class RedisStore(AffinityStore):
             return _DOWN
         try:
             if self._calls is None:
-                return await call()
-            async with self._calls:
-                return await call()
+                reply = await call()
+            else:
+                async with self._calls:
+                    reply = await call()
         except _FAILURES as exc:
             self._errors_total += 1
             self.fallbacks_total += 1
             self._enter_degraded(exc)
             return _DOWN
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # redis-py can swallow a cancellation that lands inside a command and
+            # return its reply (redis/redis-py#2028, #2551): pass it on, so a request
+            # whose client went away stops here instead of going on to a worker.
+            raise asyncio.CancelledError
+        return reply
 
     async def _mirror_read(self, key: SessionKey, reply: Any) -> Affinity | None:
         found = Scripts.decode_get(key, reply)

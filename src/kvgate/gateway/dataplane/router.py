@@ -175,6 +175,8 @@ class Router:
                     self.kv_holds += 1
                 if await queue.wait(priority, verdict.max_wait):
                     continue
+                if self.pool.get(verdict.place.worker) is None:
+                    continue  # the worker left the pool while the request was held
                 verdict = verdict.place  # the hold ran out: send it anyway
                 break
             if isinstance(verdict, Queue):

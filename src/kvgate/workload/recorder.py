@@ -1,4 +1,4 @@
-"""What one simulated run measured: per-request latencies, cache hits, load, sheds.
+"""What one run of a workload measured (simulated or live): latencies, cache hits, load, sheds.
 
 The recorder keeps a few numbers per finished request (for exact percentiles)
 and a per-worker load series sampled at scrape instants, thinned by halving

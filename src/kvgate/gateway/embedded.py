@@ -1,0 +1,51 @@
+"""Running a gateway inside the current event loop: the demo, benchmarks and tests.
+
+Product code (``demo/``) uses it directly; tests reach it through
+``kvgate.gateway.testing``, which re-exports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from kvgate.gateway.app import Gateway, make_runner
+from kvgate.gateway.config import GatewayConfig, parse_config
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayHandle:
+    """A gateway listening in this process: its URL and its parts."""
+
+    url: str
+    gateway: Gateway
+
+    @property
+    def openai_base(self) -> str:
+        """The ``base_url`` for an OpenAI client (``url + /v1``)."""
+        return self.url + "/v1"
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    config: GatewayConfig | Mapping[str, Any], **parts: Any
+) -> AsyncIterator[GatewayHandle]:
+    """A gateway serving ``config`` on a free port for the block's duration.
+
+    ``parts`` go to ``Gateway`` (``policy=``, ``store=``, ``registry=``).
+    """
+    cfg = config if isinstance(config, GatewayConfig) else parse_config(config)
+    gateway = Gateway(cfg, **parts)
+    runner = make_runner(gateway)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.listen.host, 0)
+        await site.start()
+        port = int(runner.addresses[0][1])
+        yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway)
+    finally:
+        await runner.cleanup()
