@@ -18,7 +18,6 @@ MAX_LINES = 600
 """STYLE.md: a module past ~600 lines is asking to be split along a seam."""
 
 OVER_THE_CAP = {
-    "kvgate.gateway.dataplane.proxy": 819,
     "kvgate.core.rollout": 617,
 }
 """Modules that grew past the cap in other issues' work (issues 13 and 16 in the

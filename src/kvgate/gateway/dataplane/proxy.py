@@ -8,7 +8,8 @@ of the final event is read from a bounded tail after the stream has ended. With
 the policy gets its cache feedback; a client that did not ask for it does not
 see it (``usage.UsageStripper``).
 A client that goes away cancels the upstream request (the connection is
-dropped), so the worker stops generating.
+dropped), so the worker stops generating. The answer is written out, and the
+request's outcome recorded, by ``relay.Relay``.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ import json
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import xxhash
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
-from multidict import CIMultiDict
 
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
@@ -45,23 +43,23 @@ from kvgate.gateway.dataplane.errors import (
     InvalidRequestError,
     NoHealthyWorkerError,
     OverloadedError,
-    UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
 )
 from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
 from kvgate.gateway.dataplane.models import unknown_model_error
+from kvgate.gateway.dataplane.relay import (
+    HOP_BY_HOP,
+    REQUEST_ID,
+    Outcome,
+    PassiveHealth,
+    Relay,
+    public_failure,
+)
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Placement, Router
-from kvgate.gateway.dataplane.usage import (
-    StreamTap,
-    Usage,
-    UsageStripper,
-    client_wants_stream_usage,
-    usage_from_body,
-    with_stream_usage,
-)
-from kvgate.gateway.observe.logs import AccessLog, AccessRecord
+from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
+from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.traffic import TrafficWindow
@@ -69,31 +67,8 @@ from kvgate.gateway.upstream.transport import UpstreamResponse
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
 
-REQUEST_ID = "X-Request-ID"
-WORKER_HEADER = "X-Kvgate-Worker"
-VERSION_HEADER = "X-Kvgate-Model-Version"
-REASON_HEADER = "X-Kvgate-Route-Reason"
 
-# RFC 9110 hop-by-hop headers, plus those the client library sets itself.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "x-request-id",
-    }
-)
-
-
-_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding"}
+_NOT_FORWARDED = HOP_BY_HOP | {"content-encoding"}
 """Request headers not passed to the worker: the server already decoded the body (gzip,
 deflate), so the bytes forwarded are not in the encoding the client named."""
 
@@ -102,24 +77,6 @@ def _reason(exc: BaseException) -> str:
     """The first line of an exception's text, bounded (parser messages quote input)."""
     text = str(getattr(exc, "message", "") or exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
-
-
-_PUBLIC_KIND = {
-    "unavailable": "the worker could not be reached",
-    "timeout": "the worker did not answer in time",
-    "broken": "the worker's response broke off",
-}
-
-
-def _public(exc: UpstreamError) -> str:
-    """What a client may read of an upstream failure: its kind, never the worker's
-    address, bytes or exception text (those are in the gateway's log and metrics)."""
-    if exc.status is not None:
-        return f"the worker answered {exc.status}"
-    return _PUBLIC_KIND.get(exc.kind, "the worker failed")
-
-
-_ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,56 +92,6 @@ class Forward:
 
 Describe = Callable[[bytes, web.Request, str], Forward]
 """Builds a ``Forward`` from the body, the request and its id (raises ``GatewayError``)."""
-
-
-class PassiveHealth(Protocol):
-    """Where live request outcomes go (outlier detection)."""
-
-    def success(self, worker: Worker) -> None:
-        """A request on ``worker`` got a non-error answer."""
-
-    def failure(self, worker: Worker) -> None:
-        """A request on ``worker`` failed (unreachable, 5xx, broken)."""
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What one request's answer was, for metrics and the access log."""
-
-    status: int = 0
-    placement: Placement | None = None
-    ttft: float | None = None
-    usage: Usage | None = None
-    retries: int = 0
-    budgeted: int = 0
-    strip_usage: bool = False
-    """The gateway asked the worker for stream usage the client did not ask for."""
-    reported: bool = False
-    """The current placement's failure already went to the outcome recorder."""
-    body: bytes = b""
-    sample: bytes | None = None
-    """The response body, kept only when it was sampled for the quality evaluator."""
-    method: str = "POST"
-    answer_key: str | None = None
-    """Bind the id the answer starts with under this tag (``response:``), for continuations."""
-    shed: str | None = None
-    """Why the request was shed (429), for the access log and the dashboard."""
-    refused: str | None = None
-    """The shed reason or error code of a request the gateway answered itself."""
-    last_chunk: float | None = None
-    """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
-    asked_model: str = ""
-    """The model a refused request named when no worker serves it (access log only)."""
-
-
-class _StreamResponse(web.StreamResponse):
-    """A stream whose head goes out with its first chunk (one write, not two).
-
-    ``_stream`` writes the head alone at once when no chunk is waiting, so a
-    client still sees the head as soon as the worker's arrived.
-    """
-
-    _send_headers_immediately = False
 
 
 class _RequestIds:
@@ -237,21 +144,26 @@ class Proxy:
         self.budget = budget
         self.metrics = metrics
         self.passive = passive
-        self.access_log = access_log
         self.features = features
         self.max_retries = max_retries
-        self.response_headers = response_headers
         self.strip_client_auth = strip_client_auth
         self.draining = draining
         self.rng = rng
         self.stream_usage = stream_usage
         self.outcomes = outcomes
-        self.expose_worker_urls = expose_worker_urls
-        self._names: dict[str, str] = {}
         self.slots = slots
-        self.traffic = traffic
-        """The dashboard's ring of recent traffic (``None``: not kept)."""
-        self.wall = wall
+        self.relay = Relay(
+            router,
+            metrics=metrics,
+            passive=passive,
+            access_log=access_log,
+            response_headers=response_headers,
+            expose_worker_urls=expose_worker_urls,
+            outcomes=outcomes,
+            traffic=traffic,
+            wall=wall,
+        )
+        """Writes each answer out and records the request's outcome."""
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -285,7 +197,7 @@ class Proxy:
             raise DrainingError("the gateway is shutting down")
         self.in_flight += 1
         self.idle.clear()
-        outcome = _Outcome()
+        outcome = Outcome()
         features: RequestFeatures | None = None
         try:
             body = await self._read_body(request)
@@ -329,7 +241,7 @@ class Proxy:
             self.in_flight -= 1
             if not self.in_flight:
                 self.idle.set()
-            self._record(features, outcome, started, request_id, path)
+            self.relay.record(features, outcome, started, request_id, path)
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
@@ -381,7 +293,7 @@ class Proxy:
         body: bytes,
         features: RequestFeatures,
         started: float,
-        outcome: _Outcome,
+        outcome: Outcome,
     ) -> web.StreamResponse:
         affinity = await self.router.lookup(features)
         budget = self.budget
@@ -460,7 +372,7 @@ class Proxy:
                     self._charge(unsettled, features)
                     if upstream.status < 500:
                         self.passive.success(worker)
-                    return await self._respond(
+                    return await self.relay.respond(
                         request,
                         features=features,
                         placement=placement,
@@ -477,7 +389,7 @@ class Proxy:
         exc: UpstreamError,
         placement: Placement,
         features: RequestFeatures,
-        outcome: _Outcome,
+        outcome: Outcome,
         unsettled: list[tuple[Worker, str, int]],
     ) -> bool:
         """Count one failed attempt; True when the request may be retried on another worker.
@@ -540,7 +452,9 @@ class Proxy:
                 retry_after=1.0,
                 reason="upstream_429",
             )
-        return BadGatewayError(f"upstream failure serving {features.model!r}: {_public(exc)}")
+        return BadGatewayError(
+            f"upstream failure serving {features.model!r}: {public_failure(exc)}"
+        )
 
     def _upstream_headers(
         self, request: web.Request, worker: Worker, request_id: str
@@ -561,259 +475,3 @@ class Proxy:
             headers.pop("Authorization", None)
             headers.pop("authorization", None)
         return headers
-
-    def _worker_name(self, worker: Worker) -> str:
-        """The worker as clients see it: an id, its URL only with ``expose_worker_urls``."""
-        if self.expose_worker_urls:
-            return worker.id
-        name = self._names.get(worker.id)
-        if name is None:
-            name = self._names[worker.id] = public_worker_name(worker.id, worker.config.name)
-        return name
-
-    def _response_headers(
-        self, upstream: UpstreamResponse, placement: Placement, request_id: str
-    ) -> CIMultiDict[str]:
-        headers: CIMultiDict[str] = CIMultiDict()
-        for name, value in upstream.headers.items():
-            if name.lower() not in _HOP_BY_HOP:
-                headers.add(name, value)
-        headers[REQUEST_ID] = request_id
-        if self.response_headers:
-            headers[WORKER_HEADER] = self._worker_name(placement.worker)
-            headers[VERSION_HEADER] = placement.version
-            headers[REASON_HEADER] = placement.reason
-        return headers
-
-    async def _respond(
-        self,
-        request: web.Request,
-        *,
-        features: RequestFeatures,
-        placement: Placement,
-        upstream: UpstreamResponse,
-        started: float,
-        outcome: _Outcome,
-    ) -> web.StreamResponse:
-        worker = placement.worker
-        headers = self._response_headers(upstream, placement, features.request_id)
-        done = False
-        try:
-            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                response, done = await self._stream(request, upstream, headers, started, outcome)
-            else:
-                data = await upstream.read()
-                if upstream.status < 300 and not _looks_like_json_object(data):
-                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
-                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
-                outcome.ttft = time.monotonic() - started
-                response = web.Response(body=data, status=upstream.status, headers=headers)
-                outcome.status = upstream.status
-                await response.prepare(request)
-                await response.write_eof()
-                outcome.usage = usage_from_body(data)
-                done = True
-                if outcome.answer_key is not None:
-                    await self._remember_answer(data, placement, outcome.answer_key)
-                recorder = self.outcomes
-                version = placement.version
-                if recorder is not None and recorder.wants_sample(features.model, version):
-                    outcome.sample = data
-        except UpstreamError as exc:
-            # The whole-body read failed before anything was sent: a 502.
-            self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-            self.passive.failure(worker)
-            raise BadGatewayError(
-                f"upstream failure serving {features.model!r}: {_public(exc)}"
-            ) from None
-        except ConnectionResetError:
-            self._client_gone(features.model, outcome)
-            return web.Response(status=499)
-        finally:
-            if not done:
-                upstream.close()
-            placement.lease.release()  # before the feedback below: waiters need not wait on it
-        if done:
-            usage = outcome.usage
-            await self.router.finished(
-                features,
-                placement,
-                usage.prompt if usage is not None else None,
-                usage.cached if usage is not None else None,
-            )
-        return response
-
-    async def _stream(
-        self,
-        request: web.Request,
-        upstream: UpstreamResponse,
-        headers: CIMultiDict[str],
-        started: float,
-        outcome: _Outcome,
-    ) -> tuple[web.StreamResponse, bool]:
-        """Pass an SSE stream through; True when it ran to its end."""
-        response = _StreamResponse(status=upstream.status, headers=headers)
-        outcome.status = upstream.status
-        await response.prepare(request)
-        if not upstream.ready:
-            await response.write(b"")  # no first chunk to carry the head yet: send it alone
-        tap = StreamTap()
-        stripper = UsageStripper() if outcome.strip_usage else None
-        try:
-            async for chunk in upstream.chunks():
-                if outcome.ttft is None:
-                    outcome.ttft = time.monotonic() - started
-                    if outcome.answer_key is not None:
-                        await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
-                outcome.last_chunk = time.monotonic() - started
-                data = stripper.feed(chunk) if stripper is not None else chunk
-                if not data:
-                    continue
-                await response.write(data)
-                tap.feed(data)
-            if stripper is not None and (rest := stripper.flush()):
-                await response.write(rest)
-            await response.write_eof()
-        except UpstreamError as exc:
-            # Bytes already went to the client: no retry. End the stream with an
-            # OpenAI-style error event (what clients raise on), then close.
-            assert outcome.placement is not None
-            self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
-            self.passive.failure(outcome.placement.worker)
-            outcome.status = 502
-            event = b"" if tap.at_event_boundary else b"\n\n"
-            event += (
-                b"data: "
-                + BadGatewayError(
-                    f"the stream broke off: {_public(exc)}", code="stream_broken"
-                ).body()
-                + b"\n\n"
-            )
-            try:
-                await response.write(event)
-                await response.write_eof()
-            except (ConnectionResetError, RuntimeError):
-                pass
-            if request.transport is not None:
-                request.transport.close()
-            return response, False
-        except ConnectionResetError:
-            # The client went away mid-stream; dropping the upstream tells the worker.
-            assert outcome.placement is not None
-            self._client_gone(outcome.placement.worker.model or "", outcome)
-            return response, False
-        outcome.usage = stripper.usage if stripper is not None else tap.usage()
-        return response, True
-
-    async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
-        """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
-        found = _ANSWER_ID.search(data, 0, 4096)
-        if found is not None and placement is not None:
-            await self.router.remember(tag + found.group(1).decode(), placement)
-
-    def _client_gone(self, model: str, outcome: _Outcome) -> None:
-        outcome.status = 499
-        self.metrics.client_disconnects.labels(model).inc()
-
-    def _record(
-        self,
-        features: RequestFeatures | None,
-        outcome: _Outcome,
-        started: float,
-        request_id: str,
-        path: str = "",
-    ) -> None:
-        duration = time.monotonic() - started
-        model = features.model if features is not None else ""
-        placement = outcome.placement
-        worker = placement.worker.id if placement is not None else ""
-        version = placement.version if placement is not None else ""
-        reason = placement.reason if placement is not None else (outcome.refused or "error")
-        status = outcome.status or 500
-        usage = outcome.usage
-        m = self.metrics
-        m.child(m.requests, model, version, worker, str(status), reason).inc()
-        if features is not None and placement is not None:
-            m.child(m.request_duration, model, version, worker).observe(duration)
-            if outcome.ttft is not None:
-                m.child(m.ttft, model, version, worker).observe(outcome.ttft)
-                itl = _inter_token(outcome, usage)
-                if itl is not None:
-                    m.child(m.inter_token_latency, model, version, worker).observe(itl)
-            if usage is not None:
-                m.child(m.prompt_tokens, model, worker).inc(usage.prompt)
-                m.child(m.cached_tokens, model, worker).inc(usage.cached)
-                m.child(m.completion_tokens, model, worker).inc(usage.completion)
-        if self.outcomes is not None and features is not None and placement is not None:
-            _report(self.outcomes, features.model, placement.version, outcome, duration)
-        if self.traffic is not None:
-            self.traffic.record(
-                self.wall(),
-                status=status,
-                worker=worker,
-                reason=reason if placement is not None else None,
-                prompt_tokens=usage.prompt if usage is not None else 0,
-                cached_tokens=usage.cached if usage is not None else 0,
-                retries=outcome.retries,
-                shed_reason=outcome.shed,
-            )
-        if self.access_log.enabled:
-            self.access_log.write(
-                AccessRecord(
-                    request_id=request_id,
-                    model=model or outcome.asked_model,
-                    worker=worker,
-                    version=version,
-                    reason=reason,
-                    status=status,
-                    ttft=outcome.ttft,
-                    duration=duration,
-                    retries=outcome.retries,
-                    path=path,
-                    session=features.session_source.value if features is not None else "none",
-                    stream=features.stream if features is not None else False,
-                    prompt_tokens=usage.prompt if usage is not None else None,
-                    cached_tokens=usage.cached if usage is not None else None,
-                    completion_tokens=usage.completion if usage is not None else None,
-                )
-            )
-
-
-def _inter_token(outcome: _Outcome, usage: Usage | None) -> float | None:
-    """A stream's mean time between output tokens after the first (``None``: not a stream)."""
-    if outcome.last_chunk is None or outcome.ttft is None or usage is None:
-        return None
-    if usage.completion < 2 or outcome.last_chunk <= outcome.ttft:
-        return None
-    return (outcome.last_chunk - outcome.ttft) / (usage.completion - 1)
-
-
-def _report(
-    recorder: OutcomeRecorder, model: str, version: str, outcome: _Outcome, duration: float
-) -> None:
-    """One request's outcome for its version's windows (a failed last attempt is already in)."""
-    status = outcome.status or 500
-    if outcome.reported or status == 499:
-        return  # a client that went away says nothing about the version
-    error = status >= 500
-    ok = status < 400
-    recorder.finished(
-        model,
-        version,
-        error=error,
-        latency_s=duration if ok else None,
-        ttft_s=outcome.ttft if ok else None,
-    )
-    if outcome.sample is not None and ok:
-        recorder.sample(model, version, outcome.body, outcome.sample)
-
-
-def public_worker_name(url: str, name: str | None = None) -> str:
-    """A worker's name for clients: its configured ``name``, else ``w-`` and a hash of its
-    URL (stable across gateway replicas and restarts, and no internal address)."""
-    return name or "w-" + xxhash.xxh3_64_hexdigest(url.encode())[:12]
-
-
-def _looks_like_json_object(data: bytes) -> bool:
-    """True when ``data`` is framed as a JSON object (a cheap check: no decoding)."""
-    return data.lstrip()[:1] == b"{" and data.rstrip()[-1:] == b"}"
