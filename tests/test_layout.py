@@ -17,11 +17,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "kvgate"
 MAX_LINES = 600
 """STYLE.md: a module past ~600 lines is asking to be split along a seam."""
 
-OVER_THE_CAP = {
-    "kvgate.core.rollout": 617,
-}
-"""Modules that grew past the cap in other issues' work (issues 13 and 16 in the
-proxy, the rollout gates): each may not grow further, and leaves this list once split."""
+OVER_THE_CAP: dict[str, int] = {}
+"""Modules allowed past the cap, with their line count: each may not grow further,
+and leaves this list once split (the proxy and the rollout controller were, until split)."""
 
 GATEWAY_PLANES = ("dataplane", "upstream", "observe", "control", "admin")
 

@@ -16,12 +16,11 @@ import pytest
 from pydantic import ValidationError
 
 from kvgate.core.gates import GateResult, Gates, QualityGate, Verdict, evaluate_gates
-from kvgate.core.rollout import (
+from kvgate.core.rollout import RolloutController, RolloutSpec
+from kvgate.core.rollout_progress import (
     AlertReason,
     InvalidTransitionError,
     PauseReason,
-    RolloutController,
-    RolloutSpec,
     RolloutState,
     RolloutUpdate,
 )

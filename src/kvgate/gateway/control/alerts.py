@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from kvgate.core.rollout import Alert, AlertReason
+from kvgate.core.rollout_progress import Alert, AlertReason
 from kvgate.gateway.observe.metrics import RolloutMetrics
 
 log = logging.getLogger("kvgate.gateway.control.alerts")

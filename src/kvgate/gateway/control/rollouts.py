@@ -33,13 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvgate.core.gates import Verdict
-from kvgate.core.rollout import (
-    InvalidTransitionError,
-    RolloutController,
-    RolloutSpec,
-    RolloutState,
-    RolloutUpdate,
-)
+from kvgate.core.rollout import RolloutController, RolloutSpec
+from kvgate.core.rollout_progress import InvalidTransitionError, RolloutState, RolloutUpdate
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.core.window import OutcomeWindow, VersionWindows
 from kvgate.gateway.control.alerts import AlertSender
