@@ -98,11 +98,12 @@ def _answer(status: bytes, content_type: bytes, body: bytes) -> bytes:
     )  # fmt: skip
 
 
-class _Worker(asyncio.Protocol):
-    """One client connection: parse requests, answer each from the canned bodies."""
+class RequestProtocol(asyncio.Protocol):
+    """One client connection parsed by llhttp: collects each request's URL and body.
 
-    events = 16
-    event_gap_s = 0.0
+    Subclasses answer in ``on_message_complete``; ``benchmarks/server_floor.py`` uses
+    it too, so both llhttp servers parse the same way.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -112,9 +113,6 @@ class _Worker(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -132,6 +130,19 @@ class _Worker(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+
+
+class _Worker(RequestProtocol):
+    """One client connection: parse requests, answer each from the canned bodies."""
+
+    events = 16
+    event_gap_s = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def on_message_complete(self) -> None:
         transport = self.transport

@@ -33,11 +33,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httptools
-
 import wrk_load
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.testing import free_port, wait_until_sync
+from mock_worker import RequestProtocol
 
 MOCK = str(Path(__file__).with_name("mock_worker.py"))
 _TIMEOUTS = Timeouts(connect=5.0, first_byte=30.0, total=60.0)
@@ -85,36 +84,10 @@ def serve_aiohttp(port: int, worker: str) -> None:
 # -- candidate 2: a protocol-level server on llhttp and uvloop ---------------------------
 
 
-class _Forwarder(asyncio.Protocol):
+class _Forwarder(RequestProtocol):
     """One client connection: llhttp parses, each request is forwarded in its own task."""
 
     upstream: Upstream
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.url = b""
-        self.body: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            assert self.transport is not None
-            self.transport.close()
-
-    def on_message_begin(self) -> None:
-        self.url = b""
-        self.body = []
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
 
     def on_message_complete(self) -> None:
         transport = self.transport
