@@ -69,3 +69,15 @@ def bursty_times(
         # Exponential gaps are memoryless, so dropping the overshoot keeps the
         # on-period rate exact.
         now = period_end + rng.expovariate(1.0 / off_s)
+
+
+class RatedArrivals:
+    """What a config with ``arrival`` and ``rate`` fields shares: its arrival process."""
+
+    __slots__ = ()
+    arrival: str
+    rate: float
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The arrival process at the configured rate."""
+        return ArrivalSpec(self.arrival, self.rate)

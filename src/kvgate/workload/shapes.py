@@ -14,13 +14,13 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvgate.workload.arrivals import ArrivalSpec
+from kvgate.workload.arrivals import ArrivalSpec, RatedArrivals
 from kvgate.workload.request import Segment, SimRequest
 from kvgate.workload.streams import Ids, Session, around, session_stream, turns
 
 
 @dataclass(frozen=True, slots=True)
-class SharedOpeningTraceConfig:
+class SharedOpeningTraceConfig(RatedArrivals):
     """A long-context conversation trace in Mooncake's shape, every prompt opening alike.
 
     Prompts are runs of ``block_tokens``-token blocks (Mooncake's ``hash_ids``):
@@ -45,10 +45,6 @@ class SharedOpeningTraceConfig:
     turns_max: int = 20
     think_s: float = 60.0
     output_tokens: int = 150
-
-    def arrival_spec(self) -> ArrivalSpec:
-        """The arrival process at the configured rate."""
-        return ArrivalSpec(self.arrival, self.rate)
 
     def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
         """The request stream (see the class docstring)."""
@@ -88,7 +84,7 @@ class SharedOpeningTraceConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefixGroupsConfig:
+class PrefixGroupsConfig(RatedArrivals):
     """SGLang's "generated shared prefix" benchmark: ``groups`` x ``prompts`` chat requests.
 
     Each group has a long system prompt of its own (``system_tokens``); each of its
@@ -106,10 +102,6 @@ class PrefixGroupsConfig:
     system_tokens: int = 2048
     question_tokens: int = 128
     output_tokens: int = 256
-
-    def arrival_spec(self) -> ArrivalSpec:
-        """The arrival process at the configured rate."""
-        return ArrivalSpec(self.arrival, self.rate)
 
     def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
         """The request stream (see the class docstring)."""

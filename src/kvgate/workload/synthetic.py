@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Protocol
 
-from kvgate.workload.arrivals import ArrivalSpec
+from kvgate.workload.arrivals import ArrivalSpec, RatedArrivals
 from kvgate.workload.request import Segment, SimRequest
 from kvgate.workload.shapes import PrefixGroupsConfig, SharedOpeningTraceConfig
 from kvgate.workload.streams import (
@@ -87,7 +87,7 @@ class WorkloadConfig(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ChatConfig:
+class ChatConfig(RatedArrivals):
     """Multi-turn chat: shared system prompts, sessions whose context grows.
 
     Each session uses one of ``system_prompts`` system prompts (uniformly) and,
@@ -111,17 +111,13 @@ class ChatConfig:
     doc_tokens: int = 0
     sessions: int = 0
 
-    def arrival_spec(self) -> ArrivalSpec:
-        """The arrival process at the configured rate."""
-        return ArrivalSpec(self.arrival, self.rate)
-
     def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
         """The request stream (see the class docstring)."""
         return _chat(name, seed, arrival, self)
 
 
 @dataclass(frozen=True, slots=True)
-class SystemPromptConfig:
+class SystemPromptConfig(RatedArrivals):
     """Single-turn requests behind one of ``prompts`` long system prompts (Zipf).
 
     An endless variant of SGLang's "generated-shared-prefix" benchmark (its exact
@@ -137,17 +133,13 @@ class SystemPromptConfig:
     question_tokens: int = 128
     output_tokens: int = 256
 
-    def arrival_spec(self) -> ArrivalSpec:
-        """The arrival process at the configured rate."""
-        return ArrivalSpec(self.arrival, self.rate)
-
     def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
         """The request stream (see the class docstring)."""
         return _system_prompt(name, seed, arrival, self)
 
 
 @dataclass(frozen=True, slots=True)
-class RagConfig:
+class RagConfig(RatedArrivals):
     """Retrieval-augmented questions: large documents with Zipf popularity.
 
     Example: ``--workload rag:documents=2000,docs_per_request=2``.
@@ -163,10 +155,6 @@ class RagConfig:
     system_tokens: int = 256
     question_tokens: int = 60
     output_tokens: int = 200
-
-    def arrival_spec(self) -> ArrivalSpec:
-        """The arrival process at the configured rate."""
-        return ArrivalSpec(self.arrival, self.rate)
 
     def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
         """The request stream (see the class docstring)."""
