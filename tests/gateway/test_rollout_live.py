@@ -23,7 +23,16 @@ def metric(gw: GatewayHandle, name: str, **labels: str) -> float:
 
 
 async def _new_traffic_versions(gw: GatewayHandle, traffic: Traffic, n: int) -> Counter[str]:
-    """The versions of the next ``n`` responses ``traffic`` gets."""
+    """The versions of ``n`` responses to requests sent from now on.
+
+    Up to ``traffic.concurrency`` requests may already be in flight, placed before
+    the change under test: their answers are let through first, uncounted.
+    """
+    flushed = Counter(traffic.versions)
+    await wait_until(
+        lambda: sum((traffic.versions - flushed).values()) >= traffic.concurrency,
+        message="the requests in flight answered",
+    )
     before = Counter(traffic.versions)
     await wait_until(
         lambda: sum((traffic.versions - before).values()) >= n, message=f"{n} more responses"
