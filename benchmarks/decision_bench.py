@@ -14,8 +14,9 @@ a known system prompt). Targets: p99 <= 100 µs.
 Hashing time: ``build_features`` and the chain hashing alone on an 8 KiB chat
 prompt (32 blocks of 256 characters) and on a ~200 KiB long-context prompt (64
 fine blocks, then 4 KiB coarse ones: 110 blocks), and xxhash's streaming API
-over the same bytes for comparison. Target: well under 50 µs at 8 KiB; the
-200 KiB prompt is hashed once per request, before the decision.
+over the same bytes for comparison. Targets: ``build_features`` p99 well under
+50 µs at 8 KiB and within the decision-time budget (100 µs) at 200 KiB; the
+prompt is hashed once per request, before the decision.
 
 Also timed: ``pick`` for headerless requests (a new question behind a known
 system prompt, no session id), with the store's prefix holders in the context.
@@ -47,7 +48,8 @@ from kvgate.core.prefix import FeatureConfig, block_widths, build_features, text
 
 GROUPS = 64
 P99_TARGET_US = 100.0
-HASH_TARGET_US = 50.0
+HASH_TARGET_US = {"8 KiB": 50.0, "200 KiB": 100.0}
+"""``build_features`` p99 targets by prompt size."""
 
 
 def calibration_us(rounds: int = 2000) -> float:
@@ -335,14 +337,15 @@ def main() -> None:
 
     hashing = bench_hashing(rng)
     table = Table(title="Feature extraction and prefix hashing (whole prompt)")
-    for column in ("prompt", *TIME_COLUMNS, f"8 KiB p99 < {HASH_TARGET_US:.0f} µs"):
+    targets = ", ".join(f"{label} {us:.0f}" for label, us in HASH_TARGET_US.items())
+    for column in ("prompt", *TIME_COLUMNS, f"p99 ≤ ({targets}) µs"):
         table.add_column(column, justify="right")
     for label, result in hashing.items():
         for what in ("build_features", "chain_only", "xxhash_streaming"):
             stats = result[what]
             verdict = ""
-            if label == "8 KiB":
-                ok = stats["p99_us"] < HASH_TARGET_US
+            if what == "build_features" and label in HASH_TARGET_US:
+                ok = stats["p99_us"] <= HASH_TARGET_US[label]
                 verdict = "[green]ok[/]" if ok else "[red]over[/]"
             table.add_row(f"{label} ({result['blocks']} blocks)", what, *time_cells(stats), verdict)
     console.print(table)

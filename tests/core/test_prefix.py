@@ -10,12 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvgate.core.prefix import (
+    SEGMENT_CHARS,
     FeatureConfig,
     InvalidRequestError,
     block_widths,
     build_features,
     chain_chars,
+    chat_canonical_pieces,
     chat_canonical_text,
+    pieces_chain_hashes,
     text_chain_hashes,
     token_chain_hashes,
 )
@@ -219,6 +222,80 @@ def test_chains_agree_exactly_as_far_as_the_prompts_agree(
     assert ha[:whole] == hb[:whole]
     if a != b and whole < min(len(ha), len(hb)):
         assert ha[whole] != hb[whole]
+
+
+def reference_chain(
+    text: str, block: int, fine: int, coarse_factor: int, max_chars: int
+) -> tuple[int, ...]:
+    """The chain by its definition: each block of the text encoded and hashed in turn."""
+    end = min(len(text), max_chars)
+    hashes: list[int] = []
+    h, start = 0, 0
+    for width in block_widths(block, fine, coarse_factor, end):
+        h = xxhash.xxh3_64_intdigest(text[start : min(start + width, end)].encode(), h)
+        hashes.append(h)
+        start += width
+    return tuple(hashes)
+
+
+@given(
+    pieces=st.lists(
+        st.one_of(st.text(alphabet="ab\x1f", max_size=90), st.text(max_size=40)), max_size=12
+    ),
+    block=st.sampled_from([1, 3, 8, 32]),
+    fine=st.integers(1, 6),
+    coarse_factor=st.integers(1, 5),
+    max_chars=st.integers(1, 600),
+)
+def test_hashing_pieces_is_hashing_their_join(
+    pieces: list[str], block: int, fine: int, coarse_factor: int, max_chars: int
+) -> None:
+    """Blocks that span pieces, ASCII next to other text, empty pieces, the max_chars cut."""
+    text = "".join(pieces)
+    expected = reference_chain(text, block, fine, coarse_factor, max_chars)
+    got = pieces_chain_hashes(pieces, block, fine, coarse_factor=coarse_factor, max_chars=max_chars)
+    assert got == expected
+    alone = text_chain_hashes(text, block, fine, coarse_factor=coarse_factor, max_chars=max_chars)
+    assert alone == expected
+
+
+def test_long_messages_are_pieces_of_their_own_and_short_runs_are_joined() -> None:
+    long_text = "L" * (SEGMENT_CHARS + 5)
+    messages = [SYSTEM, user("short " * 10), user(long_text)] + [
+        user(f"turn {i} " * 300) for i in range(40)
+    ]
+    pieces, _ = chat_canonical_pieces(messages)
+    assert "".join(pieces) == chat_canonical_text(messages)[0]
+    assert long_text in pieces  # not copied into a joined run
+    assert all(p is long_text or len(p) < 2 * SEGMENT_CHARS for p in pieces)
+    config = FeatureConfig()
+    features = build_features(chat(*messages), {}, config, request_id="r")
+    text = chat_canonical_text(messages)[0]
+    assert features.prefix_hashes == reference_chain(text, 256, 64, 16, config.max_chars)
+    assert features.prompt_chars == len(text)
+
+
+def test_long_chats_agree_as_far_as_they_agree_and_part_after_it() -> None:
+    """Equal prefixes give equal leading hashes, even past 16 KiB and across messages."""
+    document = {"role": "system", "content": "shared document. " * 4000}  # 68 KiB
+    a = build_features(chat(document, user("alpha " * 2000)), {}, request_id="a")
+    b = build_features(chat(document, user("omega " * 2000)), {}, request_id="b")
+    pairs = zip(a.prefix_hashes, b.prefix_hashes, strict=True)
+    agree = next(i for i, (x, y) in enumerate(pairs) if x != y)
+    shared_chars = len("system\x1f") + len(document["content"]) + len("\x1euser\x1f")
+    assert chain_chars(agree, 256, 64, 16) <= shared_chars < chain_chars(agree + 1, 256, 64, 16)
+    assert chain_chars(agree, 256, 64, 16) > 16 * 1024
+    assert a.prefix_hashes[agree:] != b.prefix_hashes[agree:]
+
+
+def test_the_block_count_stays_bounded_on_a_huge_prompt() -> None:
+    config = FeatureConfig()
+    huge = build_features(chat(user("h" * (8 << 20))), {}, config, request_id="r")
+    fine_chars = config.block_chars * config.max_blocks
+    coarse_chars = config.block_chars * config.coarse_factor
+    assert len(huge.prefix_hashes) == config.max_blocks + -(
+        -(config.max_chars - fine_chars) // coarse_chars
+    )
 
 
 def test_the_chain_covers_the_whole_prompt_fine_then_coarse() -> None:

@@ -136,25 +136,93 @@ def text_chain_hashes(
     With ``coarse_factor`` > 0 the chain goes on past them over the rest of the text
     (up to ``max_chars``) in blocks ``coarse_factor`` times wider; with 0 it stops.
     """
-    end = min(len(text), max_chars if coarse_factor else block_chars * max_blocks)
-    widths = block_widths(block_chars, max_blocks, max(1, coarse_factor), end)
+    return pieces_chain_hashes(
+        (text,), block_chars, max_blocks, seed, coarse_factor=coarse_factor, max_chars=max_chars
+    )
+
+
+SEGMENT_CHARS = 1 << 15
+"""Texts shorter than this are joined before hashing (``chat_canonical_pieces``): a
+copy this small is cheap, and hashing few pieces is faster than many."""
+
+
+def pieces_chain_hashes(
+    pieces: Sequence[str],
+    block_chars: int,
+    max_blocks: int,
+    seed: int = 0,
+    *,
+    coarse_factor: int = 0,
+    max_chars: int = 1 << 22,
+) -> tuple[BlockHash, ...]:
+    """``text_chain_hashes`` of ``"".join(pieces)``, without joining them.
+
+    Each piece is encoded (UTF-8) once if it is ASCII, and its blocks hashed as
+    views of the buffer; any other piece block by block, since blocks count
+    characters. A block that spans pieces is joined from its parts. So a long
+    prompt passed as its own piece (``chat_canonical_pieces``) is copied once, not
+    three times: prompt-sized temporaries cost more than the hashing, as the
+    allocator hands memory that large back to the system and each request faults
+    it in again. Many tiny pieces are slower than their join: join those first.
+    """
+    end = min(sum(map(len, pieces)), max_chars if coarse_factor else block_chars * max_blocks)
+    factor = max(1, coarse_factor)
+    widths = block_widths(block_chars, max_blocks, factor, end)
+    if not widths:
+        return ()
+    widths[-1] = end - chain_chars(len(widths) - 1, block_chars, max_blocks, factor)
     hashes: list[int] = []
     h = seed
     digest = xxhash.xxh3_64_intdigest
-    start = 0
-    if text.isascii():
-        # One character is one byte: encode once and hash views of the buffer.
-        view = memoryview(text[:end].encode())
-        for width in widths:
-            h = digest(view[start : start + width], h)
+    k = 0  # the next block to hash
+    offset = 0  # where the piece starts in the text
+    head: list[bytes | memoryview] = []  # block k's start, from earlier pieces
+    for whole in pieces:
+        # Past max_chars nothing is hashed, so nothing is encoded either.
+        piece = whole if offset + len(whole) <= end else whole[: end - offset]
+        size = len(piece)
+        stop = offset + size  # blocks k..last-1 end in this piece
+        view = memoryview(piece.encode()) if piece.isascii() else None
+        last = len(widths) if stop >= end else _blocks_in(stop, block_chars, max_blocks, factor)
+        pos = 0
+        if head and k < last:  # the block begun in earlier pieces ends here
+            pos = chain_chars(k + 1, block_chars, max_blocks, factor) - offset
+            head.append(_part(piece, view, 0, pos))
+            h = digest(b"".join(head), h)
             hashes.append(h)
-            start += width
-    else:
-        for width in widths:
-            h = digest(text[start : start + width].encode(), h)
-            hashes.append(h)
-            start += width
+            head.clear()
+            k += 1
+        run = widths if k == 0 and last == len(widths) else widths[k:last]
+        if view is not None:
+            for width in run:
+                h = digest(view[pos : pos + width], h)
+                hashes.append(h)
+                pos += width
+        else:
+            for width in run:
+                h = digest(piece[pos : pos + width].encode(), h)
+                hashes.append(h)
+                pos += width
+        k = last
+        if k == len(widths):
+            break
+        if pos < size:
+            head.append(_part(piece, view, pos, size))  # the rest starts block k
+        offset = stop
     return tuple(hashes)
+
+
+def _blocks_in(chars: int, width: int, fine_blocks: int, coarse_factor: int) -> int:
+    """How many whole blocks the first ``chars`` units hold (``chain_chars``'s inverse)."""
+    fine_end = width * fine_blocks
+    if chars <= fine_end:
+        return chars // width
+    return fine_blocks + (chars - fine_end) // (width * coarse_factor)
+
+
+def _part(piece: str, view: memoryview | None, start: int, stop: int) -> bytes | memoryview:
+    """Characters ``start:stop`` of ``piece`` as UTF-8 (``view`` is its encoding if ASCII)."""
+    return piece[start:stop].encode() if view is None else view[start:stop]
 
 
 def token_chain_hashes(
@@ -227,9 +295,22 @@ def chat_canonical_text(messages: object) -> tuple[str, int]:
     system (or developer) message: it names the conversation, and it does not
     change as later turns are appended.
     """
+    parts, opening_end = chat_canonical_pieces(messages)
+    return "".join(parts), opening_end
+
+
+def chat_canonical_pieces(messages: object) -> tuple[list[str], int]:
+    """``chat_canonical_text`` in pieces: runs of short texts joined, each long one apart.
+
+    Routing hashes the pieces as they are (``pieces_chain_hashes``), so a long
+    message is not copied into a joined text first. A run of short pieces is cut
+    once it reaches ``SEGMENT_CHARS``, so no joined piece is long either.
+    """
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("'messages' must be a non-empty list", "messages")
-    parts: list[str] = []
+    pieces: list[str] = []
+    run: list[str] = []
+    run_chars = 0
     opening_end = -1
     length = 0
     for i, message in enumerate(messages):
@@ -240,12 +321,24 @@ def chat_canonical_text(messages: object) -> tuple[str, int]:
         if not isinstance(role, str) or not role:
             raise InvalidRequestError("each message needs a string 'role'", f"{param}.role")
         text = _content_text(message.get("content"), f"{param}.content")
-        piece = role + ROLE_SEP + text + _tool_calls_text(message.get("tool_calls")) + MESSAGE_SEP
-        parts.append(piece)
-        length += len(piece)
+        calls = _tool_calls_text(message.get("tool_calls"))
+        size = len(role) + len(text) + len(calls) + 2
+        length += size
+        if len(text) >= SEGMENT_CHARS:
+            run += (role, ROLE_SEP)
+            pieces += ("".join(run), text)
+            run, run_chars = [calls, MESSAGE_SEP], len(calls) + 1
+        else:
+            run += (role, ROLE_SEP, text, calls, MESSAGE_SEP)
+            run_chars += size
+            if run_chars >= SEGMENT_CHARS:
+                pieces.append("".join(run))
+                run, run_chars = [], 0
         if opening_end < 0 and role not in ("system", "developer"):
             opening_end = length
-    return "".join(parts), (opening_end if opening_end >= 0 else length)
+    if run:
+        pieces.append("".join(run))
+    return pieces, (opening_end if opening_end >= 0 else length)
 
 
 def completion_prompt(prompt: object) -> str | list[int]:
@@ -330,16 +423,20 @@ def build_features(
     _require_unicode(user, "user")
 
     kind = endpoint if endpoint is not None else _infer_endpoint(body)
-    prompt: str | list[int]
+    pieces: Sequence[str]
+    token_ids: list[int] | None = None
     if kind == "chat":
-        prompt, _ = chat_canonical_text(body.get("messages"))
+        pieces, _ = chat_canonical_pieces(body.get("messages"))
     else:
         if "prompt" not in body:
             raise InvalidRequestError("'prompt' is required", "prompt")
         prompt = completion_prompt(body["prompt"])
-
-    text = prompt if isinstance(prompt, str) else TOKEN_SEP.join(map(str, prompt))
-    hashes = _prefix_hashes(prompt, text, cfg, tokenize)
+        if isinstance(prompt, str):
+            pieces = (prompt,)
+        else:
+            token_ids = prompt
+            pieces = (TOKEN_SEP.join(map(str, prompt)),)
+    hashes = _prefix_hashes(pieces, token_ids, cfg, tokenize)
 
     session_key, source = session_key_from(
         headers,
@@ -358,7 +455,7 @@ def build_features(
         session_key=session_key,
         session_source=source,
         prefix_hashes=hashes,
-        prompt_chars=len(text),
+        prompt_chars=sum(map(len, pieces)),
         priority=Priority.parse(header_value(headers, cfg.priority_header)),
         pinned_version=pinned,
         stream=stream,
@@ -377,23 +474,26 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _prefix_hashes(
-    prompt: str | list[int], text: str, cfg: FeatureConfig, tokenize: Tokenizer | None
+    pieces: Sequence[str],
+    token_ids: list[int] | None,
+    cfg: FeatureConfig,
+    tokenize: Tokenizer | None,
 ) -> tuple[BlockHash, ...]:
     if cfg.block_mode == "chars":
-        return text_chain_hashes(
-            text,
+        return pieces_chain_hashes(
+            pieces,
             cfg.block_chars,
             cfg.max_blocks,
             cfg.hash_seed,
             coarse_factor=cfg.coarse_factor,
             max_chars=cfg.max_chars,
         )
-    if isinstance(prompt, list):
-        tokens: Sequence[int] = prompt
+    if token_ids is not None:
+        tokens: Sequence[int] = token_ids
     elif tokenize is None:
         raise ValueError("block_mode 'tokens' needs a tokenize function")
     else:
-        tokens = tokenize(prompt)
+        tokens = tokenize("".join(pieces))
     return token_chain_hashes(
         tokens,
         cfg.block_tokens,
