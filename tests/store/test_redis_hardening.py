@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kvgate.core.decision import Affinity
 from kvgate.gateway.observe.metrics import GatewayMetrics
@@ -92,5 +95,77 @@ async def test_after_a_restart_the_store_recovers_once_and_stays_up(
             if line.startswith("kvgate_store_backend_errors_total")
         ]
         assert errors and float(errors[0].split()[-1]) >= 1
+    finally:
+        await store.close()
+
+
+class FlakyRedis(Redis):
+    """A client whose next ``lost`` commands time out: before reaching Redis, or, with
+    ``landed``, after Redis ran them (the reply is what got lost)."""
+
+    lost = 0
+    landed = False
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if not self.lost:
+            return await super().execute_command(*args, **options)
+        self.lost -= 1
+        if self.landed:
+            await super().execute_command(*args, **options)
+        raise RedisTimeoutError("Timeout reading from socket (injected)")
+
+
+def flaky_store(url: str) -> tuple[RedisStore, FlakyRedis]:
+    client = FlakyRedis.from_url(url, socket_timeout=1.0, socket_connect_timeout=2.0)
+    return RedisStore(url, client=client, backoff_initial=3600.0), client
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-redis", "reply-lost"])
+async def test_one_timeout_is_retried_so_replicas_still_agree(redis_url: str, landed: bool) -> None:
+    """A loaded host once missed one deadline and the replica bound sessions alone."""
+    store, client = flaky_store(redis_url)
+    other = RedisStore(redis_url, **PATIENT)
+    try:
+        client.lost, client.landed = 1, landed
+        mine = await store.compare_and_set("s", None, Affinity("s", "A", "v1"), 60.0)
+        theirs = await other.compare_and_set("s", None, Affinity("s", "B", "v1"), 60.0)
+        # A lost reply is the ambiguous case: the retry finds its own binding in force.
+        assert mine == theirs == Affinity("s", "A", "v1", mine.last_active)
+        health = store.health()
+        assert not health.degraded
+        assert (health.errors_total, health.fallbacks_total, health.degraded_total) == (1, 0, 0)
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_two_timeouts_in_a_row_are_an_outage(redis_url: str) -> None:
+    store, client = flaky_store(redis_url)
+    try:
+        client.lost = 2
+        bound = await store.compare_and_set("s", None, Affinity("s", "A", "v1"), 60.0)
+        assert bound.worker == "A"  # answered from the local map
+        health = store.health()
+        assert health.degraded
+        assert (health.errors_total, health.fallbacks_total, health.degraded_total) == (2, 1, 1)
+    finally:
+        await store.close()
+
+
+async def test_recovery_leaves_connections_in_use_alone(redis_url: str) -> None:
+    """Closing one under a call still connecting raised a bare RuntimeError out of the store."""
+    store, client = flaky_store(redis_url)
+    try:
+        client.lost = 2
+        await store.get("s")
+        assert store.degraded
+        busy = await client.connection_pool.get_connection()  # a call's, mid-flight
+        try:
+            assert busy.is_connected
+            assert await store.try_recover()
+            assert busy.is_connected
+        finally:
+            await client.connection_pool.release(busy)
+        assert await store.get("s") is None
     finally:
         await store.close()

@@ -1,11 +1,25 @@
 """``RedisStore``: affinity state shared by gateway replicas through Redis.
 
 A request never fails because the store did. Every call goes to Redis with short
-socket timeouts; the results are mirrored into a local ``MemoryStore``. When a call
-fails the store turns **degraded**: it logs once, serves every call from the local
-map (marking what it writes there as dirty), and probes Redis in the background
-with exponential backoff. When Redis answers again the dirty bindings are written
-back and the store serves from Redis again.
+socket timeouts; the results are mirrored into a local ``MemoryStore``. A call that
+fails is tried once more, at once: one timeout is no outage (on a busy host a
+connect or a reply can miss a 100 ms deadline while Redis is fine, and a replica
+that degraded on it would bind new sessions alone, disagreeing with the others).
+When the second try fails too, the store turns **degraded**: it logs once, serves
+every call from the local map (marking what it writes there as dirty), and probes
+Redis in the background with exponential backoff. When Redis answers again the
+dirty bindings are written back and the store serves from Redis again.
+
+Retrying is safe because every call is idempotent in effect: a compare-and-set
+whose first try landed finds its own binding in force and returns it; set, touch,
+blob writes and lease renewals write the same values again. Only the replies of a
+retried ``delete`` or ``release_lease`` may say False when the first try did it.
+
+Degraded is the availability side of a trade-off, not a silent one: while Redis is
+unreachable a replica routes on its own (a misplaced request costs a cache miss; a
+refused one would cost the client its answer), it says so (a warning, and the
+``kvgate_store_degraded`` gauge and ``kvgate_store_fallbacks`` counter), and the
+resync settles every conflict in Redis's favour when it returns.
 
 Resync rule: for each binding made or refreshed locally during the outage, a
 compare-and-set that expects the local worker. So where Redis has no binding (it
@@ -64,6 +78,9 @@ _RESYNC_ROUNDS = 8
 """Batches pushed while still degraded before new calls go back to Redis (see try_recover)."""
 
 _FAILURES = (RedisError, OSError)  # OSError covers socket errors and asyncio timeouts
+
+_ATTEMPTS = 2
+"""Tries of one call before the store turns degraded (see the module docstring)."""
 
 
 def is_cluster_url(url: str) -> bool:
@@ -389,21 +406,25 @@ class RedisStore(AffinityStore):
     # -- failure handling -------------------------------------------------------
 
     async def _remote(self, call: Callable[[], Awaitable[T]]) -> T | Literal[_Down.DOWN]:
-        """Run ``call`` against Redis, or say it is down (and turn degraded)."""
-        if self._degraded:
-            self.fallbacks_total += 1
-            return _DOWN
-        try:
-            if self._calls is None:
-                reply = await call()
-            else:
-                async with self._calls:
+        """Run ``call`` against Redis (tried twice), or say it is down (and turn degraded)."""
+        for attempt in range(_ATTEMPTS):
+            if self._degraded:  # also when another call degraded it during our first try
+                self.fallbacks_total += 1
+                return _DOWN
+            try:
+                if self._calls is None:
                     reply = await call()
-        except _FAILURES as exc:
-            self._errors_total += 1
-            self.fallbacks_total += 1
-            self._enter_degraded(exc)
-            return _DOWN
+                else:
+                    async with self._calls:
+                        reply = await call()
+                break
+            except _FAILURES as exc:
+                self._errors_total += 1
+                if attempt + 1 < _ATTEMPTS:
+                    continue  # redis-py closed the failed connection; the next try opens one
+                self.fallbacks_total += 1
+                self._enter_degraded(exc)
+                return _DOWN
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # redis-py can swallow a cancellation that lands inside a command and
@@ -445,12 +466,18 @@ class RedisStore(AffinityStore):
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
     async def _drop_pooled_connections(self) -> None:
-        """Close every pooled connection (one pool, or one per cluster node)."""
+        """Close the idle pooled connections (one pool, or one per cluster node).
+
+        Not those in use: a call that began before the outage may still be
+        connecting on one, and closing its transport under it raised a bare
+        ``RuntimeError`` out of the store. Such a connection, if dead, fails its
+        call, which redis-py then closes and the call tries again on another.
+        """
         if isinstance(self._redis, RedisCluster):
             for node in self._redis.get_nodes():
                 await node.disconnect()
         else:
-            await self._redis.connection_pool.disconnect()
+            await self._redis.connection_pool.disconnect(inuse_connections=False)
 
     async def try_recover(self) -> bool:
         """Probe Redis now and, if it answers, resync and leave degraded mode.
