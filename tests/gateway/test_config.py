@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.gateway.config import ConfigError, load_config, parse_config, with_overrides
+from kvgate.store import MemoryStore, RedisStore, open_store
 from kvgate.types import Priority
 
 
@@ -96,3 +97,15 @@ def test_several_processes_on_the_memory_store_are_refused() -> None:
         with_overrides(parse_config({}), processes=4)
     both = with_overrides(parse_config({}), processes=4, store="redis://h:6379/0")
     assert both.server_processes() == 4
+
+
+async def test_store_timeouts_reach_a_redis_store_only() -> None:
+    data = {"url": "redis://h:6379/0", "timeout_s": 1.5, "connect_timeout_s": 3.0}
+    config = parse_config({"store": data}).store
+    options = config.backend_options()
+    assert options == {"socket_timeout": 1.5, "connect_timeout": 3.0}
+    store = open_store(config.effective_url, **options)  # the memory store would refuse them
+    assert isinstance(store, RedisStore)
+    await store.close()
+    memory = parse_config({"store": {"timeout_s": 1.5}}).store
+    assert isinstance(open_store(memory.effective_url, **memory.backend_options()), MemoryStore)

@@ -74,7 +74,9 @@ class Gateway:
             config.policy.name, config.policy_options()
         )
         self._owns_store = store is None
-        self.store = store if store is not None else open_store(config.store.effective_url)
+        if store is None:
+            store = open_store(config.store.effective_url, **config.store.backend_options())
+        self.store = store
         self.queue = AdmissionQueue(config.admission.queue_size)
         t = config.timeouts
         timeouts = Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)

@@ -163,6 +163,17 @@ class StoreConfig(_Model):
     """Put into ``url``'s credentials (``password_file`` for a mounted Secret)."""
     affinity_ttl_s: float = Field(default=3600.0, gt=0)
     """How long a session's binding lives without a request."""
+    timeout_s: float = Field(default=0.1, gt=0)
+    """Redis: how long one reply may take. A call that fails is tried once more; a
+    second failure turns the store degraded (answered locally until Redis is back)."""
+    connect_timeout_s: float = Field(default=0.25, gt=0)
+    """Redis: how long opening a connection (or waiting for a free pooled one) may take."""
+
+    def backend_options(self) -> dict[str, Any]:
+        """Options for ``open_store``: the timeouts, for Redis only."""
+        if self.url == "memory":
+            return {}
+        return {"socket_timeout": self.timeout_s, "connect_timeout": self.connect_timeout_s}
 
     @property
     def effective_url(self) -> str:
