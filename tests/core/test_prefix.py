@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kvgate.core.prefix import (
     SEGMENT_CHARS,
+    WIDE_SEED,
     FeatureConfig,
     InvalidRequestError,
     block_widths,
@@ -198,10 +199,25 @@ def test_chain_hashes_follow_the_definition() -> None:
 
 
 def test_blocks_are_characters_not_bytes() -> None:
+    """A block of other text than ASCII is hashed as UTF-16-LE, under a seed of its own."""
     text = "héllo wörld"
-    first = xxhash.xxh3_64_intdigest("héll".encode(), 0)
-    second = xxhash.xxh3_64_intdigest("o wö".encode(), first)
-    assert text_chain_hashes(text, 4, 2) == (first, second)
+    first = xxhash.xxh3_64_intdigest("héll".encode("utf-16-le"), 0 ^ WIDE_SEED)
+    second = xxhash.xxh3_64_intdigest("o wö".encode("utf-16-le"), first ^ WIDE_SEED)
+    third = xxhash.xxh3_64_intdigest(b"rld", second)
+    assert text_chain_hashes(text, 4, 3) == (first, second, third)
+
+
+def test_ascii_text_and_its_utf16_bytes_do_not_collide() -> None:
+    # "数" is U+6570: in UTF-16-LE the same two bytes as the ASCII text "pe".
+    assert "数".encode("utf-16-le") == b"pe"
+    assert text_chain_hashes("数", 4, 1) != text_chain_hashes("pe", 4, 1)
+
+
+def test_a_lone_surrogate_is_refused_as_text_is() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        text_chain_hashes("ab\ud800cd", 4, 2)
+    with pytest.raises(UnicodeEncodeError):
+        pieces_chain_hashes(["a" * 40_000, "b\ud800"], 256, 64, coarse_factor=16)
 
 
 @given(
@@ -232,7 +248,11 @@ def reference_chain(
     hashes: list[int] = []
     h, start = 0, 0
     for width in block_widths(block, fine, coarse_factor, end):
-        h = xxhash.xxh3_64_intdigest(text[start : min(start + width, end)].encode(), h)
+        chars = text[start : min(start + width, end)]
+        if chars.isascii():
+            h = xxhash.xxh3_64_intdigest(chars.encode("ascii"), h)
+        else:
+            h = xxhash.xxh3_64_intdigest(chars.encode("utf-16-le"), h ^ WIDE_SEED)
         hashes.append(h)
         start += width
     return tuple(hashes)

@@ -5,7 +5,10 @@ fixed separators; completions: the prompt) is cut into fixed-size blocks and
 hashed as a chain, as paged-attention engines do: block ``i``'s hash is xxh3-64
 of block ``i`` seeded with block ``i-1``'s hash, so it covers blocks ``0..i``.
 Two requests share a cached prefix exactly as far as their chains agree. The
-trailing partial block is hashed too, so short prompts still have a key.
+trailing partial block is hashed too, so short prompts still have a key. A block
+is hashed as its bytes: an ASCII block as they are, any other as UTF-16-LE (4 to 6
+times faster to encode than UTF-8 for Latin or CJK text) under a seed of its own
+(``WIDE_SEED``), so no block's bytes can pass for another kind's.
 
 The whole prompt is hashed, at a bounded cost: the first ``max_blocks`` blocks are
 ``block_chars`` wide (where prompts that share an opening part ways, fine grain
@@ -157,8 +160,8 @@ def pieces_chain_hashes(
 ) -> tuple[BlockHash, ...]:
     """``text_chain_hashes`` of ``"".join(pieces)``, without joining them.
 
-    Each piece is encoded (UTF-8) once if it is ASCII, and its blocks hashed as
-    views of the buffer; any other piece block by block, since blocks count
+    Each piece is encoded once if it is ASCII, and its blocks hashed as views of
+    the buffer; any other piece block by block (``block_hash``), since blocks count
     characters. A block that spans pieces is joined from its parts. So a long
     prompt passed as its own piece (``chat_canonical_pieces``) is copied once, not
     three times: prompt-sized temporaries cost more than the hashing, as the
@@ -176,7 +179,7 @@ def pieces_chain_hashes(
     digest = xxhash.xxh3_64_intdigest
     k = 0  # the next block to hash
     offset = 0  # where the piece starts in the text
-    head: list[bytes | memoryview] = []  # block k's start, from earlier pieces
+    head: list[str] = []  # block k's start, from earlier pieces
     for whole in pieces:
         # Past max_chars nothing is hashed, so nothing is encoded either.
         piece = whole if offset + len(whole) <= end else whole[: end - offset]
@@ -187,8 +190,8 @@ def pieces_chain_hashes(
         pos = 0
         if head and k < last:  # the block begun in earlier pieces ends here
             pos = chain_chars(k + 1, block_chars, max_blocks, factor) - offset
-            head.append(_part(piece, view, 0, pos))
-            h = digest(b"".join(head), h)
+            head.append(piece[:pos])
+            h = block_hash("".join(head), h)
             hashes.append(h)
             head.clear()
             k += 1
@@ -200,14 +203,14 @@ def pieces_chain_hashes(
                 pos += width
         else:
             for width in run:
-                h = digest(piece[pos : pos + width].encode(), h)
+                h = block_hash(piece[pos : pos + width], h)
                 hashes.append(h)
                 pos += width
         k = last
         if k == len(widths):
             break
         if pos < size:
-            head.append(_part(piece, view, pos, size))  # the rest starts block k
+            head.append(piece[pos:size])  # the rest starts block k
         offset = stop
     return tuple(hashes)
 
@@ -220,9 +223,18 @@ def _blocks_in(chars: int, width: int, fine_blocks: int, coarse_factor: int) -> 
     return fine_blocks + (chars - fine_end) // (width * coarse_factor)
 
 
-def _part(piece: str, view: memoryview | None, start: int, stop: int) -> bytes | memoryview:
-    """Characters ``start:stop`` of ``piece`` as UTF-8 (``view`` is its encoding if ASCII)."""
-    return piece[start:stop].encode() if view is None else view[start:stop]
+WIDE_SEED = 0x9E37_79B9_7F4A_7C15
+"""XOR-ed into the seed of a block with non-ASCII text (see the module docstring)."""
+
+
+def block_hash(block: str, seed: int) -> BlockHash:
+    """The hash of one block of the chain, seeded with the previous block's hash.
+
+    Raises ``UnicodeEncodeError`` on a lone surrogate, which is no valid text.
+    """
+    if block.isascii():
+        return xxhash.xxh3_64_intdigest(block.encode(), seed)
+    return xxhash.xxh3_64_intdigest(block.encode("utf-16-le"), seed ^ WIDE_SEED)
 
 
 def token_chain_hashes(
