@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +77,22 @@ def test_capacity_follows_the_workers_kv_capacity() -> None:
     exact = small(block_chars=256, chars_per_token=4.0, kv_overcommit=1.0)
     exact.set_kv_capacity("a", 64 * 50)
     assert exact.capacity("a") == 50
+
+
+def test_fill_is_the_kv_cache_share_not_the_overcommitted_index_share() -> None:
+    """The index keeps twice the KV capacity; its fill says when the cache itself is full."""
+    index = small(block_chars=256, chars_per_token=4.0)
+    index.set_kv_capacity("a", 64 * 50)  # 50 blocks of KV, 100 remembered
+    assert index.fill("a") == 0.0
+    for group in range(5):
+        index.insert("a", chain(group, 5))
+    assert index.fill("a") == pytest.approx(0.5)  # 25 blocks: half the cache
+    for group in range(5, 10):
+        index.insert("a", chain(group, 5))
+    assert index.fill("a") == 1.0  # 50 blocks: the cache is full
+    for group in range(10, 20):
+        index.insert("a", chain(group, 5))
+    assert index.fill("a") == 1.0  # remembered past the cache: still full, not more
 
 
 def test_coarse_blocks_weigh_what_they_cover() -> None:

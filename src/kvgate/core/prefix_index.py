@@ -112,9 +112,17 @@ class PrefixIndex:
         return self._weight.get(worker, 0)
 
     def fill(self, worker: WorkerId) -> float:
-        """How full ``worker``'s share is (0 to 1): near 1, new blocks there evict others."""
+        """How full ``worker``'s KV cache is with its recent chains (0 to 1).
+
+        The share remembers ``kv_overcommit`` times the KV capacity, so a worker
+        whose recent chains just fill its cache reads 1 (not ``1 / kv_overcommit``,
+        as the share's own fullness would): from there on every new block there
+        evicts one that a returning request asks for.
+        """
         weight = self._weight.get(worker, 0)
-        return min(1.0, weight / self.capacity(worker)) if weight else 0.0
+        if not weight:
+            return 0.0
+        return min(1.0, self.config.kv_overcommit * weight / self.capacity(worker))
 
     def depth_chars(self, depth: int) -> int:
         """Characters covered by the first ``depth`` blocks of a chain."""

@@ -74,11 +74,68 @@ def test_explicit_sessions_keep_their_stickiness(
 
 def test_new_session_goes_where_its_prefix_is_cached_and_is_bound_there() -> None:
     policy = DefaultPolicy()
-    policy.on_routed(request("w", hashes=chain(1, 8)), "c", 0.0)
+    policy.on_routed(request("w", hashes=chain(1, 8)), "c", -10.0)  # done by now
     decision = policy.pick(request(session="s", hashes=chain(1, 8)), ctx(fleet(*with_loads(c=1))))
     assert (decision.worker, decision.reason) == ("c", "prefix_match")
     assert decision.affinity is not None
     assert (decision.affinity.session_key, decision.affinity.expected) == ("s", None)
+
+
+def test_a_session_over_the_sticky_cap_stays_where_leaving_would_recompute_more() -> None:
+    """Past the cap (14 requests here) a session moves only if recomputing is quicker."""
+    policy = DefaultPolicy()
+    history = chain(1, 60)  # 60 blocks cached on a: 320 ms to recompute elsewhere
+    policy.on_routed(request("t1", session="s", hashes=history), "a", -10.0)
+    workers = with_loads(a=14, b=0, c=0)  # 28 ms of decode steps ahead at a
+    decision = policy.pick(
+        request("t2", session="s", hashes=(*history, 7)), ctx(fleet(*workers), "a")
+    )
+    assert (decision.worker, decision.reason, decision.affinity) == ("a", "affinity_hit", None)
+
+
+def open_sessions(policy: DefaultPolicy, sessions: int, turns: int, blocks: int) -> None:
+    """Sessions of ``turns`` turns, each adding ``blocks`` new blocks, long done by time 0."""
+    elsewhere = fleet(worker("d"), now=-50.0)
+    for n in range(sessions):
+        key = f"old{n}"
+        history: tuple[int, ...] = ()
+        for turn in range(turns):
+            history = (*history, *chain(500 + 10 * n + turn, blocks))
+            turn_request = request(f"{key}-{turn}", session=key, hashes=history)
+            if turn == 0:
+                policy.pick(turn_request, ctx(elsewhere, key=key))
+            policy.on_routed(turn_request, "d", -50.0)
+
+
+def test_session_life_is_what_an_explicit_session_routes_over_its_turns() -> None:
+    policy = DefaultPolicy()
+    assert policy.session_life_s() == 0.0
+    open_sessions(policy, sessions=3, turns=4, blocks=2)
+    # Each turn recomputes only its 2 new blocks (5.33 ms each): 4 turns x 10.7 ms.
+    assert policy.session_life_s() == pytest.approx(4 * 2 * 256 / CHARS_PER_S)
+
+
+def test_a_new_session_is_placed_for_its_life_not_its_first_turn() -> None:
+    """a holds the shared system prompt and a full cache; b is cold and idle.
+
+    A headerless request behind the prompt takes a (2 new blocks there, the prompt's
+    pull). A new session's first turn is the same request, but sessions here route
+    40 blocks over their lives, and all of it would evict a's other conversations:
+    it goes to b and computes the prompt there once.
+    """
+    capacity = 16 * 64  # 16 index blocks of KV
+    workers = tuple(worker(w, kv_capacity_tokens=capacity) for w in ("a", "b"))
+    policy = DefaultPolicy()
+    policy.pick(request("probe", hashes=chain(9, 1)), ctx(fleet(*workers)))  # learns capacity
+    policy.on_routed(request("prompt", hashes=chain(1, 8)), "a", -10.0)
+    policy.on_routed(request("others", hashes=chain(2, 24)), "a", -10.0)  # a's cache is full
+    open_sessions(policy, sessions=2, turns=4, blocks=10)
+    first_turn = (*chain(1, 8), *chain(3, 2))
+    headerless = policy.pick(request("q", hashes=first_turn), ctx(fleet(*workers)))
+    assert (headerless.worker, headerless.reason) == ("a", "prefix_match")
+    opening = policy.pick(request("s1", session="new", hashes=first_turn), ctx(fleet(*workers)))
+    assert (opening.worker, opening.reason) == ("b", "least_ttft")
+    assert opening.affinity is not None and opening.affinity.worker == "b"
 
 
 def test_headerless_requests_are_never_bound() -> None:

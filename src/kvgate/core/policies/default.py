@@ -6,9 +6,13 @@ Used when the config names no policy. In order:
    binding (``ctx.affinity``) names a worker that is routable, not under hard
    pressure, under the sticky threshold and holding at most ``ceil(
    sticky_load_factor × mean load) + sticky_slack`` requests stays there:
-   ``affinity_hit``. Nothing else binds: without a session id a request has no
-   key, and is followed by its own prefix chain (a conversation's later turns
-   extend it), never by a key derived from text strangers share.
+   ``affinity_hit``. Past that cap (a request count) but under the threshold,
+   the bound worker is placed against the others by the cost below (with its
+   cache of the conversation), so the session leaves only where recomputing its
+   context elsewhere is quicker than queueing at home. Nothing else binds:
+   without a session id a request has no key, and is followed by its own prefix
+   chain (a conversation's later turns extend it), never by a key derived from
+   text strangers share.
 2. Everything else is *placed* on the worker with the lowest cost, where a
    worker's cost is its expected time to first token for this request::
 
@@ -16,12 +20,14 @@ Used when the config names no policy. In order:
               / prefill_tokens_per_s + requests on it × decode_s
        cost = ttft + evict × uncached seconds × fill − pull
 
-   ``fill`` is how full the worker's cache is (its share of the prefix index,
-   sized from its KV capacity): new blocks on a full cache evict blocks that
-   later requests would have hit, so fresh content goes where there is room, and
-   a cold-start opening cannot pack every new conversation onto the two workers
-   that computed it first while the others' caches stay empty. The ``pull`` of a
-   cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
+   ``fill`` is how full the worker's KV cache is with the chains recently sent
+   there (``PrefixIndex.fill``: the index's weight for it over its KV capacity,
+   capped at 1): new blocks on a full cache evict blocks that later requests
+   would have hit, so fresh content goes where there is room, and a cold-start
+   opening cannot pack every new conversation onto the two workers that computed
+   it first while the others' caches stay empty.
+
+   The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
    ``1 / (1 + queued seconds / busy_half_s)``. The cached tokens are
    the longest match of the whole prompt's chain, from this replica's prefix
    index or the shared store's prefix state (``ctx.holders``), so a long cached
@@ -31,6 +37,19 @@ Used when the config names no policy. In order:
    grows, so a cache-rich but busy worker cannot win forever. That is herding
    prevention as its own mechanism: work leaves a warm worker when its expected
    TTFT is clearly worse than recomputing elsewhere, whatever the request counts.
+
+   A request with a session id binds its session wherever it is placed (a new
+   session, or one migrating): every later turn follows the binding, so what it
+   will put in that cache is not this turn's uncached tokens but its session's
+   whole life's. ``uncached seconds`` in the eviction term is then at least
+   ``session_life_s``: the prefill seconds an explicit session routes over its
+   life on average, measured as the seconds routed with a session id over the
+   sessions opened (both halved every ``recent_half_life_s``). And such a
+   placement has no ``pull``: its next turns will hit wherever it goes, so a
+   cache there buys only this turn's TTFT, which ``ttft`` already counts. On
+   light chat traffic behind one shared system prompt this is what keeps new
+   sessions from all joining the worker that holds the prompt until its cache
+   overflows with their growing conversations.
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
@@ -116,7 +135,8 @@ class DefaultConfig(PolicyConfig):
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
-    """Half-life of the per-worker count of recently routed requests (a tie-break)."""
+    """Half-life of the per-worker count of recently routed requests (a tie-break), and of
+    the counts that measure what a session brings over its life."""
     outstanding_horizon_s: float = Field(default=600.0, gt=0)
     """A routed request never reported back is dropped from the queue estimate after this."""
     time_scale: float = Field(default=1.0, gt=0)
@@ -171,6 +191,12 @@ class DefaultPolicy(PrefixLearning):
         self._costs: dict[WorkerId, tuple[float, float, float]] = {}
         # Requests routed and not reported back: worker, prefill seconds, when routed.
         self._flights: OrderedDict[str, tuple[WorkerId, float, Seconds]] = OrderedDict()
+        # What a session brings over its life, measured on explicit sessions (decayed
+        # together, so only their ratio matters): prefill seconds routed with a session
+        # id, and sessions placed for the first time.
+        self._session_s = 0.0
+        self._sessions = 0.0
+        self._sessions_at: Seconds = 0.0
 
     # -- learning -----------------------------------------------------------------
 
@@ -212,6 +238,8 @@ class DefaultPolicy(PrefixLearning):
         if old is not None:
             self._settle(old)
         flights[request.request_id] = (worker, seconds, now)
+        if request.session_key is not None:
+            self._count_session(now, seconds, 0.0)
         horizon = now - self._horizon_s
         while flights:
             first = next(iter(flights.values()))
@@ -221,6 +249,21 @@ class DefaultPolicy(PrefixLearning):
         super().on_routed(request, worker, now)
         book.fill = self.index.fill(worker)
         self._publish(worker, book)
+
+    def _count_session(self, now: Seconds, seconds: float, opened: float) -> None:
+        """Add prefill seconds routed with a session id and sessions opened, decayed."""
+        age = now - self._sessions_at
+        if age > 0.0:
+            decay = math.exp2(-age / self._recent_half_s)
+            self._session_s *= decay
+            self._sessions *= decay
+            self._sessions_at = now
+        self._session_s += seconds
+        self._sessions += opened
+
+    def session_life_s(self) -> float:
+        """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
+        return self._session_s / self._sessions if self._sessions >= 1e-9 else 0.0
 
     def on_usage(
         self,
@@ -274,17 +317,28 @@ class DefaultPolicy(PrefixLearning):
 
         old = ctx.affinity.worker if ctx.affinity is not None else None
         pool = cands
+        kept: WorkerState | None = None
         if old is not None:
             pool = [
                 w
                 for w in cands
                 if w.id != old and under_threshold(w, cfg.threshold_kind, cfg.threshold)
             ]
+            if why == "overloaded" and sticky_cap is not None:
+                # Over the sticky cap only (by request count): the session leaves only
+                # if recomputing its context elsewhere is quicker than queueing here.
+                kept, _ = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
+                if kept is not None:
+                    pool.append(kept)
             if not pool:
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
         worker, reason = self._place(request, pool, ctx)
+        if kept is not None and worker.id == kept.id:
+            return route(worker, "affinity_hit")
         self._remember_capacity(worker)
+        if request.session_key is not None and ctx.affinity is None:
+            self._count_session(ctx.fleet.now, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
@@ -323,7 +377,14 @@ class DefaultPolicy(PrefixLearning):
         get = matches.get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
-        evict_all = evict * fresh_all
+        # Placing a request with a session id binds the session: all its later turns
+        # come here and follow its binding wherever it goes, so a cache's pull buys
+        # nothing past this turn (the TTFT term counts it), and the content it will
+        # add here is its whole life's, not this turn's (``session_life_s``).
+        life = 0.0
+        if request.session_key is not None:
+            life, stay = self.session_life_s(), 0.0
+        evict_all = evict * (fresh_all if fresh_all >= life else life)
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -352,7 +413,7 @@ class DefaultPolicy(PrefixLearning):
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
                     fresh = fresh_all - cached * per_char
-                    cost += queued + fresh + evict * fresh * fill
+                    cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached / (1.0 + queued / half)
                 else:
                     cost += queued + fresh_all + evict_all * fill
