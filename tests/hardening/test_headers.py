@@ -6,6 +6,8 @@ import pytest
 
 from .conftest import fake_fleet, gateway_port, raw_exchange
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 BODY = b'{"model":"demo","prompt":"x"}'
 
 

@@ -11,9 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
-from kvgate.gateway.app import Gateway, make_runner
+from kvgate.gateway.app import Gateway, listen, make_runner
 from kvgate.gateway.config import GatewayConfig, parse_config
 
 
@@ -30,6 +28,11 @@ class GatewayHandle:
         return self.url + "/v1"
 
 
+SERVER: str | None = None
+"""The server every ``running_gateway`` listens with, over its config's ``listen.server``
+(``None``: the config's): test suites set it to run once on each server."""
+
+
 @contextlib.asynccontextmanager
 async def running_gateway(
     config: GatewayConfig | Mapping[str, Any], **parts: Any
@@ -42,10 +45,11 @@ async def running_gateway(
     gateway = Gateway(cfg, **parts)
     runner = make_runner(gateway)
     await runner.setup()
+    plane = None
     try:
-        site = web.TCPSite(runner, cfg.listen.host, 0)
-        await site.start()
-        port = int(runner.addresses[0][1])
+        port, plane = await listen(gateway, runner, cfg.listen.host, 0, server=SERVER)
         yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway)
     finally:
+        if plane is not None:
+            await plane.stop()
         await runner.cleanup()
