@@ -499,6 +499,7 @@ def with_overrides(
     port: int | None = None,
     store: str | None = None,
     processes: int | None = None,
+    server: str | None = None,
     json_logs: bool | None = None,
     log_level: str | None = None,
 ) -> GatewayConfig:
@@ -520,6 +521,8 @@ def with_overrides(
         listen["port"] = port
     if processes is not None:
         listen["processes"] = processes
+    if server is not None:
+        listen["server"] = server
     if store is not None:
         data["store"]["url"] = store
     try:  # already resolved: a secret holding "${" must not be expanded again

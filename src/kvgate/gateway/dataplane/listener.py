@@ -37,6 +37,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import httptools
 
@@ -171,8 +172,8 @@ class DataPlaneConnection(asyncio.Protocol):
     # -- the connection -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not ``asyncio.Transport`` subclasses; they are ones in kind.
+        self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         clients = self._plane.clients
