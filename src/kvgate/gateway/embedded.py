@@ -13,6 +13,7 @@ from typing import Any
 
 from kvgate.gateway.app import Gateway, listen, make_runner
 from kvgate.gateway.config import GatewayConfig, parse_config
+from kvgate.gateway.dataplane.listener import DataPlane
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,8 @@ class GatewayHandle:
 
     url: str
     gateway: Gateway
+    plane: DataPlane | None = None
+    """The data plane's own server, when it is the one listening (``listen.server``)."""
 
     @property
     def openai_base(self) -> str:
@@ -48,7 +51,7 @@ async def running_gateway(
     plane = None
     try:
         port, plane = await listen(gateway, runner, cfg.listen.host, 0, server=SERVER)
-        yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway)
+        yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway, plane)
     finally:
         if plane is not None:
             await plane.stop()
