@@ -139,10 +139,10 @@ class ListenConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     processes: int | None = Field(default=None, ge=1, le=256)
-    server: Literal["aiohttp", "llhttp"] = "aiohttp"
-    """What serves the generation endpoints: aiohttp's server (as every other path),
-    or the data plane's own protocol-level server on llhttp and uvloop, which hands
-    every other request's connection to aiohttp on the same port."""
+    server: Literal["llhttp", "aiohttp"] = "llhttp"
+    """What serves the generation endpoints: the data plane's own protocol-level server
+    on llhttp and uvloop (the default), which hands every other request's connection
+    to aiohttp on the same port; or aiohttp's server, as for every other path."""
 
 
 class PolicyConfig(_Model):
