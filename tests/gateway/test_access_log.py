@@ -145,18 +145,19 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
     """With the process's logging set up (``kvgate serve``), access lines skip the logging
     module: the same text, redacted, batched per event-loop turn."""
     root = logging.getLogger()
-    saved = (root.handlers[:], root.level, AccessLog.sink)
+    saved = (root.handlers[:], root.level)
     via_logging, via_sink = io.StringIO(), io.StringIO()
     secret = with_url = dataclasses.replace(RECORD, worker="http://user:pw@10.0.0.1:9000")
     try:
         monkeypatch.setattr(sys, "stderr", via_logging)
         configure_logging(json_logs)
-        sink, AccessLog.sink = AccessLog.sink, None  # the logging module's path
+        (process_handler,) = root.handlers
+        # A second handler (as a test's log capture adds): the logging module's path.
+        root.addHandler(logging.NullHandler())
         AccessLog(True, json_lines=json_logs).write(secret)
-        assert sink is not None
+        root.handlers[:] = [process_handler]
         monkeypatch.setattr(sys, "stderr", via_sink)
         configure_logging(json_logs)
-        assert AccessLog.sink is not None and AccessLog.sink is not sink
         log = AccessLog(True, json_lines=json_logs)
         log.write(with_url)
         log.write(RECORD)
@@ -164,7 +165,7 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
         await asyncio.sleep(0)
         lines = via_sink.getvalue().splitlines()
     finally:
-        root.handlers[:], level, AccessLog.sink = saved
+        root.handlers[:], level = saved
         root.setLevel(level)
     assert len(lines) == 2 and "pw" not in lines[0] and "user:pw" in with_url.worker
     expected = via_logging.getvalue().splitlines()[0]

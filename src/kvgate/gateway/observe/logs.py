@@ -10,7 +10,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, fields
-from typing import ClassVar, TextIO
+from typing import TextIO
 
 from kvgate.redaction import RedactingFilter, redact
 
@@ -89,9 +89,6 @@ class AccessLog:
     Nothing is formatted when the logger would drop the line.
     """
 
-    sink: ClassVar[_AccessSink | None] = None
-    """Where access lines go while ``configure_logging``'s set-up is the process's."""
-
     def __init__(
         self, enabled: bool, logger: logging.Logger | None = None, *, json_lines: bool = True
     ) -> None:
@@ -107,9 +104,7 @@ class AccessLog:
         """
         if not self._logger.isEnabledFor(logging.INFO):
             return
-        sink = AccessLog.sink if self._logger.name == ACCESS_LOGGER else None
-        if sink is not None and not sink.active(self._logger):
-            sink = None
+        sink = _sink_for(self._logger)
         data = {name: getattr(record, name) for name in _FIELDS}
         if sink is not None:
             # The logging filter redacts whole lines; here each text field is redacted
@@ -148,7 +143,7 @@ class _AccessSink:
     logs, or an embedding application's handlers, get records as before).
     """
 
-    def __init__(self, handler: logging.StreamHandler[TextIO], json_lines: bool) -> None:
+    def __init__(self, handler: _ProcessHandler, json_lines: bool) -> None:
         self.handler = handler
         self.json_lines = json_lines
         self._lines: list[str] = []
@@ -156,10 +151,6 @@ class _AccessSink:
         self._second = -1
         self._stamp = ""
         self._memo: dict[str, str] = {}
-
-    def active(self, logger: logging.Logger) -> bool:
-        """True while the access lines would reach only this sink's handler."""
-        return logging.root.handlers == [self.handler] and not logger.handlers
 
     def clean(self, text: str) -> str:
         """``text`` redacted, from a bounded memo."""
@@ -207,6 +198,23 @@ class _AccessSink:
             pass  # a closed or broken stderr: as logging, never fail the request for it
 
 
+class _ProcessHandler(logging.StreamHandler[TextIO]):
+    """The process log's handler (``configure_logging``), with its access-line sink."""
+
+    def __init__(self, stream: TextIO, json_lines: bool) -> None:
+        super().__init__(stream)
+        self.sink = _AccessSink(self, json_lines)
+
+
+def _sink_for(logger: logging.Logger) -> _AccessSink | None:
+    """The sink of the process log's handler, when access lines would reach only it."""
+    handlers = logging.root.handlers
+    if len(handlers) != 1 or logger.handlers or logger.name != ACCESS_LOGGER:
+        return None
+    handler = handlers[0]
+    return handler.sink if isinstance(handler, _ProcessHandler) else None
+
+
 class _JsonFormatter(logging.Formatter):
     """Formats every log record as a JSON object (access lines pass through as-is)."""
 
@@ -226,7 +234,10 @@ class _JsonFormatter(logging.Formatter):
 
 def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
     """Set up the process's root logger: JSON lines or plain text on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
+    for old in logging.getLogger().handlers:
+        if isinstance(old, _ProcessHandler):
+            old.sink.flush()
+    handler = _ProcessHandler(sys.stderr, json_logs)
     if json_logs:
         handler.setFormatter(_JsonFormatter())
     else:
@@ -234,10 +245,7 @@ def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
     handler.addFilter(RedactingFilter())  # no credential in any line, whoever logs it
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    if AccessLog.sink is not None:
-        AccessLog.sink.flush()
-    AccessLog.sink = sink = _AccessSink(handler, json_logs)
-    atexit.register(sink.flush)  # the lines of the last loop turn
+    atexit.register(handler.sink.flush)  # the lines of the last loop turn
     root.setLevel(level)
     # aiohttp's own access log would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
