@@ -71,8 +71,11 @@ _NEEDS_QUOTES = re.compile(r'[\s"=]')
 def _plain_value(value: object) -> str:
     if value is None:
         return "-"
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is bool:
         return "true" if value else "false"
+    if kind is int or kind is float:
+        return str(value)  # no quoting to look for
     text = str(value)
     if not text:
         return '""'
