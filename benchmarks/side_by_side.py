@@ -330,7 +330,7 @@ def _pair_ratios(rows: list[dict[str, Any]], levels: list[int]) -> None:
                     cpu = a["cpu_ms_per_req"] / b["cpu_ms_per_req"] if b["cpu_ms_per_req"] else 0
                     cells.append(f"{a['rps'] / b['rps']:.2f}x; {cpu:.2f}x")
                 load = f"{'stream' if stream else 'plain'} c={level}"
-                print(f"  {mine:<16}{load:<14}" + "   ".join(cells))
+                print(f"  {mine:<19}{load:<14}" + "   ".join(cells))
 
 
 def _row(

@@ -148,6 +148,10 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
     saved = (root.handlers[:], root.level)
     via_logging, via_sink = io.StringIO(), io.StringIO()
     secret = with_url = dataclasses.replace(RECORD, worker="http://user:pw@10.0.0.1:9000")
+    bare = dataclasses.replace(
+        RECORD, model="", path="", ttft=None, prompt_tokens=None, cached_tokens=None,
+        completion_tokens=None, stream=False, reason="no such thing", request_id="a=b",
+    )  # fmt: skip
     try:
         monkeypatch.setattr(sys, "stderr", via_logging)
         configure_logging(json_logs)
@@ -155,12 +159,13 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
         # A second handler (as a test's log capture adds): the logging module's path.
         root.addHandler(logging.NullHandler())
         AccessLog(True, json_lines=json_logs).write(secret)
+        AccessLog(True, json_lines=json_logs).write(bare)
         root.handlers[:] = [process_handler]
         monkeypatch.setattr(sys, "stderr", via_sink)
         configure_logging(json_logs)
         log = AccessLog(True, json_lines=json_logs)
         log.write(with_url)
-        log.write(RECORD)
+        log.write(bare)
         assert via_sink.getvalue() == ""  # held until the loop's turn ends
         await asyncio.sleep(0)
         lines = via_sink.getvalue().splitlines()
@@ -168,13 +173,14 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
         root.handlers[:], level = saved
         root.setLevel(level)
     assert len(lines) == 2 and "pw" not in lines[0] and "user:pw" in with_url.worker
-    expected = via_logging.getvalue().splitlines()[0]
-    if json_logs:
-        first = json.loads(lines[0])
-        want = json.loads(expected)
-        assert first.pop("ts") and want.pop("ts")
-        assert first == want
-    else:
-        stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
-        assert re.fullmatch(stamp + r"INFO kvgate\.access: .*", lines[0])
-        assert lines[0][24:] == expected[24:]  # everything after the time stamp
+    expected = via_logging.getvalue().splitlines()
+    assert len(expected) == 2
+    for got, want_line in zip(lines, expected, strict=True):
+        if json_logs:
+            first, want = json.loads(got), json.loads(want_line)
+            assert first.pop("ts") and want.pop("ts")
+            assert first == want
+        else:
+            stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+            assert re.fullmatch(stamp + r"INFO kvgate\.access: .*", got)
+            assert got[24:] == want_line[24:]  # everything after the time stamp

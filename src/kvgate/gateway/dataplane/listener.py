@@ -429,6 +429,9 @@ class DataPlaneConnection(asyncio.Protocol):
             return
         if not self._in_message:
             self._arm(self._limits.keepalive_s, self.close)
+        elif self._route is None:
+            # A head begun while this answer was being written: its deadline starts now.
+            self._arm(self._limits.header_timeout_s, self._head_late)
 
     def _then(self, action: Callable[[], None]) -> None:
         """Do ``action`` now, or once the requests parsed before it are answered."""

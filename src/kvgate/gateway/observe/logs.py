@@ -108,6 +108,9 @@ class AccessLog:
         if not self._logger.isEnabledFor(logging.INFO):
             return
         sink = _sink_for(self._logger)
+        if sink is not None and not self.json_lines:
+            sink.write(sink.plain_line(record))
+            return
         data = {name: getattr(record, name) for name in _FIELDS}
         if sink is not None:
             # The logging filter redacts whole lines; here each text field is redacted
@@ -130,10 +133,11 @@ class AccessLog:
         model = _plain_value(data["model"])
         head = f"{data['method']} {data['path'] or '-'} {record.status} model={model}"
         rest = " ".join(f"{k}={_plain_value(data[k])}" for k in _PLAIN_ORDER)
-        if sink is not None:
-            sink.write(f"{head} {rest}")
-        else:
-            self._logger.info("%s %s", head, rest)
+        self._logger.info("%s %s", head, rest)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 class _AccessSink:
@@ -154,6 +158,7 @@ class _AccessSink:
         self._second = -1
         self._stamp = ""
         self._memo: dict[str, str] = {}
+        self._plain: dict[str, str] = {}
 
     def clean(self, text: str) -> str:
         """``text`` redacted, from a bounded memo."""
@@ -164,6 +169,31 @@ class _AccessSink:
                 memo.clear()  # made-up model names must not grow it without bound
             found = memo[text] = redact(text)
         return found
+
+    def plain(self, text: str) -> str:
+        """``text`` redacted and as a plain line shows it (quoted when needed), memoised."""
+        memo = self._plain
+        found = memo.get(text)
+        if found is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            found = memo[text] = _plain_value(redact(text))
+        return found
+
+    def plain_line(self, r: AccessRecord) -> str:
+        """The plain line of ``r``: what ``AccessLog`` logs, built in one f-string."""
+        plain = self.plain
+        ttft = "-" if r.ttft is None else str(round(r.ttft, 6))
+        return (
+            f"{plain(r.method)} {plain(r.path) if r.path else '-'} {r.status} "
+            f"model={plain(r.model)} worker={plain(r.worker)} version={plain(r.version)} "
+            f"reason={plain(r.reason)} session={plain(r.session)} "
+            f"stream={'true' if r.stream else 'false'} "
+            f"prompt_tokens={_count(r.prompt_tokens)} cached_tokens={_count(r.cached_tokens)} "
+            f"completion_tokens={_count(r.completion_tokens)} ttft={ttft} "
+            f"duration={round(r.duration, 6)} retries={r.retries} "
+            f"request_id={_plain_value(redact(r.request_id))}"
+        )
 
     def write(self, line: str) -> None:
         """Hold one line (already redacted) for the end of this loop turn."""
