@@ -152,6 +152,9 @@ class DataPlaneConnection(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._header_bytes = 0
+        self._head_bytes = 0
+        """Bytes received for the head being read after the read it began in."""
+        self._max_head = self._limits.max_line_bytes + 4 * self._limits.max_header_bytes
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._route: tuple[str, Endpoint] | None = None
@@ -241,8 +244,15 @@ class DataPlaneConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._chunk = data
         self._fresh = not self._in_message
-        if self._in_message and self._head_raw is not None:
-            self._head_raw.append(data)
+        if self._in_message and self._route is None:
+            # More of a head: llhttp hands a header over only once it is whole, so the
+            # bytes of one still coming are bounded here (and the copy kept for aiohttp).
+            self._head_bytes += len(data)
+            if self._head_bytes > self._max_head:
+                self._refuse(HeadersTooLargeError("the request head is too large"))
+                return
+            if self._head_raw is not None:
+                self._head_raw.append(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -271,6 +281,7 @@ class DataPlaneConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._in_message = True
+        self._head_bytes = 0
         self._head_raw = [self._chunk] if self._fresh else None
         self._url = b""
         self._headers = []
