@@ -283,6 +283,17 @@ def main() -> None:
         help="kvgate beside HAProxy, sglang-router and vllm-router on mock workers, with wrk",
     )
     parser.add_argument("--processes", type=int, default=2, help="kvgate's N (--side-by-side)")
+    parser.add_argument(
+        "--servers",
+        default="llhttp,aiohttp",
+        help="kvgate's servers of the generation endpoints, each run (--side-by-side)",
+    )
+    parser.add_argument(
+        "--routers",
+        default="",
+        help="only these (--side-by-side; comma list of haproxy, kvgate, kvgate-n, "
+        "sglang-router, vllm-router; empty: all)",
+    )
     parser.add_argument("--peer-policy", default="round_robin", help="the Rust routers' policy")
     parser.add_argument("--events", type=int, default=16, help="SSE events per mock stream")
     parser.add_argument(

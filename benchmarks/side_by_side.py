@@ -109,19 +109,21 @@ class RouterSpec:
     ready_path: str = "/health"
 
 
-def kvgate_spec(policy: str, processes: int, store: str | None) -> RouterSpec:
-    """``kvgate serve`` with ``processes`` server processes (``store`` when several)."""
+def kvgate_spec(policy: str, processes: int, store: str | None, server: str) -> RouterSpec:
+    """``kvgate serve`` with ``processes`` server processes (``store`` when several) and
+    ``server`` serving the generation endpoints (``--server``)."""
 
     def command(port: int, urls: list[str], _scratch: Path) -> list[str]:
         argv = [KVGATE, "serve", "--port", str(port), "--policy", policy]
-        argv += ["--processes", str(processes)]
+        argv += ["--processes", str(processes), "--server", server]
         if store is not None:
             argv += ["--store", store]
         for url in urls:
             argv += ["--worker", url]
         return argv
 
-    return RouterSpec("kvgate" if processes == 1 else f"kvgate x{processes}", command, "/readyz")
+    name = "kvgate" if processes == 1 else f"kvgate x{processes}"
+    return RouterSpec(f"{name} {server}", command, "/readyz")
 
 
 def peer_spec(router: peer_routers.Router, policy: str, venv: Path | None) -> RouterSpec:
@@ -150,16 +152,23 @@ def _specs(opts: argparse.Namespace, redis_url: str | None) -> list[RouterSpec]:
             print(f"{name} left out: {exc}")
             return False, None
 
-    if (found := prepared("haproxy"))[0]:
+    wanted = set(opts.routers.split(",")) if opts.routers else None
+
+    def want(name: str) -> bool:
+        return wanted is None or name in wanted
+
+    if want("haproxy") and (found := prepared("haproxy"))[0]:
         specs.append(peer_spec(routers["haproxy"], opts.peer_policy, found[1]))
-    specs.append(kvgate_spec(opts.policy, 1, None))
-    if opts.processes > 1:
-        if redis_url is None:
-            print("redis-server not installed: kvgate with several processes is left out")
-        else:
-            specs.append(kvgate_spec(opts.policy, opts.processes, redis_url))
+    for server in opts.servers.split(","):
+        if want("kvgate"):
+            specs.append(kvgate_spec(opts.policy, 1, None, server))
+        if opts.processes > 1 and want("kvgate-n"):
+            if redis_url is None:
+                print("redis-server not installed: kvgate with several processes is left out")
+            else:
+                specs.append(kvgate_spec(opts.policy, opts.processes, redis_url, server))
     for name in ("sglang-router", "vllm-router"):
-        if (found := prepared(name))[0]:
+        if want(name) and (found := prepared(name))[0]:
             specs.append(peer_spec(routers[name], opts.peer_policy, found[1]))
     return specs
 
@@ -321,7 +330,7 @@ def _pair_ratios(rows: list[dict[str, Any]], levels: list[int]) -> None:
                     cpu = a["cpu_ms_per_req"] / b["cpu_ms_per_req"] if b["cpu_ms_per_req"] else 0
                     cells.append(f"{a['rps'] / b['rps']:.2f}x; {cpu:.2f}x")
                 load = f"{'stream' if stream else 'plain'} c={level}"
-                print(f"  {mine:<12}{load:<14}" + "   ".join(cells))
+                print(f"  {mine:<19}{load:<14}" + "   ".join(cells))
 
 
 def _row(

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import io
 import json
 import logging
+import re
+import sys
 
 import aiohttp
 import pytest
 
-from kvgate.gateway.observe.logs import ACCESS_LOGGER, AccessLog, AccessRecord
+from kvgate.gateway.observe.logs import ACCESS_LOGGER, AccessLog, AccessRecord, configure_logging
 from kvgate.gateway.testing import running_gateway
 from kvgate.workersim.runner import WorkerHandle
 
@@ -131,3 +136,51 @@ async def test_made_up_model_names_never_become_metric_labels(workers: list[Work
         text = gw.gateway.metrics.render().decode()
     assert "made-up" not in text
     assert 'kvgate_requests_total{code="404",model="",reason="model_not_found"' in text
+
+
+@pytest.mark.parametrize("json_logs", [False, True])
+async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
+    monkeypatch: pytest.MonkeyPatch, json_logs: bool
+) -> None:
+    """With the process's logging set up (``kvgate serve``), access lines skip the logging
+    module: the same text, redacted, batched per event-loop turn."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    via_logging, via_sink = io.StringIO(), io.StringIO()
+    secret = with_url = dataclasses.replace(RECORD, worker="http://user:pw@10.0.0.1:9000")
+    bare = dataclasses.replace(
+        RECORD, model="", path="", ttft=None, prompt_tokens=None, cached_tokens=None,
+        completion_tokens=None, stream=False, reason="no such thing", request_id="a=b",
+    )  # fmt: skip
+    try:
+        monkeypatch.setattr(sys, "stderr", via_logging)
+        configure_logging(json_logs)
+        (process_handler,) = root.handlers
+        # A second handler (as a test's log capture adds): the logging module's path.
+        root.addHandler(logging.NullHandler())
+        AccessLog(True, json_lines=json_logs).write(secret)
+        AccessLog(True, json_lines=json_logs).write(bare)
+        root.handlers[:] = [process_handler]
+        monkeypatch.setattr(sys, "stderr", via_sink)
+        configure_logging(json_logs)
+        log = AccessLog(True, json_lines=json_logs)
+        log.write(with_url)
+        log.write(bare)
+        assert via_sink.getvalue() == ""  # held until the loop's turn ends
+        await asyncio.sleep(0)
+        lines = via_sink.getvalue().splitlines()
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert len(lines) == 2 and "pw" not in lines[0] and "user:pw" in with_url.worker
+    expected = via_logging.getvalue().splitlines()
+    assert len(expected) == 2
+    for got, want_line in zip(lines, expected, strict=True):
+        if json_logs:
+            first, want = json.loads(got), json.loads(want_line)
+            assert first.pop("ts") and want.pop("ts")
+            assert first == want
+        else:
+            stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+            assert re.fullmatch(stamp + r"INFO kvgate\.access: .*", got)
+            assert got[24:] == want_line[24:]  # everything after the time stamp

@@ -46,6 +46,8 @@ from kvgate.types import Seconds, SessionKey, WorkerId
 
 from .conftest import every_worker_up, gateway_config, worker_fleet
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 MONO = 100.0
 CAPACITY = 1000
 

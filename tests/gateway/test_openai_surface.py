@@ -14,6 +14,8 @@ from kvgate.workersim.runner import WorkerHandle
 
 from .conftest import every_worker_up, gateway_config
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 
 def _client(gw: GatewayHandle) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=gw.openai_base, api_key="test", max_retries=0)

@@ -15,6 +15,8 @@ from kvgate.workersim.runner import WorkerHandle
 
 from .conftest import every_worker_up, gateway_config, set_faults, worker_fleet
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 CHAT = [{"role": "user", "content": "Tell me about paged attention and prefix caching."}]
 
 

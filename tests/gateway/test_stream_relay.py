@@ -13,10 +13,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
+
+pytestmark = pytest.mark.usefixtures("both_servers")
 
 EVENTS = 8
 STEP_S = 10.0

@@ -46,6 +46,9 @@ _COMPLETION = json.dumps(
     }
 ).encode()
 
+FLOOD_EVENTS = 1024
+"""Events of 64 KiB in one ``flood_stream`` (64 MiB: far more than the sockets buffer)."""
+
 _EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi"}]}\n\n'
 
 
@@ -75,6 +78,8 @@ class FakeWorker:
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
     streaming: int = 0
     """Slow streams being written now (one the gateway dropped ends at its next write)."""
+    flooded: int = 0
+    """Bytes of ``flood_stream`` events written so far."""
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -154,6 +159,16 @@ class FakeWorker:
                 writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             finally:
                 self.streaming -= 1
+        elif mode == "flood_stream":
+            # FLOOD_EVENTS events of 64 KiB as fast as the gateway takes them; ``flooded``
+            # counts the bytes written (the socket's drain holds them when it pushes back).
+            event = b"data: " + b"x" * (64 * 1024) + b"\n\n"
+            writer.write(_STREAM_HEAD)
+            for _ in range(FLOOD_EVENTS):
+                writer.write(_chunk(event))
+                self.flooded += len(event)
+                await writer.drain()
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         elif mode == "reset_stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_EVENT))
             await writer.drain()

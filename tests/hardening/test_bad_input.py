@@ -10,6 +10,8 @@ import pytest
 
 from .conftest import fake_fleet
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 URL = "/v1/completions"
 
 

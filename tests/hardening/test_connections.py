@@ -11,6 +11,8 @@ from kvgate.testing import wait_until
 
 from .conftest import fake_fleet, gateway_port, raw_exchange
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 SHORT = {"header_timeout_s": 0.4, "body_timeout_s": 0.6}
 POST_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 

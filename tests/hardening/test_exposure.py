@@ -10,6 +10,8 @@ from kvgate.gateway.testing import GatewayHandle
 
 from .conftest import fake_fleet
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 TOKEN = "admin-secret"
 
 

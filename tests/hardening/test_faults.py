@@ -13,6 +13,8 @@ from kvgate.testing_redis import RedisServer, find_redis_server
 
 from .conftest import fake_fleet
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 
 async def test_redis_killed_and_restarted_under_traffic_fails_no_request() -> None:
     if find_redis_server() is None:

@@ -38,6 +38,8 @@ from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim import WorkerOptions, running_worker
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 EXAMPLES = 300
 STATUSES: Counter[int] = Counter()
 """Answers seen over the fuzz, by status (to show it reached the workers too)."""

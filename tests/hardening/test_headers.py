@@ -6,6 +6,8 @@ import pytest
 
 from .conftest import fake_fleet, gateway_port, raw_exchange
 
+pytestmark = pytest.mark.usefixtures("both_servers")
+
 BODY = b'{"model":"demo","prompt":"x"}'
 
 
@@ -44,3 +46,16 @@ async def test_a_content_length_over_the_limit_is_refused_before_the_body() -> N
         answer = await raw_exchange(gateway_port(gw), req, deadline_s=5.0)
     assert answer.status == 413
     answer.error()
+
+
+async def test_a_header_value_sent_in_pieces_without_end_is_refused_431(
+    no_tracebacks: object,
+) -> None:
+    """A head whose one header never ends may not grow the gateway's buffers: it is
+    refused once it is past the parser's limits, whole or in many reads."""
+    async with fake_fleet() as (gw, _):
+        start = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Filler: "
+        pieces = [start] + [b"f" * 32768] * 32  # 1 MiB of one header value, never ended
+        answer = await raw_exchange(gateway_port(gw), pieces, gap_s=0.01)
+    assert answer.status == 431, answer
+    assert answer.error()["code"] == "headers_too_large"

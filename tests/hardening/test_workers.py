@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 
 import aiohttp
 import pytest
 
-from .conftest import fake_fleet
+from kvgate.gateway.testing import GatewayHandle
+from kvgate.testing import wait_until
+
+from .conftest import fake_fleet, gateway_port
+from .fake_worker import FLOOD_EVENTS, FakeWorker
+
+pytestmark = pytest.mark.usefixtures("both_servers")
 
 URL = "/v1/completions"
 
@@ -76,3 +84,42 @@ async def test_an_event_before_a_framing_error_reaches_the_client() -> None:
             except aiohttp.ClientPayloadError:
                 pass
     assert b'"text":"hi"' in data
+
+
+async def test_a_client_that_stops_reading_a_stream_pauses_the_worker() -> None:
+    """Backpressure end to end: the client's buffer fills, the gateway stops reading the
+    worker, the worker's writes wait; every byte still arrives once the client reads."""
+    async with fake_fleet(1) as (gw, (fake,)):
+        body = json.dumps({"model": "demo", "prompt": "mode:flood_stream", "stream": True})
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway_port(gw))
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode())
+        )
+        total = FLOOD_EVENTS * (64 * 1024 + 8)
+        # Nothing is read: the worker must come to a stop far short of the whole stream.
+        await wait_until(lambda: fake.flooded > 0, message="the flood started")
+        await wait_until(
+            lambda: _held_back(fake, gw), message="the worker held back by the gateway"
+        )
+        assert fake.flooded < total // 2
+        received = 0
+        while True:
+            data = await asyncio.wait_for(reader.read(1 << 20), 10)
+            if not data:
+                break
+            received += len(data)
+            if b"data: [DONE]" in data[-64:]:
+                break
+        writer.close()
+        assert fake.flooded == total
+        assert received > total  # every event, plus the framing
+
+
+def _held_back(fake: FakeWorker, gw: GatewayHandle) -> bool:
+    """True when the gateway paused reading the worker (its buffer of the stream is full)."""
+    (worker,) = list(gw.gateway.pool)
+    pool = worker.upstream._pool
+    return pool is not None and any(conn._paused for conn in pool._open)

@@ -37,7 +37,8 @@ from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.control.reload import Reloader
 from kvgate.gateway.dataplane import middleware
-from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner
+from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner, GuardedServer
+from kvgate.gateway.dataplane.listener import DataPlane, DataPlaneLimits
 from kvgate.gateway.dataplane.models import models_payload
 from kvgate.gateway.dataplane.passthrough import Passthrough
 from kvgate.gateway.dataplane.proxy import Proxy
@@ -319,3 +320,45 @@ def runner_options(config: GatewayConfig) -> dict[str, object]:
         "max_line_size": max(limit * 4, 65536),
         "max_headers": config.limits.max_headers * 4,
     }
+
+
+def data_plane_limits(config: GatewayConfig) -> DataPlaneLimits:
+    """The limits and deadlines of the data plane's own server (``limits:``, ``api_keys``)."""
+    limits = config.limits
+    return DataPlaneLimits(
+        max_header_bytes=limits.max_header_bytes,
+        max_headers=limits.max_headers,
+        max_line_bytes=max(limits.max_header_bytes * 4, 65536),
+        max_body_bytes=limits.max_body_bytes,
+        header_timeout_s=limits.header_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+        keepalive_s=limits.keepalive_s,
+        api_keys=tuple(key.encode() for key in config.api_keys),
+    )
+
+
+async def listen(
+    gateway: Gateway,
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    server: str | None = None,
+) -> tuple[int, DataPlane | None]:
+    """Serve clients on ``host:port`` (set up ``runner`` first); the port bound, and the
+    data plane's own server when it is the one listening (``listen.server``).
+
+    With ``llhttp`` it accepts every connection and hands those whose request is not
+    a generation to aiohttp's handler (``runner.server``): one port either way.
+    ``OSError`` when the address cannot be bound.
+    """
+    config = gateway.config
+    if (server or config.listen.server) == "aiohttp":
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+        await site.start()
+        return int(runner.addresses[-1][1]), None
+    fallback = runner.server
+    assert isinstance(fallback, GuardedServer), "set the runner up first"
+    plane = DataPlane(gateway.proxy, data_plane_limits(config), fallback.clients, fallback)
+    return await plane.start(host, port, reuse_port=reuse_port), plane

@@ -44,6 +44,13 @@ def serve(
             "with a Redis store, one with the memory store (which N > 1 refuses)."
         ),
     ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="What serves the generation endpoints: aiohttp, or llhttp (the data "
+            "plane's own protocol-level server; every other path stays on aiohttp)."
+        ),
+    ] = None,
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs/--text-logs", help="Logs as JSON lines.")
     ] = None,
@@ -61,6 +68,7 @@ def serve(
             "port": port,
             "store": store,
             "processes": processes,
+            "server": server,
             "json_logs": json_logs,
             "log_level": log_level,
         }

@@ -139,6 +139,10 @@ class ListenConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     processes: int | None = Field(default=None, ge=1, le=256)
+    server: Literal["llhttp", "aiohttp"] = "llhttp"
+    """What serves the generation endpoints: the data plane's own protocol-level server
+    on llhttp and uvloop (the default), which hands every other request's connection
+    to aiohttp on the same port; or aiohttp's server, as for every other path."""
 
 
 class PolicyConfig(_Model):
@@ -506,6 +510,7 @@ def with_overrides(
     port: int | None = None,
     store: str | None = None,
     processes: int | None = None,
+    server: str | None = None,
     json_logs: bool | None = None,
     log_level: str | None = None,
 ) -> GatewayConfig:
@@ -527,6 +532,8 @@ def with_overrides(
         listen["port"] = port
     if processes is not None:
         listen["processes"] = processes
+    if server is not None:
+        listen["server"] = server
     if store is not None:
         data["store"]["url"] = store
     try:  # already resolved: a secret holding "${" must not be expanded again

@@ -11,10 +11,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
-from kvgate.gateway.app import Gateway, make_runner
+from kvgate.gateway.app import Gateway, listen, make_runner
 from kvgate.gateway.config import GatewayConfig, parse_config
+from kvgate.gateway.dataplane.listener import DataPlane
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,11 +22,18 @@ class GatewayHandle:
 
     url: str
     gateway: Gateway
+    plane: DataPlane | None = None
+    """The data plane's own server, when it is the one listening (``listen.server``)."""
 
     @property
     def openai_base(self) -> str:
         """The ``base_url`` for an OpenAI client (``url + /v1``)."""
         return self.url + "/v1"
+
+
+SERVER: str | None = None
+"""The server every ``running_gateway`` listens with, over its config's ``listen.server``
+(``None``: the config's): test suites set it to run once on each server."""
 
 
 @contextlib.asynccontextmanager
@@ -42,10 +48,11 @@ async def running_gateway(
     gateway = Gateway(cfg, **parts)
     runner = make_runner(gateway)
     await runner.setup()
+    plane = None
     try:
-        site = web.TCPSite(runner, cfg.listen.host, 0)
-        await site.start()
-        port = int(runner.addresses[0][1])
-        yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway)
+        port, plane = await listen(gateway, runner, cfg.listen.host, 0, server=SERVER)
+        yield GatewayHandle(f"http://{cfg.listen.host}:{port}", gateway, plane)
     finally:
+        if plane is not None:
+            await plane.stop()
         await runner.cleanup()

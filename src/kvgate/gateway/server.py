@@ -42,9 +42,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from kvgate.gateway.app import Gateway, make_runner
+from kvgate.gateway.app import Gateway, listen, make_runner
 from kvgate.gateway.config import ConfigError, ConfigSource, GatewayConfig
 from kvgate.gateway.dataplane.errors import GatewayError
+from kvgate.gateway.dataplane.listener import DataPlane
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.logs import configure_logging
 
@@ -115,20 +116,15 @@ async def serve(
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(HANGUP, on_hup)
     drained = False
+    plane: DataPlane | None = None
     try:
-        site = web.TCPSite(
-            runner,
-            config.listen.host,
-            config.listen.port,
-            reuse_port=reuse_port or None,
-            backlog=1024,
-        )
         try:
-            await site.start()
+            port, plane = await listen(
+                gateway, runner, config.listen.host, config.listen.port, reuse_port=reuse_port
+            )
         except OSError as exc:
             where = f"{config.listen.host}:{config.listen.port}"
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
-        port = int(runner.addresses[0][1])
         if peers is not None:
 
             async def own_metrics(request: web.Request) -> web.Response:
@@ -149,9 +145,13 @@ async def serve(
         drained = await gateway.drain(config.drain_timeout_s)
         if not drained:
             _cut_connections(runner)
+            if plane is not None:
+                plane.cut()
     finally:
         if peers is not None:
             await peers.stop()
+        if plane is not None:
+            await plane.stop()
         await runner.cleanup()
     log.info("stopped" if drained else "stopped at the drain deadline, requests cut short")
     return drained

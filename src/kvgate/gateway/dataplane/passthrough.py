@@ -29,6 +29,7 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.session import normalize_key, session_key_from
 from kvgate.gateway.dataplane.errors import InvalidRequestError
+from kvgate.gateway.dataplane.exchange import AiohttpExchange
 from kvgate.gateway.dataplane.models import check_model
 from kvgate.gateway.dataplane.proxy import Forward, Proxy
 from kvgate.gateway.observe.pool import WorkerPool
@@ -106,10 +107,12 @@ class Passthrough:
     async def _forward(
         self, request: web.Request, path: str, *, responses: bool = False
     ) -> web.StreamResponse:
-        def describe(body: bytes, req: web.Request, request_id: str) -> Forward:
-            return self.describe(body, req, request_id, responses=responses)
+        def describe(body: bytes, request_id: str) -> Forward:
+            return self.describe(body, request, request_id, responses=responses)
 
-        return await self.proxy.handle(request, path, "completions", describe=describe)
+        exchange = AiohttpExchange(request)
+        await self.proxy.handle(exchange, path, "completions", describe=describe)
+        return exchange.result()
 
     def describe(
         self, body: bytes, request: web.Request, request_id: str, *, responses: bool = False

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
@@ -36,7 +34,6 @@ from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
-    BodyTooLargeError,
     DrainingError,
     GatewayError,
     GatewayTimeoutError,
@@ -46,7 +43,7 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from kvgate.gateway.dataplane.middleware import REQUEST_ID_KEY
+from kvgate.gateway.dataplane.exchange import AiohttpExchange, Exchange
 from kvgate.gateway.dataplane.models import unknown_model_error
 from kvgate.gateway.dataplane.relay import (
     HOP_BY_HOP,
@@ -73,12 +70,6 @@ _NOT_FORWARDED = HOP_BY_HOP | {"content-encoding"}
 deflate), so the bytes forwarded are not in the encoding the client named."""
 
 
-def _reason(exc: BaseException) -> str:
-    """The first line of an exception's text, bounded (parser messages quote input)."""
-    text = str(getattr(exc, "message", "") or exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
-
-
 @dataclass(frozen=True, slots=True)
 class Forward:
     """How to forward a request that is not a generation: its features and body."""
@@ -90,8 +81,8 @@ class Forward:
     """Tag under which the answer's id is bound to its worker (``None``: not bound)."""
 
 
-Describe = Callable[[bytes, web.Request, str], Forward]
-"""Builds a ``Forward`` from the body, the request and its id (raises ``GatewayError``)."""
+Describe = Callable[[bytes, str], Forward]
+"""Builds a ``Forward`` from the body and the request's id (raises ``GatewayError``)."""
 
 
 class _RequestIds:
@@ -170,21 +161,25 @@ class Proxy:
         self._new_id = _RequestIds()
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions``."""
-        return await self.handle(request, "/v1/chat/completions", "chat")
+        """``POST /v1/chat/completions`` on aiohttp's server."""
+        exchange = AiohttpExchange(request)
+        await self.handle(exchange, "/v1/chat/completions", "chat")
+        return exchange.result()
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/completions``."""
-        return await self.handle(request, "/v1/completions", "completions")
+        """``POST /v1/completions`` on aiohttp's server."""
+        exchange = AiohttpExchange(request)
+        await self.handle(exchange, "/v1/completions", "completions")
+        return exchange.result()
 
     async def handle(
         self,
-        request: web.Request,
+        request: Exchange,
         path: str,
         endpoint: Endpoint,
         *,
         describe: Describe | None = None,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Parse, route, forward (with retries) and answer one request.
 
         ``describe`` builds the features of a request that is not a generation
@@ -192,7 +187,7 @@ class Proxy:
         """
         started = time.monotonic()
         request_id = request.headers.get(REQUEST_ID) or self._new_id()
-        request[REQUEST_ID_KEY] = request_id
+        request.set_request_id(request_id)
         if self.draining():
             raise DrainingError("the gateway is shutting down")
         self.in_flight += 1
@@ -200,16 +195,17 @@ class Proxy:
         outcome = Outcome()
         features: RequestFeatures | None = None
         try:
-            body = await self._read_body(request)
+            body = await request.read()
             if describe is not None:
-                forward = describe(body, request, request_id)
+                forward = describe(body, request_id)
                 features, body = forward.features, forward.body
                 outcome.method = forward.method
                 outcome.answer_key = forward.answer_key
                 outcome.body = body
-                return await self._forward(
+                await self._forward(
                     request, path, body=body, features=features, started=started, outcome=outcome
                 )
+                return
             features, payload, body = self._features(body, request, request_id, endpoint)
             if not self.pool.serves(features.model):
                 # The access log says what was asked; metric labels never carry a
@@ -223,7 +219,7 @@ class Proxy:
                 body = with_stream_usage(body, payload)
                 outcome.strip_usage = True
             outcome.body = body
-            return await self._forward(
+            await self._forward(
                 request, path, body=body, features=features, started=started, outcome=outcome
             )
         except GatewayError as exc:
@@ -243,19 +239,8 @@ class Proxy:
                 self.idle.set()
             self.relay.record(features, outcome, started, request_id, path)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise BodyTooLargeError(
-                f"request body is larger than the limit of {request.app._client_max_size} bytes"
-            ) from exc
-        except (HttpProcessingError, RequestPayloadError) as exc:
-            # Bad chunked framing, a body that is not what its Content-Encoding says...
-            raise InvalidRequestError(f"the request body cannot be read: {_reason(exc)}") from None
-
     def _features(
-        self, body: bytes, request: web.Request, request_id: str, endpoint: Endpoint
+        self, body: bytes, request: Exchange, request_id: str, endpoint: Endpoint
     ) -> tuple[RequestFeatures, dict[str, Any], bytes]:
         """The request's features, decoded body and the body to forward (an alias
         resolved to its model); 400/404 errors on a bad one."""
@@ -287,14 +272,14 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: Exchange,
         path: str,
         *,
         body: bytes,
         features: RequestFeatures,
         started: float,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> None:
         affinity = await self.router.lookup(features)
         budget = self.budget
         budget.requests += 1
@@ -372,7 +357,7 @@ class Proxy:
                     self._charge(unsettled, features)
                     if upstream.status < 500:
                         self.passive.success(worker)
-                    return await self.relay.respond(
+                    await self.relay.respond(
                         request,
                         features=features,
                         placement=placement,
@@ -380,6 +365,7 @@ class Proxy:
                         started=started,
                         outcome=outcome,
                     )
+                    return
         finally:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
@@ -457,7 +443,7 @@ class Proxy:
         )
 
     def _upstream_headers(
-        self, request: web.Request, worker: Worker, request_id: str
+        self, request: Exchange, worker: Worker, request_id: str
     ) -> dict[str, str]:
         headers: dict[str, str] = {}
         connection = request.headers.get("Connection")

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import xxhash
-from aiohttp import web
-from multidict import CIMultiDict
 
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.errors import BadGatewayError, UpstreamBroken, UpstreamError
+from kvgate.gateway.dataplane.exchange import Exchange
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import StreamTap, Usage, UsageStripper, usage_from_body
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
@@ -109,16 +108,6 @@ class Outcome:
     """The model a refused request named when no worker serves it (access log only)."""
 
 
-class _StreamResponse(web.StreamResponse):
-    """A stream whose head goes out with its first chunk (one write, not two).
-
-    ``Relay._stream`` writes the head alone at once when no chunk is waiting, so a
-    client still sees the head as soon as the worker's arrived.
-    """
-
-    _send_headers_immediately = False
-
-
 class Relay:
     """Answers the client from a worker's response, and records each request's outcome."""
 
@@ -158,44 +147,43 @@ class Relay:
 
     def _headers(
         self, upstream: UpstreamResponse, placement: Placement, request_id: str
-    ) -> CIMultiDict[str]:
-        headers: CIMultiDict[str] = CIMultiDict()
-        for name, value in upstream.headers.items():
-            if name.lower() not in HOP_BY_HOP:
-                headers.add(name, value)
-        headers[REQUEST_ID] = request_id
+    ) -> list[tuple[str, str]]:
+        headers = [
+            (name, value)
+            for name, value in upstream.headers.items()
+            if name.lower() not in HOP_BY_HOP
+        ]
+        headers.append((REQUEST_ID, request_id))
         if self.response_headers:
-            headers[WORKER_HEADER] = self._worker_name(placement.worker)
-            headers[VERSION_HEADER] = placement.version
-            headers[REASON_HEADER] = placement.reason
+            headers.append((WORKER_HEADER, self._worker_name(placement.worker)))
+            headers.append((VERSION_HEADER, placement.version))
+            headers.append((REASON_HEADER, placement.reason))
         return headers
 
     async def respond(
         self,
-        request: web.Request,
+        request: Exchange,
         *,
         features: RequestFeatures,
         placement: Placement,
         upstream: UpstreamResponse,
         started: float,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> None:
         worker = placement.worker
         headers = self._headers(upstream, placement, features.request_id)
         done = False
         try:
             if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                response, done = await self._stream(request, upstream, headers, started, outcome)
+                done = await self._stream(request, upstream, headers, started, outcome)
             else:
                 data = await upstream.read()
                 if upstream.status < 300 and not _looks_like_json_object(data):
                     # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
                     raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
                 outcome.ttft = time.monotonic() - started
-                response = web.Response(body=data, status=upstream.status, headers=headers)
                 outcome.status = upstream.status
-                await response.prepare(request)
-                await response.write_eof()
+                await request.send(upstream.status, headers, data)
                 outcome.usage = usage_from_body(data)
                 done = True
                 if outcome.answer_key is not None:
@@ -213,7 +201,7 @@ class Relay:
             ) from None
         except ConnectionResetError:
             self._client_gone(features.model, outcome)
-            return web.Response(status=499)
+            return
         finally:
             if not done:
                 upstream.close()
@@ -226,22 +214,20 @@ class Relay:
                 usage.prompt if usage is not None else None,
                 usage.cached if usage is not None else None,
             )
-        return response
 
     async def _stream(
         self,
-        request: web.Request,
+        request: Exchange,
         upstream: UpstreamResponse,
-        headers: CIMultiDict[str],
+        headers: list[tuple[str, str]],
         started: float,
         outcome: Outcome,
-    ) -> tuple[web.StreamResponse, bool]:
+    ) -> bool:
         """Pass an SSE stream through; True when it ran to its end."""
-        response = _StreamResponse(status=upstream.status, headers=headers)
         outcome.status = upstream.status
-        await response.prepare(request)
-        if not upstream.ready:
-            await response.write(b"")  # no first chunk to carry the head yet: send it alone
+        # The head goes out with the first chunk when one is waiting (one write); else
+        # alone at once, so a client sees the head as soon as the worker's arrived.
+        await request.start_stream(upstream.status, headers, now=not upstream.ready)
         tap = StreamTap()
         stripper = UsageStripper() if outcome.strip_usage else None
         try:
@@ -254,11 +240,11 @@ class Relay:
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
-                await response.write(data)
+                await request.write(data)
                 tap.feed(data)
             if stripper is not None and (rest := stripper.flush()):
-                await response.write(rest)
-            await response.write_eof()
+                await request.write(rest)
+            await request.end()
         except UpstreamError as exc:
             # Bytes already went to the client: no retry. End the stream with an
             # OpenAI-style error event (what clients raise on), then close.
@@ -275,20 +261,19 @@ class Relay:
                 + b"\n\n"
             )
             try:
-                await response.write(event)
-                await response.write_eof()
+                await request.write(event)
+                await request.end()
             except (ConnectionResetError, RuntimeError):
                 pass
-            if request.transport is not None:
-                request.transport.close()
-            return response, False
+            request.abort()
+            return False
         except ConnectionResetError:
             # The client went away mid-stream; dropping the upstream tells the worker.
             assert outcome.placement is not None
             self._client_gone(outcome.placement.worker.model or "", outcome)
-            return response, False
+            return False
         outcome.usage = stripper.usage if stripper is not None else tap.usage()
-        return response, True
+        return True
 
     async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
         """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
