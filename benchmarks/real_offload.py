@@ -20,10 +20,14 @@ same sessions with slot offload off (llama.cpp reuses slots itself and
 recomputes) and on. TTFT p50/p99, cached-token ratio, failed requests.
 
 Part 3, **the model's prediction**: ``engine.slots`` (llama.cpp's per-slot cache
-as the engine model sees it) calibrated from this run's cold turns (prefill time
-against tokens) and the workers' own save/restore times, replays both parts in
-virtual time with the gateway's own ``core.slotmap`` decisions; its TTFT is
-compared with the measured one.
+as the engine model sees it) calibrated on part 1 by ``fit_prefill`` (cold and
+warm turns; each size predicted from a fit that holds that size out) and the
+gateway's measured save/restore means, predicts part 1's returning turns and
+replays part 2 in virtual time with the gateway's placements; the fleet's share
+of the host's CPU is fitted on a separate calibration wave (4 cold first turns
+of other sessions at once), so neither fleet run is fitted. Its TTFT is
+compared with the measured one, beside the old calibration (cold turns only,
+one coefficient for every attention pair).
 
 TTFT here is the wall time of a 1-token answer through the gateway (the
 gateway's save/restore calls included). ``prompt_ms`` is llama.cpp's own prompt
@@ -555,15 +559,16 @@ def tables(results: dict[str, Any]) -> list[Table]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Both parts on fresh workers, then the model's prediction."""
+    """Both parts on fresh workers (the model's prediction comes after)."""
     root = Path(tempfile.mkdtemp(prefix="kvgate-real-offload-"))
     skip = ("json", "predict_from")
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in skip}}
     results["returning"] = await returning(args, root)
     results["returning_summary"] = part1_summary(results["returning"]["turns"], args.sizes)
     if args.sessions > 0:
-        results["fleet"] = await fleet_run(args, root)
-    results["prediction"] = prediction(results, args)
+        fleet = await fleet_run(args, root)
+        results["calibration"] = fleet.pop("calibration")
+        results["fleet"] = fleet
     return results
 
 
@@ -591,6 +596,9 @@ def main() -> None:
         results["prediction"] = prediction(results, args)
     else:
         results = asyncio.run(run(args))
+        if args.json is not None:  # the measurements first, whatever part 3 does
+            args.json.write_text(json.dumps(results, indent=2))
+        results["prediction"] = prediction(results, args)
     console = Console(width=160)
     for t in tables(results):
         console.print(t)

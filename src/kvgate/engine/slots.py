@@ -11,10 +11,23 @@ share a cache that llama.cpp keeps per slot.
 Here a prompt is a session and a length (a session's later turn extends its
 earlier one, so two prompts of one session share the shorter's length and two of
 different sessions share nothing). Costs come from the real engine
-(``SlotCosts``): prefill time is linear in the tokens computed, save and restore
-are linear in the tokens moved. ``SlotFleet`` replays a sequence of turns in
-virtual time, with or without the gateway's offload, one request at a time per
-worker (one CPU thread). Pure: no clocks, no I/O.
+(``SlotCosts``, fitted by ``fit_prefill`` on measured turns):
+
+- prefill: a fixed part, a part per new token, a part per causal pair among the
+  new tokens, and a part per (new token x cached token it attends to) pair. The
+  last is what a short turn after a long cached context pays (llama.cpp reads
+  the whole cached KV for every new token, several times a cold prompt's cost
+  per pair); a calibration on cold prompts alone cannot see it, so the fit
+  takes warm turns too. Which cached tokens a new token attends to follows the
+  model (``Attention``: Gemma 3 attends within a 512-token window in 5 of 6
+  layers);
+- save and restore: the gateway's measured mean per action (``SlotCosts``), or
+  per token (``SlotIo``, what the emulated worker answers with).
+
+``replay_fleet`` replays a sequence of turns in virtual time, with or without
+the gateway's offload: a worker's busy slots share its one CPU thread, and the
+workers may share fewer cores than there are workers (``host_cores``). Pure:
+no clocks, no I/O.
 """
 
 from __future__ import annotations
