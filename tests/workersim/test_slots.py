@@ -84,6 +84,10 @@ async def test_bad_slot_calls_are_openai_shaped_errors(llama: WorkerHandle) -> N
     for name in ("../x.bin", "", " x.bin", "a/b"):
         status, body = await _action(llama, 0, "save", filename=name)
         assert status == 400 and "filename" in body["error"]["message"].lower(), name
+    for raw in (b"not json", b"[1]", b'{"filename": 3}', b""):
+        status, body = await post(f"{llama.url}/slots/0?action=save", None, raw=raw)
+        assert status == 400, raw
+        assert_openai_error(body, "invalid_request_error")
     status, body = await _action(llama, 0, "reboot")
     assert status == 400
     status, body = await _action(llama, 9, "erase")
