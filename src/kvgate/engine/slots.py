@@ -22,7 +22,7 @@ different sessions share nothing). Costs come from the real engine
   model (``Attention``: Gemma 3 attends within a 512-token window in 5 of 6
   layers);
 - save and restore: the gateway's measured mean per action (``SlotCosts``), or
-  per token (``SlotIo``, what the emulated worker answers with).
+  per token (``engine.slotio.SlotIo``, what the emulated worker answers with).
 
 ``replay_fleet`` replays a sequence of turns in virtual time, with or without
 the gateway's offload: a worker's busy slots share its one CPU thread, and the
@@ -117,27 +117,6 @@ class SlotCosts:
     """Seconds per save (the real engine: ~40 ms for 2,300 tokens, ~13 KB per token)."""
     restore_s: float
     """Seconds per restore."""
-
-
-@dataclass(frozen=True, slots=True)
-class SlotIo:
-    """Seconds per token to save a slot's KV to a file and to restore it.
-
-    The defaults are what llama.cpp measured on a CPU (Gemma 3 270M, a 2,317-token
-    slot of 30.8 MB saved in 41 ms and restored in 16 ms); the emulated worker
-    answers its slot actions at these costs.
-    """
-
-    save_s_per_token: float = 0.041 / 2_317
-    restore_s_per_token: float = 0.016 / 2_317
-
-    def save_seconds(self, tokens: int) -> float:
-        """Seconds to save ``tokens`` tokens of KV."""
-        return self.save_s_per_token * max(0, tokens)
-
-    def restore_seconds(self, tokens: int) -> float:
-        """Seconds to restore ``tokens`` tokens of KV."""
-        return self.restore_s_per_token * max(0, tokens)
 
 
 def fit_prefill(

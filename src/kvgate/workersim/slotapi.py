@@ -11,7 +11,7 @@
   with its slots endpoint disabled.
 
 An action on a busy slot waits for it, as llama.cpp defers it. Save and restore
-answer after their modelled time (``engine.slots.SlotIo`` per token, at the
+answer after their modelled time (``engine.slotio.SlotIo`` per token, at the
 worker's time scale). Unlike llama.cpp, a slot id past the last slot is refused
 (400) rather than quietly acting on another slot. Requests name their slot with
 ``id_slot`` (absent or -1: the worker picks, see ``SlotTable.pick``).
@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.engine.slots import SlotIo
+from kvgate.engine.slotio import SlotIo
 from kvgate.workersim.protocol import ApiError
 from kvgate.workersim.slottable import SlotFileError, SlotTable
 from kvgate.workersim.worker import WORKER_KEY, Worker

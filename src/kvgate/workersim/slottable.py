@@ -12,7 +12,7 @@ Saving a slot writes its cached chain (the unsalted block hashes, so any slot of
 any worker reading the same folder can load it) to a small JSON file; restoring
 loads a file's chain into a slot as cached blocks (``Engine.adopt``). What the
 answers report (tokens, bytes, milliseconds) is the modelled KV, not the file:
-bytes from the profile's KV bytes per token, time from ``engine.slots.SlotIo``.
+bytes from the profile's KV bytes per token, time from ``engine.slotio.SlotIo``.
 """
 
 from __future__ import annotations
