@@ -20,10 +20,14 @@ same sessions with slot offload off (llama.cpp reuses slots itself and
 recomputes) and on. TTFT p50/p99, cached-token ratio, failed requests.
 
 Part 3, **the model's prediction**: ``engine.slots`` (llama.cpp's per-slot cache
-as the engine model sees it) calibrated from this run's cold turns (prefill time
-against tokens) and the workers' own save/restore times, replays both parts in
-virtual time with the gateway's own ``core.slotmap`` decisions; its TTFT is
-compared with the measured one.
+as the engine model sees it) calibrated on part 1 by ``fit_prefill`` (cold and
+warm turns; each size predicted from a fit that holds that size out) and the
+gateway's measured save/restore means, predicts part 1's returning turns and
+replays part 2 in virtual time with the gateway's placements; the fleet's share
+of the host's CPU is fitted on a separate calibration wave (4 cold first turns
+of other sessions at once), so neither fleet run is fitted. Its TTFT is
+compared with the measured one, beside the old calibration (cold turns only,
+one coefficient for every attention pair).
 
 TTFT here is the wall time of a 1-token answer through the gateway (the
 gateway's save/restore calls included). ``prompt_ms`` is llama.cpp's own prompt
@@ -47,17 +51,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from rich.console import Console
 from rich.table import Table
 
-from kvgate.engine.slots import SlotCosts, fit_prefill, predict_returning, replay_fleet
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.realengine import DEFAULT_MODEL_NAME, LlamaCppFleet, running_llamacpp_fleet
 from kvgate.realengine.process import small_options
 from kvgate.testing import wait_until
+from real_offload_model import percentile, prediction
 
 WORDS = (
     "river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "violet",
@@ -211,6 +214,8 @@ async def fleet_run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng.shuffle(later)
     order = first + later
     async with running_llamacpp_fleet(2, options, workdir=root / "p2", slot_dir=slot_dir) as fleet:
+        results["calibration"] = await calibration_wave(fleet, slot_dir, args)
+        print("  part 2: calibration wave done", flush=True)
         for mode in ("off", "on"):
             await fleet.reset()
             async with running_gateway(_config(fleet, slot_dir, offload=mode == "on")) as gw:
@@ -225,6 +230,27 @@ async def fleet_run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             results[mode]["order"] = order
             print(f"  part 2: offload {mode} done", flush=True)
     return results
+
+
+async def calibration_wave(
+    fleet: LlamaCppFleet, slot_dir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Cold first turns of sessions not in the runs, ``--concurrency`` at once, offload off.
+
+    How fast the fleet computes with all its workers busy at once on this
+    machine (part 1 ran one worker): part 3 fits the host's share of CPU on it,
+    so neither fleet run is fitted.
+    """
+    await fleet.reset()
+    async with running_gateway(_config(fleet, slot_dir, offload=False)) as gw:
+        await wait_until(gw.gateway.ready, timeout=60, message="gateway ready")
+        async with AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0) as client:
+            talks = [
+                Conversation(client, f"cal{i}", filler(20_000 + i, args.fleet_words))
+                for i in range(args.concurrency)
+            ]
+            turns = await asyncio.gather(*(t.turn("calibration", args.fleet_words) for t in talks))
+    return {"turns": [asdict(t) for t in turns]}
 
 
 async def fleet_turns(
@@ -251,10 +277,6 @@ async def fleet_turns(
     return turns
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def summarize(turns: list[Turn], wall: float) -> dict[str, Any]:
     """TTFT p50/p99, cached ratio, failures of one fleet run."""
     ok = [t for t in turns if t.ok]
@@ -263,8 +285,8 @@ def summarize(turns: list[Turn], wall: float) -> dict[str, Any]:
     return {
         "requests": len(turns),
         "failed": len(turns) - len(ok),
-        "ttft_p50": _pct(ttfts, 50),
-        "ttft_p99": _pct(ttfts, 99),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p99": percentile(ttfts, 99),
         "cached_ratio": sum(t.cached_tokens for t in ok) / prompt if prompt else 0.0,
         "tiers": {tier: sum(1 for t in ok if t.tier == tier) for tier in {t.tier for t in ok}},
         "wall_s": wall,
@@ -305,61 +327,6 @@ def part1_summary(turns: list[dict[str, Any]], sizes: Sequence[int]) -> list[dic
             }
         )
     return rows
-
-
-def prediction(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Part 3: calibrate ``engine.slots`` on the cold turns, predict the rest, compare."""
-    p1 = results["returning"]["turns"]
-    # Calibration: cold prefills only, large (the sessions' first turns) and small (the
-    # other sessions' 16-word turns). Every predicted turn is a different request.
-    cold = [t for t in p1 if t["case"] in ("cold", "other") and t["ok"]]
-    costs = SlotCosts(
-        prefill=fit_prefill([(t["prompt_tokens"], t["ttft_s"]) for t in cold]),
-        save_s=results["returning"]["gateway_save_s_mean"],
-        restore_s=results["returning"]["gateway_restore_s_mean"],
-    )
-    out: dict[str, Any] = {"costs": asdict(costs), "returning": [], "fleet": {}}
-    for size in args.sizes:
-        for case in ("restore", "slot", "recompute"):
-            real = [t for t in p1 if t["size"] == size and t["case"] == case and t["ok"]]
-            if not real:
-                continue
-            predicted = statistics.median(
-                predict_returning(
-                    costs,
-                    t["prompt_tokens"],
-                    t["cached_tokens"],
-                    restored=case == "restore",
-                    saved=case != "slot",
-                )
-                for t in real
-            )
-            measured = statistics.median(t["ttft_s"] for t in real)
-            out["returning"].append(
-                {"size": size, "case": case, "real": measured, "model": predicted,
-                 "error": predicted / measured - 1}
-            )  # fmt: skip
-    for mode, run in results.get("fleet", {}).items():
-        done = [t for t in run["turns"] if t["ok"]]
-        urls = sorted({t["worker"] for t in done})
-        sim = replay_fleet(
-            costs,
-            [(t["session"], t["prompt_tokens"], urls.index(t["worker"])) for t in done],
-            workers=len(urls),
-            slots=2,
-            concurrency=args.concurrency,
-            offload=mode == "on",
-        )
-        model_ttfts = [t.ttft_s for t in sim]
-        out["fleet"][mode] = {
-            "real_p50": run["ttft_p50"],
-            "model_p50": _pct(model_ttfts, 50),
-            "real_mean": statistics.fmean(t["ttft_s"] for t in done),
-            "model_mean": statistics.fmean(model_ttfts),
-            "real_cached": run["cached_ratio"],
-            "model_cached": sum(t.cached_tokens for t in sim) / sum(t.prompt_tokens for t in sim),
-        }
-    return out
 
 
 def _s(value: float | None) -> str:
@@ -403,31 +370,38 @@ def tables(results: dict[str, Any]) -> list[Table]:
         out.append(t2)
     p = results.get("prediction")
     if p:
-        t3 = Table(title="engine.slots model vs real TTFT", title_justify="left")
-        for c in ("case", "real", "model", "error"):
+        t3 = Table(
+            title="engine.slots model vs real TTFT (model: held-out fit on cold + warm turns; "
+            "cold-only: the old calibration)",
+            title_justify="left",
+        )
+        for c in ("case", "real", "model", "error", "cold-only model", "cold-only error"):
             t3.add_column(c, justify="right")
         for r in p["returning"]:
             t3.add_row(f"{r['size']} words {r['case']}", _s(r["real"]), _s(r["model"]),
-                       f"{r['error']:+.0%}")  # fmt: skip
+                       f"{r['error']:+.0%}", _s(r["cold_model"]),
+                       f"{r['cold_error']:+.0%}")  # fmt: skip
         for mode, f in p["fleet"].items():
             for stat in ("p50", "mean"):
-                real, model = f[f"real_{stat}"], f[f"model_{stat}"]
+                real, model, cold = f[f"real_{stat}"], f[f"model_{stat}"], f[f"cold_model_{stat}"]
                 t3.add_row(f"fleet offload {mode} {stat}", _s(real), _s(model),
-                           f"{model / real - 1:+.0%}")  # fmt: skip
+                           f"{model / real - 1:+.0%}", _s(cold),
+                           f"{cold / real - 1:+.0%}")  # fmt: skip
         out.append(t3)
     return out
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Both parts on fresh workers, then the model's prediction."""
+    """Both parts on fresh workers (the model's prediction comes after)."""
     root = Path(tempfile.mkdtemp(prefix="kvgate-real-offload-"))
     skip = ("json", "predict_from")
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in skip}}
     results["returning"] = await returning(args, root)
     results["returning_summary"] = part1_summary(results["returning"]["turns"], args.sizes)
     if args.sessions > 0:
-        results["fleet"] = await fleet_run(args, root)
-    results["prediction"] = prediction(results, args)
+        fleet = await fleet_run(args, root)
+        results["calibration"] = fleet.pop("calibration")
+        results["fleet"] = fleet
     return results
 
 
@@ -455,6 +429,9 @@ def main() -> None:
         results["prediction"] = prediction(results, args)
     else:
         results = asyncio.run(run(args))
+        if args.json is not None:  # the measurements first, whatever part 3 does
+            args.json.write_text(json.dumps(results, indent=2))
+        results["prediction"] = prediction(results, args)
     console = Console(width=160)
     for t in tables(results):
         console.print(t)

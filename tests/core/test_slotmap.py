@@ -162,3 +162,29 @@ def test_invariants_hold_on_any_sequence(steps: list[tuple[str, str | None]]) ->
         assert len(cells) == len(set(cells)) and len(cells) <= 3
         assert m.saved_bytes == sum(s.bytes for s in m._saved.values()) <= 10_000
         assert not set(cells) & set(m._free_cells)
+
+
+def test_a_session_being_saved_waits_for_the_save_then_restores() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    _served(m, W1, "a", 1)
+    _served(m, W1, "b", 2)
+    taking = m.acquire(W1, "c", 3)  # c takes a's slot: a's KV is being saved
+    assert taking is not None and taking.evict == "a" and taking.evict_cell is not None
+    # a comes back before the save is done: neither in a slot nor on disk yet. Without
+    # the wait it would be recomputed though its KV is a moment from being on disk.
+    assert m.acquire(W1, "a", 4) is None
+    m.saved("a", taking.evict_cell, 1000, 10, 4)
+    back = m.acquire(W1, "a", 5)
+    assert back is not None and back.tier is KvTier.DISK
+    # A failed save ends the wait too, with a recompute.
+    m.release_cell(back.restore.cell if back.restore else -1)
+    m.release(back, 6, served=True)
+    m.release(taking, 6, served=True)
+    again = m.acquire(W1, "d", 7)
+    assert again is not None and again.evict is not None and again.evict_cell is not None
+    lost = again.evict
+    assert m.acquire(W1, lost, 8) is None
+    m.release_cell(again.evict_cell)
+    after = m.acquire(W1, lost, 9)
+    assert after is not None and after.tier is KvTier.RECOMPUTE

@@ -217,3 +217,17 @@ def test_gpu_utilisation_is_reported_while_a_step_runs() -> None:
     duration = engine.step(0.0).duration
     assert 0.0 < engine.stats(duration / 2).gpu_utilisation <= 1.0
     assert engine.stats(duration * 2).gpu_utilisation == 0.0
+
+
+def test_adopted_blocks_are_hit_and_forgotten_ones_are_not() -> None:
+    # llama.cpp's slot restore and overwrite, as the emulated worker uses them.
+    engine = Engine(EngineConfig(profile="fast", num_gpu_blocks=8, block_size=BS))
+    chain = prompt_hashes(5, 64, 0, 64, BS)
+    assert engine.cached_prefix_tokens(chain, 80) == 0
+    assert engine.adopt(chain) == 4
+    assert engine.cached_prefix_tokens(chain, 80) == 64
+    assert engine.stats(0.0).gpu_blocks_in_use == 0  # cached, evictable, held by nobody
+    assert engine.forget(chain[2:]) == 2
+    assert engine.cached_prefix_tokens(chain, 80) == 32
+    # A chain longer than the GPU stops where no room is left.
+    assert engine.adopt(prompt_hashes(6, 160, 0, 160, BS)) == 8

@@ -6,6 +6,7 @@ import pytest
 
 from kvgate.engine.slots import (
     PrefillFit,
+    PrefillSample,
     SlotCosts,
     SlotWorkerModel,
     fit_prefill,
@@ -23,13 +24,31 @@ def _turn(w: SlotWorkerModel, session: str, prompt: int, now: float) -> tuple[in
     return result
 
 
+def _cold(*points: tuple[int, float]) -> list[PrefillSample]:
+    return [PrefillSample(n, 0, y) for n, y in points]
+
+
 def test_fit_recovers_a_line_and_never_a_negative_base() -> None:
-    fit = fit_prefill([(100, 1.1), (200, 2.1), (400, 4.1)])
+    fit = fit_prefill(_cold((100, 1.1), (200, 2.1), (400, 4.1)))
     assert fit.base_s == pytest.approx(0.1) and fit.per_token_s == pytest.approx(0.01)
-    through_zero = fit_prefill([(100, 0.5), (200, 2.0)])
-    assert through_zero.base_s == 0.0 and through_zero.per_token_s > 0
+    assert fit.per_cached_pair_s == 0.0  # no warm sample: the term is not seen
+    through_zero = fit_prefill(_cold((100, 0.5), (200, 2.0)))
+    assert through_zero.base_s == 0.0 and through_zero.seconds(200) == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        fit_prefill([(1, 1.0)])
+        fit_prefill(_cold((1, 1.0)))
+
+
+def test_fit_on_warm_samples_finds_the_cached_context_term() -> None:
+    # Cold prefills cost 0.1 s + 10 ms a token; a few new tokens after a long cached
+    # context pay 10 us more per (new token x cached token) pair.
+    truth = PrefillFit(0.1, 0.01, 0.0, 1e-5)
+    shapes = [(100, 0), (400, 0), (1_600, 0), (40, 500), (40, 1_500), (40, 3_000)]
+    fit = fit_prefill([PrefillSample(n, c, truth.seconds(n, c)) for n, c in shapes])
+    assert fit.per_cached_pair_s == pytest.approx(1e-5, rel=1e-6)
+    assert fit.seconds(30, 2_000) == pytest.approx(truth.seconds(30, 2_000))
+    # Fitted on cold prompts only, the same warm turn comes out too cheap.
+    cold_only = fit_prefill([PrefillSample(n, 0, truth.seconds(n, 0)) for n, _ in shapes[:3]])
+    assert cold_only.seconds(30, 2_000) < 0.5 * truth.seconds(30, 2_000)
 
 
 def test_a_slot_keeps_one_prompt_and_reuse_without_offload_recomputes() -> None:
@@ -74,3 +93,16 @@ def test_busy_slots_share_the_thread_and_queue_the_rest() -> None:
     w.serve("a", 10, 0)
     with pytest.raises(RuntimeError):
         w.serve("b", 10, 0)
+
+
+def test_workers_sharing_fewer_cores_slow_down_together() -> None:
+    turns = [("a", 100, 0), ("b", 100, 1)]
+    own = replay_fleet(COSTS, turns, workers=2, slots=1, concurrency=2, offload=False)
+    shared = replay_fleet(
+        COSTS, turns, workers=2, slots=1, concurrency=2, offload=False, host_cores=1.0
+    )
+    assert [t.ttft_s for t in own] == pytest.approx([1.1, 1.1])
+    assert [t.ttft_s for t in shared] == pytest.approx([2.2, 2.2])  # one core for two
+    alone = replay_fleet(COSTS, turns[:1], workers=2, slots=1, concurrency=1, offload=False,
+                         host_cores=1.0)  # fmt: skip
+    assert alone[0].ttft_s == pytest.approx(1.1)  # one busy worker has the core to itself

@@ -33,6 +33,8 @@ def test_help_lists_the_documented_options() -> None:
         "--seed",
         "--max-num-seqs",
         "--cpu-offload-blocks",
+        "--slots",
+        "--slot-save-path",
     ):
         assert option in result.output
 

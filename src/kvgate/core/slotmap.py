@@ -116,6 +116,8 @@ class SlotMap:
         self._saved: OrderedDict[SessionKey, Saved] = OrderedDict()
         self._free_cells: list[int] = list(range(bounds.max_saved - 1, -1, -1))
         self._pending_cells: set[int] = set()
+        self._saving: dict[SessionKey, int] = {}
+        """Sessions whose slot is being saved right now, and the cell it goes to."""
         self.saved_bytes = 0
 
     # -- workers ------------------------------------------------------------------
@@ -160,9 +162,13 @@ class SlotMap:
     def acquire(self, worker: WorkerId, key: SessionKey | None, now: Seconds) -> SlotPlan | None:
         """Give the request a free slot of ``worker`` and say what must move first.
 
-        None when every slot is busy (the caller waits for a release). Prefers the
-        slot that holds ``key``, then an empty one, then the least recently used.
+        None when every slot is busy, or while ``key``'s own slot is being saved
+        (its KV is neither in a slot nor on disk yet): the caller waits for a
+        release or for the save to end, then asks again. Prefers the slot that
+        holds ``key``, then an empty one, then the least recently used.
         """
+        if key is not None and key in self._saving:
+            return None
         slots = self._slots[worker]
         index = self._choose(worker, slots, key)
         if index is None:
@@ -177,8 +183,10 @@ class SlotMap:
             # The idle holder's KV goes to disk instead of being overwritten.
             plan.evict = slot.holder
             self._resident.pop(slot.holder, None)
-            slot.holder = None
             plan.evict_cell = self._take_cell()
+            if plan.evict_cell is not None:
+                self._saving[slot.holder] = plan.evict_cell
+            slot.holder = None
         if key is None:
             return plan
         elsewhere = self._resident.get(key)
@@ -220,6 +228,7 @@ class SlotMap:
         slot.busy = True
         slot.holder = None
         del self._resident[key]
+        self._saving[key] = cell
         return SlotPlan(None, place, KvTier.DISK, evict=key, evict_cell=cell)
 
     def _choose(self, worker: WorkerId, slots: list[Slot], key: SessionKey | None) -> int | None:
@@ -257,6 +266,8 @@ class SlotMap:
     def saved(self, key: SessionKey, cell: int, tokens: int, size: int, now: Seconds) -> list[int]:
         """``key``'s KV is in ``cell`` (``size`` bytes); cells dropped to stay in bounds."""
         self._pending_cells.discard(cell)
+        if self._saving.get(key) == cell:
+            del self._saving[key]
         if key in self._saved:
             self._drop(key)
         self._saved[key] = Saved(cell, tokens, size, now)
@@ -268,6 +279,9 @@ class SlotMap:
 
     def release_cell(self, cell: int) -> None:
         """``cell`` is no longer needed (a failed save, or its KV was restored)."""
+        for key, saving in list(self._saving.items()):
+            if saving == cell:  # the save failed: that session's KV is gone
+                del self._saving[key]
         if cell in self._pending_cells:
             self._pending_cells.discard(cell)
             self._free_cells.append(cell)

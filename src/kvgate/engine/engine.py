@@ -158,6 +158,37 @@ class Engine:
         self._counters.offloaded_blocks += offloaded
         return OffloadResult(offloaded, dropped, in_use, not_resident, seconds)
 
+    def forget(self, block_hashes: Iterable[BlockHash]) -> int:
+        """Drop these cached blocks that no request holds (overwritten); returns how many.
+
+        What llama.cpp does to a slot's KV when another prompt takes the slot or
+        the slot is erased: the blocks are gone, not offloaded.
+        """
+        pool = self._scheduler.pool
+        return sum(1 for block in block_hashes if pool.discard(block))
+
+    def adopt(self, block_hashes: Sequence[BlockHash]) -> int:
+        """Put a chain of blocks on the GPU as cached, evictable KV; returns how many.
+
+        A restored llama.cpp slot: its KV is loaded as if computed, so the next
+        request whose chain reaches it hits it. Blocks already cached are kept;
+        room is made by evicting the least recently used blocks, and the chain
+        stops where no room is left (a longer prefix would not be reusable).
+        """
+        pool = self._scheduler.pool
+        adopted: list[BlockHash] = []
+        for block in block_hashes:
+            if block in pool.refs:
+                pool.ref(block)
+            elif pool.available() > 0:
+                pool.make_room(1)
+                pool.insert(block)
+            else:
+                break
+            adopted.append(block)
+        pool.release(adopted)
+        return len(adopted)
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block no request holds (vLLM's reset); returns how many."""
         return self._scheduler.pool.clear_evictable()

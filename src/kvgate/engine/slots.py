@@ -11,14 +11,28 @@ share a cache that llama.cpp keeps per slot.
 Here a prompt is a session and a length (a session's later turn extends its
 earlier one, so two prompts of one session share the shorter's length and two of
 different sessions share nothing). Costs come from the real engine
-(``SlotCosts``): prefill time is linear in the tokens computed, save and restore
-are linear in the tokens moved. ``SlotFleet`` replays a sequence of turns in
-virtual time, with or without the gateway's offload, one request at a time per
-worker (one CPU thread). Pure: no clocks, no I/O.
+(``SlotCosts``, fitted by ``fit_prefill`` on measured turns):
+
+- prefill: a fixed part, a part per new token, a part per causal pair among the
+  new tokens, and a part per (new token x cached token it attends to) pair. The
+  last is what a short turn after a long cached context pays (llama.cpp reads
+  the whole cached KV for every new token, several times a cold prompt's cost
+  per pair); a calibration on cold prompts alone cannot see it, so the fit
+  takes warm turns too. Which cached tokens a new token attends to follows the
+  model (``Attention``: Gemma 3 attends within a 512-token window in 5 of 6
+  layers);
+- save and restore: the gateway's measured mean per action (``SlotCosts``), or
+  per token (``engine.slotio.SlotIo``, what the emulated worker answers with).
+
+``replay_fleet`` replays a sequence of turns in virtual time, with or without
+the gateway's offload: a worker's busy slots share its one CPU thread, and the
+workers may share fewer cores than there are workers (``host_cores``). Pure:
+no clocks, no I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,23 +40,72 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
+class Attention:
+    """How much of a cached context one new token attends to, over the model's layers.
+
+    ``local_share`` of the layers use a sliding window of ``window`` tokens (Gemma 3:
+    5 of every 6 layers, a 512-token window in the 270M model, as its GGUF says);
+    the rest attend to the whole context. By default every layer is global.
+    """
+
+    window: int = 0
+    local_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.window < 0 or not 0.0 <= self.local_share <= 1.0:
+            raise ValueError("attention: window >= 0 and 0 <= local_share <= 1")
+
+    def seen(self, context: int) -> float:
+        """Cached tokens one new token attends to, averaged over the layers."""
+        ctx = max(0, context)
+        if not self.window:
+            return float(ctx)
+        return (1 - self.local_share) * ctx + self.local_share * min(ctx, self.window)
+
+
+GEMMA3_270M = Attention(window=512, local_share=5 / 6)
+"""Gemma 3 270M: 18 layers, 5 of 6 with a 512-token sliding window (the real engine's)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillFit:
-    """Prefill seconds: a fixed part, a part per token computed, and a part per
-    attention pair (each new token attends to the cached context and to the new
-    tokens before it), which is why a long prompt costs more per token."""
+    """Prefill seconds: a fixed part, a part per token computed, a part per causal
+    pair among the new tokens, and a part per (new token x cached token) pair.
+
+    The two attention terms are kept apart because llama.cpp does not pay them
+    alike: a cold prompt computes its pairs in large batched products, while a
+    few new tokens after a long cached context read the whole cached KV for
+    every layer (memory-bound), which costs far more per pair. A calibration on
+    cold prompts alone cannot see the second term; fit on warm turns too.
+    """
 
     base_s: float
     per_token_s: float
     per_pair_s: float = 0.0
+    """Per causal pair among the new tokens (``tokens**2 / 2`` of them)."""
+    per_cached_pair_s: float = 0.0
+    """Per pair of a new token and a cached context token it attends to."""
+    attention: Attention = field(default_factory=Attention)
+    """Which cached tokens a new token attends to (sliding-window layers see fewer)."""
 
     def seconds(self, tokens: int, context: int = 0) -> float:
         """Time to compute ``tokens`` prompt tokens after ``context`` cached ones."""
         n = max(0, tokens)
-        return self.base_s + self.per_token_s * n + self.per_pair_s * _pairs(n, context)
+        return (
+            self.base_s
+            + self.per_token_s * n
+            + self.per_pair_s * n * n / 2
+            + self.per_cached_pair_s * n * self.attention.seen(context)
+        )
 
 
-def _pairs(tokens: int, context: int) -> float:
-    return tokens * context + tokens * tokens / 2
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    """One measured prefill: new tokens computed after ``context`` cached ones, seconds."""
+
+    tokens: int
+    context: int
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,33 +119,53 @@ class SlotCosts:
     """Seconds per restore."""
 
 
-def fit_prefill(points: Sequence[tuple[int, float]]) -> PrefillFit:
-    """Least squares of cold (tokens, seconds) pairs with every term at least 0.
+def fit_prefill(
+    samples: Sequence[PrefillSample], attention: Attention | None = None, *, tied: bool = False
+) -> PrefillFit:
+    """Non-negative least squares of measured prefills on the four terms of ``PrefillFit``.
 
-    Non-negative least squares by trying each subset of the three terms (fixed,
-    per token, per attention pair) and keeping the best fit with no negative term.
+    Each sample is weighted by its inverse time, so what is minimised is the
+    relative error (a 1 s turn counts as much as a 90 s prefill: the model is
+    judged by its relative error). Exact NNLS by trying each subset of the terms
+    and keeping the best fit with no negative coefficient. A term the samples
+    cannot see (no warm sample: no cached pairs) comes out 0. ``tied`` fits one
+    coefficient for both attention terms (the model before issue 16: every pair
+    costs alike, which a calibration on cold prompts then sets).
     """
-    if len(points) < 2:
-        raise ValueError("fitting prefill needs at least two points")
-    n = np.array([p[0] for p in points], dtype=float)
-    y = np.array([p[1] for p in points], dtype=float)
-    columns = (np.ones_like(n), n, n * n / 2)
+    if len(samples) < 2:
+        raise ValueError("fitting prefill needs at least two samples")
+    n = np.array([s.tokens for s in samples], dtype=float)
+    ctx = np.array([s.context for s in samples], dtype=float)
+    y = np.array([s.seconds for s in samples], dtype=float)
+    if (y <= 0).any():
+        raise ValueError("prefill samples need positive seconds")
+    weight = 1.0 / y
+    att = attention if attention is not None else Attention()
+    seen = np.array([att.seen(int(c)) for c in ctx], dtype=float)
+    columns: tuple[np.ndarray, ...] = (np.ones_like(n), n, n * n / 2, n * seen)
+    if tied:
+        columns = (columns[0], columns[1], columns[2] + columns[3])
     best: tuple[float, list[float]] | None = None
-    for subset in ((0, 1, 2), (1, 2), (0, 1), (1,), (0, 2), (2,)):
-        design = np.column_stack([columns[k] for k in subset])
-        coef = np.linalg.lstsq(design, y, rcond=None)[0]
-        if (coef < 0).any():
-            continue
-        error = float(np.sum((design @ coef - y) ** 2))
-        if best is None or error < best[0] - 1e-12:
-            full = [0.0, 0.0, 0.0]
-            for k, c in zip(subset, coef, strict=True):
-                full[k] = float(c)
-            best = (error, full)
+    for size in range(1, len(columns) + 1):  # fewer terms first: they win ties
+        for subset in itertools.combinations(range(len(columns)), size):
+            design = np.column_stack([columns[k] for k in subset])
+            if not design.any(axis=0).all():
+                continue  # a term no sample has
+            coef = np.linalg.lstsq(design * weight[:, None], y * weight, rcond=None)[0]
+            if (coef < 0).any():
+                continue
+            error = float(np.sum(((design @ coef - y) * weight) ** 2))
+            if best is None or error < best[0] - 1e-12:
+                full = [0.0] * len(columns)
+                for k, c in zip(subset, coef, strict=True):
+                    full[k] = float(c)
+                best = (error, full)
     if best is None:
         raise ValueError("no non-negative prefill fit (times falling with tokens?)")
-    base, per_token, per_pair = best[1]
-    return PrefillFit(base, per_token, per_pair)
+    if tied:
+        best[1].append(best[1][2])
+    base, per_token, per_pair, per_cached_pair = best[1]
+    return PrefillFit(base, per_token, per_pair, per_cached_pair, att)
 
 
 def predict_returning(
@@ -199,6 +282,7 @@ def replay_fleet(
     slots: int,
     concurrency: int,
     offload: bool,
+    host_cores: float | None = None,
 ) -> list[ModelTurn]:
     """Replay ``(session, prompt tokens, worker index)`` turns in virtual time.
 
@@ -207,7 +291,14 @@ def replay_fleet(
     ``slots`` turns at once, sharing its one CPU thread equally among them
     (llama.cpp batches its busy slots), and queues the rest first come first
     served. A turn's TTFT runs from when it is sent to when its work is done.
+
+    ``host_cores``: the CPU the workers' threads share (None: each has its own
+    core). While more workers are busy than that, each runs at ``host_cores /
+    busy workers`` of its speed, as single-threaded llama.cpp workers on one
+    crowded machine do.
     """
+    if host_cores is not None and host_cores <= 0:
+        raise ValueError("host_cores must be positive")
     disk: dict[str, int] = {}
     models = [SlotWorkerModel(slots, costs, offload, disk) for _ in range(workers)]
     active: list[list[_Job]] = [[] for _ in range(workers)]
@@ -244,8 +335,10 @@ def replay_fleet(
                     job.tier = "migrated"
                 job.work = max(job.work, 1e-9)
                 active[w].append(job)
+        busy = sum(1 for jobs in active if jobs)
+        speed = 1.0 if host_cores is None or busy <= host_cores else host_cores / busy
         step = min(
-            (min(j.work for j in jobs) * len(jobs) for jobs in active if jobs),
+            (min(j.work for j in jobs) * len(jobs) / speed for jobs in active if jobs),
             default=None,
         )
         if step is None:
@@ -254,7 +347,7 @@ def replay_fleet(
         for w, jobs in enumerate(active):
             if not jobs:
                 continue
-            share = step / len(jobs)
+            share = step * speed / len(jobs)
             for job in list(jobs):
                 job.work -= share
                 if job.work <= 1e-12:

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.engine import Engine
-from kvgate.workersim import admin, completions, responses_api, tokens
+from kvgate.workersim import admin, completions, responses_api, slotapi, tokens
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError
 from kvgate.workersim.worker import WORKER_KEY, Worker
@@ -45,6 +45,8 @@ def create_app(options: WorkerOptions, engine: Engine | None = None) -> web.Appl
     app.router.add_get("/health", admin.health)
     app.router.add_get("/metrics", admin.metrics)
     app.router.add_post("/kv/offload", admin.offload)
+    app.router.add_get("/slots", slotapi.list_slots)
+    app.router.add_post("/slots/{id}", slotapi.slot_action)
     app.router.add_get("/admin/faults", admin.get_faults)
     app.router.add_post("/admin/faults", admin.set_faults)
     app.on_startup.append(_start_engine)

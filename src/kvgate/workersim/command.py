@@ -53,6 +53,13 @@ def worker_sim(
     no_prefix_caching: Annotated[
         bool, typer.Option("--no-prefix-caching", help="Disable prefix caching.")
     ] = False,
+    slots: Annotated[
+        int,
+        typer.Option(help="Emulate a llama.cpp server with this many slots (0: vLLM-like)."),
+    ] = 0,
+    slot_save_path: Annotated[
+        str | None, typer.Option(help="Folder of saved slots (llama.cpp's --slot-save-path).")
+    ] = None,
     session_header: Annotated[
         str, typer.Option(help="Header naming a request's session.")
     ] = "X-Session-ID",
@@ -79,6 +86,8 @@ def worker_sim(
             max_model_len=max_model_len,
             enable_prefix_caching=not no_prefix_caching,
             session_header=session_header,
+            slots=slots,
+            slot_save_path=slot_save_path,
         )
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None

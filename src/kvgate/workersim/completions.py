@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.engine.records import FinishedRequest
+from kvgate.engine.records import EngineRequest, FinishedRequest
 from kvgate.workersim.driver import (
     EngineFailed,
     EngineUnavailableError,
@@ -37,6 +37,7 @@ from kvgate.workersim.responses import (
     filler,
     sse_event,
 )
+from kvgate.workersim.slotapi import requested_slot
 from kvgate.workersim.worker import WORKER_KEY, Worker
 
 
@@ -114,6 +115,34 @@ async def _serve(
     if faults.settings.extra_latency_ms > 0:
         faults.note("extra_latency")
         await asyncio.sleep(faults.settings.extra_latency_ms / 1000.0)
+    table = worker.slot_table
+    if table is None:
+        return await _run(request, worker, body, endpoint, engine_request, finish=finish_reason)
+    # A llama.cpp server: the request runs in one slot, against that slot's KV only.
+    slot = await table.acquire(
+        requested_slot(body.model_extra, table),
+        list(engine_request.block_hashes),
+        task=worker.requests_started,
+    )
+    try:
+        pinned = table.begin(slot, engine_request)
+        return await _run(request, worker, body, endpoint, pinned, finish=finish_reason)
+    finally:
+        table.release(slot)
+
+
+async def _run(
+    request: web.Request,
+    worker: Worker,
+    body: ChatCompletionRequest | CompletionRequest,
+    endpoint: Endpoint,
+    engine_request: EngineRequest,
+    *,
+    finish: str,
+) -> web.StreamResponse:
+    finish_reason = finish
+    prompt_tokens = engine_request.prompt_tokens
+    request_id = engine_request.request_id
     try:
         queue = worker.driver.submit(engine_request)
     except EngineUnavailableError as exc:

@@ -63,6 +63,19 @@ class WorkerOptions(BaseModel):
     )
     output_tokens_max: int = Field(default=2048, ge=1)
 
+    # llama.cpp's slot API (``workersim.slotapi``).
+    slots: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Serve as a llama.cpp server with this many slots: id_slot, GET /slots and "
+            "slot save/restore/erase, one prompt's KV per slot (0: a vLLM-like worker)."
+        ),
+    )
+    slot_save_path: str | None = Field(
+        default=None, description="Folder of saved slots (llama.cpp's --slot-save-path)."
+    )
+
     # Request routing hints.
     session_header: str = "X-Session-ID"
 

@@ -10,6 +10,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from kvgate.workersim.metrics import WorkerCollector, build_registry
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError, Prompt
 from kvgate.workersim.responses import filler_tokens
+from kvgate.workersim.slottable import SlotTable
 
 
 def engine_config(options: WorkerOptions) -> EngineConfig:
@@ -73,9 +75,25 @@ class Worker:
                 gpu_uuid=self.gpu_uuid,
             )
         )
+        self.slot_table = (
+            SlotTable(
+                options.slots,
+                self.engine,
+                model=options.model,
+                save_path=Path(options.slot_save_path) if options.slot_save_path else None,
+            )
+            if options.slots
+            else None
+        )
+        """llama.cpp's slots, when the worker emulates a llama.cpp server."""
         self._rng = random.Random(options.seed)
         self._next_id = 0
         self._id_stem = self.gpu_uuid[4:12]
+
+    @property
+    def requests_started(self) -> int:
+        """Requests given an id so far (llama.cpp's ``id_task`` of a slot's request)."""
+        return self._next_id
 
     def new_request_id(self, prefix: str) -> str:
         """A request id unique to this worker, OpenAI-styled (``chatcmpl-...``)."""

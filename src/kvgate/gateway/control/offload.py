@@ -69,7 +69,7 @@ class SlotPlane:
         self._saves = _Mean()
         self._restores = _Mean()
         self._freed = asyncio.Event()
-        """Set (and replaced) whenever a slot is released: wakes requests waiting for one."""
+        """Set (and replaced) whenever a slot is released or a save ends: wakes waiters."""
 
     def manages(self, worker: Worker) -> bool:
         """True for a llama.cpp worker while slot offload is on."""
@@ -207,6 +207,10 @@ class SlotPlane:
     def _release(self, plan: SlotPlan, *, served: bool) -> None:
         self.map.release(plan, self.mono(), served=served)
         self._export()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake requests waiting for a slot, or for their own session's save to end."""
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
 
@@ -236,6 +240,7 @@ class SlotPlane:
             moved = await actions.save(slot, self.filename(cell))
         except SlotCallError as exc:
             self.map.release_cell(cell)
+            self._wake()
             self.metrics.saves.labels(worker, "error").inc()
             log.warning("saving slot %d of %s failed, its KV is dropped: %s", slot, worker, exc)
             return False
@@ -244,6 +249,7 @@ class SlotPlane:
         self.metrics.saves.labels(worker, "ok").inc()
         self._drop_files(self.map.saved(key, cell, moved.tokens, moved.bytes, self.mono()))
         self._export()
+        self._wake()  # the session, if it came back meanwhile, can now be restored
         return True
 
     async def _restore(self, worker: WorkerId, actions: SlotActions, slot: int, cell: int) -> bool:
