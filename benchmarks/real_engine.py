@@ -211,6 +211,22 @@ async def run_session(
     return turns
 
 
+def policy_options(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``POLICY.KEY=VALUE`` options by policy name; values parsed as JSON where they are."""
+    found: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        policy, dot, key = name.partition(".")
+        if not sep or not dot or not key:
+            raise SystemExit(f"--option {spec!r}: expected POLICY.KEY=VALUE")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        found.setdefault(policy, {})[key] = parsed
+    return found
+
+
 async def run_policy(
     fleet: Fleet,
     policy: str,
@@ -219,13 +235,14 @@ async def run_policy(
     system: str,
     max_tokens: int,
     time_scale: float,
+    options: dict[str, Any] | None = None,
 ) -> PolicyRun:
     """The sessions through a fresh gateway with ``policy`` on the (reset) fleet."""
     await fleet.reset()
     config = {
         "workers": [{"url": url, "model": DEFAULT_MODEL_NAME} for url in fleet.urls],
         "expose_worker_urls": True,  # answers are attributed to worker URLs
-        "policy": {"name": policy},
+        "policy": {"name": policy, "options": options or {}},
         "health": {"interval_s": 0.5, "timeout_s": 5.0},
     }
     run = PolicyRun(policy)
@@ -343,6 +360,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 system=system,
                 max_tokens=args.max_tokens,
                 time_scale=time_scale,
+                options=policy_options(args.option).get(p),
             )
             for p in policies
         }
@@ -429,6 +447,13 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu-small", help="emulated workers' profile")
     parser.add_argument(
         "--time-scale", type=float, default=10.0, help="emulated: model s per real s"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help="a policy option, e.g. default.prefill_tokens_per_s=150 (repeatable)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     args = parser.parse_args()
