@@ -377,6 +377,11 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
         for c in ("case", "real", "model", "error", "cold-only model", "cold-only error"):
             t3.add_column(c, justify="right")
+        t3.caption = (
+            "after the first wave: the turns after each run's first wave; the last two "
+            "columns there are the model with the host's share refitted on that run's own "
+            "first wave (not held out: it tells the mechanism from the machine's load)"
+        )
         for r in p["returning"]:
             t3.add_row(f"{r['size']} words {r['case']}", _s(r["real"]), _s(r["model"]),
                        f"{r['error']:+.0%}", _s(r["cold_model"]),
@@ -387,6 +392,12 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 t3.add_row(f"fleet offload {mode} {stat}", _s(real), _s(model),
                            f"{model / real - 1:+.0%}", _s(cold),
                            f"{cold / real - 1:+.0%}")  # fmt: skip
+            for stat in ("p50", "mean"):
+                real, model, own = (f[f"rest_{k}_{stat}"] for k in ("real", "model", "own"))
+                cores = f["own_wave_cores"]
+                t3.add_row(f"fleet offload {mode} {stat}, after the first wave", _s(real),
+                           _s(model), f"{model / real - 1:+.0%}", _s(own),
+                           f"{own / real - 1:+.0%} (own wave: {cores} cores)")  # fmt: skip
         out.append(t3)
     return out
 
