@@ -324,8 +324,6 @@ class _Job:
     """The turn's save/restore calls, in order: seconds of the loop's time each."""
     done_tokens: int = 0
     """New tokens decoded so far."""
-    split: bool = False
-    """Whether the checkpoint tail has been set apart."""
 
 
 @dataclass(slots=True)
@@ -338,7 +336,7 @@ class _Worker:
     arriving: list[_Job] = field(default_factory=list)
     """Turns whose next call (a move, or the prompt) reaches the loop after this step."""
     ready: list[_Job] = field(default_factory=list)
-    """Admitted turns with prompt tokens left, in slot order."""
+    """Admitted turns with prompt tokens left, in the order they were admitted."""
     step: list[tuple[_Job, int]] | None = None
     """What the loop runs now: a batch of (turn, new tokens), or a task ([(turn, 0)])."""
     left: float = 0.0
@@ -368,7 +366,6 @@ def _end_step(
             w.arriving.append(job)
             continue
         job.done_tokens += tokens
-        job.split = True
         if job.done_tokens >= job.prompt - job.cached:
             w.ready.remove(job)
             w.model.done(job.session, now)
@@ -391,10 +388,8 @@ def _next_step(costs: SlotCosts, loop: ServerLoop, w: _Worker) -> None:
         if budget <= 0:
             break
         left = job.prompt - job.cached - job.done_tokens
-        take = left
-        if loop.checkpoint_tail and not job.split and left > loop.checkpoint_tail:
-            take = left - loop.checkpoint_tail
-        take = min(take, budget)
+        # The checkpoint tail waits for a step of its own, however the rest was split.
+        take = min(left - loop.checkpoint_tail if left > loop.checkpoint_tail else left, budget)
         seconds += _chunk_seconds(costs.prefill, job, take)
         batch.append((job, take))
         budget -= take
