@@ -82,6 +82,39 @@ def sent_order(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def timeline(run: dict[str, Any], concurrency: int) -> list[dict[str, Any]]:
+    """A fleet run's turns with when each was sent, started in llama.cpp and answered.
+
+    Rebuilt from the records, as the client schedules: the k-th send takes a
+    permit when the (k - concurrency)-th turn finishes (the records are in
+    finishing order) and waits for its session's previous turn. ``start`` is
+    the answer less llama.cpp's own ``prompt_ms``; ``wait`` is from send to
+    start (the gateway's calls, a slot, the loop's running step).
+    """
+    order: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    for k, s in enumerate(run["order"]):
+        key = f"f{s}"
+        order[(key, seen.get(key, 0))] = k
+        seen[key] = seen.get(key, 0) + 1
+    seen.clear()
+    finished: list[float] = []
+    last: dict[str, float] = {}
+    out = []
+    for t in run["turns"]:
+        n = seen.get(t["session"], 0)
+        seen[t["session"]] = n + 1
+        k = order[(t["session"], n)]
+        permit = finished[k - concurrency] if k >= concurrency else 0.0
+        sent = max(permit, last.get(t["session"], 0.0))
+        done = sent + t["ttft_s"]
+        finished.append(done)
+        last[t["session"]] = done
+        start = done - t["prompt_ms"] / 1000
+        out.append({**t, "sent": sent, "start": start, "done": done, "wait": start - sent})
+    return out
+
+
 HOST_CORES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 """Candidate CPU shares of the fleet's machine (2 cores here, shared with other jobs)."""
 
