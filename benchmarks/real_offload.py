@@ -60,7 +60,7 @@ from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.realengine import DEFAULT_MODEL_NAME, LlamaCppFleet, running_llamacpp_fleet
 from kvgate.realengine.process import small_options
 from kvgate.testing import wait_until
-from real_offload_model import percentile, prediction
+from real_offload_model import percentile, prediction, timeline
 
 WORDS = (
     "river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "violet",
@@ -377,6 +377,11 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
         for c in ("case", "real", "model", "error", "cold-only model", "cold-only error"):
             t3.add_column(c, justify="right")
+        t3.caption = (
+            "after the first wave: the turns after each run's first wave; the last two "
+            "columns there are the model with the host's share refitted on that run's own "
+            "first wave (not held out: it tells the mechanism from the machine's load)"
+        )
         for r in p["returning"]:
             t3.add_row(f"{r['size']} words {r['case']}", _s(r["real"]), _s(r["model"]),
                        f"{r['error']:+.0%}", _s(r["cold_model"]),
@@ -387,8 +392,37 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 t3.add_row(f"fleet offload {mode} {stat}", _s(real), _s(model),
                            f"{model / real - 1:+.0%}", _s(cold),
                            f"{cold / real - 1:+.0%}")  # fmt: skip
+            for stat in ("p50", "mean"):
+                real, model, own = (f[f"rest_{k}_{stat}"] for k in ("real", "model", "own"))
+                cores = f["own_wave_cores"]
+                t3.add_row(f"fleet offload {mode} {stat}, after the first wave", _s(real),
+                           _s(model), f"{model / real - 1:+.0%}", _s(own),
+                           f"{own / real - 1:+.0%} (own wave: {cores} cores)")  # fmt: skip
         out.append(t3)
     return out
+
+
+def timeline_table(mode: str, turns: list[dict[str, Any]]) -> Table:
+    """One fleet run's turns as they finished: when sent, started in llama.cpp, answered."""
+    table = Table(title=f"Fleet turns, offload {mode} (seconds from the run's start)",
+                  title_justify="left")  # fmt: skip
+    for c in ("session", "worker", "tier", "new tokens", "sent", "start", "answered", "wait",
+              "prompt_ms", "overlapping on its worker"):  # fmt: skip
+        table.add_column(c, justify="right")
+    for t in turns:
+        beside = [
+            o["session"]
+            for o in turns
+            if o is not t and o["worker"] == t["worker"]
+            and o["start"] < t["done"] and o["done"] > t["start"]
+        ]  # fmt: skip
+        table.add_row(
+            t["session"], t["worker"][-4:], t["tier"],
+            str(t["prompt_tokens"] - t["cached_tokens"]), f"{t['sent']:.2f}",
+            f"{t['start']:.2f}", f"{t['done']:.2f}", f"{t['wait']:.2f}",
+            f"{t['prompt_ms'] / 1000:.2f}", " ".join(beside),
+        )  # fmt: skip
+    return table
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -420,6 +454,11 @@ def main() -> None:
     parser.add_argument(
         "--predict-from", type=Path, default=None, help="only redo part 3 from a saved run"
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="with --predict-from: print each fleet turn's send, start and answer times",
+    )
     args = parser.parse_args()
     if args.predict_from is not None:
         results = json.loads(args.predict_from.read_text())
@@ -433,6 +472,9 @@ def main() -> None:
             args.json.write_text(json.dumps(results, indent=2))
         results["prediction"] = prediction(results, args)
     console = Console(width=160)
+    if args.timeline:
+        for mode, fleet_run in results.get("fleet", {}).items():
+            console.print(timeline_table(mode, timeline(fleet_run, args.concurrency)))
     for t in tables(results):
         console.print(t)
     if args.json is not None:

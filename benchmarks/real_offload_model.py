@@ -3,8 +3,13 @@
 ``engine.slots`` calibrated on part 1 by ``fit_prefill`` (cold and warm turns,
 each size predicted from a fit holding that size out), and the fleet's share of
 the host's CPU fitted on the calibration wave, predicts part 1's returning turns
-and replays part 2's fleet runs; beside it the calibration before issue 16
-(cold turns only, one coefficient for every attention pair).
+and replays part 2's fleet runs in the order the client sent their turns,
+through llama.cpp's server loop (``engine.slots.ServerLoop``); beside it the
+calibration before issue 16 (cold turns only, one coefficient for every
+attention pair). A diagnostic, not a prediction: the same replay with the
+host's share refitted on each run's own first wave (4 cold turns at once, the
+calibration wave's work), judged on the turns after it, to tell a wrong
+mechanism from a machine whose load moved between the wave and the run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 
 from kvgate.engine.slots import (
     GEMMA3_270M,
+    ModelTurn,
     PrefillSample,
     SlotCosts,
     fit_prefill,
@@ -55,11 +61,86 @@ def prefill_samples(
     return out
 
 
+def sent_order(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fleet run's answered turns in the order the client sent them.
+
+    The run records turns as they finish; its ``order`` says which session each
+    send was (a session's k-th send is its k-th recorded turn). A run without
+    ``order`` (the calibration wave: all at once) stays as recorded.
+    """
+    done = [t for t in run["turns"] if t["ok"]]
+    if "order" not in run:
+        return done
+    by_session: dict[str, list[dict[str, Any]]] = {}
+    for t in done:
+        by_session.setdefault(t["session"], []).append(t)
+    out = []
+    for s in run["order"]:
+        mine = by_session.get(f"f{s}", [])
+        if mine:
+            out.append(mine.pop(0))
+    return out
+
+
+def timeline(run: dict[str, Any], concurrency: int) -> list[dict[str, Any]]:
+    """A fleet run's turns with when each was sent, started in llama.cpp and answered.
+
+    Rebuilt from the records, as the client schedules: the k-th send takes a
+    permit when the (k - concurrency)-th turn finishes (the records are in
+    finishing order) and waits for its session's previous turn. ``start`` is
+    the answer less llama.cpp's own ``prompt_ms``; ``wait`` is from send to
+    start (the gateway's calls, a slot, the loop's running step).
+    """
+    order: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    for k, s in enumerate(run["order"]):
+        key = f"f{s}"
+        order[(key, seen.get(key, 0))] = k
+        seen[key] = seen.get(key, 0) + 1
+    seen.clear()
+    finished: list[float] = []
+    last: dict[str, float] = {}
+    out = []
+    for t in run["turns"]:
+        n = seen.get(t["session"], 0)
+        seen[t["session"]] = n + 1
+        k = order[(t["session"], n)]
+        permit = finished[k - concurrency] if k >= concurrency else 0.0
+        sent = max(permit, last.get(t["session"], 0.0))
+        done = sent + t["ttft_s"]
+        finished.append(done)
+        last[t["session"]] = done
+        start = done - t["prompt_ms"] / 1000
+        out.append({**t, "sent": sent, "start": start, "done": done, "wait": start - sent})
+    return out
+
+
 HOST_CORES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 """Candidate CPU shares of the fleet's machine (2 cores here, shared with other jobs)."""
 
 ATTENTION = GEMMA3_270M
 """The real engine's model: 5 of 6 layers attend within a 512-token window (its GGUF)."""
+
+
+def replay_run(
+    costs: SlotCosts,
+    turns: Sequence[dict[str, Any]],
+    args: argparse.Namespace,
+    *,
+    offload: bool,
+    share: float | None,
+) -> list[ModelTurn]:
+    """``replay_fleet`` of a fleet run's turns (in sent order) on its workers, 2 slots each."""
+    urls = sorted({t["worker"] for t in turns})
+    return replay_fleet(
+        costs,
+        [(t["session"], t["prompt_tokens"], urls.index(t["worker"])) for t in turns],
+        workers=len(urls),
+        slots=2,
+        concurrency=args.concurrency,
+        offload=offload,
+        host_cores=share,
+    )
 
 
 def host_cores(
@@ -72,18 +153,9 @@ def host_cores(
     done = [t for t in turns if t["ok"]]
     if not done:
         return None
-    urls = sorted({t["worker"] for t in done})
     best: tuple[float, float] | None = None
     for cores in HOST_CORES:
-        sim = replay_fleet(
-            costs,
-            [(t["session"], t["prompt_tokens"], urls.index(t["worker"])) for t in done],
-            workers=len(urls),
-            slots=2,
-            concurrency=args.concurrency,
-            offload=False,
-            host_cores=cores,
-        )
+        sim = replay_run(costs, done, args, offload=False, share=cores)
         error = sum((m.ttft_s / t["ttft_s"] - 1) ** 2 for m, t in zip(sim, done, strict=True))
         if best is None or error <= best[0] + 1e-12:
             best = (error, cores)
@@ -160,28 +232,34 @@ def prediction(results: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     }
     out["host_cores"] = cores["model"]
     for mode, run in results.get("fleet", {}).items():
-        done = [t for t in run["turns"] if t["ok"]]
-        urls = sorted({t["worker"] for t in done})
+        done = sent_order(run)
+        first = args.concurrency  # the run's own first wave: cold turns, all at once
         entry: dict[str, Any] = {
             "real_p50": run["ttft_p50"],
             "real_mean": statistics.fmean(t["ttft_s"] for t in done),
             "real_cached": run["cached_ratio"],
+            "rest_real_p50": percentile([t["ttft_s"] for t in done[first:]], 50),
+            "rest_real_mean": statistics.fmean(t["ttft_s"] for t in done[first:]),
+            # Not held out: the host's share refitted on this run's first wave (the
+            # same work as the calibration wave), to tell the mechanism from the load.
+            "own_wave_cores": host_cores(everything, done[:first], args),
         }
+
         for name, costs in (("model", everything), ("cold_model", cold_only)):
-            sim = replay_fleet(
-                costs,
-                [(t["session"], t["prompt_tokens"], urls.index(t["worker"])) for t in done],
-                workers=len(urls),
-                slots=2,
-                concurrency=args.concurrency,
-                offload=mode == "on",
-                host_cores=cores[name],
-            )
+            sim = replay_run(costs, done, args, offload=mode == "on", share=cores[name])
             ttfts = [t.ttft_s for t in sim]
             entry[f"{name}_p50"] = percentile(ttfts, 50)
             entry[f"{name}_mean"] = statistics.fmean(ttfts)
             entry[f"{name}_cached"] = sum(t.cached_tokens for t in sim) / sum(
                 t.prompt_tokens for t in sim
             )
+            if name == "model":
+                entry["rest_model_p50"] = percentile(ttfts[first:], 50)
+                entry["rest_model_mean"] = statistics.fmean(ttfts[first:])
+        own = replay_run(
+            everything, done, args, offload=mode == "on", share=entry["own_wave_cores"]
+        )
+        entry["rest_own_p50"] = percentile([t.ttft_s for t in own[first:]], 50)
+        entry["rest_own_mean"] = statistics.fmean(t.ttft_s for t in own[first:])
         out["fleet"][mode] = entry
     return out

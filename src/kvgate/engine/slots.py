@@ -25,9 +25,18 @@ different sessions share nothing). Costs come from the real engine
   per token (``engine.slotio.SlotIo``, what the emulated worker answers with).
 
 ``replay_fleet`` replays a sequence of turns in virtual time, with or without
-the gateway's offload: a worker's busy slots share its one CPU thread, and the
-workers may share fewer cores than there are workers (``host_cores``). Pure:
-no clocks, no I/O.
+the gateway's offload, through llama.cpp's server loop (``ServerLoop``): one
+thread per worker decodes every busy slot's prompt tokens in one batch per
+step, so a short turn batched beside another slot's long prefill ends only
+when that whole step does; a request, and each of the gateway's save and
+restore calls (tasks of the same loop), waits for the running step to end,
+and the gateway's calls of one turn go one after the other, so each waits for
+a step of the other slots. The workers may share fewer cores than there are
+workers (``host_cores``). Pure: no clocks, no I/O.
+
+What it does not know: how much CPU a crowded machine gives the workers at
+each moment. Fitted on a calibration wave, ``host_cores`` holds for as long
+as the machine's load does.
 """
 
 from __future__ import annotations
@@ -209,13 +218,27 @@ class SlotWorkerModel:
     def serve(self, session: str, prompt_tokens: int, now: float) -> tuple[int, float, str]:
         """Start one turn at ``now`` in an idle slot: (cached tokens, seconds of work, tier).
 
-        The slot stays busy until ``done(session)``.
+        The seconds are the KV moves (``admit``) and the whole prefill. The slot
+        stays busy until ``done(session)``.
+        """
+        cached, moves, tier = self.admit(session, prompt_tokens, now)
+        prefill = self.costs.prefill.seconds(prompt_tokens - cached, cached)
+        return cached, sum(moves) + prefill, tier
+
+    def admit(
+        self, session: str, prompt_tokens: int, now: float
+    ) -> tuple[int, tuple[float, ...], str]:
+        """Give one turn an idle slot at ``now``: (cached tokens, its KV moves' seconds, tier).
+
+        The moves, one call each, are the save of the slot's previous holder and
+        the restore of this session from disk (offload on); the prefill is the
+        caller's.
         """
         idle = [s for s in self._slots if not s.busy]
         if not idle:
             raise RuntimeError("no idle slot: the caller queues turns while all are busy")
         mine = [s for s in idle if s.session == session]
-        seconds = 0.0
+        moves: list[float] = []
         if mine:
             slot, tier = mine[0], "slot"
             cached = min(slot.tokens, prompt_tokens)
@@ -224,16 +247,15 @@ class SlotWorkerModel:
             slot = empty[0] if empty else min(idle, key=lambda s: s.last_used)
             if self.offload and slot.session is not None:
                 self.disk[slot.session] = slot.tokens
-                seconds += self.costs.save_s
+                moves.append(self.costs.save_s)
             saved = self.disk.pop(session, None) if self.offload else None
             if saved is not None:
                 cached, tier = min(saved, prompt_tokens), "disk"
-                seconds += self.costs.restore_s
+                moves.append(self.costs.restore_s)
             else:
                 cached, tier = 0, "recompute"
-        seconds += self.costs.prefill.seconds(prompt_tokens - cached, cached)
         slot.session, slot.tokens, slot.last_used, slot.busy = session, prompt_tokens, now, True
-        return cached, seconds, tier
+        return cached, tuple(moves), tier
 
     def done(self, session: str, now: float) -> None:
         """``session``'s turn ended at ``now``: its slot is idle again (and keeps its KV)."""
@@ -262,6 +284,33 @@ class ModelTurn:
     tier: str
 
 
+@dataclass(frozen=True, slots=True)
+class ServerLoop:
+    """How llama.cpp's server loop batches its slots (``update_slots``).
+
+    One thread runs the loop. Each step is one ``llama_decode`` of a batch that
+    takes prompt tokens from every slot with some left, in slot order, up to
+    ``n_batch`` tokens: a slot's turn ends only when the step holding its last
+    tokens ends, so a short turn batched beside a long prefill waits for the
+    whole step. A request, or a slot save or restore (a task of the same
+    loop), that arrives while a step runs waits for it to end. For a model with
+    sliding-window layers (Gemma 3) the last ``checkpoint_tail`` tokens of a
+    prompt are decoded in a step of their own, so llama.cpp can keep a context
+    checkpoint before them.
+    """
+
+    n_batch: int = 2048
+    checkpoint_tail: int = 64
+
+    def __post_init__(self) -> None:
+        if self.n_batch < 1 or self.checkpoint_tail < 0:
+            raise ValueError("server loop: n_batch >= 1 and checkpoint_tail >= 0")
+
+
+LLAMACPP_LOOP = ServerLoop()
+"""llama.cpp's defaults (``n_batch`` 2,048) for a sliding-window model such as Gemma 3."""
+
+
 @dataclass(slots=True)
 class _Job:
     turn: int
@@ -269,9 +318,111 @@ class _Job:
     worker: int
     prompt: int
     sent: float
-    work: float = 0.0
     cached: int = 0
     tier: str = ""
+    moves: list[float] = field(default_factory=list)
+    """The turn's save/restore calls, in order: seconds of the loop's time each."""
+    done_tokens: int = 0
+    """New tokens decoded so far."""
+
+
+@dataclass(slots=True)
+class _Worker:
+    model: SlotWorkerModel
+    queued: list[_Job] = field(default_factory=list)
+    """Turns waiting for an idle slot, first come first served."""
+    tasks: list[_Job] = field(default_factory=list)
+    """Admitted turns whose next save/restore call the loop has yet to run."""
+    arriving: list[_Job] = field(default_factory=list)
+    """Turns whose next call (a move, or the prompt) reaches the loop after this step."""
+    ready: list[_Job] = field(default_factory=list)
+    """Admitted turns with prompt tokens left, in the order they were admitted."""
+    step: list[tuple[_Job, int]] | None = None
+    """What the loop runs now: a batch of (turn, new tokens), or a task ([(turn, 0)])."""
+    left: float = 0.0
+    """Seconds of work left in the running step, at full speed."""
+    task: bool = False
+    """Whether the running step is a turn's KV moves rather than a batch."""
+
+
+def _chunk_seconds(fit: PrefillFit, job: _Job, tokens: int) -> float:
+    """The prefill seconds of a turn's next ``tokens`` new tokens (its fixed part aside).
+
+    Increments of the whole prompt's cost, so a turn's steps add up to
+    ``fit.seconds`` of the whole turn less ``base_s``, however it is split.
+    """
+    before = fit.seconds(job.done_tokens, job.cached)
+    return max(0.0, fit.seconds(job.done_tokens + tokens, job.cached) - before)
+
+
+def _end_step(
+    costs: SlotCosts, w: _Worker, now: float, results: dict[int, ModelTurn], busy: set[str]
+) -> int:
+    """The worker's running step ends at ``now``; how many turns it finished."""
+    assert w.step is not None
+    finished = 0
+    for job, tokens in w.step:
+        if w.task:  # one call done: the gateway sends the turn's next one
+            w.arriving.append(job)
+            continue
+        job.done_tokens += tokens
+        if job.done_tokens >= job.prompt - job.cached:
+            w.ready.remove(job)
+            w.model.done(job.session, now)
+            busy.discard(job.session)
+            ttft = now - job.sent + costs.prefill.base_s
+            results[job.turn] = ModelTurn(job.session, ttft, job.cached, job.prompt, job.tier)
+            finished += 1
+    w.step, w.left, w.task = None, 0.0, False
+    return finished
+
+
+def _next_step(costs: SlotCosts, loop: ServerLoop, w: _Worker) -> None:
+    """Start the loop's next step on an idle worker: a pending task first, then a batch."""
+    if w.tasks:
+        job = w.tasks.pop(0)
+        w.step, w.left, w.task = [(job, 0)], job.moves.pop(0), True
+        return
+    budget, batch, seconds = loop.n_batch, [], 0.0
+    for job in w.ready:
+        if budget <= 0:
+            break
+        left = job.prompt - job.cached - job.done_tokens
+        # The checkpoint tail waits for a step of its own, however the rest was split.
+        take = min(left - loop.checkpoint_tail if left > loop.checkpoint_tail else left, budget)
+        seconds += _chunk_seconds(costs.prefill, job, take)
+        batch.append((job, take))
+        budget -= take
+    if batch:
+        w.step, w.left = batch, seconds
+
+
+def _take_calls(costs: SlotCosts, fleet: list[_Worker], w: int, now: float) -> None:
+    """Worker ``w``'s loop takes the calls that reached it: turns' next calls, new turns.
+
+    A new turn gets an idle slot (else it waits, first come first served);
+    with offload its save/restore calls come first, and a session in another
+    worker's slot is migrated: saved from there first (run, like every call of
+    the turn, on this worker's loop).
+    """
+    state = fleet[w]
+    for job in state.arriving:
+        (state.tasks if job.moves else state.ready).append(job)
+    state.arriving.clear()
+    while state.queued and state.model.idle_slots():
+        job = state.queued.pop(0)
+        if state.model.offload:
+            for i, other in enumerate(fleet):
+                held_tokens = other.model.take(job.session) if i != w else None
+                if held_tokens is not None:
+                    state.model.disk[job.session] = held_tokens
+                    job.moves.append(costs.save_s)
+        migrated = bool(job.moves)
+        job.cached, moves, job.tier = state.model.admit(job.session, job.prompt, now)
+        job.moves.extend(moves)
+        if migrated and job.tier == "disk":
+            job.tier = "migrated"
+        (state.tasks if job.moves else state.ready).append(job)
 
 
 def replay_fleet(
@@ -283,26 +434,28 @@ def replay_fleet(
     concurrency: int,
     offload: bool,
     host_cores: float | None = None,
+    loop: ServerLoop = LLAMACPP_LOOP,
 ) -> list[ModelTurn]:
     """Replay ``(session, prompt tokens, worker index)`` turns in virtual time.
 
     Like the benchmark's client: turns take one of ``concurrency`` permits in
-    order, then wait for their session's previous turn; a worker serves up to
-    ``slots`` turns at once, sharing its one CPU thread equally among them
-    (llama.cpp batches its busy slots), and queues the rest first come first
-    served. A turn's TTFT runs from when it is sent to when its work is done.
+    the order given (the order they are sent), then wait for their session's
+    previous turn; a worker gives a turn an idle slot (or queues it, first
+    come first served) and runs llama.cpp's server loop (``ServerLoop``): the
+    turn's save/restore as a task of the loop, then its prompt in batched
+    steps with the other busy slots'. A turn's TTFT runs from when it is sent
+    to the end of the step holding its last prompt token, plus the prefill's
+    fixed part (``base_s``: the request's own overhead, outside the loop).
 
     ``host_cores``: the CPU the workers' threads share (None: each has its own
-    core). While more workers are busy than that, each runs at ``host_cores /
-    busy workers`` of its speed, as single-threaded llama.cpp workers on one
+    core). While more workers run a step than that, each runs at ``host_cores
+    / busy workers`` of its speed, as single-threaded llama.cpp workers on one
     crowded machine do.
     """
     if host_cores is not None and host_cores <= 0:
         raise ValueError("host_cores must be positive")
-    disk: dict[str, int] = {}
-    models = [SlotWorkerModel(slots, costs, offload, disk) for _ in range(workers)]
-    active: list[list[_Job]] = [[] for _ in range(workers)]
-    queued: list[list[_Job]] = [[] for _ in range(workers)]
+    disk: dict[str, int] = {}  # one folder for the fleet
+    fleet = [_Worker(SlotWorkerModel(slots, costs, offload, disk)) for _ in range(workers)]
     holding: list[tuple[int, str, int, int]] = []  # permit holders not yet sent
     busy_sessions: set[str] = set()
     results: dict[int, ModelTurn] = {}
@@ -318,44 +471,23 @@ def replay_fleet(
                 continue
             holding.remove(held)
             busy_sessions.add(session)
-            queued[worker].append(_Job(index, session, worker, prompt, now))
-        for w in range(workers):
-            while queued[w] and models[w].idle_slots():
-                job = queued[w].pop(0)
-                moved = 0.0
-                if offload:
-                    # A session in another worker's slot is migrated: saved there first.
-                    for i, m in enumerate(models):
-                        held_tokens = m.take(job.session) if i != w else None
-                        if held_tokens is not None:
-                            disk[job.session], moved = held_tokens, costs.save_s
-                job.cached, job.work, job.tier = models[w].serve(job.session, job.prompt, now)
-                job.work += moved
-                if moved and job.tier == "disk":
-                    job.tier = "migrated"
-                job.work = max(job.work, 1e-9)
-                active[w].append(job)
-        busy = sum(1 for jobs in active if jobs)
-        speed = 1.0 if host_cores is None or busy <= host_cores else host_cores / busy
-        step = min(
-            (min(j.work for j in jobs) * len(jobs) / speed for jobs in active if jobs),
-            default=None,
-        )
-        if step is None:
+            fleet[worker].queued.append(_Job(index, session, worker, prompt, now))
+        for w, state in enumerate(fleet):
+            if state.step is None:  # the loop takes calls between steps
+                _next_step(costs, loop, state)  # what was there before this instant
+                _take_calls(costs, fleet, w, now)
+                if state.step is None:  # an idle loop starts at once on what came
+                    _next_step(costs, loop, state)
+        running = [state for state in fleet if state.step is not None]
+        if not running:
             raise RuntimeError("replay stalled: nothing runs and nothing can start")
+        speed = (
+            1.0 if host_cores is None or len(running) <= host_cores else host_cores / len(running)
+        )
+        step = min(state.left for state in running) / speed
         now += step
-        for w, jobs in enumerate(active):
-            if not jobs:
-                continue
-            share = step * speed / len(jobs)
-            for job in list(jobs):
-                job.work -= share
-                if job.work <= 1e-12:
-                    jobs.remove(job)
-                    models[w].done(job.session, now)
-                    busy_sessions.discard(job.session)
-                    permits += 1
-                    results[job.turn] = ModelTurn(
-                        job.session, now - job.sent, job.cached, job.prompt, job.tier
-                    )
+        for state in running:
+            state.left -= step * speed
+            if state.left <= 1e-12:
+                permits += _end_step(costs, state, now, results, busy_sessions)
     return [results[i] for i in range(len(turns))]
