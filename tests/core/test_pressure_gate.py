@@ -51,6 +51,23 @@ def test_kv_demand_is_prompt_tokens_plus_expected_output(
 
 
 @pytest.mark.parametrize(
+    ("cached_chars", "expected"),
+    [
+        (0, 200),
+        (200, 150),  # the worker holds half the prompt: KV for the other half only
+        (400, 100),  # all of it cached: the output's blocks only
+        (10_000, 100),  # a match longer than the prompt is the prompt
+        (-5, 200),
+    ],
+)
+def test_kv_demand_counts_only_what_the_worker_does_not_hold(
+    cached_chars: int, expected: int
+) -> None:
+    request = RequestFeatures("r", "m", prompt_chars=400, max_tokens=100)
+    assert kv_demand_tokens(request, CFG, cached_chars) == expected
+
+
+@pytest.mark.parametrize(
     ("state", "committed", "usage"),
     [
         (worker(tokens=300), 300.0, 0.3),

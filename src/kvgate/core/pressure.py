@@ -218,9 +218,16 @@ class PressureTracker:
         return Pressure.NORMAL
 
 
-def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
-    """KV tokens ``request`` is expected to hold: its prompt (from its characters) plus a
-    typical output (``default_output_tokens``, less when its ``max_tokens`` is lower).
+def kv_demand_tokens(
+    request: RequestFeatures, config: PressureConfig, cached_chars: int = 0
+) -> int:
+    """New KV tokens ``request`` is expected to take: its prompt (from its characters)
+    less the ``cached_chars`` its worker already holds, plus a typical output
+    (``default_output_tokens``, less when its ``max_tokens`` is lower).
+
+    Cached blocks are shared in the engine (a common preamble, a conversation's
+    earlier turns): counting them again for every request that reuses them had the
+    KV gate hold requests on workers whose real use was far below the mark.
 
     A declared ``max_tokens`` is a bound, not a commitment: most requests stop far
     short of it, and counting it in full let one client with a few long-limit
@@ -228,7 +235,8 @@ def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
     KV use was near zero. Output that does grow past the typical shows in the
     workers' scraped usage, which ``kv_committed_tokens`` takes when higher.
     """
-    prompt = math.ceil(request.prompt_chars / config.chars_per_token)
+    chars = request.prompt_chars - min(max(0, cached_chars), request.prompt_chars)
+    prompt = math.ceil(chars / config.chars_per_token)
     output = min(request.max_tokens or config.default_output_tokens, config.default_output_tokens)
     return max(1, prompt + output)
 

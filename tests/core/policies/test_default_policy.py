@@ -180,6 +180,20 @@ def test_the_longest_cached_match_wins() -> None:
     assert (decision.worker, decision.reason) == ("b", "prefix_match")
 
 
+def test_a_decision_says_how_much_of_the_prompt_its_worker_holds() -> None:
+    # What the KV gate counts as new KV on the chosen worker (``Decision.cached_chars``).
+    policy = DefaultPolicy()
+    policy.on_routed(request("w", hashes=chain(1, 8)), "b", -10.0)
+    warm = policy.pick(request("q", hashes=(*chain(1, 8), 7)), ctx(fleet(*THREE)))
+    assert (warm.worker, warm.reason, warm.cached_chars) == ("b", "prefix_match", 8 * 256)
+    cold = policy.pick(request("n", hashes=chain(2, 8)), ctx(fleet(*THREE)))
+    assert (cold.reason, cold.cached_chars) == ("least_loaded", 0)
+    policy.on_routed(request("t1", session="s", hashes=chain(3, 4)), "c", -10.0)
+    turn = request("t2", session="s", hashes=(*chain(3, 4), 9))
+    sticky = policy.pick(turn, ctx(fleet(*THREE), bound_to="c"))
+    assert (sticky.worker, sticky.reason, sticky.cached_chars) == ("c", "affinity_hit", 4 * 256)
+
+
 @pytest.mark.parametrize(
     ("field", "values", "chosen"),
     [

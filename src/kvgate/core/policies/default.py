@@ -63,6 +63,12 @@ Used when the config names no policy. In order:
    worker at ``restorable_credit``; a worker chosen for them is a
    ``restorable_match``.
 
+   Every decision says how much of the prompt its worker holds
+   (``Decision.cached_chars``, from the same match): the gateway's KV gate counts
+   only the rest as the request's new KV. Cached blocks are shared in the engine,
+   so counting a 4,096-token preamble again for every agent reusing it held requests
+   at the gateway on workers whose real KV use was far below the mark.
+
    Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
    (a colder worker: the warm one's queue outweighed its cache),
    ``least_loaded`` (nothing of the prompt cached anywhere). A session that had
@@ -311,7 +317,7 @@ class DefaultPolicy(PrefixLearning):
             )
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold, sticky_cap)
         if bound is not None:
-            return route(bound, "affinity_hit")
+            return route(bound, "affinity_hit", cached_chars=self._held_chars(request, bound, ctx))
         if not cands:
             return refuse(request, ctx, cfg.retry_after_s)
 
@@ -333,16 +339,24 @@ class DefaultPolicy(PrefixLearning):
             if not pool:
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
-        worker, reason = self._place(request, pool, ctx)
+        worker, reason, cached = self._place(request, pool, ctx)
         if kept is not None and worker.id == kept.id:
-            return route(worker, "affinity_hit")
+            return route(worker, "affinity_hit", cached_chars=cached)
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._count_session(ctx.fleet.now, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
-        return route(worker, reason, request if keyed else None, expected=old)
+        return route(worker, reason, request if keyed else None, old, cached)
+
+    def _held_chars(self, request: RequestFeatures, worker: WorkerState, ctx: RouteContext) -> int:
+        """Characters of the prompt ``worker`` holds (its own chain in the index or the store)."""
+        hashes = request.prefix_hashes
+        if not hashes:
+            return 0
+        depth = max(self.index.match_worker(hashes, worker.id), ctx.holders.get(worker.id, 0))
+        return min(request.prompt_chars, self.index.depth_chars(min(depth, len(hashes))))
 
     def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
@@ -355,7 +369,7 @@ class DefaultPolicy(PrefixLearning):
 
     def _place(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
-    ) -> tuple[WorkerState, str]:
+    ) -> tuple[WorkerState, str, int]:
         """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
         cfg = self.config
         now = ctx.fleet.now
@@ -387,6 +401,7 @@ class DefaultPolicy(PrefixLearning):
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         best: WorkerState | None = None
         best_cost = math.inf
+        best_cached = 0
         best_tie: tuple[int, float, float, str] | None = None
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are.
@@ -408,6 +423,7 @@ class DefaultPolicy(PrefixLearning):
                         queued = owed
                 cost = (w.in_flight + (w.waiting or 0)) * decode_s
                 depth = get(wid)
+                cached = 0
                 if depth:
                     # ``PrefixIndex.depth_chars``, inlined.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
@@ -418,23 +434,25 @@ class DefaultPolicy(PrefixLearning):
                 else:
                     cost += queued + fresh_all + evict_all * fill
                 if cost < best_cost:
-                    best, best_cost, best_tie = w, cost, None
+                    best, best_cost, best_tie, best_cached = w, cost, None, cached
                 elif cost == best_cost and best is not None:
                     # Exact ties are common at low load: only then order them.
                     if best_tie is None:
                         best_tie = self._tie(best, now)
                     tie = self._tie(w, now)
                     if tie < best_tie:
-                        best, best_tie = w, tie
+                        best, best_tie, best_cached = w, tie, cached
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
         top = max(matches.values(), default=0)
         if not top:
-            return best, "least_loaded"
+            return best, "least_loaded", best_cached
         if restorable and own.get(best.id, 0) < restorable:
-            return best, "restorable_match"  # chosen for what it can restore, not hold
-        return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+            # Chosen for what it can restore, not hold: its KV takes the whole prompt.
+            return best, "restorable_match", 0
+        reason = "prefix_match" if get(best.id, 0) == top else "least_ttft"
+        return best, reason, best_cached
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
