@@ -245,7 +245,7 @@ def test_a_prompt_cached_on_a_near_full_worker_is_placed_not_held() -> None:
     workers = (w("a", in_flight=1, kv_in_flight=800, capacity=1000),)
     cold = verdict_of(workers, decision=Decision("a", "prefix_match"))
     assert isinstance(cold, Hold) and cold.place.kv_tokens == 200
-    warm = verdict_of(workers, decision=Decision("a", "prefix_match", cached_chars=100))
+    warm = verdict_of(workers, decision=Decision("a", "prefix_match", shared_chars=100))
     assert warm == Place("a", "prefix_match", None, None, kv_tokens=100)
 
 

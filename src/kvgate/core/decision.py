@@ -54,9 +54,9 @@ class Decision:
     version: str | None = None
     affinity: AffinityWrite | None = None
     retry_after: Seconds | None = None
-    cached_chars: int = 0
-    """Characters of the prompt the policy expects ``worker`` to hold in its cache: the
-    request needs new KV for the rest only (``core.pressure.kv_demand_tokens``)."""
+    shared_chars: int = 0
+    """Leading characters of the prompt whose KV requests in flight on ``worker`` already
+    hold: the request takes new KV for the rest only (``core.pressure.kv_demand_tokens``)."""
 
     @property
     def shed(self) -> bool:

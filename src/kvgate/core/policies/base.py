@@ -105,11 +105,11 @@ def route(
     reason: str,
     request: RequestFeatures | None = None,
     expected: str | None = None,
-    cached_chars: int = 0,
+    shared_chars: int = 0,
 ) -> Decision:
     """A decision for ``worker``; with ``request``, also bind its affinity key there.
 
-    ``cached_chars``: how much of the prompt the policy expects ``worker`` to hold.
+    ``shared_chars``: how much of the prompt's KV ``worker`` already holds in use.
     """
     write = None
     key = request.affinity_key if request is not None else None
@@ -120,7 +120,7 @@ def route(
         reason=reason,
         version=worker.version,
         affinity=write,
-        cached_chars=cached_chars,
+        shared_chars=shared_chars,
     )
 
 

@@ -63,11 +63,12 @@ Used when the config names no policy. In order:
    worker at ``restorable_credit``; a worker chosen for them is a
    ``restorable_match``.
 
-   Every decision says how much of the prompt its worker holds
-   (``Decision.cached_chars``, from the same match): the gateway's KV gate counts
-   only the rest as the request's new KV. Cached blocks are shared in the engine,
-   so counting a 4,096-token preamble again for every agent reusing it held requests
-   at the gateway on workers whose real KV use was far below the mark.
+   Every decision says how much of the prompt's KV its worker already holds in
+   use (``Decision.shared_chars``): the leading blocks that requests in flight
+   there share with it (``RunningBlocks``). The gateway's KV gate counts only the
+   rest as the request's new KV: a shared tool preamble is held once however
+   many agents run, while an agent's own earlier turns (cached, but freed when
+   that turn ended) take KV again.
 
    Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
    (a colder worker: the warm one's queue outweighed its cache),
@@ -117,6 +118,7 @@ from kvgate.core.policies.base import (
     under_threshold,
 )
 from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
@@ -153,6 +155,9 @@ class DefaultConfig(PolicyConfig):
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
     index: PrefixIndexConfig = PrefixIndexConfig()
+
+
+_Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
 
 class _Book:
@@ -195,8 +200,10 @@ class DefaultPolicy(PrefixLearning):
         # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
         # replaced whenever the book changes, so the hot loop unpacks instead of probing.
         self._costs: dict[WorkerId, tuple[float, float, float]] = {}
-        # Requests routed and not reported back: worker, prefill seconds, when routed.
-        self._flights: OrderedDict[str, tuple[WorkerId, float, Seconds]] = OrderedDict()
+        # Requests routed and not reported back: worker, prefill seconds, when routed,
+        # and their chains (counted in ``_running`` while they are in flight).
+        self._flights: OrderedDict[str, _Flight] = OrderedDict()
+        self._running = RunningBlocks()
         # What a session brings over its life, measured on explicit sessions (decayed
         # together, so only their ratio matters): prefill seconds routed with a session
         # id, and sessions placed for the first time.
@@ -243,7 +250,9 @@ class DefaultPolicy(PrefixLearning):
         old = flights.pop(request.request_id, None)
         if old is not None:
             self._settle(old)
-        flights[request.request_id] = (worker, seconds, now)
+        hashes = tuple(request.prefix_hashes)
+        flights[request.request_id] = (worker, seconds, now, hashes)
+        self._running.add(worker, hashes)
         if request.session_key is not None:
             self._count_session(now, seconds, 0.0)
         horizon = now - self._horizon_s
@@ -289,8 +298,9 @@ class DefaultPolicy(PrefixLearning):
             book.fill = self.index.fill(worker)
             self._publish(worker, book)
 
-    def _settle(self, flight: tuple[WorkerId, float, Seconds]) -> None:
-        worker, seconds, _ = flight
+    def _settle(self, flight: _Flight) -> None:
+        worker, seconds, _, hashes = flight
+        self._running.remove(worker, hashes)
         book = self._books.get(worker)
         if book is not None:
             left = book.owed_s - seconds
@@ -302,6 +312,7 @@ class DefaultPolicy(PrefixLearning):
         super().on_worker_removed(worker)
         self._books.pop(worker, None)
         self._costs.pop(worker, None)
+        self._running.forget(worker)
 
     # -- deciding -----------------------------------------------------------------
 
@@ -317,7 +328,7 @@ class DefaultPolicy(PrefixLearning):
             )
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold, sticky_cap)
         if bound is not None:
-            return route(bound, "affinity_hit", cached_chars=self._held_chars(request, bound, ctx))
+            return route(bound, "affinity_hit", shared_chars=self._shared_chars(request, bound.id))
         if not cands:
             return refuse(request, ctx, cfg.retry_after_s)
 
@@ -339,24 +350,23 @@ class DefaultPolicy(PrefixLearning):
             if not pool:
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
-        worker, reason, cached = self._place(request, pool, ctx)
+        worker, reason = self._place(request, pool, ctx)
+        shared = self._shared_chars(request, worker.id)
         if kept is not None and worker.id == kept.id:
-            return route(worker, "affinity_hit", cached_chars=cached)
+            return route(worker, "affinity_hit", shared_chars=shared)
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._count_session(ctx.fleet.now, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
-        return route(worker, reason, request if keyed else None, old, cached)
+        return route(worker, reason, request if keyed else None, old, shared)
 
-    def _held_chars(self, request: RequestFeatures, worker: WorkerState, ctx: RouteContext) -> int:
-        """Characters of the prompt ``worker`` holds (its own chain in the index or the store)."""
+    def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
+        """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
         hashes = request.prefix_hashes
-        if not hashes:
-            return 0
-        depth = max(self.index.match_worker(hashes, worker.id), ctx.holders.get(worker.id, 0))
-        return min(request.prompt_chars, self.index.depth_chars(min(depth, len(hashes))))
+        depth = self._running.shared_depth(worker, hashes) if hashes else 0
+        return min(request.prompt_chars, self.index.depth_chars(depth)) if depth else 0
 
     def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
@@ -369,7 +379,7 @@ class DefaultPolicy(PrefixLearning):
 
     def _place(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
-    ) -> tuple[WorkerState, str, int]:
+    ) -> tuple[WorkerState, str]:
         """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
         cfg = self.config
         now = ctx.fleet.now
@@ -401,7 +411,6 @@ class DefaultPolicy(PrefixLearning):
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         best: WorkerState | None = None
         best_cost = math.inf
-        best_cached = 0
         best_tie: tuple[int, float, float, str] | None = None
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are.
@@ -423,7 +432,6 @@ class DefaultPolicy(PrefixLearning):
                         queued = owed
                 cost = (w.in_flight + (w.waiting or 0)) * decode_s
                 depth = get(wid)
-                cached = 0
                 if depth:
                     # ``PrefixIndex.depth_chars``, inlined.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
@@ -434,25 +442,23 @@ class DefaultPolicy(PrefixLearning):
                 else:
                     cost += queued + fresh_all + evict_all * fill
                 if cost < best_cost:
-                    best, best_cost, best_tie, best_cached = w, cost, None, cached
+                    best, best_cost, best_tie = w, cost, None
                 elif cost == best_cost and best is not None:
                     # Exact ties are common at low load: only then order them.
                     if best_tie is None:
                         best_tie = self._tie(best, now)
                     tie = self._tie(w, now)
                     if tie < best_tie:
-                        best, best_tie, best_cached = w, tie, cached
+                        best, best_tie = w, tie
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
         top = max(matches.values(), default=0)
         if not top:
-            return best, "least_loaded", best_cached
+            return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
-            # Chosen for what it can restore, not hold: its KV takes the whole prompt.
-            return best, "restorable_match", 0
-        reason = "prefix_match" if get(best.id, 0) == top else "least_ttft"
-        return best, reason, best_cached
+            return best, "restorable_match"  # chosen for what it can restore, not hold
+        return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
