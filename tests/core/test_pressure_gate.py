@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvgate.core.features import RequestFeatures
@@ -51,12 +53,32 @@ def test_kv_demand_is_prompt_tokens_plus_expected_output(
 
 
 @pytest.mark.parametrize(
+    ("shared_chars", "expected"),
+    [
+        (0, 200),
+        (200, 150),  # the worker holds half the prompt: KV for the other half only
+        (400, 100),  # all of it cached: the output's blocks only
+        (10_000, 100),  # a match longer than the prompt is the prompt
+        (-5, 200),
+    ],
+)
+def test_kv_demand_counts_only_what_the_worker_does_not_hold(
+    shared_chars: int, expected: int
+) -> None:
+    request = RequestFeatures("r", "m", prompt_chars=400, max_tokens=100)
+    assert kv_demand_tokens(request, CFG, shared_chars) == expected
+
+
+@pytest.mark.parametrize(
     ("state", "committed", "usage"),
     [
         (worker(tokens=300), 300.0, 0.3),
         (worker(tokens=300, kv=0.5), 500.0, 0.5),  # work not sent by us shows in the scrape
         (worker(tokens=700, kv=0.5), 700.0, 0.7),  # sent since the scrape, or still to decode
         (worker(tokens=700, cap=None), 0.0, None),  # unknown size: nothing to judge
+        # Requests that ended since the scrape freed 300 of the 500 it read.
+        (replace(worker(tokens=100, kv=0.5), kv_freed_tokens=300), 200.0, 0.2),
+        (replace(worker(tokens=300, kv=0.5), kv_freed_tokens=300), 300.0, 0.3),
     ],
 )
 def test_committed_tokens_are_the_higher_of_estimate_and_scrape(

@@ -238,6 +238,17 @@ def test_a_hold_waits_what_is_left_of_its_time_and_knows_where_to_go() -> None:
     assert verdict.place == Place("a", "least_loaded", "default", None, kv_tokens=200)
 
 
+def test_a_prompt_cached_on_a_near_full_worker_is_placed_not_held() -> None:
+    # 800 of 1000 tokens committed, the hard mark at 950: the whole prompt (100 tokens
+    # and 100 of output) does not fit; with its prompt cached there, only the output
+    # needs new KV (shared blocks are not taken twice).
+    workers = (w("a", in_flight=1, kv_in_flight=800, capacity=1000),)
+    cold = verdict_of(workers, decision=Decision("a", "prefix_match"))
+    assert isinstance(cold, Hold) and cold.place.kv_tokens == 200
+    warm = verdict_of(workers, decision=Decision("a", "prefix_match", shared_chars=100))
+    assert warm == Place("a", "prefix_match", None, None, kv_tokens=100)
+
+
 def test_queue_and_shed_carry_their_waits() -> None:
     queued = verdict_of((w("a", **FULL),), priority=CRIT)
     assert queued == Queue(30.0)

@@ -39,6 +39,16 @@ def test_loaded_changes_only_the_accounting() -> None:
     assert more.loaded(-1, -500).kv_in_flight_tokens == 0  # never negative
 
 
+def test_kv_freed_since_the_scrape_counts_releases_until_the_next_scrape() -> None:
+    # The scrape still counts the KV of requests that ended after it was read.
+    released = FULL.loaded(1, 200).loaded(-1, -120).loaded(-1, -30)
+    assert (released.kv_in_flight_tokens, released.kv_freed_tokens) == (100, 150)
+    assert worker_state(released, 101.0, 3.0).kv_freed_tokens == 150
+    rescraped = released.scraped(READINGS, 102.0)
+    assert (rescraped.kv_freed_tokens, rescraped.signals_at) == (0, 102.0)
+    assert rescraped.kv_in_flight_tokens == 100
+
+
 def test_fresh_readings_show_and_stale_ones_are_unknown() -> None:
     fresh = worker_state(FULL, 101.0, 3.0)
     assert (fresh.health, fresh.running, fresh.kv_usage, fresh.gpu_mem_usage) == (

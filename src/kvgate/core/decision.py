@@ -54,6 +54,9 @@ class Decision:
     version: str | None = None
     affinity: AffinityWrite | None = None
     retry_after: Seconds | None = None
+    shared_chars: int = 0
+    """Leading characters of the prompt whose KV requests in flight on ``worker`` already
+    hold: the request takes new KV for the rest only (``core.pressure.kv_demand_tokens``)."""
 
     @property
     def shed(self) -> bool:

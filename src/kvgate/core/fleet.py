@@ -51,6 +51,8 @@ class WorkerState:
     kv_capacity_tokens: int | None = None
     kv_in_flight_tokens: int = 0
     """The gateway's estimate of the KV tokens its in-flight requests will hold at their end."""
+    kv_freed_tokens: int = 0
+    """The estimated KV tokens of requests that ended since ``kv_usage`` was scraped."""
     gpu_temp_c: float | None = None
     gpu_mem_usage: float | None = None
     labels: tuple[tuple[str, str], ...] = ()

@@ -218,9 +218,17 @@ class PressureTracker:
         return Pressure.NORMAL
 
 
-def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
-    """KV tokens ``request`` is expected to hold: its prompt (from its characters) plus a
-    typical output (``default_output_tokens``, less when its ``max_tokens`` is lower).
+def kv_demand_tokens(
+    request: RequestFeatures, config: PressureConfig, shared_chars: int = 0
+) -> int:
+    """New KV tokens ``request`` is expected to take: its prompt (from its characters)
+    less the ``shared_chars`` whose KV requests in flight on its worker already hold
+    (``Decision.shared_chars``), plus a typical output (``default_output_tokens``,
+    less when its ``max_tokens`` is lower).
+
+    Blocks in use are shared in the engine: counting a common preamble again for
+    every request in flight that reuses it had the KV gate hold requests on workers
+    whose real use was far below the mark.
 
     A declared ``max_tokens`` is a bound, not a commitment: most requests stop far
     short of it, and counting it in full let one client with a few long-limit
@@ -228,7 +236,8 @@ def kv_demand_tokens(request: RequestFeatures, config: PressureConfig) -> int:
     KV use was near zero. Output that does grow past the typical shows in the
     workers' scraped usage, which ``kv_committed_tokens`` takes when higher.
     """
-    prompt = math.ceil(request.prompt_chars / config.chars_per_token)
+    chars = request.prompt_chars - min(max(0, shared_chars), request.prompt_chars)
+    prompt = math.ceil(chars / config.chars_per_token)
     output = min(request.max_tokens or config.default_output_tokens, config.default_output_tokens)
     return max(1, prompt + output)
 
@@ -238,12 +247,15 @@ def kv_committed_tokens(worker: WorkerState) -> float:
 
     Scraped use covers work that did not come through this gateway; the
     estimate covers what was sent since the last scrape and the decode growth
-    still ahead of running requests. 0 with unknown capacity.
+    still ahead of running requests. Scraped use is read less what requests that
+    ended since the scrape held (``kv_freed_tokens``): after a burst, a scrape
+    up to an interval old otherwise kept the KV gate holding requests on a
+    worker that had already freed it. 0 with unknown capacity.
     """
     capacity = worker.kv_capacity_tokens
     if not capacity:
         return 0.0
-    scraped = (worker.kv_usage or 0.0) * capacity
+    scraped = (worker.kv_usage or 0.0) * capacity - worker.kv_freed_tokens
     return max(float(worker.kv_in_flight_tokens), scraped)
 
 

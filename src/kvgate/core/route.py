@@ -181,7 +181,7 @@ def route(
     if state is None:
         return Shed(INVALID_DECISION, DEFAULT_RETRY_AFTER_S)
     gate = config.kv_gate
-    demand = kv_demand_tokens(request, gate) if gate is not None else 0
+    demand = kv_demand_tokens(request, gate, decision.shared_chars) if gate is not None else 0
     place = Place(decision.worker, decision.reason, decision.version, decision.affinity, demand)
     if gate is None or kv_fits(state, demand, gate):
         return place

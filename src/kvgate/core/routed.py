@@ -79,6 +79,13 @@ class Routed:
     """KV tokens the requests in flight here will hold at their end (estimated)."""
     signals: Readings | None = None
     signals_at: Seconds = NEVER
+    kv_freed_tokens: int = 0
+    """KV tokens (estimated) of requests that ended here since ``signals`` were read: the
+    scraped use still counts them. A new scrape (``scraped``) starts it again at 0."""
+
+    def scraped(self, signals: Readings, at: Seconds) -> Routed:
+        """This value with fresh ``signals`` read at ``at``."""
+        return replace(self, signals=signals, signals_at=at, kv_freed_tokens=0)
 
     def loaded(self, requests: int, kv_tokens: int) -> Routed:
         """This value with ``requests`` more in flight holding ``kv_tokens`` more (or fewer).
@@ -100,6 +107,7 @@ class Routed:
             max(0, self.kv_in_flight_tokens + kv_tokens),
             self.signals,
             self.signals_at,
+            self.kv_freed_tokens - kv_tokens if kv_tokens < 0 else self.kv_freed_tokens,
         )
 
 
@@ -172,6 +180,7 @@ def worker_state(
         kv_usage=sig.kv_usage,
         kv_capacity_tokens=sig.kv_capacity_tokens,
         kv_in_flight_tokens=worker.kv_in_flight_tokens,
+        kv_freed_tokens=worker.kv_freed_tokens,
         gpu_temp_c=sig.gpu_temp_c,
         gpu_mem_usage=mem_usage,
         labels=worker.labels,

@@ -114,7 +114,7 @@ class SimWorker:
             gpu_mem_used_mib=stats.gpu_mem_used_mib,
             gpu_mem_total_mib=stats.gpu_mem_total_mib,
         )
-        self.update(replace(self.routed, signals=signals, signals_at=now))
+        self.update(self.routed.scraped(signals, now))
         return signals
 
     def state(self, now: Seconds) -> WorkerState:

@@ -180,6 +180,28 @@ def test_the_longest_cached_match_wins() -> None:
     assert (decision.worker, decision.reason) == ("b", "prefix_match")
 
 
+def test_a_decision_says_how_much_of_its_prompt_requests_in_flight_there_hold() -> None:
+    """What the KV gate counts as new KV on the chosen worker (``Decision.shared_chars``).
+
+    Blocks in use by a request in flight are shared; blocks only cached (their
+    request ended) take KV again, so they are not subtracted.
+    """
+    policy = DefaultPolicy()
+    running = request("w", hashes=chain(1, 8))
+    policy.on_routed(running, "b", -10.0)  # in flight: never reported back
+    warm = policy.pick(request("q", hashes=(*chain(1, 8), 7)), ctx(fleet(*THREE)))
+    assert (warm.worker, warm.reason, warm.shared_chars) == ("b", "prefix_match", 8 * 256)
+    policy.on_usage(running, "b", 512, 0, -5.0)  # it ended: its blocks are only cached
+    again = policy.pick(request("q2", hashes=(*chain(1, 8), 7)), ctx(fleet(*THREE)))
+    assert (again.worker, again.reason, again.shared_chars) == ("b", "prefix_match", 0)
+    cold = policy.pick(request("n", hashes=chain(2, 8)), ctx(fleet(*THREE)))
+    assert (cold.reason, cold.shared_chars) == ("least_loaded", 0)
+    policy.on_routed(request("t1", session="s", hashes=chain(3, 4)), "c", -10.0)
+    turn = request("t2", session="s", hashes=(*chain(3, 4), 9))
+    sticky = policy.pick(turn, ctx(fleet(*THREE), bound_to="c"))
+    assert (sticky.worker, sticky.reason, sticky.shared_chars) == ("c", "affinity_hit", 4 * 256)
+
+
 @pytest.mark.parametrize(
     ("field", "values", "chosen"),
     [
@@ -250,9 +272,16 @@ def test_no_prompt_goes_least_loaded_unbound() -> None:
 
 
 def place_concurrently(
-    workers: int, opening: int, tails: list[int], policy: DefaultPolicy | None = None
+    workers: int,
+    opening: int,
+    tails: list[int],
+    policy: DefaultPolicy | None = None,
+    work: dict[str, int] | None = None,
 ) -> dict[str, int]:
-    """Route headerless requests sharing an ``opening``-block opening, none finishing."""
+    """Route headerless requests sharing an ``opening``-block opening, none finishing.
+
+    Requests per worker; ``work``, when given, gets each worker's own-tail blocks.
+    """
     policy = policy if policy is not None else DefaultPolicy()
     fleet_workers = [worker(f"w{i}") for i in range(workers)]
     loads = dict.fromkeys((w.id for w in fleet_workers), 0)
@@ -263,6 +292,8 @@ def place_concurrently(
         assert decision.worker is not None and decision.affinity is None
         policy.on_routed(request(f"r{n}", hashes=hashes), decision.worker, 0.0)
         loads[decision.worker] += 1
+        if work is not None:
+            work[decision.worker] = work.get(decision.worker, 0) + tail
     return loads
 
 
@@ -287,12 +318,15 @@ def test_property_requests_sharing_only_an_opening_are_not_all_on_one_worker(
 
     Each request's own tail is at least an eighth of the opening, and there are at
     least two requests per worker: then no single worker may take all, nor more
-    than three quarters.
+    than three quarters of the work (the tails' blocks). Load is what requests cost,
+    not how many they are: with tails of 15 and 4 blocks, two long ones on one of two
+    workers and eight short ones on the other is balanced (32 blocks against 40).
     """
     tails = [max(t, opening // 8) for t in tails] * max(rounds, -(-2 * workers // len(tails)))
-    loads = place_concurrently(workers, opening, tails)
+    work: dict[str, int] = {}
+    loads = place_concurrently(workers, opening, tails, work=work)
     assert sum(1 for n in loads.values() if n) >= 2
-    assert max(loads.values()) <= 0.75 * len(tails)
+    assert max(work.values()) <= 0.75 * sum(tails)
 
 
 def test_time_scale_puts_the_models_rates_on_the_drivers_clock() -> None:

@@ -105,13 +105,23 @@ def route(
     reason: str,
     request: RequestFeatures | None = None,
     expected: str | None = None,
+    shared_chars: int = 0,
 ) -> Decision:
-    """A decision for ``worker``; with ``request``, also bind its affinity key there."""
+    """A decision for ``worker``; with ``request``, also bind its affinity key there.
+
+    ``shared_chars``: how much of the prompt's KV ``worker`` already holds in use.
+    """
     write = None
     key = request.affinity_key if request is not None else None
     if key is not None:
         write = AffinityWrite(key, worker.id, worker.version, expected=expected)
-    return Decision(worker=worker.id, reason=reason, version=worker.version, affinity=write)
+    return Decision(
+        worker=worker.id,
+        reason=reason,
+        version=worker.version,
+        affinity=write,
+        shared_chars=shared_chars,
+    )
 
 
 def affinity_status(

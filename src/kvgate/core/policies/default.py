@@ -63,6 +63,13 @@ Used when the config names no policy. In order:
    worker at ``restorable_credit``; a worker chosen for them is a
    ``restorable_match``.
 
+   Every decision says how much of the prompt's KV its worker already holds in
+   use (``Decision.shared_chars``): the leading blocks that requests in flight
+   there share with it (``RunningBlocks``). The gateway's KV gate counts only the
+   rest as the request's new KV: a shared tool preamble is held once however
+   many agents run, while an agent's own earlier turns (cached, but freed when
+   that turn ended) take KV again.
+
    Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
    (a colder worker: the warm one's queue outweighed its cache),
    ``least_loaded`` (nothing of the prompt cached anywhere). A session that had
@@ -111,6 +118,7 @@ from kvgate.core.policies.base import (
     under_threshold,
 )
 from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
@@ -147,6 +155,9 @@ class DefaultConfig(PolicyConfig):
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
     index: PrefixIndexConfig = PrefixIndexConfig()
+
+
+_Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
 
 class _Book:
@@ -189,8 +200,10 @@ class DefaultPolicy(PrefixLearning):
         # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
         # replaced whenever the book changes, so the hot loop unpacks instead of probing.
         self._costs: dict[WorkerId, tuple[float, float, float]] = {}
-        # Requests routed and not reported back: worker, prefill seconds, when routed.
-        self._flights: OrderedDict[str, tuple[WorkerId, float, Seconds]] = OrderedDict()
+        # Requests routed and not reported back: worker, prefill seconds, when routed,
+        # and their chains (counted in ``_running`` while they are in flight).
+        self._flights: OrderedDict[str, _Flight] = OrderedDict()
+        self._running = RunningBlocks()
         # What a session brings over its life, measured on explicit sessions (decayed
         # together, so only their ratio matters): prefill seconds routed with a session
         # id, and sessions placed for the first time.
@@ -237,7 +250,9 @@ class DefaultPolicy(PrefixLearning):
         old = flights.pop(request.request_id, None)
         if old is not None:
             self._settle(old)
-        flights[request.request_id] = (worker, seconds, now)
+        hashes = tuple(request.prefix_hashes)
+        flights[request.request_id] = (worker, seconds, now, hashes)
+        self._running.add(worker, hashes)
         if request.session_key is not None:
             self._count_session(now, seconds, 0.0)
         horizon = now - self._horizon_s
@@ -283,8 +298,9 @@ class DefaultPolicy(PrefixLearning):
             book.fill = self.index.fill(worker)
             self._publish(worker, book)
 
-    def _settle(self, flight: tuple[WorkerId, float, Seconds]) -> None:
-        worker, seconds, _ = flight
+    def _settle(self, flight: _Flight) -> None:
+        worker, seconds, _, hashes = flight
+        self._running.remove(worker, hashes)
         book = self._books.get(worker)
         if book is not None:
             left = book.owed_s - seconds
@@ -296,6 +312,7 @@ class DefaultPolicy(PrefixLearning):
         super().on_worker_removed(worker)
         self._books.pop(worker, None)
         self._costs.pop(worker, None)
+        self._running.forget(worker)
 
     # -- deciding -----------------------------------------------------------------
 
@@ -311,7 +328,7 @@ class DefaultPolicy(PrefixLearning):
             )
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold, sticky_cap)
         if bound is not None:
-            return route(bound, "affinity_hit")
+            return route(bound, "affinity_hit", shared_chars=self._shared_chars(request, bound.id))
         if not cands:
             return refuse(request, ctx, cfg.retry_after_s)
 
@@ -334,15 +351,22 @@ class DefaultPolicy(PrefixLearning):
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
         worker, reason = self._place(request, pool, ctx)
+        shared = self._shared_chars(request, worker.id)
         if kept is not None and worker.id == kept.id:
-            return route(worker, "affinity_hit")
+            return route(worker, "affinity_hit", shared_chars=shared)
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._count_session(ctx.fleet.now, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
-        return route(worker, reason, request if keyed else None, expected=old)
+        return route(worker, reason, request if keyed else None, old, shared)
+
+    def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
+        """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
+        hashes = request.prefix_hashes
+        depth = self._running.shared_depth(worker, hashes) if hashes else 0
+        return min(request.prompt_chars, self.index.depth_chars(depth)) if depth else 0
 
     def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""

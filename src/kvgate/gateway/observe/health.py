@@ -208,7 +208,7 @@ class HealthChecker:
         assert signals is not None
         if len(results) > 1 and results[1] is not None:
             signals = merge(signals, results[1])
-        worker.update(signals=signals, signals_at=self.mono())
+        worker.replace(worker.routed.scraped(signals, self.mono()))
         for listener in self.scrape_listeners:
             listener(worker, signals)
 

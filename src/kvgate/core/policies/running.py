@@ -1,0 +1,61 @@
+"""The prefix blocks requests in flight hold on each worker, counted (``RunningBlocks``).
+
+An engine allocates KV for a request's blocks unless a running request already
+uses them: a tool preamble every agent shares is held once, however many agents
+run, while an agent's own earlier turns (cached, but freed when that turn ended)
+take KV again. What a new request adds to a worker's KV in use is therefore its
+prompt less the leading blocks the requests in flight there share with it, not
+less everything the worker has cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvgate.types import BlockHash, WorkerId
+
+
+class RunningBlocks:
+    """Per worker, how many requests in flight hold each prefix block."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[WorkerId, dict[BlockHash, int]] = {}
+
+    def add(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
+        """A request with chain ``hashes`` started on ``worker``."""
+        counts = self._counts.get(worker)
+        if counts is None:
+            counts = self._counts[worker] = {}
+        get = counts.get
+        for h in hashes:
+            counts[h] = get(h, 0) + 1
+
+    def remove(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
+        """A request with chain ``hashes`` on ``worker`` ended."""
+        counts = self._counts.get(worker)
+        if counts is None:
+            return
+        for h in hashes:
+            left = counts.get(h, 0) - 1
+            if left > 0:
+                counts[h] = left
+            else:
+                counts.pop(h, None)
+
+    def shared_depth(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of ``hashes`` some request in flight on ``worker`` holds."""
+        counts = self._counts.get(worker)
+        if not counts:
+            return 0
+        depth = 0
+        for h in hashes:
+            if h not in counts:
+                break
+            depth += 1
+        return depth
+
+    def forget(self, worker: WorkerId) -> None:
+        """Drop what ``worker`` holds (it left the fleet)."""
+        self._counts.pop(worker, None)
