@@ -10,6 +10,7 @@ version.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -23,13 +24,14 @@ from kvgate.core.route import RouteConfig, needs_affinity
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.config import ModelVersionsConfig
 from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.dataplane.errors import OverloadedError
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.router import UNREAD, Router
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.store import MemoryStore
-from kvgate.types import Seconds, SessionKey
+from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
 
 MONO = 100.0
 
@@ -41,6 +43,8 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.gets = 0
         self.touches = 0
+        self.holder_reads = 0
+        self.holder_writes = 0
 
     async def get(self, key: SessionKey) -> Affinity | None:
         self.gets += 1
@@ -49,6 +53,16 @@ class CountingStore(MemoryStore):
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
         self.touches += 1
         return await super().touch(key, now, ttl)
+
+    async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
+        self.holder_reads += 1
+        return await super().get_holders(blocks)
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        self.holder_writes += 1
+        await super().set_holders(entries, ttl)
 
 
 def _state(wid: str, pressure: Pressure = Pressure.NORMAL, in_flight: int = 0) -> WorkerState:
@@ -118,6 +132,14 @@ def features(key: str | None = "s1", rid: str = "r1") -> RequestFeatures:
     return RequestFeatures(request_id=rid, model="m", session_key=key)
 
 
+def turn(rid: str, blocks: int) -> RequestFeatures:
+    """A headerless conversation's turn: its chain of ``blocks`` prefix blocks, all shared."""
+    hashes = tuple(BlockHash(1000 + i) for i in range(blocks))
+    return RequestFeatures(
+        request_id=rid, model="m", prefix_hashes=hashes, checkpoints=tuple(range(blocks))
+    )
+
+
 async def serve(router: Router, request: RequestFeatures) -> str:
     """Look up, place and finish one request as the proxy does; the worker placed on."""
     looked = await router.lookup(request)
@@ -174,3 +196,26 @@ async def test_a_split_model_reads_the_binding_so_a_session_keeps_its_version() 
         versions.add(placement.version)
     assert versions == {"v2"}
     assert store.gets == 6  # ``place`` reads what ``lookup`` left unread once a split exists
+
+
+async def test_the_prefix_state_is_written_unread_and_spares_a_later_turn_under_pressure() -> None:
+    """Without pressure nothing reads the shared prefix state, but each request still
+    writes it: once every worker is soft-pressured, a headerless conversation's later
+    turn is known as continued (not shed as a new session), a stranger is shed."""
+    store = CountingStore()
+    router = make_router(store, "round_robin")
+    await serve(router, turn("t1", 4))
+    assert (store.holder_reads, store.holder_writes) == (0, 1)
+    for worker in router.pool:
+        worker.update(pressure=Pressure.SOFT)
+    await serve(router, turn("t2", 6))  # the same conversation, one turn later
+    assert store.holder_reads == 1
+    stranger = RequestFeatures(
+        request_id="x",
+        model="m",
+        prefix_hashes=tuple(BlockHash(9000 + i) for i in range(4)),
+        checkpoints=(0, 1, 2, 3),
+        priority=Priority.STANDARD,
+    )
+    with pytest.raises(OverloadedError):
+        await router.place(stranger, UNREAD)

@@ -43,8 +43,8 @@ class Policy(Protocol):
 
     name: str
     reads_affinity: bool
-    """Whether ``pick`` reads ``ctx.affinity`` or writes bindings (False: the driver may
-    skip the store lookup, ``core.route.needs_affinity``)."""
+    """Whether ``pick`` reads ``ctx.affinity`` or ``ctx.holders``, or writes bindings
+    (False: the driver may skip those store reads, ``core.route.needs_affinity``)."""
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Choose a worker (or refuse) for ``request``; must not do I/O."""

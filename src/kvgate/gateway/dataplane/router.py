@@ -9,11 +9,12 @@ replica won, ``follows_binding`` says whether to follow it), ``Hold`` and
 ``Unavailable`` a 503. The router decides nothing itself. After the response:
 ``policy.on_usage``, the usage listeners and ``store.touch``.
 
-A policy that never reads bindings (``Policy.reads_affinity``), on a model whose
-versions are not split, gets no store lookup and no touch: ``lookup`` answers
-``UNREAD``, and ``place`` reads the binding only if the snapshot shows a worker
-under pressure or full (``core.route.needs_affinity``), where a binding changes
-the verdict.
+A policy that never reads bindings nor the shared prefix state
+(``Policy.reads_affinity``), on a model whose versions are not split, gets no
+store lookup, no prefix-state read and no touch: ``lookup`` answers ``UNREAD``,
+and ``place`` reads both only if the snapshot shows a worker under pressure or
+full (``core.route.needs_affinity``), where they change the verdict. The prefix
+state the request adds is still written, so pressure later finds it.
 
 The caller owns the returned placement's lease (``async with placement.lease``);
 until ``place`` returns, ``place`` does, so a request cancelled while it awaits
@@ -185,23 +186,32 @@ class Router:
         held_at: float | None = None
         split = self._split(features.model)
         key = features.affinity_key
-        if isinstance(looked, Unread) and split and key is not None:
+        # Until a snapshot says otherwise, nothing may read the binding or the shared
+        # prefix state (``core.route.needs_affinity``): neither is looked up.
+        lazy = not self.policy.reads_affinity and not split
+        if isinstance(looked, Unread) and not lazy and key is not None:
             looked = await self._read(key)  # a split appeared since ``lookup``
         affinity = None if isinstance(looked, Unread) else looked
         if version is None and self.versions is not None:
             version = self.versions.assign(features, affinity)
-        keys, seen, holders = await self._holders(features, affinity)
+        if lazy:
+            # What this request adds to the shared prefix state is still written.
+            keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+            seen: list[WorkerId | None] = [None] * len(keys)
+            holders: Mapping[WorkerId, int] = {}
+        else:
+            keys, seen, holders = await self._holders(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
-            if (
-                isinstance(looked, Unread)
-                and key is not None
-                and needs_affinity(self.policy, snap, split)
-            ):
-                # Pressure or a full worker: a binding now changes the verdict.
-                looked = affinity = await self._read(key)
-                continue  # the snapshot is stale after the await
+            if lazy and needs_affinity(self.policy, snap, split):
+                # Pressure or a full worker: the binding and the prefix state now change
+                # the verdict (pressure spares known sessions and continued chains).
+                lazy = False
+                if isinstance(looked, Unread) and key is not None:
+                    looked = affinity = await self._read(key)
+                keys, seen, holders = await self._holders(features, affinity)
+                continue  # the snapshot is stale after the awaits
             held_s = None if held_at is None else self.mono() - held_at
             verdict = route(
                 features,
