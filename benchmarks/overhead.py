@@ -294,6 +294,14 @@ def main() -> None:
         help="only these (--side-by-side; comma list of haproxy, kvgate, kvgate-n, "
         "sglang-router, vllm-router; empty: all)",
     )
+    parser.add_argument(
+        "--kvgate-src",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="also run kvgate (1 process) from this source tree, as 'kvgate NAME' "
+        "(--side-by-side; repeatable: before/after rows in one interleaved run)",
+    )
     parser.add_argument("--peer-policy", default="round_robin", help="the Rust routers' policy")
     parser.add_argument("--events", type=int, default=16, help="SSE events per mock stream")
     parser.add_argument(

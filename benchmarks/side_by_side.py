@@ -109,12 +109,21 @@ class RouterSpec:
     ready_path: str = "/health"
 
 
-def kvgate_spec(policy: str, processes: int, store: str | None, server: str) -> RouterSpec:
+def kvgate_spec(
+    policy: str,
+    processes: int,
+    store: str | None,
+    server: str,
+    source: tuple[str, str] | None = None,
+) -> RouterSpec:
     """``kvgate serve`` with ``processes`` server processes (``store`` when several) and
-    ``server`` serving the generation endpoints (``--server``)."""
+    ``server`` serving the generation endpoints (``--server``); with ``source`` (a name
+    and a ``src`` folder), that tree's kvgate instead (a before/after in one run)."""
 
     def command(port: int, urls: list[str], _scratch: Path) -> list[str]:
         argv = [KVGATE, "serve", "--port", str(port), "--policy", policy]
+        if source is not None:
+            argv = ["env", f"PYTHONPATH={source[1]}", *argv]
         argv += ["--processes", str(processes), "--server", server]
         if store is not None:
             argv += ["--store", store]
@@ -123,6 +132,8 @@ def kvgate_spec(policy: str, processes: int, store: str | None, server: str) -> 
         return argv
 
     name = "kvgate" if processes == 1 else f"kvgate x{processes}"
+    if source is not None:
+        name += f" {source[0]}"
     return RouterSpec(f"{name} {server}", command, "/readyz")
 
 
@@ -161,6 +172,9 @@ def _specs(opts: argparse.Namespace, redis_url: str | None) -> list[RouterSpec]:
         specs.append(peer_spec(routers["haproxy"], opts.peer_policy, found[1]))
     for server in opts.servers.split(","):
         if want("kvgate"):
+            for source in opts.kvgate_src:
+                name, _, path = source.partition("=")
+                specs.append(kvgate_spec(opts.policy, 1, None, server, (name, path)))
             specs.append(kvgate_spec(opts.policy, 1, None, server))
         if opts.processes > 1 and want("kvgate-n"):
             if redis_url is None:

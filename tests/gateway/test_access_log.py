@@ -184,3 +184,29 @@ async def test_the_sink_writes_what_logging_would_in_one_write_per_loop_turn(
             stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
             assert re.fullmatch(stamp + r"INFO kvgate\.access: .*", got)
             assert got[24:] == want_line[24:]  # everything after the time stamp
+
+
+def test_the_sink_flushes_on_whichever_loop_runs_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink remembers the running loop (asking asyncio makes a system call): a line
+    written in a later loop, or outside any, is still flushed, never left on a dead one."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    out = io.StringIO()
+
+    async def one_line() -> str:
+        log.write(RECORD)
+        await asyncio.sleep(0)
+        return out.getvalue()
+
+    try:
+        monkeypatch.setattr(sys, "stderr", out)
+        configure_logging(False)
+        log = AccessLog(True)
+        first = asyncio.run(one_line())
+        second = asyncio.run(one_line())  # a new loop: the remembered one is not running
+        log.write(RECORD)  # no loop at all: written at once
+        third = out.getvalue()
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert [text.count("\n") for text in (first, second, third)] == [1, 2, 3]

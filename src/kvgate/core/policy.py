@@ -42,6 +42,9 @@ class Policy(Protocol):
     """A routing policy: pure ``pick`` plus optional learning hooks."""
 
     name: str
+    reads_affinity: bool
+    """Whether ``pick`` reads ``ctx.affinity`` or ``ctx.holders``, or writes bindings
+    (False: the driver may skip those store reads, ``core.route.needs_affinity``)."""
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Choose a worker (or refuse) for ``request``; must not do I/O."""
@@ -71,6 +74,8 @@ class PolicyBase:
     """Convenience base with no-op hooks; policies override what they need."""
 
     name: str = "base"
+    reads_affinity: bool = True
+    """Safe default: a policy that ignores bindings says so (``reads_affinity = False``)."""
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         raise NotImplementedError

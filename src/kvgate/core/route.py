@@ -47,7 +47,7 @@ from kvgate.core.admission import (
 )
 from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot, WorkerState
+from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
@@ -189,6 +189,21 @@ def route(
     if left <= 0:
         return place
     return Hold(place, left)
+
+
+def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
+    """Whether the store's binding for a request could change its verdict on ``fleet``.
+
+    It can when the policy reads or writes bindings, when the model's versions are
+    split (a binding keeps its session on its version), or when a worker is under
+    pressure or full (pressure shedding spares bound sessions, a soft-pressured
+    worker still takes its own, the overflow moves a binding). Otherwise the driver
+    may skip the lookup and the touch: the verdict is the same without them.
+    """
+    if policy.reads_affinity or split:
+        return True
+    normal = Pressure.NORMAL
+    return any(w.pressure is not normal or w.full for w in fleet.workers)
 
 
 def _when_full(

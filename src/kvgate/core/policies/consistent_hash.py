@@ -51,6 +51,7 @@ class ConsistentHash(PolicyBase):
     """Stateless, replica-consistent placement by key with bounded loads."""
 
     name = "consistent_hash"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: ConsistentHashConfig | None = None) -> None:
         self.config = config if config is not None else ConsistentHashConfig()

@@ -25,6 +25,7 @@ class LeastRequest(PolicyBase):
     """Least loaded candidate wins."""
 
     name = "least_request"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: LeastRequestConfig | None = None) -> None:
         self.config = config if config is not None else LeastRequestConfig()

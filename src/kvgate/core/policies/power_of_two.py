@@ -24,6 +24,7 @@ class PowerOfTwo(PolicyBase):
     """Two random choices (``ctx.rng``), the less loaded wins."""
 
     name = "power_of_two"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: PowerOfTwoConfig | None = None) -> None:
         self.config = config if config is not None else PowerOfTwoConfig()

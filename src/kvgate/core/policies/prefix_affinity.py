@@ -166,6 +166,7 @@ class PrefixAffinity(PrefixLearning):
     """Cache-aware routing on an approximate, bounded per-worker prefix index."""
 
     name = "prefix_affinity"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: PrefixPlacementConfig | None = None) -> None:
         self.config = config if config is not None else PrefixPlacementConfig()

@@ -21,6 +21,7 @@ class RandomChoice(PolicyBase):
     """Uniform choice among candidates, using ``ctx.rng`` (never module-level random)."""
 
     name = "random"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: RandomConfig | None = None) -> None:
         self.config = config if config is not None else RandomConfig()

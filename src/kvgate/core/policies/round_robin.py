@@ -24,6 +24,7 @@ class RoundRobin(PolicyBase):
     """Cycles through the candidates in fleet order."""
 
     name = "round_robin"
+    reads_affinity = False  # never reads ctx.affinity, never binds a key
 
     def __init__(self, config: RoundRobinConfig | None = None) -> None:
         self.config = config if config is not None else RoundRobinConfig()

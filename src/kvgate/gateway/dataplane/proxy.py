@@ -305,6 +305,7 @@ class Proxy:
                         self._charge(unsettled, features)
                         raise self._client_error(last_failure, features) from None
                     raise
+                affinity = placement.affinity  # read by ``place`` if the fleet asked for it
                 async with placement.lease:
                     outcome.placement = placement
                     outcome.reported = False

@@ -9,6 +9,13 @@ replica won, ``follows_binding`` says whether to follow it), ``Hold`` and
 ``Unavailable`` a 503. The router decides nothing itself. After the response:
 ``policy.on_usage``, the usage listeners and ``store.touch``.
 
+A policy that never reads bindings nor the shared prefix state
+(``Policy.reads_affinity``), on a model whose versions are not split, gets no
+store lookup, no prefix-state read and no touch: ``lookup`` answers ``UNREAD``,
+and ``place`` reads both only if the snapshot shows a worker under pressure or
+full (``core.route.needs_affinity``), where they change the verdict. The prefix
+state the request adds is still written, so pressure later finds it.
+
 The caller owns the returned placement's lease (``async with placement.lease``);
 until ``place`` returns, ``place`` does, so a request cancelled while it awaits
 the store gives its slot back.
@@ -36,6 +43,7 @@ from kvgate.core.route import (
     RouteConfig,
     Unavailable,
     follows_binding,
+    needs_affinity,
     queue_timeout,
     route,
 )
@@ -47,6 +55,22 @@ from kvgate.store.base import AffinityStore
 from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.dataplane.router")
+
+
+class Unread:
+    """The store's binding was not read: nothing this request's verdict depends on needs it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+UNREAD = Unread()
+"""``Router.lookup``'s answer when the binding was not read (see the module docs)."""
+
+Looked = Affinity | None | Unread
+"""A binding as looked up: found, missing (``None``), or not read (``UNREAD``)."""
 
 UsageListener = Callable[[SessionKey, int], None]
 """Told each finished session's prompt tokens (the pressure driver's context sizes)."""
@@ -64,6 +88,8 @@ class Placement:
     wrote_affinity: bool = False
     bound: Affinity | None = None
     """The binding in force after this attempt's write (a retry expects it)."""
+    affinity: Looked = UNREAD
+    """The binding the request was placed with (``UNREAD``: never read)."""
 
     @property
     def worker(self) -> Worker:
@@ -114,11 +140,22 @@ class Router:
         """Requests held at least once for KV headroom (for benchmarks and tests)."""
         self.usage_listeners = tuple(usage_listeners)
 
-    async def lookup(self, features: RequestFeatures) -> Affinity | None:
-        """The store's binding for the request's affinity key (``None`` on miss or error)."""
+    def _split(self, model: str) -> bool:
+        """True when the model's versions are split (a binding holds its version)."""
+        return self.versions is not None and self.versions.get(model) is not None
+
+    async def lookup(self, features: RequestFeatures) -> Looked:
+        """The store's binding for the request's affinity key (``None`` on miss or error);
+        ``UNREAD`` when neither the policy nor a version split reads it."""
         key = features.affinity_key
         if key is None:
             return None
+        if not self.policy.reads_affinity and not self._split(features.model):
+            return UNREAD
+        return await self._read(key)
+
+    async def _read(self, key: SessionKey) -> Affinity | None:
+        """The store's binding for ``key`` (``None`` on miss or error, which is counted)."""
         try:
             found = await self.store.get(key)
         except Exception:
@@ -132,7 +169,7 @@ class Router:
     async def place(
         self,
         features: RequestFeatures,
-        affinity: Affinity | None,
+        looked: Looked,
         excluded: frozenset[WorkerId] = frozenset(),
         version: str | None = None,
     ) -> Placement:
@@ -147,12 +184,34 @@ class Router:
         queued_at: float | None = None
         deadline = 0.0
         held_at: float | None = None
+        split = self._split(features.model)
+        key = features.affinity_key
+        # Until a snapshot says otherwise, nothing may read the binding or the shared
+        # prefix state (``core.route.needs_affinity``): neither is looked up.
+        lazy = not self.policy.reads_affinity and not split
+        if isinstance(looked, Unread) and not lazy and key is not None:
+            looked = await self._read(key)  # a split appeared since ``lookup``
+        affinity = None if isinstance(looked, Unread) else looked
         if version is None and self.versions is not None:
             version = self.versions.assign(features, affinity)
-        keys, seen, holders = await self._holders(features, affinity)
+        if lazy:
+            # What this request adds to the shared prefix state is still written.
+            keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
+            seen: list[WorkerId | None] = [None] * len(keys)
+            holders: Mapping[WorkerId, int] = {}
+        else:
+            keys, seen, holders = await self._holders(features, affinity)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
+            if lazy and needs_affinity(self.policy, snap, split):
+                # Pressure or a full worker: the binding and the prefix state now change
+                # the verdict (pressure spares known sessions and continued chains).
+                lazy = False
+                if isinstance(looked, Unread) and key is not None:
+                    looked = affinity = await self._read(key)
+                keys, seen, holders = await self._holders(features, affinity)
+                continue  # the snapshot is stale after the awaits
             held_s = None if held_at is None else self.mono() - held_at
             verdict = route(
                 features,
@@ -192,9 +251,11 @@ class Router:
             if isinstance(verdict, Unavailable):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
             raise self._shed(features, verdict)
-        return await self._apply(
+        placement = await self._apply(
             features, verdict, excluded, queued_at, held_at, looked_up=(keys, seen)
         )
+        placement.affinity = looked
+        return placement
 
     async def _holders(
         self, features: RequestFeatures, affinity: Affinity | None
@@ -334,7 +395,11 @@ class Router:
         if key is not None and prompt_tokens is not None:
             for listener in self.usage_listeners:
                 listener(key, prompt_tokens)
-        if key is not None and not placement.wrote_affinity:
+        if (
+            key is not None
+            and not placement.wrote_affinity
+            and not isinstance(placement.affinity, Unread)
+        ):
             try:
                 await self.store.touch(key, now, self.ttl)
             except Exception:

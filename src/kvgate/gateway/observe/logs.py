@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, fields
 from typing import TextIO
@@ -17,9 +18,13 @@ from kvgate.redaction import RedactingFilter, redact
 ACCESS_LOGGER = "kvgate.access"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AccessRecord:
     """One finished request, as logged (answered, refused or failed).
+
+    Not frozen: a frozen dataclass sets each of its 17 fields through
+    ``object.__setattr__``, which costs more than the line it feeds (one per
+    request); nothing keeps a record past the write.
 
     ``model`` is what the client asked for, even when no worker serves it;
     ``reason`` is the route reason, or the shed reason of a refused request.
@@ -159,6 +164,8 @@ class _AccessSink:
         self._stamp = ""
         self._memo: dict[str, str] = {}
         self._plain: dict[str, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
 
     def clean(self, text: str) -> str:
         """``text`` redacted, from a bounded memo."""
@@ -208,13 +215,26 @@ class _AccessSink:
         self._lines.append(line + "\n")
         if self._scheduled:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = self._running_loop()
+        if loop is None:
             self.flush()
             return
         self._scheduled = True
         loop.call_soon(self.flush)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop | None:
+        """This thread's running loop, remembered: ``asyncio.get_running_loop`` makes a
+        ``getpid`` system call each time, a few microseconds of every request at c=1."""
+        loop = self._loop
+        thread = threading.get_ident()
+        if loop is not None and self._thread == thread and loop.is_running():
+            return loop  # one loop runs in a thread at a time: this one is the running one
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        self._loop, self._thread = loop, thread
+        return loop
 
     def flush(self) -> None:
         """Write the lines held, in one write."""

@@ -357,13 +357,18 @@ class ConnectionPool:
         self._idle: deque[Connection] = deque()
         self._slots = asyncio.Semaphore(limit) if limit > 0 else None
         self._open: set[Connection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the connections live in (``asyncio.get_running_loop`` makes a
+        ``getpid`` system call: not one per request)."""
 
     async def acquire(self) -> Connection:
         """An idle live connection, or a new one (``ConnectError`` if it cannot open)."""
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            loop = asyncio.get_running_loop()
+            loop = self._loop
+            if loop is None or not loop.is_running():
+                loop = self._loop = asyncio.get_running_loop()
             now = loop.time()
             idle = self._idle
             while idle:
@@ -399,7 +404,7 @@ class ConnectionPool:
         if self._slots is not None:
             self._slots.release()
         if conn.reusable:
-            conn.idle_since = asyncio.get_running_loop().time()
+            conn.idle_since = conn._loop.time()
             self._idle.append(conn)
         else:
             conn.abort()
@@ -416,6 +421,7 @@ class ConnectionPool:
             conn.abort()
         self._open.clear()
         self._idle.clear()
+        self._loop = None
 
 
 def request_head(
