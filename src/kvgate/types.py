@@ -43,4 +43,7 @@ class SessionSource(StrEnum):
     HEADER = "header"
     USER = "user"
     PREFIX = "prefix"
+    CONTINUATION = "continuation"
+    """A response id a worker answered with (``previous_response_id``): that worker holds
+    the conversation's state, so the request must go back to it whatever the policy."""
     NONE = "none"

@@ -14,6 +14,7 @@ from kvgate.core.policies import default_registry
 from kvgate.core.policy import PolicyBase, RouteContext
 from kvgate.core.pressure import PressureConfig
 from kvgate.core.route import (
+    CONTINUATION,
     INVALID_DECISION,
     Hold,
     Place,
@@ -23,7 +24,7 @@ from kvgate.core.route import (
     queue_timeout,
     route,
 )
-from kvgate.types import Priority
+from kvgate.types import Priority, SessionSource
 
 N, S, H = Pressure.NORMAL, Pressure.SOFT, Pressure.HARD
 CRIT, STD, SHED = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
@@ -277,3 +278,33 @@ def test_following_the_binding_another_replica_won(
     request = RequestFeatures(request_id="r", model="m", session_key="s")
     affinity = Affinity("s", bound, "default")
     assert follows_binding(request, "a", affinity, other, excluded) is follows
+
+
+def continuation_verdict(workers: tuple[WorkerState, ...], affine: str | None) -> Verdict:
+    """A ``previous_response_id`` request bound to ``affine``, under a policy that prefers ``b``."""
+    request = RequestFeatures(
+        request_id="r",
+        model="m",
+        session_key="response:resp_1",
+        session_source=SessionSource.CONTINUATION,
+    )
+    affinity = Affinity("response:resp_1", affine, "v1") if affine is not None else None
+    return route(
+        request,
+        affinity,
+        FleetSnapshot(0.0, workers),
+        Fixed(Decision("b", "least_loaded")),
+        random.Random(0),
+        queue_depth=0,
+        held_s=None,
+        config=CONFIG,
+    )
+
+
+def test_a_continuation_goes_back_to_the_worker_holding_its_state_whatever_the_policy() -> None:
+    assert continuation_verdict((w("a"), w("b")), "a") == Place("a", CONTINUATION, "v1")
+    # Its worker is gone or not routable: the policy places it (the worker will say 404).
+    assert kind(continuation_verdict((w("b"),), "a")) == ("place", "b")
+    down = w("a", health=Health.EJECTED)
+    assert kind(continuation_verdict((down, w("b")), "a")) == ("place", "b")
+    assert kind(continuation_verdict((w("a"), w("b")), None)) == ("place", "b")

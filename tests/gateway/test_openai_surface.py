@@ -65,10 +65,14 @@ async def test_embeddings_float_and_base64(gw: GatewayHandle) -> None:
     assert one.usage.prompt_tokens > 0
 
 
+@pytest.mark.parametrize("policy", ["default", "round_robin", "least_request"])
 async def test_responses_continue_on_the_worker_that_holds_the_conversation(
-    gw: GatewayHandle,
+    workers: list[WorkerHandle], policy: str
 ) -> None:
-    async with _client(gw) as client:
+    # Whatever the policy: another worker does not know the conversation (a 404).
+    config = gateway_config(workers, policy={"name": policy})
+    async with running_gateway(config) as gw, _client(gw) as client:
+        await every_worker_up(gw)
         first = await client.responses.create(model="demo", input="tell me a story")
         worker_ids = set()
         previous = first.id

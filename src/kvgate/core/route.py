@@ -13,11 +13,13 @@ The steps, in order (each may end it):
    ``Shed("pressure_<level>")`` for new and low-priority work.
 3. Admission on the fleet's saturation (``core.admission.admit``): sheddable
    work is refused near saturation; a fleet with no free slot queues or sheds.
-4. The policy picks. A ``CAPACITY_FULL`` refusal overflows to the least
+4. A continuation of state one worker holds (``previous_response_id``) goes back
+   to that worker while it is routable: ``Place("continuation")``, no policy asked.
+5. The policy picks. A ``CAPACITY_FULL`` refusal overflows to the least
    pressured worker when the fleet is wholly pressured (``overflow_decision``),
    else it queues (``Queue``) or sheds as admission says at full saturation.
    Any other refusal is the policy's own shed.
-5. The KV hold: a pick whose worker lacks KV headroom for the request's demand
+6. The KV hold: a pick whose worker lacks KV headroom for the request's demand
    is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
    past that it is placed anyway (the gate delays, never refuses).
 
@@ -58,10 +60,11 @@ from kvgate.core.pressure import (
     overflow_decision,
     should_shed,
 )
-from kvgate.types import Seconds, WorkerId
+from kvgate.types import Seconds, SessionSource, WorkerId
 
 __all__ = [
     "CAPACITY_FULL",
+    "CONTINUATION",
     "INVALID_DECISION",
     "NO_HEALTHY_WORKER",
     "Hold",
@@ -75,6 +78,9 @@ __all__ = [
     "queue_timeout",
     "route",
 ]
+
+CONTINUATION = "continuation"
+"""The reason of a ``Place`` that follows a continuation to the worker holding its state."""
 
 INVALID_DECISION = "invalid_decision"
 """The shed reason when a policy picks a worker that is not in its snapshot (a policy bug)."""
@@ -169,6 +175,9 @@ def route(
     )
     if not isinstance(verdict, Admit):
         return verdict
+    held = _continuation(request, affinity, fleet)
+    if held is not None:
+        return held
     decision = policy.pick(request, RouteContext(fleet, affinity, rng, holders))
     if decision.reason == CAPACITY_FULL:
         decision = overflow_decision(request, affinity, fleet) or decision
@@ -204,6 +213,22 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
         return True
     normal = Pressure.NORMAL
     return any(w.pressure is not normal or w.full for w in fleet.workers)
+
+
+def _continuation(
+    request: RequestFeatures, affinity: Affinity | None, fleet: FleetSnapshot
+) -> Place | None:
+    """A continuation of state its worker holds goes back there while it is routable.
+
+    Not a preference a policy may weigh: another worker would not know the
+    conversation (``previous_response_id`` would be a 404), so no policy is asked.
+    """
+    if request.session_source is not SessionSource.CONTINUATION or affinity is None:
+        return None
+    state = fleet.get(affinity.worker)
+    if state is None or not state.routable:
+        return None
+    return Place(affinity.worker, CONTINUATION, affinity.version)
 
 
 def _when_full(

@@ -149,7 +149,7 @@ class Passthrough:
                 )
             if previous:
                 key = normalize_key(RESPONSE_TAG + previous, cfg.max_session_key_chars)
-                source = SessionSource.HEADER
+                source = SessionSource.CONTINUATION
         stream = payload.get("stream", False) if payload is not None else False
         features = RequestFeatures(
             request_id=request_id,

@@ -52,7 +52,7 @@ from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedErro
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Lease, Worker, WorkerPool
 from kvgate.store.base import AffinityStore
-from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Priority, Seconds, SessionKey, SessionSource, WorkerId
 
 log = logging.getLogger("kvgate.gateway.dataplane.router")
 
@@ -188,7 +188,11 @@ class Router:
         key = features.affinity_key
         # Until a snapshot says otherwise, nothing may read the binding or the shared
         # prefix state (``core.route.needs_affinity``): neither is looked up.
-        lazy = not self.policy.reads_affinity and not split
+        lazy = (
+            not self.policy.reads_affinity
+            and not split
+            and features.session_source is not SessionSource.CONTINUATION
+        )
         if isinstance(looked, Unread) and not lazy and key is not None:
             looked = await self._read(key)  # a split appeared since ``lookup``
         affinity = None if isinstance(looked, Unread) else looked
