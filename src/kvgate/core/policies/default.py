@@ -60,18 +60,18 @@ Used when the config names no policy. In order:
      traffic the pull is what keeps a group behind its prompt (without it
      shared-prefix-groups loses 3 points in the simulator).
 
-   A headerless request *extends* a chain when the deepest *chain end* its own
-   chain runs through is not a *fork*. A chain end is the last whole block of
-   a headerless request routed earlier (a trailing partial block is hashed as
-   it is, so a later turn, which carries the earlier prompt and more, matches
-   it only up to there); it becomes a fork when two later chains go on from it
-   by different blocks: then it lies in text many prompts share (past the fine
-   blocks a block is 4 KiB wide, so a tool preamble plus a short task can end
-   inside the preamble), and a stranger running through it still opens. The
-   last ``chain_ends`` ends are remembered. On light chat traffic behind one
-   shared system prompt, and on agents behind one tool preamble, this is what
-   keeps new conversations from all joining the worker that holds the shared
-   text until its cache overflows with their growing contexts.
+   A headerless request *extends* a chain when its own chain runs through a
+   *chain end*: the last whole block of a headerless request routed earlier (a
+   trailing partial block is hashed as it is, so a later turn, which carries the
+   earlier prompt and more, matches it only up to there). The last
+   ``chain_ends`` ends are remembered. Where a coarse block (4 KiB, past the
+   fine blocks) hides an earlier prompt's own tail, its end lies in text others
+   share, and every chain through it reads as going on: charged for its turn
+   only, as before. Charging openings for their life keeps new conversations
+   from all joining the worker that holds the shared text until its cache
+   overflows with their growing contexts: light chat behind one system prompt
+   (explicit sessions), agents behind one tool preamble (headerless, where
+   their chains part in fine blocks).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
@@ -183,7 +183,6 @@ class DefaultConfig(PolicyConfig):
 
 
 _Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
-_End = tuple[str, BlockHash | None, bool]
 
 
 class _Book:
@@ -263,10 +262,8 @@ class DefaultPolicy(PrefixLearning):
         # that opened a chain).
         self._sessions = _Life()
         self._chains = _Life()
-        # The last full block of each recent headerless chain: the request it ended, the
-        # first whole block a later chain put after it, and whether two chains did so
-        # with different blocks (a fork: the end lies in text several chains share).
-        self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
+        # The last whole block of each recent headerless chain, and the request it ended.
+        self._ends: OrderedDict[BlockHash, str] = OrderedDict()
         # The last request placed and whether it opened a conversation (``on_routed``).
         self._opened: tuple[str, bool] = ("", False)
 
@@ -319,7 +316,7 @@ class DefaultPolicy(PrefixLearning):
             opened = self._opened
             opens = opened[1] if opened[0] == rid else self.opens(request)
             self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
-            self._note_chain(request)
+            self._note_end(request)
         horizon = now - self._horizon_s
         while flights:
             first = next(iter(flights.values()))
@@ -346,51 +343,32 @@ class DefaultPolicy(PrefixLearning):
     def opens(self, request: RequestFeatures) -> bool:
         """Whether a headerless request opens a conversation rather than extending one.
 
-        It extends one when the deepest earlier chain end its chain runs through (the
-        last whole block of a request routed before) is not a fork: a later turn
-        carries the earlier turn's whole prompt and goes on from there. A chain that
-        shares only an opening with others (a system prompt, a tool preamble) runs
-        through no earlier end, or through one that chains have left by different
-        blocks (an end inside shared text, where a coarse block hides an earlier
-        prompt's own tail), and opens.
+        It extends one when its chain runs through a *chain end*: the last whole
+        block of a headerless request routed before (another one: a retry of this
+        request does not count). A later turn carries the earlier turn's whole prompt
+        and goes on from there; a chain that shares only an opening with others (a
+        system prompt, a tool preamble) runs through no earlier end, and opens.
         """
         ends = self._ends
         if not ends:
             return True
         hashes = request.prefix_hashes
         rid = request.request_id
-        full = self._full_blocks(request)
-        for i in range(full - 1, -1, -1):
-            entry = ends.get(hashes[i])
-            if entry is None or entry[0] == rid:
-                continue
-            _, after, fork = entry
-            if fork:
-                return True
-            return after is not None and i + 1 < full and hashes[i + 1] != after
+        for i in range(self._full_blocks(request) - 1, -1, -1):
+            owner = ends.get(hashes[i])
+            if owner is not None and owner != rid:
+                return False
         return True
 
-    def _note_chain(self, request: RequestFeatures) -> None:
-        """Record what the routed chain puts after earlier ends, then its own end."""
+    def _note_end(self, request: RequestFeatures) -> None:
+        """Remember the routed chain's last whole block as a chain end."""
         full = self._full_blocks(request)
         if full <= 0:
             return
         ends = self._ends
-        hashes = request.prefix_hashes
-        rid = request.request_id
-        for i in range(full - 1):
-            entry = ends.get(hashes[i])
-            if entry is None or entry[0] == rid or entry[2]:
-                continue
-            owner, after, _ = entry
-            nxt = hashes[i + 1]
-            if after is None:
-                ends[hashes[i]] = (owner, nxt, False)
-            elif after != nxt:
-                ends[hashes[i]] = (owner, after, True)
-        end = hashes[full - 1]
-        old = ends.pop(end, None)
-        ends[end] = (rid, None, False) if old is None else (rid, old[1], old[2])
+        end = request.prefix_hashes[full - 1]
+        ends.pop(end, None)
+        ends[end] = request.request_id
         if len(ends) > self.config.chain_ends:
             ends.popitem(last=False)
 
