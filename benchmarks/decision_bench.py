@@ -226,9 +226,13 @@ def bench_hashing(rng: random.Random, rounds: int = 3000) -> dict[str, Any]:
 
 
 def bench_policies(
-    rng: random.Random, n_workers: int, n_sessions: int, picks: int
+    rng: random.Random, n_workers: int, n_sessions: int, picks: int, n_chains: int = 0
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Time ``pick`` for every registered policy on a warmed 100k-session fleet."""
+    """Time ``pick`` for every registered policy on a warmed 100k-session fleet.
+
+    ``n_chains`` headerless requests are routed too before timing (``default`` then
+    looks for their chain ends on every headerless placement).
+    """
     config = FeatureConfig()
     systems = [words(rng, 2048) for _ in range(GROUPS)]
     snapshot = make_fleet(rng, n_workers)
@@ -243,6 +247,12 @@ def bench_policies(
             {"X-Session-ID": f"sess-{i:08d}"},
             config,
             request_id=f"warm-{i}",
+        )
+        sessions.append(features)
+        homes.append(ids[rng.randrange(n_workers)])
+    for i in range(n_chains):
+        features = build_features(
+            body(systems[i % GROUPS], words(rng, 1024)), {}, config, request_id=f"chain-{i}"
         )
         sessions.append(features)
         homes.append(ids[rng.randrange(n_workers)])
@@ -340,6 +350,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--picks", type=int, default=20_000)
+    parser.add_argument(
+        "--headerless-chains",
+        type=int,
+        default=0,
+        help="also route this many headerless requests before timing",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -365,7 +381,9 @@ def main() -> None:
             table.add_row(f"{label} ({result['blocks']} blocks)", what, *time_cells(stats), verdict)
     console.print(table)
 
-    rows, memory = bench_policies(rng, args.workers, args.sessions, args.picks)
+    rows, memory = bench_policies(
+        rng, args.workers, args.sessions, args.picks, args.headerless_chains
+    )
     console.print("cpu: this thread's CPU time per call; wall: including time descheduled")
     table = Table(
         title=f"pick(), {args.workers} workers, {args.sessions:,} sessions warmed, "

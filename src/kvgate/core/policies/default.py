@@ -38,18 +38,40 @@ Used when the config names no policy. In order:
    prevention as its own mechanism: work leaves a warm worker when its expected
    TTFT is clearly worse than recomputing elsewhere, whatever the request counts.
 
-   A request with a session id binds its session wherever it is placed (a new
-   session, or one migrating): every later turn follows the binding, so what it
-   will put in that cache is not this turn's uncached tokens but its session's
-   whole life's. ``uncached seconds`` in the eviction term is then at least
-   ``session_life_s``: the prefill seconds an explicit session routes over its
-   life on average, measured as the seconds routed with a session id over the
-   sessions opened (both halved every ``recent_half_life_s``). And such a
-   placement has no ``pull``: its next turns will hit wherever it goes, so a
-   cache there buys only this turn's TTFT, which ``ttft`` already counts. On
-   light chat traffic behind one shared system prompt this is what keeps new
-   sessions from all joining the worker that holds the prompt until its cache
-   overflows with their growing conversations.
+   A placement that *opens a conversation* decides where all of it goes, so
+   what it will put in that cache is not this turn's uncached tokens but the
+   conversation's whole life's: ``uncached seconds`` in the eviction term is
+   then at least the conversation's expected life, in prefill seconds. Two kinds
+   open one, each with its life measured the same way (prefill seconds routed
+   over conversations opened, both halved every ``recent_half_life_s``):
+
+   - a request with a session id placed by cost (a new session, or one
+     migrating): it binds its session, and every later turn follows the
+     binding. ``session_life_s``: seconds routed with a session id over the
+     sessions placed for the first time. Such a placement has no ``pull``: its
+     next turns will hit wherever it goes, so a cache there buys only this
+     turn's TTFT, which ``ttft`` already counts;
+   - a headerless request that extends no earlier chain (``opens``): its later
+     turns follow its own prefix chain to wherever it goes. ``chain_life_s``:
+     seconds routed without a session id over the headerless requests that
+     opened. One-shot traffic opens with every request, so its life is one
+     request's prefill and nothing changes for it. A headerless opening keeps
+     its pull: the cache it joins is one strangers share, and on one-shot
+     traffic the pull is what keeps a group behind its prompt (without it
+     shared-prefix-groups loses 3 points in the simulator).
+
+   A headerless request *extends* a chain when its own chain runs through a
+   *chain end*: the last whole block of a headerless request routed earlier (a
+   trailing partial block is hashed as it is, so a later turn, which carries the
+   earlier prompt and more, matches it only up to there). The last
+   ``chain_ends`` ends are remembered. Where a coarse block (4 KiB, past the
+   fine blocks) hides an earlier prompt's own tail, its end lies in text others
+   share, and every chain through it reads as going on: charged for its turn
+   only, as before. Charging openings for their life keeps new conversations
+   from all joining the worker that holds the shared text until its cache
+   overflows with their growing contexts: light chat behind one system prompt
+   (explicit sessions), agents behind one tool preamble (headerless, where
+   their chains part in fine blocks).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
@@ -121,7 +143,7 @@ from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
-from kvgate.types import Seconds, WorkerId
+from kvgate.types import BlockHash, Seconds, WorkerId
 
 
 class DefaultConfig(PolicyConfig):
@@ -154,6 +176,9 @@ class DefaultConfig(PolicyConfig):
     """What a prefix block restorable from disk is worth on any worker, against one in
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
+    chain_ends: int = Field(default=65_536, ge=1)
+    """Ends of recently routed headerless chains remembered, to tell a conversation's
+    later turn (its chain runs through one) from a request that opens one."""
     index: PrefixIndexConfig = PrefixIndexConfig()
 
 
@@ -177,6 +202,33 @@ class _Book:
         """How full its share of the prefix index is (``PrefixIndex.fill``)."""
         self.recent = 0.0
         self.recent_at = now
+
+
+class _Life:
+    """What a conversation routes over its life, on average: prefill seconds over openings.
+
+    Both counts are halved every ``half_s`` (together, so only their ratio matters).
+    """
+
+    __slots__ = ("at", "opened", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.opened = 0.0
+        self.at: Seconds = 0.0
+
+    def add(self, now: Seconds, half_s: float, seconds: float, opened: float) -> None:
+        age = now - self.at
+        if age > 0.0:
+            decay = math.exp2(-age / half_s)
+            self.seconds *= decay
+            self.opened *= decay
+            self.at = now
+        self.seconds += seconds
+        self.opened += opened
+
+    def mean(self) -> float:
+        return self.seconds / self.opened if self.opened >= 1e-9 else 0.0
 
 
 class DefaultPolicy(PrefixLearning):
@@ -204,12 +256,16 @@ class DefaultPolicy(PrefixLearning):
         # and their chains (counted in ``_running`` while they are in flight).
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
         self._running = RunningBlocks()
-        # What a session brings over its life, measured on explicit sessions (decayed
-        # together, so only their ratio matters): prefill seconds routed with a session
-        # id, and sessions placed for the first time.
-        self._session_s = 0.0
-        self._sessions = 0.0
-        self._sessions_at: Seconds = 0.0
+        # What a conversation brings over its life: explicit sessions (prefill seconds
+        # routed with a session id over sessions placed for the first time), and
+        # headerless conversations (prefill seconds routed without one over requests
+        # that opened a chain).
+        self._sessions = _Life()
+        self._chains = _Life()
+        # The last whole block of each recent headerless chain, and the request it ended.
+        self._ends: OrderedDict[BlockHash, str] = OrderedDict()
+        # The last request placed and whether it opened a conversation (``on_routed``).
+        self._opened: tuple[str, bool] = ("", False)
 
     # -- learning -----------------------------------------------------------------
 
@@ -254,7 +310,13 @@ class DefaultPolicy(PrefixLearning):
         flights[request.request_id] = (worker, seconds, now, hashes)
         self._running.add(worker, hashes)
         if request.session_key is not None:
-            self._count_session(now, seconds, 0.0)
+            self._sessions.add(now, self._recent_half_s, seconds, 0.0)
+        elif hashes:
+            rid = request.request_id
+            opened = self._opened
+            opens = opened[1] if opened[0] == rid else self.opens(request)
+            self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
+            self._note_end(request)
         horizon = now - self._horizon_s
         while flights:
             first = next(iter(flights.values()))
@@ -265,20 +327,50 @@ class DefaultPolicy(PrefixLearning):
         book.fill = self.index.fill(worker)
         self._publish(worker, book)
 
-    def _count_session(self, now: Seconds, seconds: float, opened: float) -> None:
-        """Add prefill seconds routed with a session id and sessions opened, decayed."""
-        age = now - self._sessions_at
-        if age > 0.0:
-            decay = math.exp2(-age / self._recent_half_s)
-            self._session_s *= decay
-            self._sessions *= decay
-            self._sessions_at = now
-        self._session_s += seconds
-        self._sessions += opened
-
     def session_life_s(self) -> float:
         """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
-        return self._session_s / self._sessions if self._sessions >= 1e-9 else 0.0
+        return self._sessions.mean()
+
+    def chain_life_s(self) -> float:
+        """Prefill seconds a headerless conversation routes over its life (0: none yet)."""
+        return self._chains.mean()
+
+    def _full_blocks(self, request: RequestFeatures) -> int:
+        """Blocks of the request's chain that are whole (a trailing partial one is not)."""
+        n = len(request.prefix_hashes)
+        return n if self.index.depth_chars(n) <= request.prompt_chars else n - 1
+
+    def opens(self, request: RequestFeatures) -> bool:
+        """Whether a headerless request opens a conversation rather than extending one.
+
+        It extends one when its chain runs through a *chain end*: the last whole
+        block of a headerless request routed before (another one: a retry of this
+        request does not count). A later turn carries the earlier turn's whole prompt
+        and goes on from there; a chain that shares only an opening with others (a
+        system prompt, a tool preamble) runs through no earlier end, and opens.
+        """
+        ends = self._ends
+        if not ends:
+            return True
+        hashes = request.prefix_hashes
+        rid = request.request_id
+        for i in range(self._full_blocks(request) - 1, -1, -1):
+            owner = ends.get(hashes[i])
+            if owner is not None and owner != rid:
+                return False
+        return True
+
+    def _note_end(self, request: RequestFeatures) -> None:
+        """Remember the routed chain's last whole block as a chain end."""
+        full = self._full_blocks(request)
+        if full <= 0:
+            return
+        ends = self._ends
+        end = request.prefix_hashes[full - 1]
+        ends.pop(end, None)
+        ends[end] = request.request_id
+        if len(ends) > self.config.chain_ends:
+            ends.popitem(last=False)
 
     def on_usage(
         self,
@@ -356,7 +448,7 @@ class DefaultPolicy(PrefixLearning):
             return route(worker, "affinity_hit", shared_chars=shared)
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
-            self._count_session(ctx.fleet.now, 0.0, 1.0)
+            self._sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
@@ -401,13 +493,21 @@ class DefaultPolicy(PrefixLearning):
         get = matches.get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
-        # Placing a request with a session id binds the session: all its later turns
-        # come here and follow its binding wherever it goes, so a cache's pull buys
-        # nothing past this turn (the TTFT term counts it), and the content it will
-        # add here is its whole life's, not this turn's (``session_life_s``).
+        # A placement that opens a conversation decides where all of it goes: a new
+        # session id binds, and a headerless opening's later turns follow its own
+        # chain. What it will add here is its whole life's, not this turn's
+        # (``session_life_s``, ``chain_life_s``). A session's binding also makes a
+        # cache's pull buy nothing past this turn (the TTFT term counts it); a
+        # headerless request keeps its pull, which stands for the strangers that
+        # will share this cache too (one-shot traffic opens with every request).
         life = 0.0
         if request.session_key is not None:
             life, stay = self.session_life_s(), 0.0
+        elif request.prefix_hashes:
+            opens = self.opens(request)
+            self._opened = (request.request_id, opens)
+            if opens:
+                life = self.chain_life_s()
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         best: WorkerState | None = None
         best_cost = math.inf

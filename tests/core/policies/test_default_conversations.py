@@ -1,0 +1,136 @@
+"""``default`` on headerless conversations: which requests open one, and what one brings.
+
+A headerless request opens a conversation unless its chain runs through the end of
+a chain routed earlier; an opening is charged, in the eviction
+term, for the prefill seconds headerless conversations route over their lives
+(``chain_life_s``), as a new explicit session is for ``session_life_s``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.core.policies.default import DefaultPolicy
+
+from .tables import chain, ctx, fleet, request, worker
+
+BLOCK_S = 256 / (12_000 * 4)  # prefill seconds of one 256-character block
+
+
+def routed(policy: DefaultPolicy, name: str, hashes: tuple[int, ...], where: str = "d") -> None:
+    """Route a headerless request long before time 0 (done by now)."""
+    policy.on_routed(request(name, hashes=hashes), where, -50.0)
+
+
+PREAMBLE = chain(1, 8)
+FIRST = (*PREAMBLE, *chain(2, 3))  # one conversation's first turn
+
+
+@pytest.mark.parametrize(
+    ("hashes", "prompt_chars", "opens"),
+    [
+        # The conversation's next turn carries its first turn's whole prompt.
+        ((*FIRST, *chain(3, 2)), None, False),
+        # The same turn, its last block partial (hashed as it is, so never matched).
+        ((*FIRST, *chain(3, 2)), 13 * 256 - 100, False),
+        # A stranger behind the same preamble runs through no earlier chain's end.
+        ((*PREAMBLE, *chain(4, 3)), None, True),
+        # Nor does a prompt that is a prefix of the first turn, the preamble alone.
+        (PREAMBLE, None, True),
+        # Nothing in common.
+        (chain(5, 4), None, True),
+    ],
+)
+def test_a_headerless_request_opens_a_conversation_unless_it_extends_a_chain(
+    hashes: tuple[int, ...], prompt_chars: int | None, opens: bool
+) -> None:
+    policy = DefaultPolicy()
+    routed(policy, "t1", FIRST)
+    assert policy.opens(request("q", hashes=hashes, prompt_chars=prompt_chars)) is opens
+
+
+def test_nothing_routed_yet_and_a_requests_own_earlier_routing_open() -> None:
+    policy = DefaultPolicy()
+    assert policy.opens(request("t1", hashes=FIRST))
+    routed(policy, "t1", FIRST)
+    # Routed again (a retry): its own end is not an earlier conversation's.
+    assert policy.opens(request("t1", hashes=FIRST))
+
+
+def test_an_end_inside_shared_text_is_read_as_a_conversation_going_on() -> None:
+    """A first turn whose own tail is a partial block ends inside the shared preamble.
+
+    (Past the fine blocks a block is 4 KiB: a preamble plus a short task can end
+    there.) Every later chain through that end cannot be told from its next turn, so
+    it is read as one: charged for this turn only, as before the life was measured.
+    """
+    policy = DefaultPolicy()
+    policy.on_routed(request("a1", hashes=(*PREAMBLE, 71), prompt_chars=8 * 256 + 10), "d", -50.0)
+    assert not policy.opens(request("b1", hashes=(*PREAMBLE, *chain(8, 3))))
+
+
+def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:
+    """Headerless conversations of ``turns`` turns, each adding ``blocks`` new blocks, on d."""
+    for n in range(count):
+        history: tuple[int, ...] = ()
+        for turn in range(turns):
+            history = (*history, *chain(500 + 10 * n + turn, blocks))
+            routed(policy, f"c{n}-{turn}", history)
+
+
+def test_chain_life_is_what_a_headerless_conversation_routes_over_its_turns() -> None:
+    policy = DefaultPolicy()
+    assert policy.chain_life_s() == 0.0
+    conversations(policy, count=3, turns=4, blocks=2)
+    # Each turn recomputes only its 2 new blocks: 4 turns of 2 blocks per conversation.
+    assert policy.chain_life_s() == pytest.approx(4 * 2 * BLOCK_S)
+    assert policy.session_life_s() == 0.0  # explicit sessions are counted apart
+
+
+def test_one_shot_traffic_learns_a_life_of_its_own_prefill() -> None:
+    """Every request stands alone (shared-prefix groups): the life is one request's."""
+    policy = DefaultPolicy()
+    for n in range(12):
+        routed(policy, f"q{n}", (*chain(1 + n % 3, 8), *chain(100 + n, 2)))
+    # The first of each group computes its 8-block prompt too; the rest 2 blocks each.
+    assert policy.chain_life_s() == pytest.approx((3 * 10 + 9 * 2) * BLOCK_S / 12)
+
+
+def fleet_behind_a_preamble(turns: int) -> tuple[DefaultPolicy, tuple]:
+    """a holds the shared preamble and a full cache; b is cold and idle.
+
+    Besides two strangers behind the preamble on a, headerless traffic on d taught
+    the policy its conversations' life: ``turns`` turns of 10 new blocks each.
+    """
+    capacity = 16 * 64  # 16 index blocks of KV
+    workers = tuple(worker(w, kv_capacity_tokens=capacity) for w in ("a", "b"))
+    policy = DefaultPolicy()
+    policy.pick(request("probe", hashes=chain(9, 1)), ctx(fleet(*workers)))  # learns capacity
+    routed(policy, "x", (*PREAMBLE, *chain(2, 12)), "a")
+    routed(policy, "y", (*PREAMBLE, *chain(4, 12)), "a")  # a's cache is full
+    if turns == 1:
+        for n in range(20):
+            routed(policy, f"one{n}", chain(600 + n, 2))
+    else:
+        conversations(policy, count=2, turns=turns, blocks=10)
+    return policy, workers
+
+
+def test_a_headerless_opening_is_placed_for_the_conversations_life() -> None:
+    """Conversations here route 40 blocks over their lives: one more would evict a's
+    other conversations, so a new one behind the preamble goes to cold b (10 blocks
+    to compute now, against 2 on a), and its next turn follows its chain there."""
+    policy, workers = fleet_behind_a_preamble(turns=4)
+    first = (*PREAMBLE, *chain(3, 2))
+    opening = policy.pick(request("q1", hashes=first), ctx(fleet(*workers)))
+    assert (opening.worker, opening.reason, opening.affinity) == ("b", "least_ttft", None)
+    routed(policy, "q1", first, "b")
+    second = policy.pick(request("q2", hashes=(*first, *chain(5, 2))), ctx(fleet(*workers)))
+    assert (second.worker, second.reason) == ("b", "prefix_match")
+
+
+def test_one_shot_traffic_still_joins_the_warm_preamble() -> None:
+    """Where requests stand alone, an opening brings only itself: it stays with the cache."""
+    policy, workers = fleet_behind_a_preamble(turns=1)
+    opening = policy.pick(request("q1", hashes=(*PREAMBLE, *chain(3, 2))), ctx(fleet(*workers)))
+    assert (opening.worker, opening.reason) == ("a", "prefix_match")
