@@ -152,3 +152,36 @@ def percent(fraction: float | None, digits: int = 1) -> str:
 def field(key: str) -> Callable[[Summary], object]:
     """The raw value of ``key`` in a summary (``None`` when absent)."""
     return lambda s: s.get(key)
+
+
+def ms_column(header: str, key: str, *, narrow: bool = False) -> Column:
+    """A latency column of ``key`` (seconds, shown by ``ms``)."""
+    return Column(header, key, lambda s: ms(s.get(key)), field(key), narrow)
+
+
+def percent_column(header: str, key: str, *, narrow: bool = False) -> Column:
+    """A fraction column of ``key``, shown as a percentage."""
+    return Column(header, key, lambda s: percent(s.get(key)), field(key), narrow)
+
+
+def ratio_column(header: str, key: str, *, narrow: bool = False) -> Column:
+    """A number column of ``key`` with two decimals (a ratio, a rate)."""
+    return Column(header, key, lambda s: f"{s[key]:.2f}", field(key), narrow)
+
+
+def count_column(header: str, key: str, *, narrow: bool = False) -> Column:
+    """A count column of ``key``."""
+    return Column(header, key, lambda s: str(s[key]), field(key), narrow)
+
+
+DONE = Column("done", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished"))
+"""Requests finished over requests sent."""
+
+LATENCIES: tuple[Column, ...] = (
+    ms_column("TTFT p50", "ttft_p50", narrow=True),
+    ms_column("p90", "ttft_p90"),
+    ms_column("p99", "ttft_p99", narrow=True),
+    ms_column("e2e p50", "e2e_p50"),
+    ms_column("e2e p99", "e2e_p99"),
+)
+"""Time to first token and end to end, as both reports show them."""

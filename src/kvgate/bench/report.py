@@ -20,7 +20,19 @@ from rich.table import Table
 
 from kvgate.bench.replay import Outcome
 from kvgate.extras import require
-from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
+from kvgate.tables import (
+    DONE,
+    LATENCIES,
+    Column,
+    count_column,
+    csv_text,
+    field,
+    ms,
+    percent,
+    percent_column,
+    ratio_column,
+    rich_table,
+)
 from kvgate.workload.bound import Bound
 from kvgate.workload.recorder import RunRecorder
 
@@ -165,30 +177,15 @@ def _bound_json(bound: Bound) -> dict[str, Any]:
 
 
 BENCH_COLUMNS: tuple[Column, ...] = (
-    Column("done", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished")),
-    Column("req/s", "throughput", lambda s: f"{s['throughput']:.2f}", field("throughput")),
-    Column("hit", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True),
-    Column(
-        "/bound",
-        "hit_rate_of_bound",
-        lambda s: percent(s.get("hit_rate_of_bound")),
-        field("hit_rate_of_bound"),
-        narrow=True,
-    ),
-    Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
-    Column("p90", "ttft_p90", lambda s: ms(s["ttft_p90"]), field("ttft_p90")),
-    Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
-    Column("e2e p50", "e2e_p50", lambda s: ms(s["e2e_p50"]), field("e2e_p50")),
-    Column("e2e p99", "e2e_p99", lambda s: ms(s["e2e_p99"]), field("e2e_p99")),
-    Column(
-        "max/mean",
-        "load_max_over_mean",
-        lambda s: f"{s['load_max_over_mean']:.2f}",
-        field("load_max_over_mean"),
-    ),
-    Column("CV", "load_cv", lambda s: f"{s['load_cv']:.2f}", field("load_cv")),
-    Column("errors", "errors", lambda s: str(s["errors"]), field("errors"), narrow=True),
-    Column("shed", "shed", lambda s: str(s["shed"]), field("shed"), narrow=True),
+    DONE,
+    ratio_column("req/s", "throughput"),
+    percent_column("hit", "hit_rate", narrow=True),
+    percent_column("/bound", "hit_rate_of_bound", narrow=True),
+    *LATENCIES,
+    ratio_column("max/mean", "load_max_over_mean"),
+    ratio_column("CV", "load_cv"),
+    count_column("errors", "errors", narrow=True),
+    count_column("shed", "shed", narrow=True),
 )
 """``kvgate bench``'s columns: what a client can measure; narrow ones fit 80 columns."""
 

@@ -15,7 +15,17 @@ from rich.table import Table
 
 from kvgate.sim.experiment import PointResult
 from kvgate.sim.simulation import SimConfig
-from kvgate.tables import Column, csv_text, field, ms, percent, rich_table
+from kvgate.tables import (
+    DONE,
+    LATENCIES,
+    Column,
+    count_column,
+    csv_text,
+    ms_column,
+    percent_column,
+    ratio_column,
+    rich_table,
+)
 
 
 def config_json(config: SimConfig) -> dict[str, Any]:
@@ -82,39 +92,19 @@ def results_json(
     return out
 
 
-def _of_bound(s: Mapping[str, Any]) -> str:
-    return percent(s.get("hit_rate_of_bound"))
-
-
 SIM_COLUMNS: tuple[Column, ...] = (
-    Column("done", "finished", lambda s: f"{s['finished']}/{s['requests']}", field("finished")),
-    Column("req/s", "throughput", lambda s: f"{s['throughput']:.2f}", field("throughput")),
-    Column("hit", "hit_rate", lambda s: percent(s["hit_rate"]), field("hit_rate"), narrow=True),
-    Column("/bound", "hit_rate_of_bound", _of_bound, field("hit_rate_of_bound"), narrow=True),
-    Column(
-        "/ref",
-        "hit_rate_of_reference",
-        lambda s: percent(s.get("hit_rate_of_reference")),
-        field("hit_rate_of_reference"),
-        narrow=True,
-    ),
-    Column("TTFT p50", "ttft_p50", lambda s: ms(s["ttft_p50"]), field("ttft_p50"), narrow=True),
-    Column("p90", "ttft_p90", lambda s: ms(s["ttft_p90"]), field("ttft_p90")),
-    Column("p99", "ttft_p99", lambda s: ms(s["ttft_p99"]), field("ttft_p99"), narrow=True),
-    Column("e2e p50", "e2e_p50", lambda s: ms(s["e2e_p50"]), field("e2e_p50")),
-    Column("e2e p99", "e2e_p99", lambda s: ms(s["e2e_p99"]), field("e2e_p99")),
-    Column("queue", "queue_mean", lambda s: ms(s["queue_mean"]), field("queue_mean")),
-    Column(
-        "max/mean",
-        "load_max_over_mean",
-        lambda s: f"{s['load_max_over_mean']:.2f}",
-        field("load_max_over_mean"),
-        narrow=True,
-    ),
-    Column("CV", "load_cv", lambda s: f"{s['load_cv']:.2f}", field("load_cv")),
-    Column("shed", "shed", lambda s: str(s["shed"]), field("shed"), narrow=True),
-    Column("migr", "migrations", lambda s: str(s["migrations"]), field("migrations")),
-    Column("preempt", "preemptions", lambda s: str(s["preemptions"]), field("preemptions")),
+    DONE,
+    ratio_column("req/s", "throughput"),
+    percent_column("hit", "hit_rate", narrow=True),
+    percent_column("/bound", "hit_rate_of_bound", narrow=True),
+    percent_column("/ref", "hit_rate_of_reference", narrow=True),
+    *LATENCIES,
+    ms_column("queue", "queue_mean"),
+    ratio_column("max/mean", "load_max_over_mean", narrow=True),
+    ratio_column("CV", "load_cv"),
+    count_column("shed", "shed", narrow=True),
+    count_column("migr", "migrations"),
+    count_column("preempt", "preemptions"),
 )
 """``kvgate sim``'s columns; the narrow ones fit 80 columns, ``--wide`` shows all."""
 
