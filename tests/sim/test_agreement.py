@@ -312,10 +312,18 @@ async def both(policy: str, scenario: Scenario) -> tuple[Run, Run]:
     return live, sim
 
 
+RANDOMISED = frozenset({"random", "power_of_two"})
+"""Policies that draw workers at random: live and simulated runs draw different workers,
+since what is in flight at each draw depends on the live run's timing. Live runs of
+power_of_two on this scenario alone gave 60.2% and 56.2% (CI, 2026-12-01), so for
+these the hit rates must agree within 7 points, not 5."""
+
+
 async def agree(policy: str, scenario: Scenario) -> tuple[Run, Run]:
     """Run both and assert they agree; returns (live, simulated)."""
     live, sim = await both(policy, scenario)
-    assert abs(live.hit_rate - sim.hit_rate) <= 0.05, (live, sim)
+    tolerance = 0.07 if policy in RANDOMISED else 0.05
+    assert abs(live.hit_rate - sim.hit_rate) <= tolerance, (live, sim)
     assert live.ttft_iqm == pytest.approx(sim.ttft_iqm, rel=0.2), (live, sim)
     return live, sim
 
