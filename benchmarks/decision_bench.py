@@ -40,12 +40,13 @@ import xxhash
 from rich.console import Console
 from rich.table import Table
 
+from kvgate.core.chain import block_widths, text_chain_hashes
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, WorkerState
 from kvgate.core.policies import default_registry
 from kvgate.core.policy import Policy, RouteContext
-from kvgate.core.prefix import FeatureConfig, block_widths, build_features, text_chain_hashes
+from kvgate.core.prefix import FeatureConfig, build_features
 
 GROUPS = 64
 P99_TARGET_US = 100.0

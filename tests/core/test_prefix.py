@@ -9,19 +9,21 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvgate.core.prefix import (
-    SEGMENT_CHARS,
+from kvgate.core.chain import (
     WIDE_SEED,
-    FeatureConfig,
-    InvalidRequestError,
     block_widths,
-    build_features,
     chain_chars,
-    chat_canonical_pieces,
-    chat_canonical_text,
     pieces_chain_hashes,
     text_chain_hashes,
     token_chain_hashes,
+)
+from kvgate.core.prefix import (
+    SEGMENT_CHARS,
+    FeatureConfig,
+    InvalidRequestError,
+    build_features,
+    chat_canonical_pieces,
+    chat_canonical_text,
 )
 from kvgate.types import Priority
 

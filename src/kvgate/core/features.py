@@ -20,6 +20,10 @@ class RequestFeatures:
     session_key: SessionKey | None = None
     session_source: SessionSource = SessionSource.NONE
     prefix_hashes: tuple[BlockHash, ...] = ()
+    tail_hashes: tuple[BlockHash, ...] = ()
+    """The chain's last coarse blocks hashed again in fine blocks (``core.chain``): where
+    in them the prompt ends, which a later turn of the same conversation runs through.
+    Empty when the prompt has no coarse block."""
     prompt_chars: int = 0
     priority: Priority = Priority.STANDARD
     pinned_version: str | None = None

@@ -28,13 +28,13 @@ chain is computed over token ids, ``block_tokens`` per block.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvgate.core.chain import chain_tail_hashes, pieces_chain_hashes, token_chain_hashes
 from kvgate.core.features import RequestFeatures
 from kvgate.core.holders import checkpoint_indices
 from kvgate.core.session import header_value, session_key_from
@@ -50,6 +50,10 @@ OBJECT_MARK = "\x1d"  # before a non-text part or a tool call
 TOKEN_SEP = "\x1c"  # between token ids of a pre-tokenized prompt (chars mode)
 
 _MASK64 = (1 << 64) - 1
+
+SEGMENT_CHARS = 1 << 15
+"""Texts shorter than this are joined before hashing (``chat_canonical_pieces``): a
+copy this small is cheap, and hashing few pieces is faster than many."""
 
 
 class InvalidRequestError(ValueError):
@@ -104,160 +108,6 @@ class FeatureConfig(BaseModel):
     hash_seed: int = Field(default=0, ge=0, le=_MASK64)
     checkpoint_stride: int = Field(default=4, ge=1)
     """Every this many fine blocks, a block whose worker binding replicas share."""
-
-
-def block_widths(width: int, fine_blocks: int, coarse_factor: int, length: int) -> list[int]:
-    """Widths of the blocks covering ``length`` units: ``fine_blocks`` of ``width``, then coarse.
-
-    The last block may be partial (it is hashed as it is).
-    """
-    fine_end = width * fine_blocks
-    if length <= fine_end:
-        return [width] * -(-length // width)
-    coarse = width * coarse_factor
-    return [width] * fine_blocks + [coarse] * -(-(length - fine_end) // coarse)
-
-
-def chain_chars(depth: int, width: int, fine_blocks: int, coarse_factor: int) -> int:
-    """Units (characters or tokens) covered by the first ``depth`` blocks of a chain."""
-    if depth <= fine_blocks:
-        return depth * width
-    return (fine_blocks + (depth - fine_blocks) * coarse_factor) * width
-
-
-def text_chain_hashes(
-    text: str,
-    block_chars: int,
-    max_blocks: int,
-    seed: int = 0,
-    *,
-    coarse_factor: int = 0,
-    max_chars: int = 1 << 22,
-) -> tuple[BlockHash, ...]:
-    """Chained xxh3-64 hashes of ``text``: ``max_blocks`` blocks of ``block_chars``.
-
-    With ``coarse_factor`` > 0 the chain goes on past them over the rest of the text
-    (up to ``max_chars``) in blocks ``coarse_factor`` times wider; with 0 it stops.
-    """
-    return pieces_chain_hashes(
-        (text,), block_chars, max_blocks, seed, coarse_factor=coarse_factor, max_chars=max_chars
-    )
-
-
-SEGMENT_CHARS = 1 << 15
-"""Texts shorter than this are joined before hashing (``chat_canonical_pieces``): a
-copy this small is cheap, and hashing few pieces is faster than many."""
-
-
-def pieces_chain_hashes(
-    pieces: Sequence[str],
-    block_chars: int,
-    max_blocks: int,
-    seed: int = 0,
-    *,
-    coarse_factor: int = 0,
-    max_chars: int = 1 << 22,
-) -> tuple[BlockHash, ...]:
-    """``text_chain_hashes`` of ``"".join(pieces)``, without joining them.
-
-    Each piece is encoded once if it is ASCII, and its blocks hashed as views of
-    the buffer; any other piece block by block (``block_hash``), since blocks count
-    characters. A block that spans pieces is joined from its parts. So a long
-    prompt passed as its own piece (``chat_canonical_pieces``) is copied once, not
-    three times: prompt-sized temporaries cost more than the hashing, as the
-    allocator hands memory that large back to the system and each request faults
-    it in again. Many tiny pieces are slower than their join: join those first.
-    """
-    end = min(sum(map(len, pieces)), max_chars if coarse_factor else block_chars * max_blocks)
-    factor = max(1, coarse_factor)
-    widths = block_widths(block_chars, max_blocks, factor, end)
-    if not widths:
-        return ()
-    widths[-1] = end - chain_chars(len(widths) - 1, block_chars, max_blocks, factor)
-    hashes: list[int] = []
-    h = seed
-    digest = xxhash.xxh3_64_intdigest
-    k = 0  # the next block to hash
-    offset = 0  # where the piece starts in the text
-    head: list[str] = []  # block k's start, from earlier pieces
-    for whole in pieces:
-        # Past max_chars nothing is hashed, so nothing is encoded either.
-        piece = whole if offset + len(whole) <= end else whole[: end - offset]
-        size = len(piece)
-        stop = offset + size  # blocks k..last-1 end in this piece
-        view = memoryview(piece.encode()) if piece.isascii() else None
-        last = len(widths) if stop >= end else _blocks_in(stop, block_chars, max_blocks, factor)
-        pos = 0
-        if head and k < last:  # the block begun in earlier pieces ends here
-            pos = chain_chars(k + 1, block_chars, max_blocks, factor) - offset
-            head.append(piece[:pos])
-            h = block_hash("".join(head), h)
-            hashes.append(h)
-            head.clear()
-            k += 1
-        run = widths if k == 0 and last == len(widths) else widths[k:last]
-        if view is not None:
-            for width in run:
-                h = digest(view[pos : pos + width], h)
-                hashes.append(h)
-                pos += width
-        else:
-            for width in run:
-                h = block_hash(piece[pos : pos + width], h)
-                hashes.append(h)
-                pos += width
-        k = last
-        if k == len(widths):
-            break
-        if pos < size:
-            head.append(piece[pos:size])  # the rest starts block k
-        offset = stop
-    return tuple(hashes)
-
-
-def _blocks_in(chars: int, width: int, fine_blocks: int, coarse_factor: int) -> int:
-    """How many whole blocks the first ``chars`` units hold (``chain_chars``'s inverse)."""
-    fine_end = width * fine_blocks
-    if chars <= fine_end:
-        return chars // width
-    return fine_blocks + (chars - fine_end) // (width * coarse_factor)
-
-
-WIDE_SEED = 0x9E37_79B9_7F4A_7C15
-"""XOR-ed into the seed of a block with non-ASCII text (see the module docstring)."""
-
-
-def block_hash(block: str, seed: int) -> BlockHash:
-    """The hash of one block of the chain, seeded with the previous block's hash.
-
-    Raises ``UnicodeEncodeError`` on a lone surrogate, which is no valid text.
-    """
-    if block.isascii():
-        return xxhash.xxh3_64_intdigest(block.encode(), seed)
-    return xxhash.xxh3_64_intdigest(block.encode("utf-16-le"), seed ^ WIDE_SEED)
-
-
-def token_chain_hashes(
-    tokens: Sequence[int],
-    block_tokens: int,
-    max_blocks: int,
-    seed: int = 0,
-    *,
-    coarse_factor: int = 0,
-    max_tokens: int = 1 << 20,
-) -> tuple[BlockHash, ...]:
-    """Chained xxh3-64 hashes of token ids, ``block_tokens`` ids per block (then coarse)."""
-    end = min(len(tokens), max_tokens if coarse_factor else block_tokens * max_blocks)
-    packed = array("q", tokens[:end]).tobytes()
-    hashes: list[int] = []
-    h = seed
-    view = memoryview(packed)
-    start = 0
-    for width in block_widths(block_tokens, max_blocks, max(1, coarse_factor), end):
-        h = xxhash.xxh3_64_intdigest(view[start : start + width * 8], h)
-        hashes.append(h)
-        start += width * 8
-    return tuple(hashes)
 
 
 def _digest(value: object) -> str:
@@ -449,6 +299,18 @@ def build_features(
             token_ids = prompt
             pieces = (TOKEN_SEP.join(map(str, prompt)),)
     hashes = _prefix_hashes(pieces, token_ids, cfg, tokenize)
+    prompt_chars = sum(map(len, pieces))
+    tail: tuple[BlockHash, ...] = ()
+    if cfg.block_mode == "chars":
+        tail = chain_tail_hashes(
+            pieces,
+            hashes,
+            cfg.block_chars,
+            cfg.max_blocks,
+            coarse_factor=cfg.coarse_factor,
+            seed=cfg.hash_seed,
+            end=min(prompt_chars, cfg.max_chars),
+        )
 
     session_key, source = session_key_from(
         headers,
@@ -467,7 +329,8 @@ def build_features(
         session_key=session_key,
         session_source=source,
         prefix_hashes=hashes,
-        prompt_chars=sum(map(len, pieces)),
+        tail_hashes=tail,
+        prompt_chars=prompt_chars,
         priority=Priority.parse(header_value(headers, cfg.priority_header)),
         pinned_version=pinned,
         stream=stream,

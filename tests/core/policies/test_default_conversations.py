@@ -8,9 +8,13 @@ term, for the prefill seconds headerless conversations route over their lives
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from kvgate.core.features import RequestFeatures
 from kvgate.core.policies.default import DefaultPolicy
+from kvgate.core.prefix import build_features
 
 from .tables import chain, ctx, fleet, request, worker
 
@@ -57,16 +61,26 @@ def test_nothing_routed_yet_and_a_requests_own_earlier_routing_open() -> None:
     assert policy.opens(request("t1", hashes=FIRST))
 
 
-def test_an_end_inside_shared_text_is_read_as_a_conversation_going_on() -> None:
-    """A first turn whose own tail is a partial block ends inside the shared preamble.
+def test_an_end_inside_a_coarse_block_is_found_by_the_chains_tail() -> None:
+    """Agents behind a tool preamble exactly as long as the fine blocks (16 KiB).
 
-    (Past the fine blocks a block is 4 KiB: a preamble plus a short task can end
-    there.) Every later chain through that end cannot be told from its next turn, so
-    it is read as one: charged for this turn only, as before the life was measured.
+    Each first turn (preamble + task) ends, in whole blocks of its chain, at the
+    preamble's end: by the chain alone every new agent would be the last one's next
+    turn. The chain's tail (its last coarse blocks in fine blocks) tells them apart.
     """
+    preamble = "".join(random.Random(1).choice("abcdefgh ") for _ in range(16_384))
+
+    def features(name: str, prompt: str) -> RequestFeatures:
+        body = {"model": "m", "prompt": prompt}
+        return build_features(body, {}, request_id=name, endpoint="completions")
+
+    first = preamble + "task one: " * 320
+    a1 = features("a1", first)
+    assert len(a1.prefix_hashes) == 65 and a1.tail_hashes  # 64 fine blocks, one partial
     policy = DefaultPolicy()
-    policy.on_routed(request("a1", hashes=(*PREAMBLE, 71), prompt_chars=8 * 256 + 10), "d", -50.0)
-    assert not policy.opens(request("b1", hashes=(*PREAMBLE, *chain(8, 3))))
+    policy.on_routed(a1, "d", -50.0)
+    assert policy.opens(features("b1", preamble + "task two: " * 320))
+    assert not policy.opens(features("a2", first + "observation " * 150))
 
 
 def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:
@@ -134,3 +148,26 @@ def test_one_shot_traffic_still_joins_the_warm_preamble() -> None:
     policy, workers = fleet_behind_a_preamble(turns=1)
     opening = policy.pick(request("q1", hashes=(*PREAMBLE, *chain(3, 2))), ctx(fleet(*workers)))
     assert (opening.worker, opening.reason) == ("a", "prefix_match")
+
+
+def test_a_full_caches_pull_fades_so_a_new_conversation_pays_for_a_cold_preamble() -> None:
+    """The pull stands for later requests this cache will serve; a full cache keeps them
+    only by evicting others, so the pull fades with the cache's fill.
+
+    In prefill seconds of one block: an opening of 8 preamble + 2 own blocks costs
+    10 on cold b. On a, where the preamble is cached, it costs its 2 own blocks plus
+    the conversations' life (9 here) times a's fill, minus the pull (0.5 x 8 blocks)
+    times what is left of a's room: full, 11 (b wins); with room, less than 10.
+    """
+    capacity = 16 * 64  # 16 index blocks of KV
+    workers = tuple(worker(w, kv_capacity_tokens=capacity) for w in ("a", "b"))
+    for full in (True, False):
+        policy = DefaultPolicy()
+        policy.pick(request("probe", hashes=chain(9, 1)), ctx(fleet(*workers)))
+        routed(policy, "x", (*PREAMBLE, *chain(2, 4)), "a")
+        routed(
+            policy, "y", (*PREAMBLE, *chain(4, 4)) if full else chain(4, 4), "a" if full else "d"
+        )
+        conversations(policy, count=2, turns=1, blocks=10)
+        decision = policy.pick(request("q", hashes=(*PREAMBLE, *chain(3, 2))), ctx(fleet(*workers)))
+        assert decision.worker == ("b" if full else "a"), full

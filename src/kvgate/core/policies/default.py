@@ -28,15 +28,23 @@ Used when the config names no policy. In order:
    it first while the others' caches stay empty.
 
    The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
-   ``1 / (1 + queued seconds / busy_half_s)``. The cached tokens are
+   ``1 / (1 + queued seconds / busy_half_s)`` and by the room left in the cache,
+   ``1 - fill``. The cached tokens are
    the longest match of the whole prompt's chain, from this replica's prefix
    index or the shared store's prefix state (``ctx.holders``), so a long cached
    match weighs what it saves. The pull keeps work on a warm worker a little
    past the point where recomputing elsewhere would tie (its cache will serve
    the conversation's next turns too), and fades as the warm worker's queue
-   grows, so a cache-rich but busy worker cannot win forever. That is herding
-   prevention as its own mechanism: work leaves a warm worker when its expected
-   TTFT is clearly worse than recomputing elsewhere, whatever the request counts.
+   grows, so a cache-rich but busy worker cannot win forever. It fades too as
+   the cache fills: the later requests it stands for are served from this cache
+   only while it has room to keep them, and a full cache keeps new work only by
+   evicting the work of others (which the eviction term charges). Without that,
+   a worker whose cache is full of conversations behind one shared preamble kept
+   every new one (the pull of the preamble outweighed what the newcomer evicts),
+   while a cold worker stayed idle: agent-preamble put 142 of 240 requests on one
+   worker. That is herding prevention as its own mechanism: work leaves a warm
+   worker when its expected TTFT is clearly worse than recomputing elsewhere, or
+   when it has no room left, whatever the request counts.
 
    A placement that *opens a conversation* decides where all of it goes, so
    what it will put in that cache is not this turn's uncached tokens but the
@@ -63,15 +71,17 @@ Used when the config names no policy. In order:
    A headerless request *extends* a chain when its own chain runs through a
    *chain end*: the last whole block of a headerless request routed earlier (a
    trailing partial block is hashed as it is, so a later turn, which carries the
-   earlier prompt and more, matches it only up to there). The last
-   ``chain_ends`` ends are remembered. Where a coarse block (4 KiB, past the
-   fine blocks) hides an earlier prompt's own tail, its end lies in text others
-   share, and every chain through it reads as going on: charged for its turn
-   only, as before. Charging openings for their life keeps new conversations
+   earlier prompt and more, matches it only up to there). Past the fine blocks
+   the end is the last whole fine block of the chain's *tail* (``core.chain``:
+   its last coarse blocks hashed again in fine blocks), since a 4 KiB coarse block
+   hides where in it a prompt ends: by the chain alone, agents behind a preamble
+   as long as the fine blocks all ended inside the preamble, and every new one
+   read as the last one's next turn. The last ``chain_ends`` ends are
+   remembered. A later turn that adds more than a coarse block or two (4-8 KiB)
+   reads as an opening. Charging openings for their life keeps new conversations
    from all joining the worker that holds the shared text until its cache
    overflows with their growing contexts: light chat behind one system prompt
-   (explicit sessions), agents behind one tool preamble (headerless, where
-   their chains part in fine blocks).
+   (explicit sessions), agents behind one tool preamble (headerless).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
@@ -343,17 +353,23 @@ class DefaultPolicy(PrefixLearning):
     def opens(self, request: RequestFeatures) -> bool:
         """Whether a headerless request opens a conversation rather than extending one.
 
-        It extends one when its chain runs through a *chain end*: the last whole
-        block of a headerless request routed before (another one: a retry of this
-        request does not count). A later turn carries the earlier turn's whole prompt
-        and goes on from there; a chain that shares only an opening with others (a
-        system prompt, a tool preamble) runs through no earlier end, and opens.
+        It extends one when its chain runs through a *chain end*: where a headerless
+        request routed before (another one: a retry of this request does not count)
+        ended. A later turn carries the earlier turn's whole prompt and goes on from
+        there; a chain that shares only an opening with others (a system prompt, a
+        tool preamble) runs through no earlier end, and opens. Past the fine blocks
+        the chain's tail (``RequestFeatures.tail_hashes``) says where in a coarse
+        block a prompt ends.
         """
         ends = self._ends
         if not ends:
             return True
-        hashes = request.prefix_hashes
         rid = request.request_id
+        for h in reversed(request.tail_hashes):
+            owner = ends.get(h)
+            if owner is not None and owner != rid:
+                return False
+        hashes = request.prefix_hashes
         for i in range(self._full_blocks(request) - 1, -1, -1):
             owner = ends.get(hashes[i])
             if owner is not None and owner != rid:
@@ -361,12 +377,15 @@ class DefaultPolicy(PrefixLearning):
         return True
 
     def _note_end(self, request: RequestFeatures) -> None:
-        """Remember the routed chain's last whole block as a chain end."""
-        full = self._full_blocks(request)
-        if full <= 0:
-            return
+        """Remember where the routed request's prompt ends: its last whole (fine) block."""
+        if request.tail_hashes:
+            end = request.tail_hashes[-1]
+        else:
+            full = self._full_blocks(request)
+            if full <= 0:
+                return
+            end = request.prefix_hashes[full - 1]
         ends = self._ends
-        end = request.prefix_hashes[full - 1]
         ends.pop(end, None)
         ends[end] = request.request_id
         if len(ends) > self.config.chain_ends:
@@ -538,7 +557,7 @@ class DefaultPolicy(PrefixLearning):
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
                     fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
-                    cost -= stay * cached / (1.0 + queued / half)
+                    cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
                 else:
                     cost += queued + fresh_all + evict_all * fill
                 if cost < best_cost:
