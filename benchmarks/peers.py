@@ -583,6 +583,12 @@ def _progress_line(record: Mapping[str, Any]) -> str:
     )
 
 
+def varied(shape: Shape, vary: float) -> Shape:
+    """``shape`` with ``vary=V`` added to its workload (``workload.synthetic``)."""
+    sep = "," if ":" in shape.workload else ":"
+    return replace(shape, workload=f"{shape.workload}{sep}vary={vary:g}")
+
+
 def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namespace]:
     """The plan from the command line (unknown shape or router names are errors)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -593,6 +599,13 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
         help=f"comma-separated routers (default: all; --quick: {','.join(QUICK_ROUTERS)})",
     )
     parser.add_argument("--seeds", default="0,1", help="comma-separated workload seeds")
+    parser.add_argument(
+        "--vary",
+        type=float,
+        default=0.0,
+        help="jitter every shape's options left at their defaults by up to this fraction, "
+        "drawn from the seed (the workloads' vary=V): shapes no one tuned on",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per seed")
     parser.add_argument("--requests", type=int, default=None, help="requests per run (override)")
     parser.add_argument(
@@ -612,6 +625,10 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
         return chosen
 
     shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
+    if args.vary < 0:
+        parser.error("--vary must be >= 0")
+    if args.vary:
+        shapes = [varied(shape, args.vary) for shape in shapes]
     chosen = args.routers or ",".join(QUICK_ROUTERS if args.quick else ROUTERS)
     routers = [ROUTERS[n] for n in names(chosen, ROUTERS, "router")]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

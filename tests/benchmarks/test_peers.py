@@ -15,6 +15,8 @@ from types import ModuleType
 import pytest
 from rich.console import Console
 
+from kvgate.workload.synthetic import build_workload
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -179,3 +181,17 @@ def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Pat
     summary = document["summary"]["shared-prefix-groups"]
     assert set(summary) == set(routers.split(","))
     assert "| kvgate-default |" in document["markdown"]
+
+
+def test_vary_jitters_every_shape_by_the_seed() -> None:
+    """``--vary`` runs shapes no one tuned on: each seed draws other options."""
+    plan, _ = peers.parse_plan(["--vary", "0.5", "--shapes", "shared-prefix-groups,agent-preamble"])
+    assert [s.workload for s in plan.shapes] == [
+        "shared-prefix-groups:rate=2000,vary=0.5",
+        "agent-preamble:vary=0.5",
+    ]
+    drawn = {repr(build_workload(plan.shapes[1].workload, seed).config) for seed in range(3)}
+    assert len(drawn) == 3
+    assert repr(build_workload("agent-preamble", 0).config) not in drawn
+    with pytest.raises(SystemExit):
+        peers.parse_plan(["--vary", "-1"])
