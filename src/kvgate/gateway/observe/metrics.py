@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+from kvgate.gateway.observe.cells import CounterCell, HistogramCell
 from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -385,7 +386,7 @@ class GatewayMetrics:
         )
         if worker_rows is not None:
             r.register(_WorkerCollector(worker_rows))
-        self._children: dict[tuple[object, tuple[str, ...]], object] = {}
+        self._children: dict[tuple[object, ...], object] = {}
 
     def child(self, metric: _M, *values: str) -> _M:
         """``metric.labels(*values)``, cached: the request path's way to label a series.
@@ -401,6 +402,28 @@ class GatewayMetrics:
             if len(self._children) >= _CHILDREN_MAX:
                 self._children.clear()
             found = self._children[key] = metric.labels(*values)
+        return found  # type: ignore[return-value]
+
+    def counter(self, metric: Counter, *values: str) -> CounterCell:
+        """The series ``metric.labels(*values)`` as a cell, cached (``observe.cells``):
+        the request path's way to count."""
+        key = (CounterCell, metric, values)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= _CHILDREN_MAX:
+                self._children.clear()
+            found = self._children[key] = CounterCell(metric.labels(*values))
+        return found  # type: ignore[return-value]
+
+    def histogram(self, metric: Histogram, *values: str) -> HistogramCell:
+        """The series ``metric.labels(*values)`` as a cell, cached: the request path's
+        way to observe."""
+        key = (HistogramCell, metric, values)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= _CHILDREN_MAX:
+                self._children.clear()
+            found = self._children[key] = HistogramCell(metric.labels(*values))
         return found  # type: ignore[return-value]
 
     # -- store health (issue 13) ------------------------------------------------
