@@ -8,7 +8,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from kvgate.gateway.observe.cells import CounterCell, HistogramCell
+from kvgate.gateway.observe.cells import CellCache, CounterCell, HistogramCell
 
 _BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 
@@ -48,3 +48,14 @@ def test_a_negative_count_is_refused() -> None:
         cell.inc(-1)
     cell.inc()
     assert c.labels("a")._value.get() == 1.0
+
+
+def test_the_cache_hands_out_one_cell_per_series_and_stays_bounded() -> None:
+    _, c, h = _pair()
+    cache = CellCache(limit=3)
+    assert cache.counter(c, "a") is cache.counter(c, "a")
+    assert cache.histogram(h, "a") is cache.histogram(h, "a")
+    for name in ("b", "c", "d", "e"):
+        cache.counter(c, name).inc()
+    assert len(cache._counters) <= 3
+    assert c.labels("e")._value.get() == 1.0

@@ -70,3 +70,37 @@ class HistogramCell:
         self._sum.inc(amount)
         if counted:
             self._buckets[i].inc(1)
+
+
+class CellCache:
+    """Cells by series, made on first use.
+
+    ``labels()`` validates, joins and locks on every call (microseconds). The label
+    values on the request path come from config and the fleet (models, versions,
+    workers, codes, reasons), so the cache stays small; ``limit`` bounds it anyway.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._counters: dict[tuple[Counter, tuple[str, ...]], CounterCell] = {}
+        self._histograms: dict[tuple[Histogram, tuple[str, ...]], HistogramCell] = {}
+        self._limit = limit
+
+    def counter(self, metric: Counter, *values: str) -> CounterCell:
+        """The cell of ``metric.labels(*values)``: the request path's way to count."""
+        cells = self._counters
+        found = cells.get((metric, values))
+        if found is None:
+            if len(cells) >= self._limit:
+                cells.clear()  # made-up label values must not grow it without bound
+            found = cells[metric, values] = CounterCell(metric.labels(*values))
+        return found
+
+    def histogram(self, metric: Histogram, *values: str) -> HistogramCell:
+        """The cell of ``metric.labels(*values)``: the request path's way to observe."""
+        cells = self._histograms
+        found = cells.get((metric, values))
+        if found is None:
+            if len(cells) >= self._limit:
+                cells.clear()
+            found = cells[metric, values] = HistogramCell(metric.labels(*values))
+        return found
