@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, replace
+
+import pytest
+
 from kvgate.core.fleet import Health, Pressure
 from kvgate.core.pressure import PressureConfig
 from kvgate.core.routed import Routed, Scraped, state_bounds, worker_state
@@ -37,6 +41,11 @@ def test_loaded_changes_only_the_accounting() -> None:
     more = FULL.loaded(1, 25)
     assert (more.in_flight, more.kv_in_flight_tokens) == (4, 75)
     assert more.loaded(-1, -500).kv_in_flight_tokens == 0  # never negative
+    assert more == replace(FULL, in_flight=4, kv_in_flight_tokens=75)
+    assert hash(more) == hash(replace(FULL, in_flight=4, kv_in_flight_tokens=75))
+    with pytest.raises(FrozenInstanceError):
+        more.in_flight = 0  # type: ignore[misc]
+    assert FULL.in_flight == 3  # the value it was made from is untouched
 
 
 def test_kv_freed_since_the_scrape_counts_releases_until_the_next_scrape() -> None:

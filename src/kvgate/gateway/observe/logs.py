@@ -164,6 +164,7 @@ class _AccessSink:
         self._stamp = ""
         self._memo: dict[str, str] = {}
         self._plain: dict[str, str] = {}
+        self._starts: dict[tuple[str | int, ...], str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
@@ -188,14 +189,25 @@ class _AccessSink:
         return found
 
     def plain_line(self, r: AccessRecord) -> str:
-        """The plain line of ``r``: what ``AccessLog`` logs, built in one f-string."""
-        plain = self.plain
+        """The plain line of ``r``: what ``AccessLog`` logs, built in one f-string.
+
+        Its start (method to ``stream=``) takes few distinct values (the fleet's
+        workers, versions, reasons): it is memoised whole, one lookup a line.
+        """
+        key = (r.method, r.path, r.status, r.model, r.worker, r.version, r.reason, r.session)
+        start = self._starts.get(key)
+        if start is None:
+            if len(self._starts) >= 4096:
+                self._starts.clear()  # made-up model names must not grow it without bound
+            plain = self.plain
+            start = self._starts[key] = (
+                f"{plain(r.method)} {plain(r.path) if r.path else '-'} {r.status} "
+                f"model={plain(r.model)} worker={plain(r.worker)} version={plain(r.version)} "
+                f"reason={plain(r.reason)} session={plain(r.session)} "
+            )
         ttft = "-" if r.ttft is None else str(round(r.ttft, 6))
         return (
-            f"{plain(r.method)} {plain(r.path) if r.path else '-'} {r.status} "
-            f"model={plain(r.model)} worker={plain(r.worker)} version={plain(r.version)} "
-            f"reason={plain(r.reason)} session={plain(r.session)} "
-            f"stream={'true' if r.stream else 'false'} "
+            f"{start}stream={'true' if r.stream else 'false'} "
             f"prompt_tokens={_count(r.prompt_tokens)} cached_tokens={_count(r.cached_tokens)} "
             f"completion_tokens={_count(r.completion_tokens)} ttft={ttft} "
             f"duration={round(r.duration, 6)} retries={r.retries} "

@@ -12,21 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+from kvgate.gateway.observe.cells import CellCache
 from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _CHILDREN_MAX = 4096
-"""Labelled children kept by ``GatewayMetrics.child``; past it the cache starts over."""
+"""Labelled series kept by ``GatewayMetrics.cells``; past it the cache starts over."""
 
-_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -385,23 +384,8 @@ class GatewayMetrics:
         )
         if worker_rows is not None:
             r.register(_WorkerCollector(worker_rows))
-        self._children: dict[tuple[object, tuple[str, ...]], object] = {}
-
-    def child(self, metric: _M, *values: str) -> _M:
-        """``metric.labels(*values)``, cached: the request path's way to label a series.
-
-        ``labels()`` validates, joins and locks on every call (microseconds); a
-        request updates several series. The label values on the request path come
-        from config and the fleet (models, versions, workers, codes, reasons), so
-        the cache stays small; ``_CHILDREN_MAX`` bounds it anyway.
-        """
-        key = (metric, values)
-        found = self._children.get(key)
-        if found is None:
-            if len(self._children) >= _CHILDREN_MAX:
-                self._children.clear()
-            found = self._children[key] = metric.labels(*values)
-        return found  # type: ignore[return-value]
+        self.cells = CellCache(_CHILDREN_MAX)
+        """The request path's handles on labelled series (``observe.cells``)."""
 
     # -- store health (issue 13) ------------------------------------------------
 

@@ -26,6 +26,8 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from kvgate.gateway.timers import LazyTimer
+
 _MAX_HEAD = 64 * 1024
 """A response head larger than this is a protocol error."""
 
@@ -80,6 +82,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self._timer = LazyTimer(loop)
+        """The exchange's read deadline: one timer kept across the connection's exchanges."""
         self._parser = httptools.HttpResponseParser(self)
         # RFC 9112 allows whitespace before a chunk extension (BWS): accept exactly that,
         # nothing else llhttp refuses.
@@ -101,7 +105,6 @@ class Connection(asyncio.Protocol):
         self._fields: list[tuple[bytes, bytes]] = []
         self._field_bytes = 0
         self._error: Http1Error | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._last_io = 0.0
         self._read_s = 0.0
         self._deadline = 0.0
@@ -224,7 +227,7 @@ class Connection(asyncio.Protocol):
         self._read_s = read_s
         self._deadline = now + total_s
         self._head_waiter = loop.create_future()
-        self._timer = loop.call_at(min(now + read_s, self._deadline), self._on_timer)
+        self._timer.arm_at(min(now + read_s, self._deadline), self._on_timer)
         self.transport.write(request)
 
     async def head(self) -> None:
@@ -298,7 +301,7 @@ class Connection(asyncio.Protocol):
 
     def _finish(self) -> None:
         self.done = True
-        self._cancel_timer()
+        self._timer.disarm()
         self._wake()
 
     def _fail(self, exc: Http1Error) -> None:
@@ -320,12 +323,9 @@ class Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
 
     def _on_timer(self) -> None:
-        self._timer = None
         if self.done:
             return
         now = self._loop.time()
@@ -333,7 +333,7 @@ class Connection(asyncio.Protocol):
         if now >= due:
             self._fail(ReadTimeoutError("timed out waiting for the worker"))
         else:
-            self._timer = self._loop.call_at(due, self._on_timer)
+            self._timer.arm_at(due, self._on_timer)
 
 
 class ConnectionPool:
