@@ -295,6 +295,7 @@ class DefaultPolicy(PrefixLearning):
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
         depth = self.index.match_worker(request.prefix_hashes, worker)
+        depth = self.index.resident_depth(request.prefix_hashes, worker, depth)
         cached = min(request.prompt_chars, self.index.depth_chars(depth))
         seconds = (request.prompt_chars - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
@@ -469,6 +470,11 @@ class DefaultPolicy(PrefixLearning):
                 found[worker] = min(depth, len(hashes))
         return found
 
+    def resident(self, request: RequestFeatures, found: dict[WorkerId, int]) -> dict[WorkerId, int]:
+        """Of each worker's match, the blocks likely still in its KV (``resident_depth``)."""
+        hashes, depth = request.prefix_hashes, self.index.resident_depth
+        return {w: depth(hashes, w, d) for w, d in found.items() if d}
+
     def _place(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
     ) -> tuple[WorkerState, str]:
@@ -491,6 +497,9 @@ class DefaultPolicy(PrefixLearning):
         )
         costs = self._costs.get
         get = matches.get
+        # The TTFT terms count what is likely still resident; the pull, what the index
+        # and the store claim (their claims err late on purpose, for the hit rate).
+        held = self.resident(request, own).get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
         # A placement that opens a conversation decides where all of it goes: a new
@@ -536,7 +545,7 @@ class DefaultPolicy(PrefixLearning):
                     # ``PrefixIndex.depth_chars``, inlined.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
-                    fresh = fresh_all - cached * per_char
+                    fresh = fresh_all - min(cached, self._chars(held(wid, 0))) * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached / (1.0 + queued / half)
                 else:
@@ -559,6 +568,9 @@ class DefaultPolicy(PrefixLearning):
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+
+    def _chars(self, depth: int) -> int:
+        return self.index.depth_chars(depth) if depth else 0
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
