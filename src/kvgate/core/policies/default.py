@@ -80,6 +80,16 @@ Used when the config names no policy. In order:
    requests still in flight there (so a wrong rate cannot make it drift).
    Workers at ``kv_high`` KV use are skipped unless all are.
 
+   The TTFT terms (the queue estimate and the request's own prefill) count a
+   worker's cache as far as it is likely still *resident*: the prefix index
+   stamps each entry with the weight sent to the worker since, and blocks older
+   than its KV turnover are probably evicted (``PrefixIndex.resident_depth``).
+   Of a claim past that (old entries, or the store's holders this replica cannot
+   vouch for) they count the share that workers' usage reports have confirmed
+   (``ClaimTrust``, starting at none); the pull weighs the whole claim. Stale
+   claims had hidden 10-30k-token recomputes from the queue estimate, which is
+   where the long-context trace's p99 came from.
+
    Blocks the request says are restorable from disk (``restorable_blocks``: a
    llama.cpp slot saved where every worker reads) count as cached on every
    worker at ``restorable_credit``; a worker chosen for them is a
@@ -139,6 +149,9 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
+from kvgate.core.policies.books import Book as _Book
+from kvgate.core.policies.books import Life as _Life
+from kvgate.core.policies.claims import ClaimTrust
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
@@ -185,52 +198,6 @@ class DefaultConfig(PolicyConfig):
 _Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
 
-class _Book:
-    """What the policy keeps per worker: its prefill queue estimate, cache fill, recent count.
-
-    One object a worker, so a decision costs one dictionary probe per worker.
-    """
-
-    __slots__ = ("busy_until", "fill", "owed_s", "recent", "recent_at")
-
-    def __init__(self, now: Seconds) -> None:
-        self.busy_until = now
-        """When the prefill queued there is done, at the configured rate (virtual time)."""
-        self.owed_s = 0.0
-        """Prefill seconds of the requests routed there and not yet reported back."""
-        self.fill = 0.0
-        """How full its share of the prefix index is (``PrefixIndex.fill``)."""
-        self.recent = 0.0
-        self.recent_at = now
-
-
-class _Life:
-    """What a conversation routes over its life, on average: prefill seconds over openings.
-
-    Both counts are halved every ``half_s`` (together, so only their ratio matters).
-    """
-
-    __slots__ = ("at", "opened", "seconds")
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.opened = 0.0
-        self.at: Seconds = 0.0
-
-    def add(self, now: Seconds, half_s: float, seconds: float, opened: float) -> None:
-        age = now - self.at
-        if age > 0.0:
-            decay = math.exp2(-age / half_s)
-            self.seconds *= decay
-            self.opened *= decay
-            self.at = now
-        self.seconds += seconds
-        self.opened += opened
-
-    def mean(self) -> float:
-        return self.seconds / self.opened if self.opened >= 1e-9 else 0.0
-
-
 class DefaultPolicy(PrefixLearning):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
 
@@ -266,6 +233,10 @@ class DefaultPolicy(PrefixLearning):
         self._ends: OrderedDict[BlockHash, str] = OrderedDict()
         # The last request placed and whether it opened a conversation (``on_routed``).
         self._opened: tuple[str, bool] = ("", False)
+        # How much of a cache claim past what is resident hits (``core.policies.claims``),
+        # and the last placement's claims: request id, per worker (resident, claimed) chars.
+        self._trust = ClaimTrust(max_pending=cfg.index.max_pending)
+        self._claims: tuple[str, dict[WorkerId, tuple[int, int]]] = ("", {})
 
     # -- learning -----------------------------------------------------------------
 
@@ -294,10 +265,16 @@ class DefaultPolicy(PrefixLearning):
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
-        depth = self.index.match_worker(request.prefix_hashes, worker)
-        depth = self.index.resident_depth(request.prefix_hashes, worker, depth)
-        cached = min(request.prompt_chars, self.index.depth_chars(depth))
-        seconds = (request.prompt_chars - cached) * self._tokens_per_char / self._rate
+        rid, prompt = request.request_id, request.prompt_chars
+        claims = self._claims
+        claim = claims[1].get(worker) if claims[0] == rid else None
+        if claim is None:
+            depth = self.index.match_worker(request.prefix_hashes, worker)
+            resident = self.index.resident_depth(request.prefix_hashes, worker, depth)
+            claim = (self._chars(resident, prompt), self._chars(depth, prompt))
+        self._trust.note_routed(rid, worker, *claim)
+        cached = self._trust.expected(*claim)
+        seconds = (prompt - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
         book.busy_until = max(book.busy_until, now) + seconds
         book.owed_s += seconds
@@ -386,6 +363,9 @@ class DefaultPolicy(PrefixLearning):
         if flight is not None:
             self._settle(flight)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        self._trust.note_usage(
+            request.request_id, worker, request.prompt_chars, prompt_tokens, cached_tokens
+        )
         book = self._books.get(worker)
         if book is not None:
             book.fill = self.index.fill(worker)
@@ -470,10 +450,15 @@ class DefaultPolicy(PrefixLearning):
                 found[worker] = min(depth, len(hashes))
         return found
 
-    def resident(self, request: RequestFeatures, found: dict[WorkerId, int]) -> dict[WorkerId, int]:
-        """Of each worker's match, the blocks likely still in its KV (``resident_depth``)."""
-        hashes, depth = request.prefix_hashes, self.index.resident_depth
-        return {w: depth(hashes, w, d) for w, d in found.items() if d}
+    def claims(
+        self, request: RequestFeatures, found: dict[WorkerId, int]
+    ) -> dict[WorkerId, tuple[int, int]]:
+        """Per matching worker, characters resident (``resident_depth``) and claimed."""
+        hashes, prompt = request.prefix_hashes, request.prompt_chars
+        depth, chars = self.index.resident_depth, self._chars
+        return {
+            w: (chars(depth(hashes, w, d), prompt), chars(d, prompt)) for w, d in found.items() if d
+        }
 
     def _place(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
@@ -497,9 +482,12 @@ class DefaultPolicy(PrefixLearning):
         )
         costs = self._costs.get
         get = matches.get
-        # The TTFT terms count what is likely still resident; the pull, what the index
-        # and the store claim (their claims err late on purpose, for the hit rate).
-        held = self.resident(request, own).get
+        # The TTFT terms count what is likely still resident, and of the rest of a claim
+        # the share that usage reports confirm (``ClaimTrust``); the pull counts the
+        # whole claim (the index and the store err late on purpose, for the hit rate).
+        claims = self.claims(request, own)
+        self._claims = (request.request_id, claims)
+        held, expected = claims.get, self._trust.expected
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
         # A placement that opens a conversation decides where all of it goes: a new
@@ -545,7 +533,11 @@ class DefaultPolicy(PrefixLearning):
                     # ``PrefixIndex.depth_chars``, inlined.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
-                    fresh = fresh_all - min(cached, self._chars(held(wid, 0))) * per_char
+                    claim = held(wid)
+                    if claim is not None:
+                        fresh = fresh_all - min(cached, expected(*claim)) * per_char
+                    else:
+                        fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached / (1.0 + queued / half)
                 else:
@@ -569,8 +561,9 @@ class DefaultPolicy(PrefixLearning):
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
 
-    def _chars(self, depth: int) -> int:
-        return self.index.depth_chars(depth) if depth else 0
+    def _chars(self, depth: int, prompt: int) -> int:
+        """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
+        return min(prompt, self.index.depth_chars(depth)) if depth else 0
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
