@@ -93,6 +93,8 @@ class PrefixIndex:
         # Per worker, the weight of blocks ever added there: an entry's stamp is this
         # clock when it was last sent, so ``clock - stamp`` is how much was added since.
         self._clock: dict[WorkerId, int] = {}
+        # Per worker, the oldest stamp still likely resident (``resident_depth``).
+        self._oldest: dict[WorkerId, float] = {}
         # An entry's value packs its stamp and its weight: ``stamp * _unit + weight``.
         self._unit = self.config.coarse_factor + 1
         self._pending: OrderedDict[str, tuple[WorkerId, int]] = OrderedDict()
@@ -241,6 +243,7 @@ class PrefixIndex:
         self._base.pop(worker, None)
         self._scale.pop(worker, None)
         self._clock.pop(worker, None)
+        self._oldest.pop(worker, None)
         if lru is None:
             return
         bit = self._bit.pop(worker)
@@ -302,18 +305,28 @@ class PrefixIndex:
         between the KV capacity and what the index remembers: an entry's age (new
         weight sent since) undercounts its LRU position, and on issue 11's trace a
         cut at the capacity itself judged 12 of 38 claims gone that then hit.
+
+        Every chain through a block runs through all the blocks before it, and is
+        inserted back to front, so along a chain stamps never rise: being held and
+        young is monotone, and a binary search finds the cut.
         """
         lru = self._lru.get(worker)
+        depth = min(depth, len(hashes))
         if lru is None or depth <= 0:
             return 0
-        unit = self._unit
-        over = self.config.kv_overcommit
-        oldest = self._clock[worker] - self.capacity(worker) * (1.0 + over) / (2.0 * over)
-        for i in range(min(depth, len(hashes))):
-            value = lru.get(hashes[i])
-            if value is None or value // unit < oldest:
-                return i
-        return min(depth, len(hashes))
+        oldest, unit = self._oldest[worker], self._unit
+        value = lru.get(hashes[depth - 1])
+        if value is not None and value // unit >= oldest:
+            return depth
+        low, high = 0, depth - 1  # blocks before ``low`` are resident; ``high`` is not
+        while low < high:
+            mid = (low + high) // 2
+            value = lru.get(hashes[mid])
+            if value is not None and value // unit >= oldest:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     # -- internals -----------------------------------------------------------
 
@@ -346,6 +359,8 @@ class PrefixIndex:
     def _trim(self, worker: WorkerId) -> None:
         lru = self._lru[worker]
         cap = self.capacity(worker)
+        over = self.config.kv_overcommit
+        self._oldest[worker] = self._clock[worker] - cap * (1.0 + over) / (2.0 * over)
         weight = self._weight[worker]
         if weight <= cap:
             return

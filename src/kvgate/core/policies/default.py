@@ -236,7 +236,7 @@ class DefaultPolicy(PrefixLearning):
         # How much of a cache claim past what is resident hits (``core.policies.claims``),
         # and the last placement's claims: request id, per worker (resident, claimed) chars.
         self._trust = ClaimTrust(max_pending=cfg.index.max_pending)
-        self._claims: tuple[str, dict[WorkerId, tuple[int, int]]] = ("", {})
+        self._claims: tuple[str, dict[WorkerId, int], dict[WorkerId, int]] = ("", {}, {})
 
     # -- learning -----------------------------------------------------------------
 
@@ -266,12 +266,14 @@ class DefaultPolicy(PrefixLearning):
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
         rid, prompt = request.request_id, request.prompt_chars
-        claims = self._claims
-        claim = claims[1].get(worker) if claims[0] == rid else None
-        if claim is None:
+        last, found, cuts = self._claims
+        if last == rid:  # the claims its placement weighed, the store's included
+            depth = found.get(worker, 0)
+            resident = cuts.get(worker, depth)
+        else:
             depth = self.index.match_worker(request.prefix_hashes, worker)
             resident = self.index.resident_depth(request.prefix_hashes, worker, depth)
-            claim = (self._chars(resident, prompt), self._chars(depth, prompt))
+        claim = (self._chars(resident, prompt), self._chars(depth, prompt))
         self._trust.note_routed(rid, worker, *claim)
         cached = self._trust.expected(*claim)
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
@@ -450,16 +452,6 @@ class DefaultPolicy(PrefixLearning):
                 found[worker] = min(depth, len(hashes))
         return found
 
-    def claims(
-        self, request: RequestFeatures, found: dict[WorkerId, int]
-    ) -> dict[WorkerId, tuple[int, int]]:
-        """Per matching worker, characters resident (``resident_depth``) and claimed."""
-        hashes, prompt = request.prefix_hashes, request.prompt_chars
-        depth, chars = self.index.resident_depth, self._chars
-        return {
-            w: (chars(depth(hashes, w, d), prompt), chars(d, prompt)) for w, d in found.items() if d
-        }
-
     def _place(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
     ) -> tuple[WorkerState, str]:
@@ -482,12 +474,6 @@ class DefaultPolicy(PrefixLearning):
         )
         costs = self._costs.get
         get = matches.get
-        # The TTFT terms count what is likely still resident, and of the rest of a claim
-        # the share that usage reports confirm (``ClaimTrust``); the pull counts the
-        # whole claim (the index and the store err late on purpose, for the hit rate).
-        claims = self.claims(request, own)
-        self._claims = (request.request_id, claims)
-        held, expected = claims.get, self._trust.expected
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
         # A placement that opens a conversation decides where all of it goes: a new
@@ -509,9 +495,11 @@ class DefaultPolicy(PrefixLearning):
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
+        scored: list[tuple[float, WorkerState]] = []
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are.
         for admit_high in (False, True):
+            scored.clear()
             for w in pool:
                 kv = w.kv_usage or 0.0
                 if kv >= kv_high and not admit_high:
@@ -533,15 +521,12 @@ class DefaultPolicy(PrefixLearning):
                     # ``PrefixIndex.depth_chars``, inlined.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
-                    claim = held(wid)
-                    if claim is not None:
-                        fresh = fresh_all - min(cached, expected(*claim)) * per_char
-                    else:
-                        fresh = fresh_all - cached * per_char
+                    fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached / (1.0 + queued / half)
                 else:
                     cost += queued + fresh_all + evict_all * fill
+                scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
                 elif cost == best_cost and best is not None:
@@ -554,12 +539,64 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
+        if not restorable:
+            best = self._vouched(request, best, scored, own, life=life, now=now)
         top = max(matches.values(), default=0)
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+
+    def _vouched(
+        self,
+        request: RequestFeatures,
+        best: WorkerState,
+        scored: list[tuple[float, WorkerState]],
+        found: dict[WorkerId, int],
+        *,
+        life: float,
+        now: Seconds,
+    ) -> WorkerState:
+        """The cheapest worker once its cache claim is judged by what is likely resident.
+
+        The costs counted every claim in full. A claim past the resident cache
+        (``PrefixIndex.resident_depth``) counts in the TTFT terms only at the share
+        that usage has confirmed (``ClaimTrust``), which can only raise a cost: so
+        only the cheapest worker's claim needs judging, then the next cheapest if it
+        lost its place, and so on (usually one look-up a decision).
+        """
+        hashes, prompt = request.prefix_hashes, request.prompt_chars
+        per_char = self._tokens_per_char / self._rate
+        evict = self.config.evict
+        judged: dict[WorkerId, int] = {}
+        while True:
+            wid = best.id
+            depth = found.get(wid, 0)
+            if not depth or wid in judged:
+                break
+            resident = judged[wid] = self.index.resident_depth(hashes, wid, depth)
+            if resident >= depth:
+                break
+            cached = self._chars(depth, prompt)
+            held = self._trust.expected(self._chars(resident, prompt), cached)
+            entry = self._costs.get(wid)
+            fill = entry[2] if entry is not None else 0.0
+            fresh = (prompt - cached) * per_char
+            more = fresh + (cached - held) * per_char
+            extra = more - fresh + evict * fill * (max(more, life) - max(fresh, life))
+            scored = [(c + extra if w.id == wid else c, w) for c, w in scored]
+            best = self._cheapest(scored, now)
+        self._claims = (request.request_id, found, judged)
+        return best
+
+    def _cheapest(self, scored: list[tuple[float, WorkerState]], now: Seconds) -> WorkerState:
+        """The lowest cost, exact ties ordered as in ``_place``."""
+        best, best_cost = scored[0][1], scored[0][0]
+        for cost, w in scored[1:]:
+            if cost < best_cost or (cost == best_cost and self._tie(w, now) < self._tie(best, now)):
+                best, best_cost = w, cost
+        return best
 
     def _chars(self, depth: int, prompt: int) -> int:
         """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
