@@ -80,15 +80,11 @@ Used when the config names no policy. In order:
    requests still in flight there (so a wrong rate cannot make it drift).
    Workers at ``kv_high`` KV use are skipped unless all are.
 
-   The TTFT terms (the queue estimate and the request's own prefill) count a
-   worker's cache as far as it is likely still *resident*: the prefix index
-   stamps each entry with the weight sent to the worker since, and blocks older
-   than its KV turnover are probably evicted (``PrefixIndex.resident_depth``).
-   Of a claim past that (old entries, or the store's holders this replica cannot
-   vouch for) they count the share that workers' usage reports have confirmed
-   (``ClaimTrust``, starting at none); the pull weighs the whole claim. Stale
-   claims had hidden 10-30k-token recomputes from the queue estimate, which is
-   where the long-context trace's p99 came from.
+   The TTFT terms (queue estimate, own prefill) count a cache as far as it is
+   likely *resident* (``PrefixIndex.resident_depth``: not older than the worker's
+   KV turnover), and of a claim past that (old entries, the store's holders) the
+   share usage reports confirm (``ClaimTrust``); the pull weighs the whole claim.
+   Stale claims hid 10-30k-token recomputes, the long-context trace's p99.
 
    Blocks the request says are restorable from disk (``restorable_blocks``: a
    llama.cpp slot saved where every worker reads) count as cached on every
@@ -579,23 +575,15 @@ class DefaultPolicy(PrefixLearning):
             if resident >= depth:
                 break
             cached = self._chars(depth, prompt)
-            held = self._trust.expected(self._chars(resident, prompt), cached)
+            unheld = cached - self._trust.expected(self._chars(resident, prompt), cached)
             entry = self._costs.get(wid)
             fill = entry[2] if entry is not None else 0.0
             fresh = (prompt - cached) * per_char
-            more = fresh + (cached - held) * per_char
+            more = fresh + unheld * per_char  # its prefill there, and what that evicts
             extra = more - fresh + evict * fill * (max(more, life) - max(fresh, life))
             scored = [(c + extra if w.id == wid else c, w) for c, w in scored]
-            best = self._cheapest(scored, now)
+            best = min(scored, key=lambda e: (e[0], self._tie(e[1], now)))[1]
         self._claims = (request.request_id, found, judged)
-        return best
-
-    def _cheapest(self, scored: list[tuple[float, WorkerState]], now: Seconds) -> WorkerState:
-        """The lowest cost, exact ties ordered as in ``_place``."""
-        best, best_cost = scored[0][1], scored[0][0]
-        for cost, w in scored[1:]:
-            if cost < best_cost or (cost == best_cost and self._tie(w, now) < self._tie(best, now)):
-                best, best_cost = w, cost
         return best
 
     def _chars(self, depth: int, prompt: int) -> int:
