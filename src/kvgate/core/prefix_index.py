@@ -93,8 +93,6 @@ class PrefixIndex:
         # Per worker, the weight of blocks ever added there: an entry's stamp is this
         # clock when it was last sent, so ``clock - stamp`` is how much was added since.
         self._clock: dict[WorkerId, int] = {}
-        # Per worker, the oldest stamp still likely resident (``resident_depth``).
-        self._oldest: dict[WorkerId, float] = {}
         # An entry's value packs its stamp and its weight: ``stamp * _unit + weight``.
         self._unit = self.config.coarse_factor + 1
         self._pending: OrderedDict[str, tuple[WorkerId, int]] = OrderedDict()
@@ -243,7 +241,6 @@ class PrefixIndex:
         self._base.pop(worker, None)
         self._scale.pop(worker, None)
         self._clock.pop(worker, None)
-        self._oldest.pop(worker, None)
         if lru is None:
             return
         bit = self._bit.pop(worker)
@@ -314,7 +311,8 @@ class PrefixIndex:
         depth = min(depth, len(hashes))
         if lru is None or depth <= 0:
             return 0
-        oldest, unit = self._oldest[worker], self._unit
+        over, unit = self.config.kv_overcommit, self._unit
+        oldest = self._clock[worker] - self.capacity(worker) * (1.0 + over) / (2.0 * over)
         value = lru.get(hashes[depth - 1])
         if value is not None and value // unit >= oldest:
             return depth
@@ -359,8 +357,6 @@ class PrefixIndex:
     def _trim(self, worker: WorkerId) -> None:
         lru = self._lru[worker]
         cap = self.capacity(worker)
-        over = self.config.kv_overcommit
-        self._oldest[worker] = self._clock[worker] - cap * (1.0 + over) / (2.0 * over)
         weight = self._weight[worker]
         if weight <= cap:
             return
