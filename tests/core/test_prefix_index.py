@@ -193,3 +193,47 @@ def test_random_operations_keep_every_bound(ops: list[tuple[str, int, int, int]]
         for known in index.workers():
             assert index.worker_blocks(known) <= index.capacity(known)
     assert_consistent(index)
+
+
+# 50 blocks of KV, 100 remembered: a block is likely resident while at most 75 blocks
+# (halfway between the two) were sent to the worker after it was last sent. Chain 1's
+# 10 blocks are inserted last block first, so its block i is i blocks older than its
+# head; ``later`` blocks of other chains follow.
+@pytest.mark.parametrize(
+    ("later", "remembered", "resident"),
+    [
+        (0, 10, 10),
+        (60, 10, 10),  # its tail (block 9) is 69 blocks old: still resident
+        (70, 10, 6),  # blocks 6-9 are 76-79 old: likely evicted, still remembered
+        (80, 10, 0),
+        (95, 5, 0),  # past what is remembered: the tail is forgotten too
+    ],
+)
+def test_resident_depth_cuts_claims_older_than_the_kv_turnover(
+    later: int, remembered: int, resident: int
+) -> None:
+    index = small(block_chars=256, chars_per_token=4.0)
+    index.set_kv_capacity("a", 64 * 50)
+    index.insert("a", chain(1, 10))
+    for group in range(later // 5):
+        index.insert("a", chain(100 + group, 5))
+    depth = index.match_worker(chain(1, 10), "a")
+    assert depth == remembered
+    assert index.resident_depth(chain(1, 10), "a", depth) == resident
+    assert index.resident_depth(chain(1, 10), "a", 3) == min(3, resident)
+    assert index.resident_depth(chain(1, 10), "b", 10) == 0  # a worker it never saw
+    assert_consistent(index)
+
+
+def test_sending_a_prefix_again_makes_it_resident_again() -> None:
+    index = small(block_chars=256, chars_per_token=4.0)
+    index.set_kv_capacity("a", 64 * 50)
+    index.insert("a", chain(1, 10))
+    for group in range(16):
+        index.insert("a", chain(100 + group, 5))
+    index.insert("a", chain(1, 4))  # a stranger sharing the first 4 blocks
+    assert index.match_worker(chain(1, 10), "a") == 10
+    assert index.resident_depth(chain(1, 10), "a", 10) == 4
+    # Re-sent blocks add no weight: the clock counts what the cache had to make room for.
+    index.insert("a", chain(1, 10))
+    assert index.resident_depth(chain(1, 10), "a", 10) == 10

@@ -90,6 +90,11 @@ class PrefixIndex:
         self._by_bit: list[WorkerId | None] = []
         self._base: dict[WorkerId, int] = {}
         self._scale: dict[WorkerId, float] = {}
+        # Per worker, the weight of blocks ever added there: an entry's stamp is this
+        # clock when it was last sent, so ``clock - stamp`` is how much was added since.
+        self._clock: dict[WorkerId, int] = {}
+        # An entry's value packs its stamp and its weight: ``stamp * _unit + weight``.
+        self._unit = self.config.coarse_factor + 1
         self._pending: OrderedDict[str, tuple[WorkerId, int]] = OrderedDict()
 
     # -- sizes ---------------------------------------------------------------
@@ -169,16 +174,21 @@ class PrefixIndex:
         holders = self._holders
         fine = self.config.fine_blocks
         coarse = self.config.coarse_factor
+        unit = self._unit
+        clock = self._clock[worker]
         added = 0
         for i in range(len(hashes) - 1, -1, -1):
             h = hashes[i]
-            if h in lru:
-                lru.move_to_end(h)
+            old = lru.pop(h, None)
+            if old is not None:
+                lru[h] = clock * unit + old % unit
             else:
                 weight = 1 if i < fine else coarse
-                lru[h] = weight
+                clock += weight
+                lru[h] = clock * unit + weight
                 added += weight
                 holders[h] = holders.get(h, 0) | mask
+        self._clock[worker] = clock
         self._weight[worker] += added
         self._trim(worker)
 
@@ -230,6 +240,7 @@ class PrefixIndex:
         self._weight.pop(worker, None)
         self._base.pop(worker, None)
         self._scale.pop(worker, None)
+        self._clock.pop(worker, None)
         if lru is None:
             return
         bit = self._bit.pop(worker)
@@ -279,6 +290,42 @@ class PrefixIndex:
             depth += 1
         return depth
 
+    def resident_depth(self, hashes: Sequence[BlockHash], worker: WorkerId, depth: int) -> int:
+        """How many of the first ``depth`` blocks ``worker`` likely still has in its KV cache.
+
+        The index remembers ``kv_overcommit`` times a worker's KV capacity, erring
+        late so that placement does not leave a cache that is still there. But a
+        block after which more than the KV capacity was sent to the worker has
+        likely been evicted by the engine's LRU: a request that finds it gone
+        recomputes it, and a queue estimate that counted it as cached is short by
+        exactly the long prefills the tail latency is made of. The cut lies halfway
+        between the KV capacity and what the index remembers: an entry's age (new
+        weight sent since) undercounts its LRU position, and on issue 11's trace a
+        cut at the capacity itself judged 12 of 38 claims gone that then hit.
+
+        Every chain through a block runs through all the blocks before it, and is
+        inserted back to front, so along a chain stamps never rise: being held and
+        young is monotone, and a binary search finds the cut.
+        """
+        lru = self._lru.get(worker)
+        depth = min(depth, len(hashes))
+        if lru is None or depth <= 0:
+            return 0
+        over, unit = self.config.kv_overcommit, self._unit
+        oldest = self._clock[worker] - self.capacity(worker) * (1.0 + over) / (2.0 * over)
+        value = lru.get(hashes[depth - 1])
+        if value is not None and value // unit >= oldest:
+            return depth
+        low, high = 0, depth - 1  # blocks before ``low`` are resident; ``high`` is not
+        while low < high:
+            mid = (low + high) // 2
+            value = lru.get(hashes[mid])
+            if value is not None and value // unit >= oldest:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
     # -- internals -----------------------------------------------------------
 
     def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
@@ -300,6 +347,7 @@ class PrefixIndex:
         lru: OrderedDict[BlockHash, int] = OrderedDict()
         self._lru[worker] = lru
         self._weight[worker] = 0
+        self._clock[worker] = 0
         # One more worker shrinks everyone's share of the global bound.
         for other in list(self._lru):
             if other != worker:
@@ -314,9 +362,10 @@ class PrefixIndex:
             return
         keep = ~(1 << self._bit[worker])
         holders = self._holders
+        unit = self._unit
         while weight > cap and lru:
-            h, w = lru.popitem(last=False)
-            weight -= w
+            h, value = lru.popitem(last=False)
+            weight -= value % unit
             mask = holders[h] & keep
             if mask:
                 holders[h] = mask

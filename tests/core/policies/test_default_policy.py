@@ -127,8 +127,9 @@ def test_a_new_session_is_placed_for_its_life_not_its_first_turn() -> None:
     workers = tuple(worker(w, kv_capacity_tokens=capacity) for w in ("a", "b"))
     policy = DefaultPolicy()
     policy.pick(request("probe", hashes=chain(9, 1)), ctx(fleet(*workers)))  # learns capacity
-    policy.on_routed(request("prompt", hashes=chain(1, 8)), "a", -10.0)
     policy.on_routed(request("others", hashes=chain(2, 24)), "a", -10.0)  # a's cache is full
+    # ... and the prompt was sent since: still resident (``PrefixIndex.resident_depth``).
+    policy.on_routed(request("prompt", hashes=chain(1, 8)), "a", -10.0)
     open_sessions(policy, sessions=2, turns=4, blocks=10)
     first_turn = (*chain(1, 8), *chain(3, 2))
     headerless = policy.pick(request("q", hashes=first_turn), ctx(fleet(*workers)))

@@ -90,6 +90,12 @@ Used when the config names no policy. In order:
    requests still in flight there (so a wrong rate cannot make it drift).
    Workers at ``kv_high`` KV use are skipped unless all are.
 
+   The TTFT terms (queue estimate, own prefill) count a cache as far as it is
+   likely *resident* (``PrefixIndex.resident_depth``: not older than the worker's
+   KV turnover), and of a claim past that (old entries, the store's holders) the
+   share usage reports confirm (``ClaimTrust``); the pull weighs the whole claim.
+   Stale claims hid 10-30k-token recomputes, the long-context trace's p99.
+
    Blocks the request says are restorable from disk (``restorable_blocks``: a
    llama.cpp slot saved where every worker reads) count as cached on every
    worker at ``restorable_credit``; a worker chosen for them is a
@@ -149,6 +155,9 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
+from kvgate.core.policies.books import Book as _Book
+from kvgate.core.policies.books import Life as _Life
+from kvgate.core.policies.claims import ClaimTrust
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
@@ -195,52 +204,6 @@ class DefaultConfig(PolicyConfig):
 _Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
 
-class _Book:
-    """What the policy keeps per worker: its prefill queue estimate, cache fill, recent count.
-
-    One object a worker, so a decision costs one dictionary probe per worker.
-    """
-
-    __slots__ = ("busy_until", "fill", "owed_s", "recent", "recent_at")
-
-    def __init__(self, now: Seconds) -> None:
-        self.busy_until = now
-        """When the prefill queued there is done, at the configured rate (virtual time)."""
-        self.owed_s = 0.0
-        """Prefill seconds of the requests routed there and not yet reported back."""
-        self.fill = 0.0
-        """How full its share of the prefix index is (``PrefixIndex.fill``)."""
-        self.recent = 0.0
-        self.recent_at = now
-
-
-class _Life:
-    """What a conversation routes over its life, on average: prefill seconds over openings.
-
-    Both counts are halved every ``half_s`` (together, so only their ratio matters).
-    """
-
-    __slots__ = ("at", "opened", "seconds")
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.opened = 0.0
-        self.at: Seconds = 0.0
-
-    def add(self, now: Seconds, half_s: float, seconds: float, opened: float) -> None:
-        age = now - self.at
-        if age > 0.0:
-            decay = math.exp2(-age / half_s)
-            self.seconds *= decay
-            self.opened *= decay
-            self.at = now
-        self.seconds += seconds
-        self.opened += opened
-
-    def mean(self) -> float:
-        return self.seconds / self.opened if self.opened >= 1e-9 else 0.0
-
-
 class DefaultPolicy(PrefixLearning):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
 
@@ -276,6 +239,10 @@ class DefaultPolicy(PrefixLearning):
         self._ends: OrderedDict[BlockHash, str] = OrderedDict()
         # The last request placed and whether it opened a conversation (``on_routed``).
         self._opened: tuple[str, bool] = ("", False)
+        # How much of a cache claim past what is resident hits (``core.policies.claims``),
+        # and the last placement's claims: request id, per worker (resident, claimed) chars.
+        self._trust = ClaimTrust(max_pending=cfg.index.max_pending)
+        self._claims: tuple[str, dict[WorkerId, int], dict[WorkerId, int]] = ("", {}, {})
 
     # -- learning -----------------------------------------------------------------
 
@@ -304,9 +271,18 @@ class DefaultPolicy(PrefixLearning):
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         cfg = self.config
-        depth = self.index.match_worker(request.prefix_hashes, worker)
-        cached = min(request.prompt_chars, self.index.depth_chars(depth))
-        seconds = (request.prompt_chars - cached) * self._tokens_per_char / self._rate
+        rid, prompt = request.request_id, request.prompt_chars
+        last, found, cuts = self._claims
+        if last == rid:  # the claims its placement weighed, the store's included
+            depth = found.get(worker, 0)
+            resident = cuts.get(worker, depth)
+        else:
+            depth = self.index.match_worker(request.prefix_hashes, worker)
+            resident = self.index.resident_depth(request.prefix_hashes, worker, depth)
+        claim = (self._chars(resident, prompt), self._chars(depth, prompt))
+        self._trust.note_routed(rid, worker, *claim)
+        cached = self._trust.expected(*claim)
+        seconds = (prompt - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
         book.busy_until = max(book.busy_until, now) + seconds
         book.owed_s += seconds
@@ -404,6 +380,9 @@ class DefaultPolicy(PrefixLearning):
         if flight is not None:
             self._settle(flight)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        self._trust.note_usage(
+            request.request_id, worker, request.prompt_chars, prompt_tokens, cached_tokens
+        )
         book = self._books.get(worker)
         if book is not None:
             book.fill = self.index.fill(worker)
@@ -531,9 +510,11 @@ class DefaultPolicy(PrefixLearning):
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
+        scored: list[tuple[float, WorkerState]] = []
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are.
         for admit_high in (False, True):
+            scored.clear()
             for w in pool:
                 kv = w.kv_usage or 0.0
                 if kv >= kv_high and not admit_high:
@@ -560,6 +541,7 @@ class DefaultPolicy(PrefixLearning):
                     cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
                 else:
                     cost += queued + fresh_all + evict_all * fill
+                scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
                 elif cost == best_cost and best is not None:
@@ -572,12 +554,60 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
+        if not restorable:
+            best = self._vouched(request, best, scored, own, life=life, now=now)
         top = max(matches.values(), default=0)
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+
+    def _vouched(
+        self,
+        request: RequestFeatures,
+        best: WorkerState,
+        scored: list[tuple[float, WorkerState]],
+        found: dict[WorkerId, int],
+        *,
+        life: float,
+        now: Seconds,
+    ) -> WorkerState:
+        """The cheapest worker once its cache claim is judged by what is likely resident.
+
+        The costs counted every claim in full. A claim past the resident cache
+        (``PrefixIndex.resident_depth``) counts in the TTFT terms only at the share
+        that usage has confirmed (``ClaimTrust``), which can only raise a cost: so
+        only the cheapest worker's claim needs judging, then the next cheapest if it
+        lost its place, and so on (usually one look-up a decision).
+        """
+        hashes, prompt = request.prefix_hashes, request.prompt_chars
+        per_char = self._tokens_per_char / self._rate
+        evict = self.config.evict
+        judged: dict[WorkerId, int] = {}
+        while True:
+            wid = best.id
+            depth = found.get(wid, 0)
+            if not depth or wid in judged:
+                break
+            resident = judged[wid] = self.index.resident_depth(hashes, wid, depth)
+            if resident >= depth:
+                break
+            cached = self._chars(depth, prompt)
+            unheld = cached - self._trust.expected(self._chars(resident, prompt), cached)
+            entry = self._costs.get(wid)
+            fill = entry[2] if entry is not None else 0.0
+            fresh = (prompt - cached) * per_char
+            more = fresh + unheld * per_char  # its prefill there, and what that evicts
+            extra = more - fresh + evict * fill * (max(more, life) - max(fresh, life))
+            scored = [(c + extra if w.id == wid else c, w) for c, w in scored]
+            best = min(scored, key=lambda e: (e[0], self._tie(e[1], now)))[1]
+        self._claims = (request.request_id, found, judged)
+        return best
+
+    def _chars(self, depth: int, prompt: int) -> int:
+        """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
+        return min(prompt, self.index.depth_chars(depth)) if depth else 0
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
