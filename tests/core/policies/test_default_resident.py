@@ -84,10 +84,10 @@ def test_the_stores_claims_count_as_far_as_usage_has_confirmed_them(
     """Replica B never routed these chains; the store says another replica sent them to b.
 
     B counts none of such a claim in b's expected TTFT at first (its own index cannot
-    vouch for it), so with 0.1 s queued on b (whose cache is full) a 42-block turn goes
-    to idle a. Once b's usage reports have confirmed ten such claims (trust 1 - 0.9^10
-    = 0.65), B counts most of the next one and keeps the turn on b, as a gateway that
-    had routed it would.
+    vouch for it), so with 0.03 s queued on b (whose cache is full, so the pull of its
+    cache has faded) a 42-block turn goes to idle a. Once b's usage reports have
+    confirmed ten such claims (trust 1 - 0.9^10 = 0.65), B counts most of the next one
+    and keeps the turn on b, as a gateway that had routed it would.
     """
     replica_b = learned()
     warm(replica_b, "b", 100, 500)  # b's cache is full of strangers' chains
@@ -104,7 +104,7 @@ def test_the_stores_claims_count_as_far_as_usage_has_confirmed_them(
             replica_b.on_usage(taught, "b", 42 * 64, 40 * 64, -99.0)
 
     hashes = (*chain(1, 40), 5, 6)
-    filler = request("filler", hashes=(7,), prompt_chars=round(0.1 * 48_000))
+    filler = request("filler", hashes=(7,), prompt_chars=round(0.03 * 48_000))
     if confirmed:
         teach(confirmed)
     replica_b.on_routed(filler, "b", 0.0)

@@ -157,12 +157,13 @@ from kvgate.core.policies.base import (
 )
 from kvgate.core.policies.books import Book as _Book
 from kvgate.core.policies.books import Life as _Life
+from kvgate.core.policies.chain_ends import ChainEnds
 from kvgate.core.policies.claims import ClaimTrust
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
-from kvgate.types import BlockHash, Seconds, WorkerId
+from kvgate.types import Seconds, WorkerId
 
 
 class DefaultConfig(PolicyConfig):
@@ -235,8 +236,8 @@ class DefaultPolicy(PrefixLearning):
         # that opened a chain).
         self._sessions = _Life()
         self._chains = _Life()
-        # The last whole block of each recent headerless chain, and the request it ended.
-        self._ends: OrderedDict[BlockHash, str] = OrderedDict()
+        # Where each recent headerless request ended (``ChainEnds``).
+        self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
         # The last request placed and whether it opened a conversation (``on_routed``).
         self._opened: tuple[str, bool] = ("", False)
         # How much of a cache claim past what is resident hits (``core.policies.claims``),
@@ -302,7 +303,7 @@ class DefaultPolicy(PrefixLearning):
             opened = self._opened
             opens = opened[1] if opened[0] == rid else self.opens(request)
             self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
-            self._note_end(request)
+            self._ends.note(request)
         horizon = now - self._horizon_s
         while flights:
             first = next(iter(flights.values()))
@@ -321,51 +322,10 @@ class DefaultPolicy(PrefixLearning):
         """Prefill seconds a headerless conversation routes over its life (0: none yet)."""
         return self._chains.mean()
 
-    def _full_blocks(self, request: RequestFeatures) -> int:
-        """Blocks of the request's chain that are whole (a trailing partial one is not)."""
-        n = len(request.prefix_hashes)
-        return n if self.index.depth_chars(n) <= request.prompt_chars else n - 1
-
     def opens(self, request: RequestFeatures) -> bool:
-        """Whether a headerless request opens a conversation rather than extending one.
-
-        It extends one when its chain runs through a *chain end*: where a headerless
-        request routed before (another one: a retry of this request does not count)
-        ended. A later turn carries the earlier turn's whole prompt and goes on from
-        there; a chain that shares only an opening with others (a system prompt, a
-        tool preamble) runs through no earlier end, and opens. Past the fine blocks
-        the chain's tail (``RequestFeatures.tail_hashes``) says where in a coarse
-        block a prompt ends.
-        """
-        ends = self._ends
-        if not ends:
-            return True
-        rid = request.request_id
-        for h in reversed(request.tail_hashes):
-            owner = ends.get(h)
-            if owner is not None and owner != rid:
-                return False
-        hashes = request.prefix_hashes
-        for i in range(self._full_blocks(request) - 1, -1, -1):
-            owner = ends.get(hashes[i])
-            if owner is not None and owner != rid:
-                return False
-        return True
-
-    def _note_end(self, request: RequestFeatures) -> None:
-        """Remember where the routed request's prompt ends: its last whole (fine) block."""
-        if request.tail_hashes:
-            end = request.tail_hashes[-1]
-        else:
-            full = self._full_blocks(request)
-            if full <= 0:
-                return
-            end = request.prefix_hashes[full - 1]
-        ends = self._ends
-        ends.pop(end, None)
-        ends[end] = request.request_id
-        if len(ends) > self.config.chain_ends:
-            ends.popitem(last=False)
+        """Whether a headerless request opens a conversation rather than extending one
+        (``ChainEnds``: its chain runs through no earlier request's end)."""
+        return self._ends.opens(request)
 
     def on_usage(
         self,
