@@ -10,7 +10,7 @@ most of it is another replica's fresh placement. Neither can be known up front,
 so ``ClaimTrust`` measures it: each placement remembers the characters resident
 and claimed on its worker, and the worker's reported ``cached_tokens`` say how
 much of the claimed part was there. The trust is the running share confirmed
-(an exponential average, starting at full trust), and the TTFT terms count
+(an exponential average, starting at none), and the TTFT terms count
 ``resident + trust × (claimed - resident)``.
 """
 
