@@ -7,7 +7,7 @@ import pytest
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
-from kvgate.core.pressure import overflow_decision, overflow_target
+from kvgate.core.pressure import overflow_decision, overflow_fleet, overflow_target
 
 N, S, H = Pressure.NORMAL, Pressure.SOFT, Pressure.HARD
 
@@ -64,3 +64,44 @@ def test_overflow_decision_binds_a_moved_session_with_compare_and_set() -> None:
     assert (decision.affinity.worker, decision.affinity.expected) == ("a", "b")
     stays = overflow_decision(request, Affinity("s1", "a", "default"), snap)
     assert stays is not None and stays.worker == "a" and stays.affinity is None
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        # A NORMAL worker exists: no overflow.
+        ((("a", N, 0), ("b", S, 0)), None),
+        # All SOFT: every open worker, shown NORMAL for the policy to weigh.
+        ((("a", S, 3), ("b", S, 1)), ("a", "b")),
+        # SOFT ones only while some are not HARD.
+        ((("a", H, 0), ("b", S, 9), ("c", S, 2)), ("b", "c")),
+        # All HARD: all of them.
+        ((("a", H, 0), ("b", H, 9)), ("a", "b")),
+    ],
+)
+def test_overflow_fleet_is_what_an_overflow_may_use(
+    workers: tuple[tuple[str, Pressure, int], ...], expected: tuple[str, ...] | None
+) -> None:
+    view = overflow_fleet(fleet(*workers))
+    if expected is None:
+        assert view is None
+        return
+    assert view is not None
+    assert tuple(w.id for w in view.workers) == expected
+    assert {w.pressure for w in view.workers} == {N}
+    loads = {i: load for i, _, load in workers}
+    assert all(w.in_flight == loads[w.id] for w in view.workers)  # nothing else changes
+
+
+def test_overflow_fleet_leaves_out_full_and_unroutable_workers() -> None:
+    snap = FleetSnapshot(
+        0.0,
+        (
+            WorkerState(id="a", model="m", pressure=S, in_flight=4, max_in_flight=4),
+            WorkerState(id="b", model="m", pressure=S, health=Health.EJECTED),
+            WorkerState(id="c", model="m", pressure=H),
+        ),
+    )
+    view = overflow_fleet(snap)
+    assert view is not None and tuple(w.id for w in view.workers) == ("c",)
+    assert overflow_fleet(FleetSnapshot(0.0, snap.workers[:2])) is None

@@ -11,11 +11,13 @@ from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decisio
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
 from kvgate.core.policies import default_registry
+from kvgate.core.policies.base import candidates
 from kvgate.core.policy import PolicyBase, RouteContext
 from kvgate.core.pressure import PressureConfig
 from kvgate.core.route import (
     CONTINUATION,
     INVALID_DECISION,
+    OVERFLOW,
     Hold,
     Place,
     RouteConfig,
@@ -308,3 +310,97 @@ def test_a_continuation_goes_back_to_the_worker_holding_its_state_whatever_the_p
     down = w("a", health=Health.EJECTED)
     assert kind(continuation_verdict((down, w("b")), "a")) == ("place", "b")
     assert kind(continuation_verdict((w("a"), w("b")), None)) == ("place", "b")
+
+
+class Prefers(PolicyBase):
+    """Picks ``wanted`` when it is among the candidates it may use, else says full."""
+
+    name = "prefers"
+
+    def __init__(self, wanted: str) -> None:
+        self.wanted = wanted
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        if any(w.id == self.wanted for w in candidates(request, ctx)):
+            return Decision(self.wanted, "its_cache")
+        return Decision.refuse(CAPACITY_FULL)
+
+
+# A wholly pressured fleet's overflow (critical new work; with every worker HARD, a
+# bound session's standard work, as new work is shed) is the policy's pick among
+# the workers it may use, said ``pressure_overflow``; where the policy finds none of them
+# fit, the least pressured then least loaded worker (``overflow_target``).
+@pytest.mark.parametrize(
+    ("workers", "wanted", "expected"),
+    [
+        pytest.param(
+            (w("a", pressure=S), w("b", pressure=S, in_flight=2)),
+            "b",
+            "b",
+            id="soft-the-policy-weighs-load-and-cache",
+        ),
+        pytest.param(
+            (w("a", pressure=H), w("b", pressure=S, in_flight=3)),
+            "a",
+            "b",
+            id="hard-left-out-while-one-is-soft",
+        ),
+        pytest.param(
+            (w("a", pressure=H), w("b", pressure=H, in_flight=3)),
+            "b",
+            "b",
+            id="all-hard-bound-to-a-any-open-worker",
+        ),
+        pytest.param(
+            (w("a", pressure=S, in_flight=2), w("b", pressure=S, **FULL)),
+            "b",
+            "a",
+            id="full-left-out",
+        ),
+    ],
+)
+def test_an_overflow_is_placed_by_the_policy(
+    workers: tuple[WorkerState, ...], wanted: str, expected: str
+) -> None:
+    all_hard = all(x.pressure is H for x in workers)
+    request = RequestFeatures(
+        request_id="r", model="m", session_key="s", priority=STD if all_hard else CRIT
+    )
+    verdict = route(
+        request,
+        Affinity("s", "a", "default") if all_hard else None,
+        FleetSnapshot(0.0, workers),
+        Prefers(wanted),
+        random.Random(0),
+        queue_depth=0,
+        held_s=None,
+        config=RouteConfig(AdmissionConfig()),
+    )
+    assert isinstance(verdict, Place)
+    assert (verdict.worker, verdict.reason) == (expected, OVERFLOW)
+
+
+def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
+    """Both workers SOFT; b holds the 32-block system prompt, a is idle: the policy's
+    expected TTFT (its cache against a's empty queue) sends it to b, where least
+    pressure then least load sent it to a."""
+    policy = default_registry().build("default")
+    prompt = tuple(range(32))
+    policy.on_routed(
+        RequestFeatures("w", "m", prefix_hashes=prompt, prompt_chars=32 * 256), "b", -60.0
+    )
+    request = RequestFeatures(
+        "r", "m", priority=CRIT, prefix_hashes=(*prompt, 99), prompt_chars=33 * 256
+    )
+    workers = (w("a", pressure=S), w("b", pressure=S, in_flight=1))
+    verdict = route(
+        request,
+        None,
+        FleetSnapshot(0.0, workers),
+        policy,
+        random.Random(0),
+        queue_depth=0,
+        held_s=None,
+        config=RouteConfig(AdmissionConfig()),
+    )
+    assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", OVERFLOW)

@@ -21,8 +21,18 @@ BODY = {"model": "demo", "prompt": PROMPT, "max_tokens": 8}
 DEMAND = len(PROMPT) // 4 + 8
 
 
-async def _send(session: aiohttp.ClientSession, gw: GatewayHandle) -> int:
-    async with session.post(gw.openai_base + "/completions", json=BODY) as resp:
+# Another prompt of the same size, sent critical: new work a wholly pressured fleet
+# lets through, which shares none of the first's KV.
+OTHER = {**BODY, "prompt": "efgh " * round(0.7 * CAPACITY)}
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    gw: GatewayHandle,
+    body: dict[str, Any] = BODY,
+    headers: dict[str, str] | None = None,
+) -> int:
+    async with session.post(gw.openai_base + "/completions", json=body, headers=headers) as resp:
         await resp.read()
         return resp.status
 
@@ -65,7 +75,8 @@ async def test_a_request_that_would_overfill_its_worker_waits_for_headroom() -> 
         # Counted before any scrape shows it: past the soft mark, no new sessions.
         state = pool.snapshot("demo", 0.0, 0.0).get(a.url)
         assert state is not None and state.pressure is Pressure.SOFT
-        second = asyncio.create_task(_send(session, gw))
+        # (The same prompt again would share the first's blocks in flight and fit.)
+        second = asyncio.create_task(_send(session, gw, OTHER, {"X-Priority": "critical"}))
         await wait_until(lambda: router.kv_holds == 1, message="the second held")
         assert worker.in_flight == 1  # held at the gateway, not sent
         assert [await first, await second] == [200, 200]

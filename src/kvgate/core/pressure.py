@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -493,6 +493,33 @@ def overflow_target(fleet: FleetSnapshot, affine: WorkerId | None = None) -> Wor
         if own is not None and own in open_ and (own.pressure is not Pressure.HARD or all_hard):
             return own
     return min(open_, key=lambda w: (_RANK[w.pressure], w.load, w.kv_usage or 0.0, w.id))
+
+
+def overflow_fleet(fleet: FleetSnapshot) -> FleetSnapshot | None:
+    """The workers an overflow may use, shown unpressured, for the policy to place it by
+    its own measure; ``None`` when the fleet is not wholly pressured or none has a slot.
+
+    The open workers (routable, not full) that are not ``HARD``, or all open ones when
+    every one is. Placed by ``overflow_target`` (least pressured, then least loaded), a
+    wholly pressured fleet's overflow went wherever the last scrape showed ``SOFT``
+    rather than ``HARD``, whatever queued there and whatever each worker had cached:
+    under a system-prompt overload the requests whose KV hold ran out piled onto one
+    or two workers (70 queued in their engines) while the others went idle, and the
+    cache each request would have hit was ignored. The policy's cost (``default``:
+    expected time to first token, with its cache) weighs both.
+    """
+    if fleet_pressure(fleet) is Pressure.NORMAL:
+        return None
+    open_ = [w for w in fleet.workers if w.routable and not w.full]
+    soft = [w for w in open_ if w.pressure is not Pressure.HARD]
+    pool = soft or open_
+    if not pool:
+        return None
+    normal = Pressure.NORMAL
+    return FleetSnapshot(
+        fleet.now,
+        tuple(w if w.pressure is normal else replace(w, pressure=normal) for w in pool),
+    )
 
 
 def overflow_decision(

@@ -15,9 +15,12 @@ The steps, in order (each may end it):
    work is refused near saturation; a fleet with no free slot queues or sheds.
 4. A continuation of state one worker holds (``previous_response_id``) goes back
    to that worker while it is routable: ``Place("continuation")``, no policy asked.
-5. The policy picks. A ``CAPACITY_FULL`` refusal overflows to the least
-   pressured worker when the fleet is wholly pressured (``overflow_decision``),
-   else it queues (``Queue``) or sheds as admission says at full saturation.
+5. The policy picks. A ``CAPACITY_FULL`` refusal on a wholly pressured fleet
+   overflows: the policy picks again among the workers an overflow may use
+   (``overflow_fleet``), by its own measure (``default``: expected TTFT with its
+   cache), and only if it still finds none, the least pressured worker
+   (``overflow_decision``); else it queues (``Queue``) or sheds as admission
+   says at full saturation.
    Any other refusal is the policy's own shed.
 6. The KV hold: a pick whose worker lacks KV headroom for the request's demand
    is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate.core.admission import (
     AdmissionConfig,
@@ -47,7 +50,7 @@ from kvgate.core.admission import (
     fleet_saturation,
     timed_out,
 )
-from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
+from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues
@@ -58,6 +61,7 @@ from kvgate.core.pressure import (
     kv_demand_tokens,
     kv_fits,
     overflow_decision,
+    overflow_fleet,
     should_shed,
 )
 from kvgate.types import Seconds, SessionSource, WorkerId
@@ -78,6 +82,9 @@ __all__ = [
     "queue_timeout",
     "route",
 ]
+
+OVERFLOW = "pressure_overflow"
+"""The reason of a placement on a wholly pressured fleet (``core.pressure.overflow_fleet``)."""
 
 CONTINUATION = "continuation"
 """The reason of a ``Place`` that follows a continuation to the worker holding its state."""
@@ -178,9 +185,10 @@ def route(
     held = _continuation(request, affinity, fleet)
     if held is not None:
         return held
-    decision = policy.pick(request, RouteContext(fleet, affinity, rng, holders))
+    ctx = RouteContext(fleet, affinity, rng, holders)
+    decision = policy.pick(request, ctx)
     if decision.reason == CAPACITY_FULL:
-        decision = overflow_decision(request, affinity, fleet) or decision
+        decision = _overflow(request, ctx, policy) or decision
     if decision.worker is None:
         if decision.reason != CAPACITY_FULL:
             # The policy's own refusal (pressure, priority): waiting would not help.
@@ -213,6 +221,23 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
         return True
     normal = Pressure.NORMAL
     return any(w.pressure is not normal or w.full for w in fleet.workers)
+
+
+def _overflow(request: RequestFeatures, ctx: RouteContext, policy: Policy) -> Decision | None:
+    """Where a request the wholly pressured fleet let through goes: the policy's pick
+    among the workers that may take it (``overflow_fleet``), else ``overflow_decision``.
+
+    Said ``pressure_overflow`` either way, so the count of placements past the
+    watermarks reads the same whatever placed them.
+    """
+    fleet, affinity = ctx.fleet, ctx.affinity
+    view = overflow_fleet(fleet)
+    if view is None:
+        return None
+    decision = policy.pick(request, RouteContext(view, affinity, ctx.rng, ctx.holders))
+    if decision.worker is None or view.get(decision.worker) is None:
+        return overflow_decision(request, affinity, fleet)
+    return replace(decision, reason=OVERFLOW)
 
 
 def _continuation(
