@@ -189,3 +189,31 @@ def _projected(state: WorkerState, config: PressureConfig | None) -> WorkerState
         return state
     level = projected_level(state.pressure, state, config)
     return state if level is state.pressure else replace(state, pressure=level)
+
+
+def reloaded(
+    base: WorkerState,
+    worker: Routed,
+    now: Seconds,
+    stale_after: Seconds,
+    pressure: PressureConfig | None = None,
+) -> WorkerState:
+    """``worker_state(worker, now, ...)``, given ``base``: the state of a value that
+    differed from ``worker`` only in its in-flight counts (``Routed.loaded``).
+
+    The gateway's pool rebuilds a state after every lease and release. A healthy
+    worker's state then changes only in the counts and the projected pressure, so
+    it is made as a copy of ``base``'s instance dict with those replaced (0.5 us
+    rather than a 17-field frozen ``__init__``, 1.5 us); any other health is built
+    whole, as ``worker_state`` does.
+    """
+    if base.health is not Health.HEALTHY or health_of(worker, now, stale_after) is not base.health:
+        return worker_state(worker, now, stale_after, pressure)
+    state = object.__new__(WorkerState)
+    fields = state.__dict__
+    fields.update(base.__dict__)
+    fields["pressure"] = worker.pressure
+    fields["in_flight"] = worker.in_flight
+    fields["kv_in_flight_tokens"] = worker.kv_in_flight_tokens
+    fields["kv_freed_tokens"] = worker.kv_freed_tokens
+    return _projected(state, pressure) if worker.kv_in_flight_tokens else state
