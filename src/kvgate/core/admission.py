@@ -78,6 +78,10 @@ class Admit:
     reason: str = "admitted"
 
 
+_ADMIT = Admit()
+"""``admit``'s usual answer, one immutable value rather than one per request."""
+
+
 @dataclass(frozen=True, slots=True)
 class Queue:
     """Hold the request in the wait queue for at most ``max_wait`` seconds."""
@@ -119,7 +123,7 @@ def admit(
     if priority is Priority.SHEDDABLE and fleet_saturation >= config.sheddable_shed_at:
         return Shed("sheddable_saturated", _retry_after(config, queue_depth))
     if fleet_saturation < 1.0:
-        return Admit()
+        return _ADMIT
     wait = config.max_wait(priority)
     if wait <= 0:
         return Shed("saturated", _retry_after(config, queue_depth))

@@ -49,7 +49,7 @@ from kvgate.core.admission import (
 )
 from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
+from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
@@ -163,11 +163,16 @@ def route(
     (``core.holders``); a headerless later turn it shows resident is not new work.
     """
     holders = holders if holders is not None else {}
-    if not any(w.routable for w in fleet.workers):
+    # ``routable`` inlined, without a generator: this runs on every request.
+    for worker in fleet.workers:
+        if worker.health in ROUTABLE_HEALTH:
+            break
+    else:
         return Unavailable()
     admission = config.admission
     priority = request.priority
-    fresh = affinity is None and not continues(len(request.prefix_hashes), holders)
+    # Without holders nothing ``continues`` (the lazy path's case: skip the call).
+    fresh = affinity is None and not (holders and continues(len(request.prefix_hashes), holders))
     if should_shed(priority, fresh, fleet):
         return Shed(f"pressure_{fleet_pressure(fleet)}", admission.retry_after_s)
     verdict = admit(
@@ -212,7 +217,11 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
     if policy.reads_affinity or split:
         return True
     normal = Pressure.NORMAL
-    return any(w.pressure is not normal or w.full for w in fleet.workers)
+    # ``full`` inlined, without a generator: the live driver asks on every request.
+    for w in fleet.workers:  # noqa: SIM110
+        if w.pressure is not normal or w.in_flight >= w.max_in_flight:
+            return True
+    return False
 
 
 def _continuation(
