@@ -91,6 +91,11 @@ NO_HEALTHY_WORKER = "no_healthy_worker"
 DEFAULT_RETRY_AFTER_S = 1.0
 """``Retry-After`` of a policy's own shed that suggests none."""
 
+# Enum members as module constants: on 3.11 ``Enum.MEMBER`` goes through
+# ``EnumType.__getattr__``'s slot (about 60 ns), and these run on every request.
+_NORMAL = Pressure.NORMAL
+_CONTINUES = SessionSource.CONTINUATION
+
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
@@ -216,7 +221,7 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
     """
     if policy.reads_affinity or split:
         return True
-    normal = Pressure.NORMAL
+    normal = _NORMAL
     # ``full`` inlined, without a generator: the live driver asks on every request.
     for w in fleet.workers:  # noqa: SIM110
         if w.pressure is not normal or w.in_flight >= w.max_in_flight:
@@ -232,7 +237,7 @@ def _continuation(
     Not a preference a policy may weigh: another worker would not know the
     conversation (``previous_response_id`` would be a 404), so no policy is asked.
     """
-    if request.session_source is not SessionSource.CONTINUATION or affinity is None:
+    if request.session_source is not _CONTINUES or affinity is None:
         return None
     state = fleet.get(affinity.worker)
     if state is None or not state.routable:
