@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.core.window import VersionWindows
-from kvgate.gateway.observe.cells import CounterCell
-from kvgate.gateway.observe.metrics import RolloutMetrics
+from kvgate.gateway.observe.metrics import CounterCell, RolloutMetrics
 
 SampleSink = Callable[[str, str, bytes, bytes], bool]
 """Takes (model, version, request body, response body); False when it dropped it."""

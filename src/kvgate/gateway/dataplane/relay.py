@@ -21,9 +21,8 @@ from kvgate.gateway.dataplane.errors import BadGatewayError, UpstreamBroken, Ups
 from kvgate.gateway.dataplane.exchange import Exchange
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import StreamTap, Usage, UsageStripper, usage_from_body
-from kvgate.gateway.observe.cells import CounterCell, HistogramCell
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
-from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.metrics import CounterCell, GatewayMetrics, HistogramCell
 from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import UpstreamResponse
