@@ -30,11 +30,14 @@ class Priority(IntEnum):
     def parse(cls, text: str | None) -> Priority:
         """Parse a header value; unknown or missing values mean ``STANDARD``."""
         if not text:
-            return cls.STANDARD
+            return _STANDARD  # not ``cls.STANDARD``: a slow ``EnumType`` lookup on 3.11
         try:
             return cls[text.strip().upper()]
         except KeyError:
             return cls.STANDARD
+
+
+_STANDARD = Priority.STANDARD
 
 
 class SessionSource(StrEnum):

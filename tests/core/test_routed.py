@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.core.fleet import Health, Pressure
 from kvgate.core.pressure import PressureConfig
-from kvgate.core.routed import Routed, Scraped, state_bounds, worker_state
+from kvgate.core.routed import Routed, Scraped, reloaded, state_bounds, worker_state
 
 READINGS = Scraped(
     running=2,
@@ -81,3 +81,26 @@ def test_health_inputs_and_the_kv_estimate_raise_what_policies_see() -> None:
     filling = calm.loaded(1, 900)
     assert worker_state(filling, 0.0, 3.0).pressure is Pressure.NORMAL  # pressure off
     assert worker_state(filling, 0.0, 3.0, PressureConfig()).pressure is Pressure.SOFT
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        FULL,
+        replace(FULL, pressure=Pressure.NORMAL, kv_in_flight_tokens=0),
+        replace(FULL, draining=True),
+        replace(FULL, probe_ok=False),
+        replace(FULL, signals=None),
+    ],
+)
+@pytest.mark.parametrize("now", [101.0, 110.0])  # fresh, then stale signals
+@pytest.mark.parametrize("pressure", [None, PressureConfig()])
+def test_reloaded_is_worker_state_of_the_loaded_value(
+    base: Routed, now: float, pressure: PressureConfig | None
+) -> None:
+    state = worker_state(base, 101.0, 3.0, pressure)
+    for requests, kv in [(1, 0), (1, 700), (-1, -700), (-3, -50), (2, 20)]:
+        loaded = base.loaded(requests, kv)
+        assert reloaded(state, loaded, now, 3.0, pressure) == worker_state(
+            loaded, now, 3.0, pressure
+        )

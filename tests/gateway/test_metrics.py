@@ -120,6 +120,16 @@ async def test_latency_histograms_and_decisions_are_labelled_by_worker(
     async with running_gateway(gateway_config(workers)) as gw:
         await every_worker_up(gw)
         client = AsyncOpenAI(base_url=gw.openai_base, api_key="x", max_retries=0)
+        first = await client.chat.completions.with_raw_response.create(
+            model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert first.headers["x-kvgate-worker"]
+        # A series appears with its first observation: no empty inter-token series yet.
+        assert not any(
+            s.name.startswith("kvgate_inter_token_latency_seconds")
+            for f in gw.gateway.metrics.registry.collect()
+            for s in f.samples
+        )
         stream = await client.chat.completions.create(
             model="demo",
             messages=[{"role": "user", "content": "count to ten"}],

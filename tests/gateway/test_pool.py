@@ -130,6 +130,36 @@ def test_the_in_flight_kv_estimate_raises_pressure_when_the_pool_has_watermarks(
     assert pool.snapshot("m", 0.0, 100.0).workers[0].pressure is Pressure.NORMAL
 
 
+def test_leases_between_other_changes_match_a_pool_without_cache() -> None:
+    # A lease's state is copied from the worker's last one (``reloaded``): a change
+    # of anything else between leases, or signals going stale, must still show.
+    workers = make_pool("v1", "v1")[1]
+    for w in workers:
+        w.update(signals=WorkerSignals(running=0, waiting=0, kv_usage=0.1, kv_capacity_tokens=100))
+    pool = WorkerPool(
+        workers, stale_after=STALE, queue=AdmissionQueue(8), pressure=PressureConfig()
+    )
+    a, b = workers
+    steps = [
+        lambda: pool.lease(a, kv_tokens=40),
+        lambda: pool.lease(a, kv_tokens=50),  # a is SOFT by its in-flight KV now
+        lambda: a.update(pressure=Pressure.HARD),
+        lambda: pool.lease(b),
+        lambda: b.update(draining=True),
+        lambda: pool.lease(b, kv_tokens=5),
+        lambda: a.update(pressure=Pressure.NORMAL),
+        lambda: pool.lease(a, kv_tokens=1).release(),
+    ]
+    for mono in (100.0, 104.0):  # fresh signals, then stale ones
+        for step in steps:
+            step()
+            assert pool.snapshot("m", 0.0, mono) == fresh(pool, 0.0, mono)
+            pool.lease(a).release()  # two changes between snapshots
+            assert pool.snapshot("m", 0.0, mono) == fresh(pool, 0.0, mono)
+        a.update(draining=False, pressure=Pressure.NORMAL)
+        b.update(draining=False)
+
+
 def test_routed_state_is_a_value_replaced_whole() -> None:
     _, (a,) = make_pool("v1")
     before = a.routed

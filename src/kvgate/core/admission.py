@@ -78,6 +78,13 @@ class Admit:
     reason: str = "admitted"
 
 
+_ADMIT = Admit()
+"""``admit``'s usual answer, one immutable value rather than one per request."""
+
+_SHEDDABLE = Priority.SHEDDABLE
+"""A module constant: on 3.11 ``Enum.MEMBER`` costs a slow ``EnumType`` lookup a request."""
+
+
 @dataclass(frozen=True, slots=True)
 class Queue:
     """Hold the request in the wait queue for at most ``max_wait`` seconds."""
@@ -116,10 +123,10 @@ def admit(
     ``fleet_saturation`` is in [0, 1]; 1.0 means no candidate can take the
     request now (every one is full), which is when queueing is considered.
     """
-    if priority is Priority.SHEDDABLE and fleet_saturation >= config.sheddable_shed_at:
+    if priority is _SHEDDABLE and fleet_saturation >= config.sheddable_shed_at:
         return Shed("sheddable_saturated", _retry_after(config, queue_depth))
     if fleet_saturation < 1.0:
-        return Admit()
+        return _ADMIT
     wait = config.max_wait(priority)
     if wait <= 0:
         return Shed("saturated", _retry_after(config, queue_depth))

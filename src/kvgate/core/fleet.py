@@ -29,12 +29,14 @@ class Pressure(StrEnum):
     HARD = "hard"  # move sessions away
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerState:
     """One worker at one instant.
 
     ``in_flight`` is the gateway's own accounting and is always known; the
-    scraped fields are ``None`` when unknown (never scraped, or stale).
+    scraped fields are ``None`` when unknown (never scraped, or stale). Frozen,
+    without slots: its instance dict lets a driver that caches states rebuild one
+    whose only change is its in-flight counts as a copy (``core.routed.reloaded``).
     """
 
     id: WorkerId

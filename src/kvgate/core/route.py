@@ -52,7 +52,7 @@ from kvgate.core.admission import (
 )
 from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decision
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import FleetSnapshot, Pressure, WorkerState
+from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import (
@@ -97,6 +97,11 @@ NO_HEALTHY_WORKER = "no_healthy_worker"
 
 DEFAULT_RETRY_AFTER_S = 1.0
 """``Retry-After`` of a policy's own shed that suggests none."""
+
+# Enum members as module constants: on 3.11 ``Enum.MEMBER`` goes through
+# ``EnumType.__getattr__``'s slot (about 60 ns), and these run on every request.
+_NORMAL = Pressure.NORMAL
+_CONTINUES = SessionSource.CONTINUATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +175,16 @@ def route(
     (``core.holders``); a headerless later turn it shows resident is not new work.
     """
     holders = holders if holders is not None else {}
-    if not any(w.routable for w in fleet.workers):
+    # ``routable`` inlined, without a generator: this runs on every request.
+    for worker in fleet.workers:
+        if worker.health in ROUTABLE_HEALTH:
+            break
+    else:
         return Unavailable()
     admission = config.admission
     priority = request.priority
-    fresh = affinity is None and not continues(len(request.prefix_hashes), holders)
+    # Without holders nothing ``continues`` (the lazy path's case: skip the call).
+    fresh = affinity is None and not (holders and continues(len(request.prefix_hashes), holders))
     if should_shed(priority, fresh, fleet):
         return Shed(f"pressure_{fleet_pressure(fleet)}", admission.retry_after_s)
     verdict = admit(
@@ -219,8 +229,12 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
     """
     if policy.reads_affinity or split:
         return True
-    normal = Pressure.NORMAL
-    return any(w.pressure is not normal or w.full for w in fleet.workers)
+    normal = _NORMAL
+    # ``full`` inlined, without a generator: the live driver asks on every request.
+    for w in fleet.workers:  # noqa: SIM110
+        if w.pressure is not normal or w.in_flight >= w.max_in_flight:
+            return True
+    return False
 
 
 def _overflow(request: RequestFeatures, ctx: RouteContext, policy: Policy) -> Decision | None:
@@ -248,7 +262,7 @@ def _continuation(
     Not a preference a policy may weigh: another worker would not know the
     conversation (``previous_response_id`` would be a 404), so no policy is asked.
     """
-    if request.session_source is not SessionSource.CONTINUATION or affinity is None:
+    if request.session_source is not _CONTINUES or affinity is None:
         return None
     state = fleet.get(affinity.worker)
     if state is None or not state.routable:

@@ -24,6 +24,13 @@ from kvgate.types import Seconds, WorkerId
 NEVER = float("-inf")
 """``signals_at`` of a worker never scraped."""
 
+# Enum members as module constants: on 3.11 ``Enum.MEMBER`` goes through
+# ``EnumType.__getattr__``'s slot (about 60 ns), and these run on every request.
+_HEALTHY = Health.HEALTHY
+_DEGRADED = Health.DEGRADED
+_DRAINING = Health.DRAINING
+_EJECTED = Health.EJECTED
+
 
 class Readings(Protocol):
     """What routing reads from a worker's scraped metrics (``None`` = unknown)."""
@@ -109,12 +116,12 @@ class Routed:
 def health_of(worker: Routed, now: Seconds, stale_after: Seconds) -> Health:
     """Health as routing sees it at ``now`` (the clock of ``signals_at``)."""
     if not worker.probe_ok or worker.ejected:
-        return Health.EJECTED
+        return _EJECTED
     if worker.draining:
-        return Health.DRAINING
+        return _DRAINING
     if worker.signals is None or now - worker.signals_at > stale_after:
-        return Health.DEGRADED
-    return Health.HEALTHY
+        return _DEGRADED
+    return _HEALTHY
 
 
 def state_bounds(worker: Routed, now: Seconds, stale_after: Seconds) -> tuple[Seconds, Seconds]:
@@ -140,7 +147,7 @@ def worker_state(
     """
     health = health_of(worker, now, stale_after)
     sig = worker.signals
-    if health is not Health.HEALTHY or sig is None:
+    if health is not _HEALTHY or sig is None:
         state = WorkerState(
             id=worker.id,
             model=worker.model or "",
@@ -189,3 +196,31 @@ def _projected(state: WorkerState, config: PressureConfig | None) -> WorkerState
         return state
     level = projected_level(state.pressure, state, config)
     return state if level is state.pressure else replace(state, pressure=level)
+
+
+def reloaded(
+    base: WorkerState,
+    worker: Routed,
+    now: Seconds,
+    stale_after: Seconds,
+    pressure: PressureConfig | None = None,
+) -> WorkerState:
+    """``worker_state(worker, now, ...)``, given ``base``: the state of a value that
+    differed from ``worker`` only in its in-flight counts (``Routed.loaded``).
+
+    The gateway's pool rebuilds a state after every lease and release. A healthy
+    worker's state then changes only in the counts and the projected pressure, so
+    it is made as a copy of ``base``'s instance dict with those replaced (0.5 us
+    rather than a 17-field frozen ``__init__``, 1.5 us); any other health is built
+    whole, as ``worker_state`` does.
+    """
+    if base.health is not _HEALTHY or health_of(worker, now, stale_after) is not base.health:
+        return worker_state(worker, now, stale_after, pressure)
+    state = object.__new__(WorkerState)
+    fields = state.__dict__
+    fields.update(base.__dict__)
+    fields["pressure"] = worker.pressure
+    fields["in_flight"] = worker.in_flight
+    fields["kv_in_flight_tokens"] = worker.kv_in_flight_tokens
+    fields["kv_freed_tokens"] = worker.kv_freed_tokens
+    return _projected(state, pressure) if worker.kv_in_flight_tokens else state

@@ -55,6 +55,10 @@ def normalize_key(raw: str, max_chars: int) -> SessionKey | None:
     return key
 
 
+_NONE = SessionSource.NONE
+"""A module constant: on 3.11 ``Enum.MEMBER`` costs a slow ``EnumType`` lookup a request."""
+
+
 def session_key_from(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
@@ -75,4 +79,4 @@ def session_key_from(
             key = normalize_key(user, max_chars)
             if key is not None:
                 return key, SessionSource.USER
-    return None, SessionSource.NONE
+    return None, _NONE

@@ -22,7 +22,7 @@ from kvgate.gateway.dataplane.exchange import Exchange
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import StreamTap, Usage, UsageStripper, usage_from_body
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
-from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.metrics import CounterCell, GatewayMetrics, HistogramCell
 from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import UpstreamResponse
@@ -135,6 +135,7 @@ class Relay:
         """The dashboard's ring of recent traffic (``None``: not kept)."""
         self.wall = wall
         self._names: dict[str, str] = {}
+        self._series: dict[tuple[str, str, str], _Series] = {}
 
     def _worker_name(self, worker: Worker) -> str:
         """The worker as clients see it: an id, its URL only with ``expose_worker_urls``."""
@@ -304,16 +305,20 @@ class Relay:
         m = self.metrics
         m.cells.counter(m.requests, model, version, worker, str(status), reason).inc()
         if features is not None and placement is not None:
-            m.cells.histogram(m.request_duration, model, version, worker).observe(duration)
+            series = self._series.get((model, version, worker))
+            if series is None:
+                series = self._series_of(model, version, worker)
+            series.duration.observe(duration)
             if outcome.ttft is not None:
-                m.cells.histogram(m.ttft, model, version, worker).observe(outcome.ttft)
+                (series.ttft or series.first_ttft(m)).observe(outcome.ttft)
                 itl = _inter_token(outcome, usage)
                 if itl is not None:
-                    m.cells.histogram(m.inter_token_latency, model, version, worker).observe(itl)
+                    (series.itl or series.first_itl(m)).observe(itl)
             if usage is not None:
-                m.cells.counter(m.prompt_tokens, model, worker).inc(usage.prompt)
-                m.cells.counter(m.cached_tokens, model, worker).inc(usage.cached)
-                m.cells.counter(m.completion_tokens, model, worker).inc(usage.completion)
+                tokens = series.tokens or series.first_tokens(m)
+                tokens[0].inc(usage.prompt)
+                tokens[1].inc(usage.cached)
+                tokens[2].inc(usage.completion)
         if self.outcomes is not None and features is not None and placement is not None:
             _report(self.outcomes, features.model, placement.version, outcome, duration)
         if self.traffic is not None:
@@ -347,6 +352,55 @@ class Relay:
                     completion_tokens=usage.completion if usage is not None else None,
                 )
             )
+
+    def _series_of(self, model: str, version: str, worker: str) -> _Series:
+        """The placed requests' series of one model, version and worker, made on first use."""
+        if len(self._series) >= _SERIES_MAX:
+            self._series.clear()  # bounded as the cell cache is
+        m = self.metrics
+        duration = m.cells.histogram(m.request_duration, model, version, worker)
+        series = self._series[model, version, worker] = _Series(model, version, worker, duration)
+        return series
+
+
+_SERIES_MAX = 4096
+
+
+class _Series:
+    """The cells a placed request updates, by (model, version, worker): one lookup for six.
+
+    Each is a ``CellCache`` cell, so it updates the same series the cache's own would
+    (a cell holds the series' values, not a copy), even after the cache starts over.
+    A series is made on its first observation, as before (``None`` until then): a
+    stream's inter-token latency or the token counts never appear empty.
+    """
+
+    __slots__ = ("duration", "itl", "model", "tokens", "ttft", "version", "worker")
+
+    def __init__(self, model: str, version: str, worker: str, duration: HistogramCell) -> None:
+        self.model, self.version, self.worker = model, version, worker
+        self.duration = duration
+        self.ttft: HistogramCell | None = None
+        self.itl: HistogramCell | None = None
+        self.tokens: tuple[CounterCell, CounterCell, CounterCell] | None = None
+        """Prompt, cached and completion tokens."""
+
+    def first_ttft(self, m: GatewayMetrics) -> HistogramCell:
+        self.ttft = m.cells.histogram(m.ttft, self.model, self.version, self.worker)
+        return self.ttft
+
+    def first_itl(self, m: GatewayMetrics) -> HistogramCell:
+        self.itl = m.cells.histogram(m.inter_token_latency, self.model, self.version, self.worker)
+        return self.itl
+
+    def first_tokens(self, m: GatewayMetrics) -> tuple[CounterCell, CounterCell, CounterCell]:
+        cells, model, worker = m.cells, self.model, self.worker
+        self.tokens = (
+            cells.counter(m.prompt_tokens, model, worker),
+            cells.counter(m.cached_tokens, model, worker),
+            cells.counter(m.completion_tokens, model, worker),
+        )
+        return self.tokens
 
 
 def _inter_token(outcome: Outcome, usage: Usage | None) -> float | None:

@@ -56,6 +56,9 @@ from kvgate.types import BlockHash, Priority, Seconds, SessionKey, SessionSource
 
 log = logging.getLogger("kvgate.gateway.dataplane.router")
 
+_CONTINUES = SessionSource.CONTINUATION
+"""A module constant: on 3.11 ``Enum.MEMBER`` costs a slow ``EnumType`` lookup a request."""
+
 
 class Unread:
     """The store's binding was not read: nothing this request's verdict depends on needs it."""
@@ -191,7 +194,7 @@ class Router:
         lazy = (
             not self.policy.reads_affinity
             and not split
-            and features.session_source is not SessionSource.CONTINUATION
+            and features.session_source is not _CONTINUES
         )
         if isinstance(looked, Unread) and not lazy and key is not None:
             looked = await self._read(key)  # a split appeared since ``lookup``

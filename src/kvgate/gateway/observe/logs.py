@@ -141,10 +141,6 @@ class AccessLog:
         self._logger.info("%s %s", head, rest)
 
 
-def _count(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
 class _AccessSink:
     """Access lines straight to the process log's stream, one write per event-loop turn.
 
@@ -205,13 +201,18 @@ class _AccessSink:
                 f"model={plain(r.model)} worker={plain(r.worker)} version={plain(r.version)} "
                 f"reason={plain(r.reason)} session={plain(r.session)} "
             )
-        ttft = "-" if r.ttft is None else str(round(r.ttft, 6))
+        ttft = "-" if r.ttft is None else round(r.ttft, 6)
+        rid = r.request_id
+        # The gateway's own ids are hex digits: nothing to redact or quote in them.
+        if not rid.isalnum():
+            rid = _plain_value(redact(rid))
+        prompt, cached, completion = r.prompt_tokens, r.cached_tokens, r.completion_tokens
         return (
             f"{start}stream={'true' if r.stream else 'false'} "
-            f"prompt_tokens={_count(r.prompt_tokens)} cached_tokens={_count(r.cached_tokens)} "
-            f"completion_tokens={_count(r.completion_tokens)} ttft={ttft} "
-            f"duration={round(r.duration, 6)} retries={r.retries} "
-            f"request_id={_plain_value(redact(r.request_id))}"
+            f"prompt_tokens={'-' if prompt is None else prompt} "
+            f"cached_tokens={'-' if cached is None else cached} "
+            f"completion_tokens={'-' if completion is None else completion} ttft={ttft} "
+            f"duration={round(r.duration, 6)} retries={r.retries} request_id={rid}"
         )
 
     def write(self, line: str) -> None:

@@ -19,6 +19,10 @@ from prometheus_client.registry import Collector
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
 from kvgate.gateway.observe.cells import CellCache
+
+# Re-exported: the other planes hold cells, and ``observe.metrics`` is their interface.
+from kvgate.gateway.observe.cells import CounterCell as CounterCell  # noqa: PLC0414
+from kvgate.gateway.observe.cells import HistogramCell as HistogramCell  # noqa: PLC0414
 from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

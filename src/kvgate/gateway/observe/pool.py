@@ -12,7 +12,9 @@ only what changed: a ``Worker``'s routed state is one immutable value
 request, health, pressure, a scrape's signals), each replacement marks that
 worker for rebuild, and a state whose signals go stale with time is rebuilt
 once that time passes. A snapshot then costs one tuple, shared by every request
-until the next change.
+until the next change. The change every request makes (a lease and its release)
+touches only a worker's in-flight counts: the pool notes that, and rebuilds such a
+worker's state from its last one (``core.routed.reloaded``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from typing import Any
 
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
 from kvgate.core.pressure import PressureConfig
-from kvgate.core.routed import NEVER, Readings, Routed, health_of, state_bounds, worker_state
+from kvgate.core.routed import (
+    NEVER,
+    Readings,
+    Routed,
+    health_of,
+    reloaded,
+    state_bounds,
+    worker_state,
+)
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.observe.metrics import WorkerGaugeRow
@@ -166,7 +176,10 @@ class WorkerPool:
         self._by_model: dict[str, list[Worker]] = {}
         self._views: dict[tuple[str, str | None], _View] = {}
         self._views_of: dict[WorkerId, list[_View]] = {}
-        self._dirty: set[Worker] = set()
+        self._dirty: dict[Worker, bool] = {}
+        """Workers changed since their last rebuild: True if only their in-flight counts did."""
+        self._built: dict[WorkerId, WorkerState] = {}
+        """Each worker's state as last rebuilt (the base ``reloaded`` copies)."""
         for worker in workers:
             worker.watch(self._worker_changed)
         self.reindex()
@@ -254,12 +267,13 @@ class WorkerPool:
         if membership:
             self._forget_views()
         else:
-            self._dirty.add(worker)
+            self._dirty[worker] = False
 
     def _forget_views(self) -> None:
         self._views.clear()
         self._views_of.clear()
         self._dirty.clear()
+        self._built.clear()
 
     def _new_view(self, model: str, version: str | None, now: float) -> _View:
         members = self._by_model.get(model, [])
@@ -272,15 +286,23 @@ class WorkerPool:
         return view
 
     def _rebuild_dirty(self, now: float) -> None:
-        dirty = list(self._dirty)
+        dirty = list(self._dirty.items())
         self._dirty.clear()
         stale = self._stale_after
-        for worker in dirty:
+        built = self._built
+        for worker, loads_only in dirty:
             views = self._views_of.get(worker.id)
             if not views:
+                built.pop(worker.id, None)
                 continue
-            state = worker_state(worker.routed, now, stale, self.pressure)
-            after, until = state_bounds(worker.routed, now, stale)
+            routed = worker.routed
+            base = built.get(worker.id) if loads_only else None
+            if base is not None:
+                state = reloaded(base, routed, now, stale, self.pressure)
+            else:
+                state = worker_state(routed, now, stale, self.pressure)
+            built[worker.id] = state
+            after, until = state_bounds(routed, now, stale)
             for view in views:
                 view.put(state, after, until)
 
@@ -290,8 +312,15 @@ class WorkerPool:
         The caller owns the returned lease and must release it on every path
         (``async with lease``, or ``release()`` earlier: it gives back once).
         """
-        worker.replace(worker.routed.loaded(1, kv_tokens))
+        self._load(worker, 1, kv_tokens)
         return Lease(self, worker, kv_tokens)
+
+    def _load(self, worker: Worker, requests: int, kv_tokens: int) -> None:
+        """Change ``worker``'s in-flight counts, noting that nothing else changed."""
+        loads_only = self._dirty.get(worker, True)
+        worker.replace(worker.routed.loaded(requests, kv_tokens))
+        if worker in self._dirty:  # not when it left the pool (nobody listens)
+            self._dirty[worker] = loads_only
 
     def _give_back(self, worker: Worker, kv_tokens: int) -> None:
         """A lease on ``worker`` ended: free its slot and KV; wake waiters.
@@ -299,7 +328,7 @@ class WorkerPool:
         A request that held KV wakes every waiter: one held for KV headroom on
         this worker may fit now, whoever is first in the queue.
         """
-        worker.replace(worker.routed.loaded(-1, -kv_tokens))
+        self._load(worker, -1, -kv_tokens)
         if kv_tokens:
             self.queue.wake_all()
         else:
@@ -445,7 +474,7 @@ class Lease:
         if not self.held:
             raise RuntimeError("a released lease cannot move")
         self._pool._give_back(self.worker, self.kv_tokens)
-        worker.replace(worker.routed.loaded(1, self.kv_tokens))
+        self._pool._load(worker, 1, self.kv_tokens)
         self.worker = worker
 
     async def __aenter__(self) -> Lease:

@@ -101,15 +101,29 @@ class TrafficWindow:
         shed_reason: str | None = None,
     ) -> None:
         """Count one finished request (answered, refused or failed) at ``now``."""
-        bucket = self._bucket(now)
+        ring = self._ring
+        # ``_bucket``'s usual case inlined (the newest bucket), with the keys already
+        # counted in it: this runs once a request.
+        if ring and ring[-1].start == math.floor(now / self.bucket_s) * self.bucket_s:
+            bucket = ring[-1]
+        else:
+            bucket = self._bucket(now)
         bucket.requests += 1
         bucket.retries += retries
         if status >= 500:
             bucket.errors += 1
         if worker:
-            self._add(bucket.workers, worker)
+            counter = bucket.workers
+            if worker in counter:
+                counter[worker] += 1
+            else:
+                self._add(counter, worker)
         if reason:
-            self._add(bucket.reasons, reason)
+            counter = bucket.reasons
+            if reason in counter:
+                counter[reason] += 1
+            else:
+                self._add(counter, reason)
         if shed_reason:
             self._add(bucket.sheds, shed_reason)
         bucket.prompt_tokens += prompt_tokens
