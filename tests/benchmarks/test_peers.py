@@ -6,32 +6,18 @@ the benchmark itself (see docs/benchmarks.md).
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from rich.console import Console
 
 from kvgate.workload.synthetic import build_workload
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .loading import load_benchmark
 
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-peers = _load("peers")
-peer_routers = _load("peer_routers")
+peers = load_benchmark("peers")
+peer_routers = load_benchmark("peer_routers")
 
 
 def run_record(

@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from .loading import load_benchmark
 
 
 def _turn(session: str, prompt: int, ttft: float) -> dict[str, object]:
@@ -25,7 +10,7 @@ def _turn(session: str, prompt: int, ttft: float) -> dict[str, object]:
 
 
 def test_sent_order_follows_the_clients_order_not_the_finishing_one() -> None:
-    model = _load("real_offload_model")
+    model = load_benchmark("real_offload_model")
     # Sent f0, f1, f0 again; recorded as they finished: f1 first, then f0's two turns.
     run = {
         "order": [0, 1, 0],
@@ -42,7 +27,7 @@ def test_sent_order_follows_the_clients_order_not_the_finishing_one() -> None:
 
 
 def test_timeline_rebuilds_the_clients_schedule_from_finishing_order() -> None:
-    model = _load("real_offload_model")
+    model = load_benchmark("real_offload_model")
     # One permit: f0 is sent at 0 and answered at 1; f1 gets the permit then (answered
     # at 3); f0's second turn waits for the permit f1 frees.
     turns = [

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from rich.console import Console
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .loading import load_benchmark
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = _load("sim_matrix")
+matrix = load_benchmark("sim_matrix")
 
 
 def test_every_case_names_a_workload_or_a_trace_and_the_sets_do_not_repeat_a_row() -> None:
