@@ -108,8 +108,13 @@ def unseen_cases() -> list[Case]:
     return [_shape(n, w, r, kv, s) for s in (0, 1) for n, w, r, kv in shapes]
 
 
-def run_case(case: Case, policies: Sequence[str], traces: Path) -> list[dict[str, Any]]:
-    """Run one case; a row per policy (empty when its trace is missing)."""
+def run_case(
+    case: Case, policies: Sequence[str], traces: Path, options: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Run one case; a row per policy (empty when its trace is missing).
+
+    ``options`` are ``KEY=VALUE`` policy options, passed to ``kvgate sim --option``.
+    """
     args = list(case.args)
     if case.trace is not None:
         path = traces / case.trace
@@ -118,6 +123,7 @@ def run_case(case: Case, policies: Sequence[str], traces: Path) -> list[dict[str
         args = ["--trace", str(path), *args]
     kvgate = shutil.which("kvgate", path=str(Path(sys.executable).parent)) or "kvgate"
     command = [kvgate, "sim", *args, "--policies", ",".join(policies)]
+    command += [arg for option in options for arg in ("--option", option)]
     command += ["--no-progress", "--format", "json"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     document = json.loads(done.stdout)
@@ -177,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
     parser.add_argument("--compare", type=Path, default=None, help="a saved --json to compare")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        help="KEY=VALUE policy option for every run (kvgate sim --option; repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
@@ -187,12 +199,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.set in ("unseen", "all"):
         plan += [(c, chosen or UNSEEN_POLICIES) for c in unseen_cases()]
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda item: run_case(item[0], item[1], args.traces), plan))
+        results = list(
+            pool.map(lambda item: run_case(item[0], item[1], args.traces, args.option), plan)
+        )
     rows = [row for group in results for row in group]
     before = json.loads(args.compare.read_text())["rows"] if args.compare else None
     Console(width=140).print(table(rows, before))
     if args.json is not None:
-        args.json.write_text(json.dumps({"set": args.set, "rows": rows}, indent=2) + "\n")
+        document = {"set": args.set, "options": args.option, "rows": rows}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
 
 
 if __name__ == "__main__":

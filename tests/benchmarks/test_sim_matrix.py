@@ -35,3 +35,11 @@ def test_a_small_case_runs_each_policy_and_compares_with_a_saved_run(tmp_path: P
 
 def test_a_missing_trace_skips_its_row(tmp_path: Path) -> None:
     assert matrix.run_case(matrix.Case("t", (), "nope.jsonl"), ("default",), tmp_path) == []
+
+
+def test_an_option_reaches_the_policy(tmp_path: Path) -> None:
+    case = matrix.Case("tiny", ("--workload", "chat", "--requests", "40", "--seed", "3"))
+    plain = matrix.run_case(case, ("default",), tmp_path)
+    slow = matrix.run_case(case, ("default",), tmp_path, ("prefill_tokens_per_s=100",))
+    # A hundredth of the prefill rate makes every cache worth far more than any queue.
+    assert plain[0]["hit_rate"] != slow[0]["hit_rate"]
