@@ -80,9 +80,9 @@ Used when the config names no policy. In order:
    mark only where its chain runs through the mark's block, so a later turn is
    found however much it adds. The last ``chain_ends`` ends are remembered.
    Charging openings for their life keeps new conversations from all joining the
-   worker that holds the shared text until its cache
-   overflows with their growing contexts: light chat behind one system prompt
-   (explicit sessions), agents behind one tool preamble (headerless).
+   worker that holds the shared text until its cache overflows with their growing
+   contexts: light chat behind one system prompt (explicit sessions), agents
+   behind one tool preamble (headerless).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
