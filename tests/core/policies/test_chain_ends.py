@@ -51,21 +51,32 @@ PREAMBLE = text(2, FINE_END)
 @settings(max_examples=60, deadline=None)
 @given(first=st.integers(CFG.block_chars, 100_000), added=st.integers(0, 60_000))
 def test_a_later_turn_runs_through_where_the_earlier_turn_ended(first: int, added: int) -> None:
-    """Whatever block either turn ends in, and however much the later one adds."""
+    """Whatever block either turn ends in, and however much the later one adds.
+
+    A stranger ended past the same last whole block, so the block is no lone end:
+    only the earlier turn's exact mark can tell the later turn is its next one.
+    """
     earlier = features("t1", CONVERSATION[:first])
+    n = len(earlier.prefix_hashes)
+    full = n if DEPTH(n) <= first else n - 1  # the earlier turn's whole blocks
+    whole = DEPTH(full)
+    stranger = features("u1", CONVERSATION[:whole], text(70, DEPTH(full + 1) - whole - 1))
+    assert stranger.prefix_hashes[:full] == earlier.prefix_hashes[:full]
     later = features("t2", CONVERSATION[: first + added])
-    assert not ends(earlier).opens(later)
+    assert not ends(earlier, stranger).opens(later)
 
 
 def test_strangers_behind_a_preamble_as_long_as_the_fine_blocks_open() -> None:
     """The shape where the chain alone reads every new agent as the last one's next turn:
-    each first turn ends, in whole blocks of its chain, at the preamble's end."""
+    each first turn ends, in whole blocks of its chain, at the preamble's end. The
+    first stranger reads as the one agent's next turn (a lone end); once two agents
+    ended there, their marks tell every later one apart."""
     agents = [features(f"a{n}", PREAMBLE, text(10 + n, 3_200)) for n in range(4)]
     assert len(agents[0].prefix_hashes) == CFG.max_blocks + 1  # the task: one partial block
     preamble_chain = agents[0].prefix_hashes[:-1]
     assert all(one.prefix_hashes[: CFG.max_blocks] == preamble_chain for one in agents)
-    for n, agent in enumerate(agents):
-        assert ends(*agents[:n]).opens(agent)
+    opened = [ends(*agents[:n]).opens(agent) for n, agent in enumerate(agents)]
+    assert opened == [True, False, True, True]
     # Each agent's own next turn, 20 KiB of observations later, extends it.
     seen = ends(*agents)
     for n in range(4):
@@ -77,15 +88,32 @@ def test_a_mark_is_seeded_with_its_block() -> None:
     end is its text's hash seeded with the block before it, not the text's alone."""
     other = text(3, FINE_END)
     task = text(11, 3_200)
-    seen = ends(features("a", PREAMBLE, task), features("b", other, text(12, 3_200)))
-    assert seen.opens(features("c", other, task, text(20, 5_000)))
+    agents = (
+        features("a", PREAMBLE, task),
+        *(features(f"b{n}", other, text(12 + n, 3_200)) for n in range(2)),
+    )
+    assert ends(*agents).opens(features("c", other, task, text(20, 5_000)))
 
 
-def test_a_retry_and_a_prompt_that_stops_short_of_the_end_open() -> None:
+def test_a_retry_opens_and_a_lone_end_is_run_through_whatever_follows() -> None:
     first = features("t1", PREAMBLE, text(10, 3_200))
     seen = ends(first)
     assert seen.opens(first)  # its own end is not an earlier conversation's
-    assert seen.opens(features("t2", PREAMBLE, text(10, 3_000)))
+    assert not seen.opens(features("t2", PREAMBLE, text(10, 3_000)))
+    assert not seen.opens(features("t3", PREAMBLE, text(30, 5_000)))
+    assert ends(first, features("u1", PREAMBLE, text(11, 3_200))).opens(
+        features("t4", PREAMBLE, text(10, 3_000))
+    )
+
+
+def test_a_traces_next_turn_without_the_earlier_turns_partial_block_extends_it() -> None:
+    """A replayed trace re-sends an earlier turn's whole blocks, not its partial last one:
+    the later turn runs through the earlier's last whole block, not its exact end."""
+    earlier = features("t1", CONVERSATION[:38_912], text(60, 1_500))
+    later = features("t2", CONVERSATION[:60_000], text(61, 700))
+    stranger = features("u1", CONVERSATION[:36_864], text(62, 3_000))
+    assert not ends(earlier).opens(later)
+    assert ends(earlier, stranger).opens(later)  # past a fork, only the exact end counts
 
 
 def test_the_oldest_ends_are_forgotten_first() -> None:

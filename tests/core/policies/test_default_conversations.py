@@ -66,8 +66,9 @@ def test_an_end_inside_a_coarse_block_is_marked_by_the_text_past_it() -> None:
 
     Each first turn (preamble + task) ends, in whole blocks of its chain, at the
     preamble's end: by the chain alone every new agent would be the last one's next
-    turn. The end's mark (the hash of the text past that block, ``ChainEnds``) tells
-    them apart, and an agent's next turn runs through it however much it adds.
+    turn. Once two agents have ended past it, the ends' marks (the hash of the text
+    past that block, ``ChainEnds``) tell them apart, and an agent's next turn runs
+    through its own however much it adds.
     """
     preamble = "".join(random.Random(1).choice("abcdefgh ") for _ in range(16_384))
 
@@ -80,7 +81,8 @@ def test_an_end_inside_a_coarse_block_is_marked_by_the_text_past_it() -> None:
     assert len(a1.prefix_hashes) == 65 and a1.prompt_pieces  # 64 fine blocks, one partial
     policy = DefaultPolicy()
     policy.on_routed(a1, "d", -50.0)
-    assert policy.opens(features("b1", preamble + "task two: " * 320))
+    policy.on_routed(features("b1", preamble + "task two: " * 320), "d", -50.0)
+    assert policy.opens(features("c1", preamble + "task three: " * 270))
     assert not policy.opens(features("a2", first + "observation " * 150))
     assert not policy.opens(features("a3", first + "observation " * 3_000))  # 36 KiB more
 

@@ -15,6 +15,15 @@ for ``off`` characters from there hashes the same: however much it adds. The che
 is lazy: only at a block that has marks is any text hashed, once per distinct ``off``
 there (at most ``coarse_factor``). A request without its text (``block_mode: tokens``)
 is marked at its last whole block alone (``off`` 0).
+
+A *lone end* is a block past which one request alone ended: running through it
+extends that request, whatever text follows. A trace of prompt blocks replays a
+conversation's next turn without the earlier turn's last, partial block (its text
+is the block's, and the block grew), so the later turn stops agreeing a little
+before the earlier one's exact end, though it runs through its last whole block.
+Strangers behind shared text ending at a block boundary part there, so once two
+have ended past it only exact marks count: the first stranger after one
+conversation reads as its next turn, the ones after read right.
 """
 
 from __future__ import annotations
@@ -30,10 +39,21 @@ _End = tuple[str, BlockHash, int]
 """What a mark stands for: the request that ended there, its block ``B`` and ``off``."""
 
 
+class _Past:
+    """The marks past one block ``B``: how many at each ``off``, and whose was noted last."""
+
+    __slots__ = ("count", "last", "offsets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+        self.offsets: dict[int, int] = {}
+
+
 class ChainEnds:
     """The ends of the last ``capacity`` headerless requests routed, oldest first."""
 
-    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_offsets")
+    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past")
 
     def __init__(self, capacity: int, depth_chars: Callable[[int], int]) -> None:
         self._capacity = capacity
@@ -42,8 +62,8 @@ class ChainEnds:
         self._fine = depth_chars(1)
         # Keyed by mark (the span's hash seeded with ``B``, or ``B``): it names ``B`` too.
         self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
-        # ``B`` -> {off -> how many marks}: which spans to hash past a block, if any.
-        self._offsets: dict[BlockHash, dict[int, int]] = {}
+        # ``B`` -> its marks: which spans to hash past a block, if any.
+        self._past: dict[BlockHash, _Past] = {}
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -60,13 +80,16 @@ class ChainEnds:
             return True
         rid = request.request_id
         hashes = request.prefix_hashes
-        offsets = self._offsets
+        blocks = self._past
         pieces, chars = request.prompt_pieces, request.prompt_chars
         for i in range(self._full_blocks(request) - 1, -1, -1):
             block = hashes[i]
-            at = offsets.get(block)
-            if at is None:
+            past = blocks.get(block)
+            if past is None:
                 continue
+            if past.count == 1 and past.last != rid:
+                return False  # a lone end (see the module docs)
+            at = past.offsets
             marks = [block] if 0 in at else []
             start = self._depth_chars(i + 1)
             spans = [off for off in at if off and start + off <= chars]
@@ -90,16 +113,22 @@ class ChainEnds:
             end = min(request.prompt_chars, self._depth_chars(full + 1))
             off = (end - start) // self._fine * self._fine
         mark = span_hashes(pieces, start, (off,), block)[0] if off else block
-        ends, offsets = self._ends, self._offsets
+        ends, blocks = self._ends, self._past
+        past = blocks.get(block)
+        if past is None:
+            past = blocks[block] = _Past()
         if ends.pop(mark, None) is None:
-            at = offsets.setdefault(block, {})
-            at[off] = at.get(off, 0) + 1
+            past.count += 1
+            past.offsets[off] = past.offsets.get(off, 0) + 1
+        past.last = request.request_id
         ends[mark] = (request.request_id, block, off)
         if len(ends) > self._capacity:
             _, (_, old, old_off) = ends.popitem(last=False)
-            at = offsets[old]
+            past = blocks[old]
+            past.count -= 1
+            at = past.offsets
             at[old_off] -= 1
             if not at[old_off]:
                 del at[old_off]
-                if not at:
-                    del offsets[old]
+            if not past.count:
+                del blocks[old]

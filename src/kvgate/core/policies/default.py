@@ -78,11 +78,13 @@ Used when the config names no policy. In order:
    its last whole block and the hash of the text past it, rounded down to whole
    fine blocks (``ChainEnds``). A later request's own text is hashed against a
    mark only where its chain runs through the mark's block, so a later turn is
-   found however much it adds. The last ``chain_ends`` ends are remembered.
-   Charging openings for their life keeps new conversations from all joining the
-   worker that holds the shared text until its cache overflows with their growing
-   contexts: light chat behind one system prompt (explicit sessions), agents
-   behind one tool preamble (headerless).
+   found however much it adds. A block past which one request alone ended (a
+   *lone end*) is run through whatever text follows: a replayed trace re-sends an
+   earlier turn's whole blocks but not its partial last one. The last
+   ``chain_ends`` ends are remembered. Charging openings for their life keeps new
+   conversations from all joining the worker that holds the shared text until its
+   cache overflows with their growing contexts: light chat behind one system
+   prompt (explicit sessions), agents behind one tool preamble (headerless).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
