@@ -1,23 +1,17 @@
-"""Prefix chains: chained xxh3-64 hashes of a prompt's blocks, and the chain's fine tail.
+"""Prefix chains: chained xxh3-64 hashes of a prompt's blocks, and hashes of spans of its text.
 
 See ``core.prefix`` for how a request's chain is cut (fine blocks, then coarse ones).
 
-**The tail.** Past its fine blocks a chain is hashed in coarse blocks (``coarse_factor`` fine
+**Spans.** Past its fine blocks a chain is hashed in coarse blocks (``coarse_factor`` fine
 blocks wide), so a long prompt costs few hashes. But a coarse block hides where in
-it an earlier request's prompt ended: a later turn carries that prompt and more, so
-its chain holds a *whole* coarse block where the earlier turn had only a partial
-one, and the two chains agree only up to the block before. When that block is text
+it a prompt ends: a later turn carries the earlier turn's prompt and more, so its
+chain holds a *whole* coarse block where the earlier turn had only a partial one,
+and the two chains agree only up to the block before. When that block is text
 strangers share (a tool preamble or a system prompt exactly as long as the fine
 blocks), every new conversation looks like a continuation of every other.
-
-The tail hashes the last ``span`` whole coarse blocks and the partial one after
-them again in fine blocks, each coarse block's run seeded with the chain's hash
-before it: the hash at a given position is then the same for every prompt that
-agrees up to there, whichever coarse block of its own the position falls in. A
-later turn that adds less than ``span`` coarse blocks (8 KiB of text at the
-defaults) carries the earlier turn's last fine block among its own. It costs at most
-``(span + 1) × coarse_factor`` hashes of one fine block each, of the prompt's last
-``(span + 1)`` coarse blocks, whatever the prompt's length.
+``span_hashes`` hashes the text after a whole block, seeded with that block's hash,
+so a policy can tell exactly how far past it two prompts agree
+(``core.policies.chain_ends``), only where it needs to, however long the prompts.
 
 """
 
@@ -180,10 +174,6 @@ def token_chain_hashes(
     return tuple(hashes)
 
 
-TAIL_SPAN = 2
-"""Whole coarse blocks before the partial one that the tail covers again in fine blocks."""
-
-
 def _text_between(pieces: Sequence[str], start: int, end: int) -> str:
     """Characters ``start:end`` of ``"".join(pieces)``, copying only those."""
     parts: list[str] = []
@@ -198,45 +188,18 @@ def _text_between(pieces: Sequence[str], start: int, end: int) -> str:
     return "".join(parts)
 
 
-def chain_tail_hashes(
-    pieces: Sequence[str],
-    chain: Sequence[BlockHash],
-    block_chars: int,
-    fine_blocks: int,
-    *,
-    coarse_factor: int,
-    seed: int = 0,
-    end: int,
-    span: int = TAIL_SPAN,
-) -> tuple[BlockHash, ...]:
-    """Fine hashes of the chain's last coarse blocks (see the module docstring).
+def span_hashes(
+    pieces: Sequence[str], start: int, lengths: Sequence[int], seed: int
+) -> list[BlockHash]:
+    """``block_hash`` of characters ``start:start + n`` of ``"".join(pieces)``, for each ``n``.
 
-    ``chain`` is the text's chain (``pieces_chain_hashes``) over its first ``end``
-    characters, whole blocks first, then at most one partial block. Empty when
-    the chain has no coarse block: its blocks are fine already.
+    The text is copied (and, if ASCII, encoded) once, up to the longest span; the
+    hash of a span does not depend on how the prompt is split into pieces. Seeded
+    with a chain's hash at ``start``, a span's hash stands for the text up to its end.
     """
-    fine_end = block_chars * fine_blocks
-    if coarse_factor <= 1 or end <= fine_end:
-        return ()
-    coarse = block_chars * coarse_factor
-    whole = fine_blocks + (end - fine_end) // coarse  # whole blocks of the chain
-    first = max(fine_blocks, whole - span)  # the first coarse block the tail covers
-    start = chain_chars(first, block_chars, fine_blocks, coarse_factor)
-    text = _text_between(pieces, start, end)
-    view = memoryview(text.encode()) if text.isascii() else None
-    digest = xxhash.xxh3_64_intdigest
-    hashes: list[BlockHash] = []
-    block = first
-    at = 0  # where coarse block ``block`` starts in ``text``
-    while at + block_chars <= len(text):
-        h = chain[block - 1] if block > 0 else seed
-        stop = min(at + coarse, len(text))
-        for pos in range(at, stop - block_chars + 1, block_chars):
-            if view is not None:  # ``block_hash`` of an ASCII block, without its copy
-                h = digest(view[pos : pos + block_chars], h)
-            else:
-                h = block_hash(text[pos : pos + block_chars], h)
-            hashes.append(h)
-        at += coarse
-        block += 1
-    return tuple(hashes)
+    text = _text_between(pieces, start, start + max(lengths, default=0))
+    if text.isascii():
+        view = memoryview(text.encode())
+        digest = xxhash.xxh3_64_intdigest
+        return [digest(view[:n], seed) for n in lengths]
+    return [block_hash(text[:n], seed) for n in lengths]

@@ -20,10 +20,11 @@ class RequestFeatures:
     session_key: SessionKey | None = None
     session_source: SessionSource = SessionSource.NONE
     prefix_hashes: tuple[BlockHash, ...] = ()
-    tail_hashes: tuple[BlockHash, ...] = ()
-    """The chain's last coarse blocks hashed again in fine blocks (``core.chain``): where
-    in them the prompt ends, which a later turn of the same conversation runs through.
-    Empty when the prompt has no coarse block."""
+    prompt_pieces: tuple[str, ...] = ()
+    """The prompt's canonical text, in the pieces it was hashed from (references, not
+    copies), so a policy can hash a span of it (``core.chain.span_hashes``): where past a
+    whole block a prompt ends, which a later turn runs through. Empty in
+    ``block_mode: tokens`` (a chain of token ids)."""
     prompt_chars: int = 0
     priority: Priority = Priority.STANDARD
     pinned_version: str | None = None

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.core.chain import chain_tail_hashes, pieces_chain_hashes, token_chain_hashes
+from kvgate.core.chain import pieces_chain_hashes, token_chain_hashes
 from kvgate.core.features import RequestFeatures
 from kvgate.core.holders import checkpoint_indices
 from kvgate.core.session import header_value, session_key_from
@@ -301,17 +301,6 @@ def build_features(
             pieces = (TOKEN_SEP.join(map(str, prompt)),)
     hashes = _prefix_hashes(pieces, token_ids, cfg, tokenize)
     prompt_chars = sum(map(len, pieces))
-    tail: tuple[BlockHash, ...] = ()
-    if cfg.block_mode == "chars":
-        tail = chain_tail_hashes(
-            pieces,
-            hashes,
-            cfg.block_chars,
-            cfg.max_blocks,
-            coarse_factor=cfg.coarse_factor,
-            seed=cfg.hash_seed,
-            end=min(prompt_chars, cfg.max_chars),
-        )
 
     session_key, source = session_key_from(
         headers,
@@ -330,7 +319,7 @@ def build_features(
         session_key=session_key,
         session_source=source,
         prefix_hashes=hashes,
-        tail_hashes=tail,
+        prompt_pieces=tuple(pieces) if cfg.block_mode == "chars" else (),
         prompt_chars=prompt_chars,
         priority=Priority.parse(header_value(headers, cfg.priority_header)),
         pinned_version=pinned,

@@ -61,12 +61,14 @@ def test_nothing_routed_yet_and_a_requests_own_earlier_routing_open() -> None:
     assert policy.opens(request("t1", hashes=FIRST))
 
 
-def test_an_end_inside_a_coarse_block_is_found_by_the_chains_tail() -> None:
+def test_an_end_inside_a_coarse_block_is_marked_by_the_text_past_it() -> None:
     """Agents behind a tool preamble exactly as long as the fine blocks (16 KiB).
 
     Each first turn (preamble + task) ends, in whole blocks of its chain, at the
     preamble's end: by the chain alone every new agent would be the last one's next
-    turn. The chain's tail (its last coarse blocks in fine blocks) tells them apart.
+    turn. Once two agents have ended past it, the ends' marks (the hash of the text
+    past that block, ``ChainEnds``) tell them apart, and an agent's next turn runs
+    through its own however much it adds.
     """
     preamble = "".join(random.Random(1).choice("abcdefgh ") for _ in range(16_384))
 
@@ -76,11 +78,13 @@ def test_an_end_inside_a_coarse_block_is_found_by_the_chains_tail() -> None:
 
     first = preamble + "task one: " * 320
     a1 = features("a1", first)
-    assert len(a1.prefix_hashes) == 65 and a1.tail_hashes  # 64 fine blocks, one partial
+    assert len(a1.prefix_hashes) == 65 and a1.prompt_pieces  # 64 fine blocks, one partial
     policy = DefaultPolicy()
     policy.on_routed(a1, "d", -50.0)
-    assert policy.opens(features("b1", preamble + "task two: " * 320))
+    policy.on_routed(features("b1", preamble + "task two: " * 320), "d", -50.0)
+    assert policy.opens(features("c1", preamble + "task three: " * 270))
     assert not policy.opens(features("a2", first + "observation " * 150))
+    assert not policy.opens(features("a3", first + "observation " * 3_000))  # 36 KiB more
 
 
 def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:

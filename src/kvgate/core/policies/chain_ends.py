@@ -6,10 +6,24 @@ does not count) ended. A later turn carries the earlier turn's whole prompt and 
 on from there; a chain that shares only an opening with others (a system prompt, a
 tool preamble) runs through no earlier end, and *opens* one.
 
-A request ends at its last whole block (a trailing partial block is hashed as it is,
-so a later turn matches it only up to there). Past the fine blocks it ends at the last
-whole fine block of the chain's tail (``RequestFeatures.tail_hashes``, ``core.chain``),
-since a 4 KiB coarse block hides where in it a prompt ends.
+An end is marked exactly, whatever block it falls in: the chain's last whole block
+``B``, the characters past it rounded down to a fine block (``off``: 0 within the fine
+blocks, under a coarse block's width past them) and the hash of those characters
+seeded with ``B`` (``core.chain.span_hashes``; ``B`` itself when ``off`` is 0). A later
+request runs through the end when one of its whole blocks is ``B`` and its own text
+for ``off`` characters from there hashes the same: however much it adds. The check
+is lazy: only at a block that has marks is any text hashed, once per distinct ``off``
+there (at most ``coarse_factor``). A request without its text (``block_mode: tokens``)
+is marked at its last whole block alone (``off`` 0).
+
+A *lone end* is a block past which one request alone ended: running through it
+extends that request, whatever text follows. A trace of prompt blocks replays a
+conversation's next turn without the earlier turn's last, partial block (its text
+is the block's, and the block grew), so the later turn stops agreeing a little
+before the earlier one's exact end, though it runs through its last whole block.
+Strangers behind shared text ending at a block boundary part there, so once two
+have ended past it only exact marks count: the first stranger after one
+conversation reads as its next turn, the ones after read right.
 """
 
 from __future__ import annotations
@@ -17,20 +31,39 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kvgate.core.chain import span_hashes
 from kvgate.core.features import RequestFeatures
 from kvgate.types import BlockHash
+
+_End = tuple[str, BlockHash, int]
+"""What a mark stands for: the request that ended there, its block ``B`` and ``off``."""
+
+
+class _Past:
+    """The marks past one block ``B``: how many at each ``off``, and whose was noted last."""
+
+    __slots__ = ("count", "last", "offsets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+        self.offsets: dict[int, int] = {}
 
 
 class ChainEnds:
     """The ends of the last ``capacity`` headerless requests routed, oldest first."""
 
-    __slots__ = ("_capacity", "_depth_chars", "_ends")
+    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past")
 
     def __init__(self, capacity: int, depth_chars: Callable[[int], int]) -> None:
         self._capacity = capacity
         self._depth_chars = depth_chars
         """Characters the first ``n`` blocks of a chain cover (``PrefixIndex.depth_chars``)."""
-        self._ends: OrderedDict[BlockHash, str] = OrderedDict()
+        self._fine = depth_chars(1)
+        # Keyed by mark (the span's hash seeded with ``B``, or ``B``): it names ``B`` too.
+        self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
+        # ``B`` -> its marks: which spans to hash past a block, if any.
+        self._past: dict[BlockHash, _Past] = {}
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -46,28 +79,56 @@ class ChainEnds:
         if not ends:
             return True
         rid = request.request_id
-        for h in reversed(request.tail_hashes):
-            owner = ends.get(h)
-            if owner is not None and owner != rid:
-                return False
         hashes = request.prefix_hashes
+        blocks = self._past
+        pieces, chars = request.prompt_pieces, request.prompt_chars
         for i in range(self._full_blocks(request) - 1, -1, -1):
-            owner = ends.get(hashes[i])
-            if owner is not None and owner != rid:
-                return False
+            block = hashes[i]
+            past = blocks.get(block)
+            if past is None:
+                continue
+            if past.count == 1 and past.last != rid:
+                return False  # a lone end (see the module docs)
+            at = past.offsets
+            marks = [block] if 0 in at else []
+            start = self._depth_chars(i + 1)
+            spans = [off for off in at if off and start + off <= chars]
+            if spans and pieces:
+                marks += span_hashes(pieces, start, spans, block)
+            for mark in marks:
+                end = ends.get(mark)
+                if end is not None and end[0] != rid:
+                    return False
         return True
 
     def note(self, request: RequestFeatures) -> None:
-        """Remember where the routed ``request`` ended (its last whole fine block)."""
-        if request.tail_hashes:
-            end = request.tail_hashes[-1]
-        else:
-            full = self._full_blocks(request)
-            if full <= 0:
-                return
-            end = request.prefix_hashes[full - 1]
-        ends = self._ends
-        ends.pop(end, None)
-        ends[end] = request.request_id
+        """Remember where the routed ``request`` ended (see the module docs)."""
+        full = self._full_blocks(request)
+        if full <= 0:
+            return
+        block = request.prefix_hashes[full - 1]
+        start, off = self._depth_chars(full), 0
+        pieces = request.prompt_pieces
+        if pieces and full < len(request.prefix_hashes):  # a partial block follows ``B``
+            end = min(request.prompt_chars, self._depth_chars(full + 1))
+            off = (end - start) // self._fine * self._fine
+        mark = span_hashes(pieces, start, (off,), block)[0] if off else block
+        ends, blocks = self._ends, self._past
+        past = blocks.get(block)
+        if past is None:
+            past = blocks[block] = _Past()
+        if ends.pop(mark, None) is None:
+            past.count += 1
+            past.offsets[off] = past.offsets.get(off, 0) + 1
+        past.last = request.request_id
+        ends[mark] = (request.request_id, block, off)
         if len(ends) > self._capacity:
-            ends.popitem(last=False)
+            _, (_, old, old_off) = ends.popitem(last=False)
+            past = blocks[old]
+            past.count -= 1
+            at = past.offsets
+            at[old_off] -= 1
+            if not at[old_off]:
+                del at[old_off]
+            if not past.count:
+                del blocks[old]

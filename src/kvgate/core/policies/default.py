@@ -71,17 +71,20 @@ Used when the config names no policy. In order:
    A headerless request *extends* a chain when its own chain runs through a
    *chain end*: the last whole block of a headerless request routed earlier (a
    trailing partial block is hashed as it is, so a later turn, which carries the
-   earlier prompt and more, matches it only up to there). Past the fine blocks
-   the end is the last whole fine block of the chain's *tail* (``core.chain``:
-   its last coarse blocks hashed again in fine blocks), since a 4 KiB coarse block
-   hides where in it a prompt ends: by the chain alone, agents behind a preamble
-   as long as the fine blocks all ended inside the preamble, and every new one
-   read as the last one's next turn. The last ``chain_ends`` ends are
-   remembered. A later turn that adds more than a coarse block or two (4-8 KiB)
-   reads as an opening. Charging openings for their life keeps new conversations
-   from all joining the worker that holds the shared text until its cache
-   overflows with their growing contexts: light chat behind one system prompt
-   (explicit sessions), agents behind one tool preamble (headerless).
+   earlier prompt and more, matches it only up to there). Past the fine blocks a
+   4 KiB coarse block hides where in it a prompt ends (by the chain alone, agents
+   behind a preamble as long as the fine blocks all ended inside the preamble, and
+   every new one read as the last one's next turn), so an end is marked exactly:
+   its last whole block and the hash of the text past it, rounded down to whole
+   fine blocks (``ChainEnds``). A later request's own text is hashed against a
+   mark only where its chain runs through the mark's block, so a later turn is
+   found however much it adds. A block past which one request alone ended (a
+   *lone end*) is run through whatever text follows: a replayed trace re-sends an
+   earlier turn's whole blocks but not its partial last one. The last
+   ``chain_ends`` ends are remembered. Charging openings for their life keeps new
+   conversations from all joining the worker that holds the shared text until its
+   cache overflows with their growing contexts: light chat behind one system
+   prompt (explicit sessions), agents behind one tool preamble (headerless).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed

@@ -1,0 +1,137 @@
+"""``ChainEnds`` on real prompts: a later turn runs through the earlier turn's end.
+
+Past the fine blocks (16 KiB) a chain's blocks are 4 KiB coarse, so where in one a
+prompt ends is marked by the hash of its text past its last whole block. A later
+turn carries the earlier turn's prompt, so it runs through that end however much
+it adds; a stranger behind the same preamble does not.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvgate.core.chain import chain_chars
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policies.chain_ends import ChainEnds
+from kvgate.core.prefix import FeatureConfig, build_features
+
+CFG = FeatureConfig()
+FINE_END = CFG.block_chars * CFG.max_blocks  # 16 KiB
+DEPTH = partial(
+    chain_chars, width=CFG.block_chars, fine_blocks=CFG.max_blocks, coarse_factor=CFG.coarse_factor
+)
+
+
+def text(seed: int, size: int, alphabet: str = "abcdefghij klmnopqrstuvwxyz.") -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice(alphabet) for _ in range(size))
+
+
+def features(name: str, *parts: str) -> RequestFeatures:
+    """A headerless completions request whose prompt is ``parts`` joined."""
+    body = {"model": "m", "prompt": "".join(parts)}
+    return build_features(body, {}, request_id=name, endpoint="completions")
+
+
+def ends(*routed: RequestFeatures, capacity: int = 1_000) -> ChainEnds:
+    found = ChainEnds(capacity, DEPTH)
+    for one in routed:
+        found.note(one)
+    return found
+
+
+CONVERSATION = text(1, 160_000)
+PREAMBLE = text(2, FINE_END)
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.integers(CFG.block_chars, 100_000), added=st.integers(0, 60_000))
+def test_a_later_turn_runs_through_where_the_earlier_turn_ended(first: int, added: int) -> None:
+    """Whatever block either turn ends in, and however much the later one adds.
+
+    A stranger ended past the same last whole block, so the block is no lone end:
+    only the earlier turn's exact mark can tell the later turn is its next one.
+    """
+    earlier = features("t1", CONVERSATION[:first])
+    n = len(earlier.prefix_hashes)
+    full = n if DEPTH(n) <= first else n - 1  # the earlier turn's whole blocks
+    whole = DEPTH(full)
+    stranger = features("u1", CONVERSATION[:whole], text(70, DEPTH(full + 1) - whole - 1))
+    assert stranger.prefix_hashes[:full] == earlier.prefix_hashes[:full]
+    later = features("t2", CONVERSATION[: first + added])
+    assert not ends(earlier, stranger).opens(later)
+
+
+def test_strangers_behind_a_preamble_as_long_as_the_fine_blocks_open() -> None:
+    """The shape where the chain alone reads every new agent as the last one's next turn:
+    each first turn ends, in whole blocks of its chain, at the preamble's end. The
+    first stranger reads as the one agent's next turn (a lone end); once two agents
+    ended there, their marks tell every later one apart."""
+    agents = [features(f"a{n}", PREAMBLE, text(10 + n, 3_200)) for n in range(4)]
+    assert len(agents[0].prefix_hashes) == CFG.max_blocks + 1  # the task: one partial block
+    preamble_chain = agents[0].prefix_hashes[:-1]
+    assert all(one.prefix_hashes[: CFG.max_blocks] == preamble_chain for one in agents)
+    opened = [ends(*agents[:n]).opens(agent) for n, agent in enumerate(agents)]
+    assert opened == [True, False, True, True]
+    # Each agent's own next turn, 20 KiB of observations later, extends it.
+    seen = ends(*agents)
+    for n in range(4):
+        assert not seen.opens(features(f"b{n}", PREAMBLE, text(10 + n, 3_200), text(20, 20_000)))
+
+
+def test_a_mark_is_seeded_with_its_block() -> None:
+    """The same task behind another preamble is no turn of this agent's: the mark of an
+    end is its text's hash seeded with the block before it, not the text's alone."""
+    other = text(3, FINE_END)
+    task = text(11, 3_200)
+    agents = (
+        features("a", PREAMBLE, task),
+        *(features(f"b{n}", other, text(12 + n, 3_200)) for n in range(2)),
+    )
+    assert ends(*agents).opens(features("c", other, task, text(20, 5_000)))
+
+
+def test_a_retry_opens_and_a_lone_end_is_run_through_whatever_follows() -> None:
+    first = features("t1", PREAMBLE, text(10, 3_200))
+    seen = ends(first)
+    assert seen.opens(first)  # its own end is not an earlier conversation's
+    assert not seen.opens(features("t2", PREAMBLE, text(10, 3_000)))
+    assert not seen.opens(features("t3", PREAMBLE, text(30, 5_000)))
+    assert ends(first, features("u1", PREAMBLE, text(11, 3_200))).opens(
+        features("t4", PREAMBLE, text(10, 3_000))
+    )
+
+
+def test_a_traces_next_turn_without_the_earlier_turns_partial_block_extends_it() -> None:
+    """A replayed trace re-sends an earlier turn's whole blocks, not its partial last one:
+    the later turn runs through the earlier's last whole block, not its exact end."""
+    earlier = features("t1", CONVERSATION[:38_912], text(60, 1_500))
+    later = features("t2", CONVERSATION[:60_000], text(61, 700))
+    stranger = features("u1", CONVERSATION[:36_864], text(62, 3_000))
+    assert not ends(earlier).opens(later)
+    assert ends(earlier, stranger).opens(later)  # past a fork, only the exact end counts
+
+
+def test_the_oldest_ends_are_forgotten_first() -> None:
+    turns = [features(f"c{n}", text(30 + n, 30_000)) for n in range(3)]
+    seen = ends(*turns, capacity=2)
+    assert len(seen) == 2
+    later = [features(f"d{n}", t.prompt_pieces[0], text(40, 9_000)) for n, t in enumerate(turns)]
+    assert [seen.opens(one) for one in later] == [True, False, False]
+
+
+def test_without_its_text_a_request_is_marked_at_its_last_whole_block() -> None:
+    """``block_mode: tokens`` keeps no text: an end is the chain's last whole block."""
+    config = FeatureConfig(block_mode="tokens", block_tokens=2)
+    body = {"model": "m", "prompt": list(range(8))}
+    first = build_features(body, {}, config, request_id="t1", endpoint="completions")
+    assert first.prompt_pieces == ()
+    seen = ChainEnds(10, partial(chain_chars, width=2, fine_blocks=64, coarse_factor=16))
+    seen.note(first)
+    body["prompt"] = list(range(14))
+    later = build_features(body, {}, config, request_id="t2", endpoint="completions")
+    assert not seen.opens(later)
