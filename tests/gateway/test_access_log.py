@@ -7,13 +7,20 @@ import dataclasses
 import io
 import json
 import logging
+import random
 import re
 import sys
 
 import aiohttp
 import pytest
 
-from kvgate.gateway.observe.logs import ACCESS_LOGGER, AccessLog, AccessRecord, configure_logging
+from kvgate.gateway.observe.logs import (
+    ACCESS_LOGGER,
+    AccessLog,
+    AccessRecord,
+    _seconds,
+    configure_logging,
+)
 from kvgate.gateway.testing import running_gateway
 from kvgate.workersim.runner import WorkerHandle
 
@@ -59,6 +66,15 @@ def test_plain_line_reads_like_a_web_server_log(caplog: pytest.LogCaptureFixture
         "request_id=r1",
     ):
         assert f" {part}" in line, part
+
+
+def test_plain_line_times_are_the_text_of_the_time_rounded_to_six_decimals() -> None:
+    rng = random.Random(17)
+    edges = [0.0, 5e-05, 9.99999e-05, 0.0001, 0.0000995, 0.1, 0.5, 2.0, 123.0000005, 1e9, -0.5]
+    samples = [10 ** rng.uniform(-8, 10) for _ in range(20000)]
+    samples += [round(rng.uniform(0, 60), rng.randint(0, 8)) for _ in range(20000)]
+    for value in edges + samples:
+        assert _seconds(value) == str(round(value, 6)), value
 
 
 def test_json_line_holds_every_field(caplog: pytest.LogCaptureFixture) -> None:

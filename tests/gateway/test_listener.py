@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any, cast
 
 import uvloop
 
+from kvgate.gateway.dataplane.connection import ClientConnections, ConnectionLimits
+from kvgate.gateway.dataplane.http_answer import ServerExchange
+from kvgate.gateway.dataplane.listener import DataPlane, DataPlaneLimits
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
 
@@ -135,3 +139,62 @@ async def test_expect_100_continue_and_a_pipelined_admin_request_refused_cleanly
         finally:
             writer.close()
         await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="nothing in flight")
+
+
+class _Transport:
+    """Just enough of a transport for ``DataPlaneConnection``: what it was asked to do."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.calls: list[str] = []
+        self.closing = False
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause_reading")
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume_reading")
+
+    def close(self) -> None:
+        self.closing = True
+
+
+async def test_the_next_request_read_as_an_answer_ends_starts_without_pausing() -> None:
+    """A keep-alive client's next request read in the loop turn after its answer (as a
+    client woken by the answer sends it) starts at once: it does not wait for a done
+    callback of the request before, with reading paused and resumed for it."""
+    loop = asyncio.get_running_loop()
+    transport = _Transport()
+    served: list[str | None] = []
+
+    class Proxy:
+        async def handle(self, exchange: ServerExchange, path: str, endpoint: str) -> None:
+            served.append(exchange.headers.get("X-Request-ID"))
+            await exchange.send(200, [("Content-Type", "application/json")], b"{}")
+            if len(served) == 1:
+                # The next request arrives in the next loop turn, before anything the
+                # end of this task schedules.
+                loop.call_soon(conn.data_received, _post("second"))
+
+    plane = DataPlane(
+        cast(Any, Proxy()),
+        DataPlaneLimits(),
+        ClientConnections(ConnectionLimits()),
+        fallback=asyncio.Protocol,
+    )
+    conn = plane()
+    conn.connection_made(cast(Any, transport))
+    conn.data_received(_post("first"))
+    await wait_until(lambda: len(served) == 2 and len(transport.written) == 2)
+    assert served == ["first", "second"]
+    assert transport.calls == []  # never paused: no request waited for another
+    conn.connection_lost(None)

@@ -168,7 +168,6 @@ class DataPlaneConnection(asyncio.Protocol):
         # Requests parsed, waiting for their turn; the one being answered.
         self._waiting: deque[ServerExchange] = deque()
         self._task: asyncio.Task[None] | None = None
-        self._current: ServerExchange | None = None
         self._after: Callable[[], None] | None = None
         """What to do once every parsed request is answered (a hand-over, a refusal)."""
         self.write_paused = False
@@ -209,6 +208,7 @@ class DataPlaneConnection(asyncio.Protocol):
         self.transport = None
         if self._task is not None:
             self._task.cancel()
+            self._task = None  # a task cancelled before its first step runs no ``finally``
         self._waiting.clear()
         self._after = None
         if self._drained is not None and not self._drained.done():
@@ -392,10 +392,7 @@ class DataPlaneConnection(asyncio.Protocol):
     # -- serving --------------------------------------------------------------
 
     def _start(self, exchange: ServerExchange) -> None:
-        task = self._loop.create_task(self._serve(exchange))
-        self._task = task
-        self._current = exchange
-        task.add_done_callback(self._served)
+        self._task = self._loop.create_task(self._serve(exchange))
 
     async def _serve(self, exchange: ServerExchange) -> None:
         keys = self._limits.api_keys
@@ -421,14 +418,19 @@ class DataPlaneConnection(asyncio.Protocol):
             await exchange.fail(
                 GatewayError("internal gateway error", status=500, code="internal_error")
             )
+        finally:
+            # In the task, not a done callback a loop turn later: a keep-alive client's
+            # next request, often read in that turn, would find this one still running
+            # and wait in ``_waiting`` (reading paused and resumed for it).
+            self._served(exchange)
 
-    def _served(self, task: asyncio.Task[None]) -> None:
+    def _served(self, exchange: ServerExchange) -> None:
+        """``exchange`` is answered (or its handler ended): start the next request."""
         self._task = None
-        exchange, self._current = self._current, None
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if exchange is None or not exchange.reusable():
+        if not exchange.reusable():
             transport.close()  # asked to close, or its answer did not end cleanly
             return
         if self._waiting:

@@ -136,6 +136,7 @@ class Router:
         self.metrics = metrics
         self.config = config
         self.ttl = affinity_ttl
+        self._holder_ttl = min(affinity_ttl, HOLDER_TTL_S)
         self.rng = rng
         self.wall = wall
         self.mono = mono
@@ -291,7 +292,7 @@ class Router:
         if not writes:
             return
         try:
-            await self.store.set_holders(writes, min(self.ttl, HOLDER_TTL_S))
+            await self.store.set_holders(writes, self._holder_ttl)
         except Exception:
             self._store_failed("set_holders")
 

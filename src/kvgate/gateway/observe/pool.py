@@ -439,8 +439,10 @@ class _View:
             self.workers = None
         self.by_id[state.id] = state
         # Only ever narrowed here; ``refresh`` recomputes them exactly when passed.
-        self.after = max(self.after, after)
-        self.until = min(self.until, until)
+        # (Conditionals, not ``max``/``min``: those parse keyword arguments, ~700
+        # instructions a call on 3.11, at every lease and release.)
+        self.after = after if after > self.after else self.after
+        self.until = until if until < self.until else self.until
 
 
 class Lease:

@@ -227,7 +227,8 @@ class Connection(asyncio.Protocol):
         self._read_s = read_s
         self._deadline = now + total_s
         self._head_waiter = loop.create_future()
-        self._timer.arm_at(min(now + read_s, self._deadline), self._on_timer)
+        due = now + read_s
+        self._timer.arm_at(due if due < self._deadline else self._deadline, self._on_timer)
         self.transport.write(request)
 
     async def head(self) -> None:
@@ -441,6 +442,7 @@ def request_head(
         lines.append("Content-Type: application/octet-stream\r\n")
     lines.append(f"Content-Length: {body_length}\r\n\r\n")
     text = "".join(lines)
-    if text.count("\n") != len(lines) + 2 or text.count("\r") != text.count("\n"):
+    breaks = len(lines) + 2
+    if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a header name or value holds a line break")
     return text.encode("utf-8", "surrogateescape")
