@@ -15,6 +15,8 @@ mypyc's compiled modules when the tree has them), from ``callgrind_annotate``.
 With ``--src NAME=SRC`` the gateway runs from that source tree (``PYTHONPATH``),
 one tree after another, so a before/after is one command. Needs Debian's
 ``valgrind``; a run takes about a minute (the gateway starts some 50x slower).
+``--py-spy SECONDS`` samples the gateway with py-spy (``pip install py-spy``)
+instead, for a split by Python module.
 """
 
 from __future__ import annotations
@@ -196,8 +198,9 @@ def python_split(pid: int, port: int, opts: argparse.Namespace, out: Path) -> No
     serves sequential plain requests; print the share of samples in system calls, and of
     the rest by the module group of the innermost Python frame (its bytecode and the C
     functions it calls) and by the innermost kvgate module on the stack."""
+    beside = Path(sys.executable).with_name("py-spy")
     argv = [
-        "py-spy",
+        str(beside) if beside.exists() else "py-spy",
         "record",
         "--pid",
         str(pid),

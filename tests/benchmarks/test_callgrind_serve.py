@@ -1,4 +1,5 @@
-"""``benchmarks/callgrind_serve.py``: reading callgrind's and py-spy's output into a split."""
+"""``benchmarks/callgrind_serve.py`` (callgrind's and py-spy's output read into a split) and
+``benchmarks/mypyc_tree.py`` (the rewrites of the compiled copy)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from .loading import load_benchmark
 
 cg = load_benchmark("callgrind_serve")
+tree = load_benchmark("mypyc_tree")
 
 ANNOTATE = """\
 --------------------------------------------------------------------------------
@@ -67,3 +69,24 @@ def test_object_names_of_a_mypyc_build_are_told_apart() -> None:
         "kvgate compiled (mypyc)"
     )
     assert cg._object_name("/v/site-packages/httptools/parser/parser.so") == "httptools/llhttp"
+
+
+def test_mypyc_rewrite_marks_protocols_and_enums_non_native_and_renames_thread() -> None:
+    source = (
+        "from __future__ import annotations\n\nimport asyncio\n\n"
+        "class Conn(asyncio.Protocol):\n    def f(self) -> None:\n        self._thread = 1\n\n"
+        "class Plain:\n    pass\n"
+    )
+    out = tree.rewrite(source)
+    assert "from mypy_extensions import mypyc_attr\n" in out
+    assert "@mypyc_attr(native_class=False)\nclass Conn(asyncio.Protocol):" in out
+    assert "@mypyc_attr(native_class=False)\nclass Plain" not in out
+    assert "import asyncio\nimport asyncio.protocols\n" in out
+    assert "self._loop_thread = 1" in out and "self._thread" not in out
+    assert tree.rewrite("x = 1\n") == "x = 1\n"
+
+
+def test_mypyc_modules_exist_and_are_listed_once() -> None:
+    src = tree.SRC
+    assert all((src / module).is_file() for module in tree.MODULES)
+    assert len(set(tree.MODULES)) == len(tree.MODULES)
