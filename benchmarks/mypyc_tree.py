@@ -8,14 +8,14 @@ there), applies to the copy the small rewrites mypyc needs (listed in
 extra). Then measure the copy beside the tree it came from:
 
     .venv/bin/python benchmarks/mypyc_tree.py --dest /tmp/kvgate-mypyc
-    .venv/bin/python benchmarks/callgrind_serve.py --src pure=src --src mypyc=/tmp/kvgate-mypyc/src
+    .venv/bin/python benchmarks/instructions.py --kvgate-src mypyc=/tmp/kvgate-mypyc/src
     .venv/bin/python benchmarks/overhead.py --side-by-side --servers llhttp --routers kvgate \\
         --concurrency 1,32 --duration 3 --repeat 2 --kvgate-src before=src \\
         --kvgate-src after=/tmp/kvgate-mypyc/src
 
-(``--kvgate-src`` and ``--src`` put the copy first on ``PYTHONPATH``; the
-extension modules beside the ``.py`` files load in their place.) Takes 2.5 to 7
-minutes on two cores.
+(``--kvgate-src`` puts the copy first on ``PYTHONPATH``; the extension modules
+beside the ``.py`` files load in their place; ``instructions.py`` measures this
+tree beside it.) Takes 2.5 to 7 minutes on two cores.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``benchmarks/callgrind_serve.py`` (callgrind's and py-spy's output read into a split) and
-``benchmarks/mypyc_tree.py`` (the rewrites of the compiled copy)."""
+"""``benchmarks/instructions.py``: callgrind's, ``callgrind_annotate``'s and py-spy's output
+read into counts and splits."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 
 from .loading import load_benchmark
 
-cg = load_benchmark("callgrind_serve")
-tree = load_benchmark("mypyc_tree")
+cg = load_benchmark("instructions")
 
 ANNOTATE = """\
 --------------------------------------------------------------------------------
@@ -23,7 +22,8 @@ Ir                    file:function
 200,000 (20.00%)  /tmp/b/Python-3.11.7/./Include/object.h:_PyFrame_Clear
 100,000 (10.00%)  /project/uvloop/loop.c:__pyx_f_6uvloop_4loop_6Handle__run [/v/site-packages/uvloop/loop.cpython-311-x86_64-linux-gnu.so]
  60,000 ( 6.00%)  build/__native_ab12.c:CPyDef_route___route [/s/src/ab12__mypyc.cpython-311-x86_64-linux-gnu.so]
- 40,000 ( 4.00%)  ./string/../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S:__memcpy_avx_unaligned_erms [/usr/lib/x86_64-linux-gnu/libc.so.6]
+ 30,000 ( 3.00%)  ./string/../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S:__memcpy_avx_unaligned_erms [/usr/lib/x86_64-linux-gnu/libc.so.6]
+ 10,000 ( 1.00%)  /opt/_internal/cpython-3.11.16/include/python3.11/object.h:__pyx_f_9httptools_6parser_6parser_cb_on_header_value
 """  # noqa: E501
 
 
@@ -34,7 +34,8 @@ def test_split_objects_reads_the_total_and_groups_functions_by_their_object() ->
         "interpreter": 800_000,  # the inlined header's line counts with its interpreter
         "uvloop": 100_000,
         "kvgate compiled (mypyc)": 60_000,
-        "libc": 40_000,
+        "libc": 30_000,
+        "httptools/llhttp": 10_000,  # CPython's header inlined into the extension module
     }
     assert sum(objects.values()) == total
 
@@ -71,22 +72,38 @@ def test_object_names_of_a_mypyc_build_are_told_apart() -> None:
     assert cg._object_name("/v/site-packages/httptools/parser/parser.so") == "httptools/llhttp"
 
 
-def test_mypyc_rewrite_marks_protocols_and_enums_non_native_and_renames_thread() -> None:
-    source = (
-        "from __future__ import annotations\n\nimport asyncio\n\n"
-        "class Conn(asyncio.Protocol):\n    def f(self) -> None:\n        self._thread = 1\n\n"
-        "class Plain:\n    pass\n"
-    )
-    out = tree.rewrite(source)
-    assert "from mypy_extensions import mypyc_attr\n" in out
-    assert "@mypyc_attr(native_class=False)\nclass Conn(asyncio.Protocol):" in out
-    assert "@mypyc_attr(native_class=False)\nclass Plain" not in out
-    assert "import asyncio\nimport asyncio.protocols\n" in out
-    assert "self._loop_thread = 1" in out and "self._thread" not in out
-    assert tree.rewrite("x = 1\n") == "x = 1\n"
+DUMP = """\
+# callgrind format
+version: 1
+creator: callgrind-3.19.0
+cmd: python -m kvgate.cli serve
+events: Ir
+summary: 0
+
+fl=(1) x.c
+fn=(1) f
+3 604000000
+totals: 604000000
+"""
 
 
-def test_mypyc_modules_exist_and_are_listed_once() -> None:
-    src = tree.SRC
-    assert all((src / module).is_file() for module in tree.MODULES)
-    assert len(set(tree.MODULES)) == len(tree.MODULES)
+def test_dump_total_reads_a_dump_on_request_once_it_is_written_whole() -> None:
+    assert cg.dump_total(DUMP) == 604_000_000
+    assert cg.dump_total(DUMP.rpartition("totals:")[0]) == 0  # still being written
+    assert cg.dump_total(DUMP.replace("summary: 0", "summary: 604000000")) == 604_000_000
+
+
+STRACE = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 45.00    0.001000           0      3000           write
+ 30.00    0.000600           0      2000           read
+ 20.00    0.000400           0      2000           epoll_wait
+  5.00    0.000100          20         5         1 futex
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.002100           0      7005         1 total
+"""
+
+
+def test_split_syscalls_counts_calls_per_request_and_drops_the_rare_ones() -> None:
+    assert cg.split_syscalls(STRACE, 1000) == {"write": 3.0, "read": 2.0, "epoll_wait": 2.0}
