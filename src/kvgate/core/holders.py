@@ -46,7 +46,8 @@ def checkpoint_indices(blocks: int, fine_blocks: int, stride: int) -> tuple[int,
     """
     if blocks <= 0:
         return ()
-    picks = [i for i in range(stride - 1, min(blocks, fine_blocks), stride)]
+    fine = fine_blocks if fine_blocks < blocks else blocks
+    picks = [i for i in range(stride - 1, fine, stride)]
     picks.extend(range(fine_blocks + 1, blocks, 2))
     if not picks or picks[-1] != blocks - 1:
         picks.append(blocks - 1)
@@ -93,4 +94,4 @@ def continues(blocks: int, holders: Mapping[WorkerId, int]) -> bool:
     of a known session, not like new work. A stranger behind a shared opening
     matches only the opening, a small part of its chain.
     """
-    return bool(blocks) and 2 * max(holders.values(), default=0) >= blocks
+    return bool(blocks) and bool(holders) and 2 * max(holders.values()) >= blocks
