@@ -43,3 +43,34 @@ def test_the_fast_constructor_makes_an_equal_frozen_value() -> None:
     assert dataclasses.replace(fast, model="n") == dataclasses.replace(slow, model="n")
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.model = "x"  # type: ignore[misc]
+
+
+def test_the_fast_decision_and_place_equal_the_constructed_ones() -> None:
+    import random
+
+    from kvgate.core.admission import AdmissionConfig
+    from kvgate.core.decision import AffinityWrite, Decision, decision_for
+    from kvgate.core.fleet import FleetSnapshot, WorkerState
+    from kvgate.core.policies import default_registry
+    from kvgate.core.route import Place, RouteConfig, route
+
+    write = AffinityWrite(SessionKey("s"), "w", "v1", expected=None)
+    fast = decision_for("w", "prefix_match", "v1", write, 12)
+    slow = Decision(
+        worker="w", reason="prefix_match", version="v1", affinity=write, shared_chars=12
+    )
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    fleet = FleetSnapshot(0.0, (WorkerState(id="w", model="m", max_in_flight=4),))
+    verdict = route(
+        request_features("r", "m", session_key=SessionKey("s")),
+        None,
+        fleet,
+        default_registry().build("round_robin"),
+        random.Random(0),
+        queue_depth=0,
+        held_s=None,
+        config=RouteConfig(AdmissionConfig()),
+    )
+    assert isinstance(verdict, Place)
+    assert verdict == Place(verdict.worker, verdict.reason, verdict.version, verdict.affinity, 0)
+    assert (verdict.worker, verdict.reason) == ("w", "round_robin")
