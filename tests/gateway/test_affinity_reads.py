@@ -10,7 +10,7 @@ version.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -31,6 +31,8 @@ from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.store import MemoryStore
+from kvgate.store.base import AffinityStore
+from kvgate.testing import wait_until
 from kvgate.types import BlockHash, Priority, Seconds, SessionKey, WorkerId
 
 MONO = 100.0
@@ -63,6 +65,15 @@ class CountingStore(MemoryStore):
     ) -> None:
         self.holder_writes += 1
         await super().set_holders(entries, ttl)
+
+    def set_holders_soon(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        self.holder_writes += 1
+        super().set_holders_soon(entries, ttl, failed)
 
 
 def _state(wid: str, pressure: Pressure = Pressure.NORMAL, in_flight: int = 0) -> WorkerState:
@@ -141,11 +152,14 @@ def turn(rid: str, blocks: int) -> RequestFeatures:
 
 
 async def serve(router: Router, request: RequestFeatures) -> str:
-    """Look up, place and finish one request as the proxy does; the worker placed on."""
+    """Look up, place and finish one request as the proxy does; the worker placed on.
+
+    The proxy shares the prefix state once the request is written to the worker.
+    """
     looked = await router.lookup(request)
     placement = await router.place(request, looked)
     async with placement.lease:
-        pass
+        router.share(placement)
     await router.finished(request, placement, 10, 0)
     return placement.worker.id
 
@@ -219,3 +233,44 @@ async def test_the_prefix_state_is_written_unread_and_spares_a_later_turn_under_
     )
     with pytest.raises(OverloadedError):
         await router.place(stranger, UNREAD)
+
+
+async def test_the_prefix_state_is_written_by_share_once_not_by_place() -> None:
+    """``place`` only notes the writes (the proxy shares them once the request is written
+    to its worker); ``share`` writes them once and readably at once with the memory store."""
+    store = CountingStore()
+    router = make_router(store, "round_robin")
+    request = turn("t1", 3)
+    placement = await router.place(request, UNREAD)
+    assert store.holder_writes == 0 and len(placement.shares) == 3
+    router.share(placement)
+    router.share(placement)
+    assert store.holder_writes == 1 and placement.shares == ()
+    assert await store.get_holders(list(request.prefix_hashes)) == [placement.worker.id] * 3
+    placement.lease.release()
+
+
+class _FailingWrites(MemoryStore):
+    """A store whose prefix-state writes fail, written through the base class's task."""
+
+    async def set_holders(
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+    ) -> None:
+        raise ConnectionError("store down")
+
+    def set_holders_soon(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        AffinityStore.set_holders_soon(self, entries, ttl, failed)
+
+
+async def test_a_failed_background_prefix_write_is_counted_never_raised() -> None:
+    router = make_router(_FailingWrites(), "round_robin")
+    placement = await router.place(turn("t1", 2), UNREAD)
+    router.share(placement)  # returns at once; the write fails in its task
+    errors = router.metrics.store_errors.labels("set_holders")
+    await wait_until(lambda: errors._value.get() == 1, timeout=5.0)
+    placement.lease.release()

@@ -53,3 +53,19 @@ def test_holder_table_is_bounded_and_expires_in_virtual_time() -> None:
     assert table.get_many([2, 4], now=10.5) == [None, B]
     with pytest.raises(ValueError, match="max_entries"):
         HolderTable(0)
+
+
+async def test_holders_written_soon_are_readable_once_the_store_has_them(
+    sut: StoreUnderTest,
+) -> None:
+    """``set_holders_soon`` (the request path's write): the memory store has it when the
+    call returns, a remote store once its background write is done; no failure here."""
+    store = sut.store
+    failures: list[int] = []
+    store.set_holders_soon([(11, A), (12, B)], 60.0, lambda: failures.append(1))
+
+    async def written() -> bool:
+        return await store.get_holders([11, 12]) == [A, B]
+
+    await wait_until(written, timeout=5.0)
+    assert failures == []

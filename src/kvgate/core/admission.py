@@ -173,4 +173,5 @@ def fleet_saturation(fleet: FleetSnapshot, kv_saturated: float = 0.95) -> float:
         used += limit if kv is not None and kv >= kv_saturated else worker.in_flight
     if not free:
         return 1.0
-    return min(_NEARLY_FULL, used / total)
+    share = used / total
+    return share if share < _NEARLY_FULL else _NEARLY_FULL

@@ -82,8 +82,11 @@ def pieces_chain_hashes(
     allocator hands memory that large back to the system and each request faults
     it in again. Many tiny pieces are slower than their join: join those first.
     """
-    end = min(sum(map(len, pieces)), max_chars if coarse_factor else block_chars * max_blocks)
-    factor = max(1, coarse_factor)
+    # Conditionals, not ``min``/``max`` (keyword parsing on 3.11): this runs per request.
+    end = sum(map(len, pieces))
+    bound = max_chars if coarse_factor else block_chars * max_blocks
+    end = bound if bound < end else end
+    factor = coarse_factor if coarse_factor > 1 else 1
     widths = block_widths(block_chars, max_blocks, factor, end)
     if not widths:
         return ()

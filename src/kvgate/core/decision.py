@@ -39,9 +39,9 @@ class AffinityWrite:
     expected: WorkerId | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Decision:
-    """Where one request goes and why.
+    """Where one request goes and why (no ``slots``: see ``decision_for``).
 
     ``worker is None`` means the request is refused (shed); ``reason`` then says
     why and ``retry_after`` suggests when to come back. ``reason`` is a short
@@ -67,3 +67,28 @@ class Decision:
     def refuse(cls, reason: str, retry_after: Seconds = 1.0) -> Decision:
         """A decision that sheds the request."""
         return cls(worker=None, reason=reason, retry_after=retry_after)
+
+
+_new = object.__new__
+
+
+def decision_for(
+    worker: WorkerId,
+    reason: str,
+    version: str | None,
+    affinity: AffinityWrite | None,
+    shared_chars: int,
+) -> Decision:
+    """``Decision(worker, reason, version, affinity, None, shared_chars)``, equal to it,
+    made in one update of the instance dict: the frozen ``__init__`` sets each field
+    through ``object.__setattr__``, and every placed request makes one."""
+    made = _new(Decision)
+    made.__dict__.update(
+        worker=worker,
+        reason=reason,
+        version=version,
+        affinity=affinity,
+        retry_after=None,
+        shared_chars=shared_chars,
+    )
+    return made

@@ -35,7 +35,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.chain import pieces_chain_hashes, token_chain_hashes
-from kvgate.core.features import RequestFeatures
+from kvgate.core.features import RequestFeatures, request_features
 from kvgate.core.holders import checkpoint_indices
 from kvgate.core.session import header_value, session_key_from
 from kvgate.types import BlockHash, Priority
@@ -313,7 +313,7 @@ def build_features(
     pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
     if pinned is not None:
         pinned = pinned.strip() or None
-    return RequestFeatures(
+    return request_features(
         request_id=request_id,
         model=model,
         session_key=session_key,

@@ -95,6 +95,10 @@ class PrefixIndex:
         self._clock: dict[WorkerId, int] = {}
         # An entry's value packs its stamp and its weight: ``stamp * _unit + weight``.
         self._unit = self.config.coarse_factor + 1
+        cfg = self.config
+        # ``capacity`` runs some five times a request under the default policy: its
+        # bounds are read once here (a pydantic attribute costs twice a plain one).
+        self._bounds = (cfg.default_worker_blocks, cfg.min_worker_blocks, cfg.max_total_blocks)
         self._pending: OrderedDict[str, tuple[WorkerId, int]] = OrderedDict()
 
     # -- sizes ---------------------------------------------------------------
@@ -127,7 +131,8 @@ class PrefixIndex:
         weight = self._weight.get(worker, 0)
         if not weight:
             return 0.0
-        return min(1.0, self.config.kv_overcommit * weight / self.capacity(worker))
+        fill = self.config.kv_overcommit * weight / self.capacity(worker)
+        return fill if fill < 1.0 else 1.0
 
     def depth_chars(self, depth: int) -> int:
         """Characters covered by the first ``depth`` blocks of a chain."""
@@ -143,11 +148,15 @@ class PrefixIndex:
 
     def capacity(self, worker: WorkerId) -> int:
         """The most blocks the index keeps for ``worker`` right now."""
-        cfg = self.config
-        base = self._base.get(worker, cfg.default_worker_blocks)
-        scaled = max(cfg.min_worker_blocks, int(base * self._scale.get(worker, 1.0)))
-        share = max(1, cfg.max_total_blocks // max(1, len(self._lru)))
-        return min(scaled, share)
+        default, least, total = self._bounds
+        # Conditionals, not ``min``/``max``: on 3.11 each call parses keyword arguments
+        # (~750 instructions); this runs some five times a request.
+        scaled = int(self._base.get(worker, default) * self._scale.get(worker, 1.0))
+        scaled = scaled if scaled > least else least
+        workers = len(self._lru)
+        share = total // workers if workers > 1 else total
+        share = share if share > 1 else 1
+        return scaled if scaled < share else share
 
     def set_kv_capacity(self, worker: WorkerId, kv_capacity_tokens: int | None) -> None:
         """Size ``worker``'s share from its KV capacity in tokens (``None``: unknown)."""
@@ -219,9 +228,9 @@ class PrefixIndex:
             return None
         cfg = self.config
         predicted_chars = self.depth_chars(entry[1])
-        if prompt_chars > 0:
+        if 0 < prompt_chars < predicted_chars:
             # The trailing block may be partial; never predict more than the prompt.
-            predicted_chars = min(predicted_chars, prompt_chars)
+            predicted_chars = prompt_chars
         if prompt_tokens > 0 and prompt_chars > 0:
             reported_chars = cached_tokens * prompt_chars / prompt_tokens
         else:
@@ -231,7 +240,8 @@ class PrefixIndex:
             self._scale[worker] = max(cfg.min_scale, scale * cfg.miss_decrease)
             self._trim(worker)
             return False
-        self._scale[worker] = min(1.0, scale + cfg.hit_increase)
+        scale += cfg.hit_increase
+        self._scale[worker] = scale if scale < 1.0 else 1.0
         return True
 
     def remove_worker(self, worker: WorkerId) -> None:
@@ -308,7 +318,7 @@ class PrefixIndex:
         young is monotone, and a binary search finds the cut.
         """
         lru = self._lru.get(worker)
-        depth = min(depth, len(hashes))
+        depth = depth if depth < len(hashes) else len(hashes)
         if lru is None or depth <= 0:
             return 0
         over, unit = self.config.kv_overcommit, self._unit

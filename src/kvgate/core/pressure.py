@@ -240,10 +240,15 @@ def kv_demand_tokens(
     KV use was near zero. Output that does grow past the typical shows in the
     workers' scraped usage, which ``kv_committed_tokens`` takes when higher.
     """
-    chars = request.prompt_chars - min(max(0, shared_chars), request.prompt_chars)
+    # Conditionals, not ``min``/``max`` (keyword parsing on 3.11): this runs per request.
+    whole = request.prompt_chars
+    shared = shared_chars if shared_chars > 0 else 0
+    chars = whole - (whole if whole < shared else shared)
     prompt = math.ceil(chars / config.chars_per_token)
-    output = min(request.max_tokens or config.default_output_tokens, config.default_output_tokens)
-    return max(1, prompt + output)
+    typical = config.default_output_tokens
+    limit = request.max_tokens or typical
+    demand = prompt + (typical if typical < limit else limit)
+    return demand if demand > 1 else 1
 
 
 def kv_committed_tokens(worker: WorkerState) -> float:

@@ -101,6 +101,7 @@ DEFAULT_RETRY_AFTER_S = 1.0
 # Enum members as module constants: on 3.11 ``Enum.MEMBER`` goes through
 # ``EnumType.__getattr__``'s slot (about 60 ns), and these run on every request.
 _NORMAL = Pressure.NORMAL
+_new = object.__new__
 _CONTINUES = SessionSource.CONTINUATION
 
 
@@ -117,9 +118,10 @@ class RouteConfig:
     kv_gate_max_wait_s: Seconds = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Place:
-    """Send the request to ``worker`` now.
+    """Send the request to ``worker`` now (no ``slots``: ``route`` makes each one in
+    one update of the instance dict, not through the frozen ``__init__``).
 
     ``version`` is the policy's (``None``: the worker's own); ``affinity`` the
     binding to write with compare-and-set; ``kv_tokens`` the KV demand to count
@@ -209,7 +211,14 @@ def route(
         return Shed(INVALID_DECISION, DEFAULT_RETRY_AFTER_S)
     gate = config.kv_gate
     demand = kv_demand_tokens(request, gate, decision.shared_chars) if gate is not None else 0
-    place = Place(decision.worker, decision.reason, decision.version, decision.affinity, demand)
+    place = _new(Place)
+    place.__dict__.update(
+        worker=decision.worker,
+        reason=decision.reason,
+        version=decision.version,
+        affinity=decision.affinity,
+        kv_tokens=demand,
+    )
     if gate is None or kv_fits(state, demand, gate):
         return place
     left = config.kv_gate_max_wait_s - (held_s or 0.0)

@@ -107,7 +107,8 @@ class Routed:
         fields = new.__dict__
         fields.update(self.__dict__)
         fields["in_flight"] = self.in_flight + requests
-        fields["kv_in_flight_tokens"] = max(0, self.kv_in_flight_tokens + kv_tokens)
+        kv = self.kv_in_flight_tokens + kv_tokens
+        fields["kv_in_flight_tokens"] = kv if kv > 0 else 0
         if kv_tokens < 0:
             fields["kv_freed_tokens"] = self.kv_freed_tokens - kv_tokens
         return new

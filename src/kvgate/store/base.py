@@ -7,12 +7,16 @@ lacks a method fails when it is made, instead of the gateway quietly doing less
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvgate.core.decision import Affinity
 from kvgate.store.health import StoreHealth
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
+
+_WRITING: set[asyncio.Task[None]] = set()
+"""Writes in flight from ``set_holders_soon`` (the loop keeps only weak references)."""
 
 
 class AffinityStore(ABC):
@@ -65,6 +69,35 @@ class AffinityStore(ABC):
     ) -> None:
         """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins."""
         ...
+
+    def set_holders_soon(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        """``set_holders`` without waiting for it; ``failed`` is called (inside the
+        ``except``, so it can log the error) if the write raises. Never raises itself.
+
+        The request path calls it once the request is written to its worker: only
+        later requests read what it writes, so neither the forwarding nor the answer
+        should wait on a store round trip for it. This default runs the write as a
+        task (readable once the store has it); an in-process store writes at once.
+        """
+        task = asyncio.get_running_loop().create_task(self._set_holders_or(entries, ttl, failed))
+        _WRITING.add(task)
+        task.add_done_callback(_WRITING.discard)
+
+    async def _set_holders_or(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        try:
+            await self.set_holders(entries, ttl)
+        except Exception:
+            failed()
 
     @abstractmethod
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:

@@ -73,6 +73,16 @@ class MemoryStore(AffinityStore):
         """Record where prefix blocks were sent, for ``ttl`` seconds (last writer wins)."""
         self.holders.set_many(entries, self.clock(), ttl)
 
+    def set_holders_soon(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        """``set_holders`` at once (readable when this returns): nothing to wait for in
+        memory, so no coroutine or task; ``failed`` is never called."""
+        self.holders.set_many(entries, self.clock(), ttl)
+
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for each key, in order."""
         t = self.clock()

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.core.decision import CAPACITY_FULL, AffinityWrite, Decision
+from kvgate.core.decision import CAPACITY_FULL, AffinityWrite, Decision, decision_for
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import Health, Pressure, WorkerState
 from kvgate.core.policy import RouteContext
@@ -115,13 +115,7 @@ def route(
     key = request.affinity_key if request is not None else None
     if key is not None:
         write = AffinityWrite(key, worker.id, worker.version, expected=expected)
-    return Decision(
-        worker=worker.id,
-        reason=reason,
-        version=worker.version,
-        affinity=write,
-        shared_chars=shared_chars,
-    )
+    return decision_for(worker.id, reason, worker.version, write, shared_chars)
 
 
 def affinity_status(

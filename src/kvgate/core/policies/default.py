@@ -269,7 +269,8 @@ class DefaultPolicy(PrefixLearning):
 
     def _recent_count(self, book: _Book, now: Seconds) -> float:
         """Requests routed to the worker lately, halved every ``recent_half_life_s``."""
-        age = max(0.0, now - book.recent_at)
+        age = now - book.recent_at
+        age = age if age > 0.0 else 0.0  # not ``max``: keyword parsing on 3.11, per request
         return book.recent * math.exp2(-age / self._recent_half_s)
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
@@ -288,7 +289,8 @@ class DefaultPolicy(PrefixLearning):
         cached = self._trust.expected(*claim)
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
-        book.busy_until = max(book.busy_until, now) + seconds
+        busy = book.busy_until
+        book.busy_until = (now if now > busy else busy) + seconds
         book.owed_s += seconds
         book.recent = self._recent_count(book, now) + 1.0
         book.recent_at = now
@@ -419,7 +421,10 @@ class DefaultPolicy(PrefixLearning):
         """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
         hashes = request.prefix_hashes
         depth = self._running.shared_depth(worker, hashes) if hashes else 0
-        return min(request.prompt_chars, self.index.depth_chars(depth)) if depth else 0
+        if not depth:
+            return 0
+        chars = self.index.depth_chars(depth)
+        return chars if chars < request.prompt_chars else request.prompt_chars
 
     def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
@@ -519,7 +524,7 @@ class DefaultPolicy(PrefixLearning):
         assert best is not None  # ``pool`` is non-empty
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
-        top = max(matches.values(), default=0)
+        top = max(matches.values()) if matches else 0
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
@@ -570,7 +575,10 @@ class DefaultPolicy(PrefixLearning):
 
     def _chars(self, depth: int, prompt: int) -> int:
         """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
-        return min(prompt, self.index.depth_chars(depth)) if depth else 0
+        if not depth:
+            return 0
+        chars = self.index.depth_chars(depth)
+        return chars if chars < prompt else prompt
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""

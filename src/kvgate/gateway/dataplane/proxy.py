@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -318,6 +319,7 @@ class Proxy:
                             and self.slots.manages(worker)
                         ):
                             # A llama.cpp worker: a slot lease (offload/restore/migration).
+                            self.router.share(placement)
                             upstream = await self.slots.post(
                                 worker, path, body, headers, features.affinity_key
                             )
@@ -325,8 +327,16 @@ class Proxy:
                             if tier := upstream.headers.get(TIER_HEADER):
                                 placement.reason = f"{placement.reason}/{tier}"
                         else:
+                            # The prefix-state write waits until the request is out.
+                            share = (
+                                partial(self.router.share, placement) if placement.shares else None
+                            )
                             upstream = await worker.upstream.send(
-                                outcome.method, path, body, headers
+                                outcome.method,
+                                path,
+                                body,
+                                headers,
+                                sent=share,
                             )
                         if upstream.status == 429 or upstream.status >= 500:
                             await self._drain_error(upstream)

@@ -6,8 +6,12 @@ snapshot, carried out: ``Place`` takes a lease on the worker (its in-flight
 slot and KV estimate) and writes the affinity with compare-and-set (if another
 replica won, ``follows_binding`` says whether to follow it), ``Hold`` and
 ``Queue`` wait in the admission queue and ask again, ``Shed`` is a 429 and
-``Unavailable`` a 503. The router decides nothing itself. After the response:
-``policy.on_usage``, the usage listeners and ``store.touch``.
+``Unavailable`` a 503. The router decides nothing itself. What the request adds to
+the shared prefix state rides on the placement (``Placement.shares``) and is
+written by ``share`` once the request is written to its worker: only later
+requests read it, so it is off the path to the worker (and with Redis, one round
+trip off the request). After the response: ``policy.on_usage``, the usage
+listeners and ``store.touch``.
 
 A policy that never reads bindings nor the shared prefix state
 (``Policy.reads_affinity``), on a model whose versions are not split, gets no
@@ -93,6 +97,8 @@ class Placement:
     """The binding in force after this attempt's write (a retry expects it)."""
     affinity: Looked = UNREAD
     """The binding the request was placed with (``UNREAD``: never read)."""
+    shares: Sequence[tuple[BlockHash, WorkerId]] = ()
+    """Prefix-state writes for ``Router.share``, once the request is on its way."""
 
     @property
     def worker(self) -> Worker:
@@ -284,17 +290,19 @@ class Router:
             return keys, [None] * len(keys), {}
         return keys, seen, holders_from(features.checkpoints, seen)
 
-    async def _share_holders(
-        self, keys: list[BlockHash], seen: list[WorkerId | None], worker: WorkerId
-    ) -> None:
-        """Tell other replicas where this request's checkpoint blocks went."""
-        writes = holder_writes(keys, seen, worker)
-        if not writes:
-            return
-        try:
-            await self.store.set_holders(writes, self._holder_ttl)
-        except Exception:
-            self._store_failed("set_holders")
+    def share(self, placement: Placement) -> None:
+        """Tell other replicas where this attempt's checkpoint blocks went (once).
+
+        Called once the request is written to the worker: with the memory store the
+        state is readable when this returns; a remote store writes in the background.
+        """
+        writes = placement.shares
+        if writes:
+            placement.shares = ()
+            self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed)
+
+    def _holders_failed(self) -> None:
+        self._store_failed("set_holders")
 
     async def _apply(
         self,
@@ -306,7 +314,8 @@ class Router:
         *,
         looked_up: tuple[list[BlockHash], list[WorkerId | None]] = ([], []),
     ) -> Placement:
-        """Take the lease, write the affinity, tell the policy and the other replicas.
+        """Take the lease, write the affinity, tell the policy; note the prefix-state
+        writes for ``share``.
 
         The lease is given back on any error or cancellation before it is returned.
         """
@@ -339,7 +348,7 @@ class Router:
             ).inc()
             self.policy.on_routed(features, placement.worker.id, self.wall())
             if looked_up[0]:
-                await self._share_holders(*looked_up, placement.worker.id)
+                placement.shares = holder_writes(*looked_up, placement.worker.id)
         except BaseException:
             lease.release()
             raise

@@ -204,9 +204,19 @@ class Upstream:
         return await self.send("POST", path, body, headers)
 
     async def send(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        sent: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
-        """Send a request with any method to the worker and wait for the response head."""
+        """Send a request with any method to the worker and wait for the response head.
+
+        ``sent`` is called once the request is written, before the wait: work the
+        answer does not depend on runs while the worker runs.
+        """
         target, host = self._target(path)
         try:
             head = http1.request_head(method, target, host, headers, len(body))
@@ -223,6 +233,8 @@ class Upstream:
             if len(body) >= 65536:
                 assert conn.transport is not None
                 conn.transport.write(body)
+            if sent is not None:
+                sent()
             await conn.head()
         except http1.Http1Error as exc:
             pool.release(conn)
