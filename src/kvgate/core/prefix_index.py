@@ -70,17 +70,16 @@ class PrefixIndexConfig(BaseModel):
     sized at exactly the KV capacity moved 42 of 227 later turns off their
     worker (31.9% hit), at twice the capacity 19 (33.1%, of a 33.5% reference).
     """
-    resident_turnover: float = Field(default=1.25, gt=0)
+    resident_turnover: float = Field(default=1.5, gt=0)
     """A claim is judged likely resident while less than this multiple of the worker's
     KV capacity was sent there after it (``PrefixIndex.resident_depth``).
 
-    The engine's LRU evicts a block about one capacity later; the cut lies a
-    little past that, erring late, because an entry's age counts only what the
-    index saw (not output blocks, nor what other replicas sent). On issue 11's
-    shared-opening trace (simulator, seeds 0-23) claims aged 1.0-1.5 capacities
-    mostly missed, so the former cut at 1.5 hid their 10-20k-token recomputes
-    from the TTFT terms; 1.25 brings the trace's p99 from 0.75x to about 0.70x
-    prefix_affinity's for 0.3 point of hit rate, a cut at 1.0 costs 0.45 point.
+    The engine's LRU evicts a block about one capacity later; the cut errs late,
+    because an entry's age counts only what the index saw (not output blocks, nor
+    what other replicas sent). The default policy counts the band between one
+    capacity and this cut at the share usage confirms (``ClaimTrust``): on issue
+    11's shared-opening trace claims aged 1.0-1.5 capacities mostly missed, and
+    counting them in full hid their 10-20k-token recomputes from the TTFT terms.
     """
     max_total_blocks: int = Field(default=500_000, ge=1)
     miss_tolerance: float = Field(default=0.5, ge=0, le=1)
@@ -308,7 +307,13 @@ class PrefixIndex:
             depth += 1
         return depth
 
-    def resident_depth(self, hashes: Sequence[BlockHash], worker: WorkerId, depth: int) -> int:
+    def resident_depth(
+        self,
+        hashes: Sequence[BlockHash],
+        worker: WorkerId,
+        depth: int,
+        turnover: float | None = None,
+    ) -> int:
         """How many of the first ``depth`` blocks ``worker`` likely still has in its KV cache.
 
         The index remembers ``kv_overcommit`` times a worker's KV capacity, erring
@@ -334,7 +339,9 @@ class PrefixIndex:
         if lru is None or depth <= 0:
             return 0
         over, unit = self.config.kv_overcommit, self._unit
-        window = self.capacity(worker) * self.config.resident_turnover / over
+        if turnover is None:
+            turnover = self.config.resident_turnover
+        window = self.capacity(worker) * turnover / over
         oldest = self._clock[worker] - window
         value = lru.get(hashes[depth - 1])
         if value is not None and value // unit >= oldest:
