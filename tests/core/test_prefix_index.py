@@ -196,9 +196,9 @@ def test_random_operations_keep_every_bound(ops: list[tuple[str, int, int, int]]
 
 
 # 50 blocks of KV, 100 remembered: a block is likely resident while at most 75 blocks
-# (halfway between the two) were sent to the worker after it was last sent. Chain 1's
-# 10 blocks are inserted last block first, so its block i is i blocks older than its
-# head; ``later`` blocks of other chains follow.
+# (``resident_turnover`` = 1.5 capacities) were sent to the worker after it was last
+# sent. Chain 1's 10 blocks are inserted last block first, so its block i is i blocks
+# older than its head; ``later`` blocks of other chains follow.
 @pytest.mark.parametrize(
     ("later", "remembered", "resident"),
     [
@@ -234,6 +234,26 @@ def test_sending_a_prefix_again_makes_it_resident_again() -> None:
     index.insert("a", chain(1, 4))  # a stranger sharing the first 4 blocks
     assert index.match_worker(chain(1, 10), "a") == 10
     assert index.resident_depth(chain(1, 10), "a", 10) == 4
-    # Re-sent blocks add no weight: the clock counts what the cache had to make room for.
+    # Re-sent blocks add no weight to the share, and resident ones do not age the clock.
     index.insert("a", chain(1, 10))
     assert index.resident_depth(chain(1, 10), "a", 10) == 10
+    # Cut at a given turnover (1 capacity = 50 blocks): the head only.
+    assert index.resident_depth(chain(1, 10), "a", 10, turnover=1.0) == 10
+
+
+def test_resending_an_evicted_prefix_ages_what_came_before_it() -> None:
+    """A claim older than the KV capacity is recomputed when sent again: the engine
+    allocates it anew and its LRU evicts older blocks for it, so the index's clock
+    moves as for new blocks, and what was young before it ages."""
+    index = small(block_chars=256, chars_per_token=4.0)
+    index.set_kv_capacity("a", 64 * 50)
+    index.insert("a", chain(1, 10))
+    index.insert("a", chain(2, 40))
+    index.insert("a", chain(3, 20))  # chain 1 is now 60-69 blocks old: past 50
+    # Chain 2's block i is 20 + i blocks old, 30 + i once chain 1 comes back.
+    assert index.resident_depth(chain(2, 40), "a", 40, turnover=1.0) == 31
+    index.insert("a", chain(1, 10))
+    assert index.resident_depth(chain(2, 40), "a", 40, turnover=1.0) == 21
+    assert index.resident_depth(chain(1, 10), "a", 10, turnover=1.0) == 10
+    index.insert("a", chain(3, 20))  # young (resident): sending it again moves nothing
+    assert index.resident_depth(chain(2, 40), "a", 40, turnover=1.0) == 21

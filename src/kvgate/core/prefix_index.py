@@ -70,6 +70,17 @@ class PrefixIndexConfig(BaseModel):
     sized at exactly the KV capacity moved 42 of 227 later turns off their
     worker (31.9% hit), at twice the capacity 19 (33.1%, of a 33.5% reference).
     """
+    resident_turnover: float = Field(default=1.5, gt=0)
+    """A claim is judged likely resident while less than this multiple of the worker's
+    KV capacity was sent there after it (``PrefixIndex.resident_depth``).
+
+    The engine's LRU evicts a block about one capacity later; the cut errs late,
+    because an entry's age counts only what the index saw (not output blocks, nor
+    what other replicas sent). The default policy counts the band between one
+    capacity and this cut at the share usage confirms (``ClaimTrust``): on issue
+    11's shared-opening trace claims aged 1.0-1.5 capacities mostly missed, and
+    counting them in full hid their 10-20k-token recomputes from the TTFT terms.
+    """
     max_total_blocks: int = Field(default=500_000, ge=1)
     miss_tolerance: float = Field(default=0.5, ge=0, le=1)
     miss_decrease: float = Field(default=0.7, gt=0, le=1)
@@ -186,10 +197,16 @@ class PrefixIndex:
         unit = self._unit
         clock = self._clock[worker]
         added = 0
+        # Past a KV capacity's worth of newer blocks, the engine's LRU has likely
+        # evicted an entry: sent again, it is computed and allocated anew, so it
+        # ages every entry behind it as a new block would (``resident_depth``).
+        turnover = self.capacity(worker) / self.config.kv_overcommit
         for i in range(len(hashes) - 1, -1, -1):
             h = hashes[i]
             old = lru.pop(h, None)
             if old is not None:
+                if clock - old // unit > turnover:
+                    clock += old % unit
                 lru[h] = clock * unit + old % unit
             else:
                 weight = 1 if i < fine else coarse
@@ -300,7 +317,13 @@ class PrefixIndex:
             depth += 1
         return depth
 
-    def resident_depth(self, hashes: Sequence[BlockHash], worker: WorkerId, depth: int) -> int:
+    def resident_depth(
+        self,
+        hashes: Sequence[BlockHash],
+        worker: WorkerId,
+        depth: int,
+        turnover: float | None = None,
+    ) -> int:
         """How many of the first ``depth`` blocks ``worker`` likely still has in its KV cache.
 
         The index remembers ``kv_overcommit`` times a worker's KV capacity, erring
@@ -308,10 +331,14 @@ class PrefixIndex:
         block after which more than the KV capacity was sent to the worker has
         likely been evicted by the engine's LRU: a request that finds it gone
         recomputes it, and a queue estimate that counted it as cached is short by
-        exactly the long prefills the tail latency is made of. The cut lies halfway
-        between the KV capacity and what the index remembers: an entry's age (new
-        weight sent since) undercounts its LRU position, and on issue 11's trace a
-        cut at the capacity itself judged 12 of 38 claims gone that then hit.
+        exactly the long prefills the tail latency is made of. The cut lies at
+        ``resident_turnover`` capacities: an entry's age (new weight sent since)
+        undercounts its LRU position a little, and on issue 11's trace a cut at the
+        capacity itself judged 12 of 38 claims gone that then hit. An entry sent
+        again after a capacity's worth of newer blocks ages the entries behind it
+        as a new block would (``insert``): the engine had likely evicted it and
+        computes it anew, and without that a recomputed stale claim kept the clock
+        still while the engine's cache turned over.
 
         Every chain through a block runs through all the blocks before it, and is
         inserted back to front, so along a chain stamps never rise: being held and
@@ -322,7 +349,10 @@ class PrefixIndex:
         if lru is None or depth <= 0:
             return 0
         over, unit = self.config.kv_overcommit, self._unit
-        oldest = self._clock[worker] - self.capacity(worker) * (1.0 + over) / (2.0 * over)
+        if turnover is None:
+            turnover = self.config.resident_turnover
+        window = self.capacity(worker) * turnover / over
+        oldest = self._clock[worker] - window
         value = lru.get(hashes[depth - 1])
         if value is not None and value // unit >= oldest:
             return depth

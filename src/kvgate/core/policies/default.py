@@ -93,11 +93,11 @@ Used when the config names no policy. In order:
    requests still in flight there (so a wrong rate cannot make it drift).
    Workers at ``kv_high`` KV use are skipped unless all are.
 
-   The TTFT terms (queue estimate, own prefill) count a cache as far as it is
-   likely *resident* (``PrefixIndex.resident_depth``: not older than the worker's
-   KV turnover), and of a claim past that (old entries, the store's holders) the
-   share usage reports confirm (``ClaimTrust``); the pull weighs the whole claim.
-   Stale claims hid 10-30k-token recomputes, the long-context trace's p99.
+   The TTFT terms (queue estimate, own prefill) count a cache in full where it is
+   younger than one KV turnover (``PrefixIndex.resident_depth``), and of the rest
+   the share usage confirms (``ClaimTrust``): one share for the band still judged
+   resident (trusted at first), one past it (old entries, the store's holders);
+   the pull weighs the whole claim. Stale claims hid 10-30k-token recomputes.
 
    Blocks the request says are restorable from disk (``restorable_blocks``: a
    llama.cpp slot saved where every worker reads) count as cached on every
@@ -207,6 +207,10 @@ class DefaultConfig(PolicyConfig):
 
 _Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
+_Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
+_LRU_TURNOVER = 1.0
+"""KV capacities sent after a block past which an engine's LRU has likely evicted it."""
+
 
 class DefaultPolicy(PrefixLearning):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
@@ -243,10 +247,12 @@ class DefaultPolicy(PrefixLearning):
         self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
         # The last request placed and whether it opened a conversation (``on_routed``).
         self._opened: tuple[str, bool] = ("", False)
-        # How much of a cache claim past what is resident hits (``core.policies.claims``),
-        # and the last placement's claims: request id, per worker (resident, claimed) chars.
+        # Shares of a claim's old part that hit (module docs): still judged resident
+        # (trusted at first), and past that. The last placement's claims: request id,
+        # per worker the blocks claimed and the (young, resident) cuts (``_cuts``).
+        self._band = ClaimTrust(max_pending=cfg.index.max_pending, trust=1.0)
         self._trust = ClaimTrust(max_pending=cfg.index.max_pending)
-        self._claims: tuple[str, dict[WorkerId, int], dict[WorkerId, int]] = ("", {}, {})
+        self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
 
     # -- learning -----------------------------------------------------------------
 
@@ -280,13 +286,14 @@ class DefaultPolicy(PrefixLearning):
         last, found, cuts = self._claims
         if last == rid:  # the claims its placement weighed, the store's included
             depth = found.get(worker, 0)
-            resident = cuts.get(worker, depth)
+            young, resident = cuts.get(worker, (depth, depth))
         else:
             depth = self.index.match_worker(request.prefix_hashes, worker)
-            resident = self.index.resident_depth(request.prefix_hashes, worker, depth)
-        claim = (self._chars(resident, prompt), self._chars(depth, prompt))
-        self._trust.note_routed(rid, worker, *claim)
-        cached = self._trust.expected(*claim)
+            young, resident = self._cuts(request, worker, depth)
+        young, resident, depth = (self._chars(d, prompt) for d in (young, resident, depth))
+        self._band.note_routed(rid, worker, young, resident)
+        self._trust.note_routed(rid, worker, resident, depth)
+        cached = self._expected(young, resident, depth)
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
         busy = book.busy_until
@@ -345,9 +352,9 @@ class DefaultPolicy(PrefixLearning):
         if flight is not None:
             self._settle(flight)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
-        self._trust.note_usage(
-            request.request_id, worker, request.prompt_chars, prompt_tokens, cached_tokens
-        )
+        rid, prompt = request.request_id, request.prompt_chars
+        self._band.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
+        self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         book = self._books.get(worker)
         if book is not None:
             book.fill = self.index.fill(worker)
@@ -549,20 +556,21 @@ class DefaultPolicy(PrefixLearning):
         only the cheapest worker's claim needs judging, then the next cheapest if it
         lost its place, and so on (usually one look-up a decision).
         """
-        hashes, prompt = request.prefix_hashes, request.prompt_chars
+        prompt = request.prompt_chars
         per_char = self._tokens_per_char / self._rate
         evict = self.config.evict
-        judged: dict[WorkerId, int] = {}
+        judged: _Cuts = {}
         while True:
             wid = best.id
             depth = found.get(wid, 0)
             if not depth or wid in judged:
                 break
-            resident = judged[wid] = self.index.resident_depth(hashes, wid, depth)
-            if resident >= depth:
+            young, resident = judged[wid] = self._cuts(request, wid, depth)
+            if young >= depth:
                 break
             cached = self._chars(depth, prompt)
-            unheld = cached - self._trust.expected(self._chars(resident, prompt), cached)
+            young_chars, resident_chars = self._chars(young, prompt), self._chars(resident, prompt)
+            unheld = cached - self._expected(young_chars, resident_chars, cached)
             entry = self._costs.get(wid)
             fill = entry[2] if entry is not None else 0.0
             fresh = (prompt - cached) * per_char
@@ -572,6 +580,19 @@ class DefaultPolicy(PrefixLearning):
             best = min(scored, key=lambda e: (e[0], self._tie(e[1], now)))[1]
         self._claims = (request.request_id, found, judged)
         return best
+
+    def _cuts(self, request: RequestFeatures, worker: WorkerId, depth: int) -> tuple[int, int]:
+        """Blocks of a claim younger than the KV turnover, and those judged resident."""
+        hashes, index = request.prefix_hashes, self.index
+        resident = index.resident_depth(hashes, worker, depth)
+        if resident <= 0:
+            return 0, 0
+        return index.resident_depth(hashes, worker, resident, _LRU_TURNOVER), resident
+
+    def _expected(self, young: int, resident: int, claimed: int) -> float:
+        """Characters expected cached of a claim cut at ``young`` and ``resident`` chars."""
+        band = self._band.expected(young, resident)
+        return band + self._trust.expected(resident, claimed) - resident
 
     def _chars(self, depth: int, prompt: int) -> int:
         """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
