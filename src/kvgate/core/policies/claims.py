@@ -69,3 +69,44 @@ class ClaimTrust:
         cached = cached_tokens * prompt_chars / prompt_tokens
         confirmed = min(max(0.0, cached - resident), claimed - resident) / (claimed - resident)
         self.trust += self.rate * (confirmed - self.trust)
+
+
+LRU_TURNOVER = 1.0
+"""KV capacities sent after a block past which an engine's LRU has likely evicted it."""
+
+
+class ClaimShares:
+    """A claim judged in three parts: *young* (sent within one KV turnover, counted in
+    full), a *band* up to the index's resident cut (counted at a learned share, trusted
+    at first), and the rest (index entries past the cut, the store's holders: counted
+    at a learned share, trusted at none). Each share is a ``ClaimTrust``."""
+
+    __slots__ = ("band", "past")
+
+    def __init__(self, max_pending: int = 65_536) -> None:
+        self.band = ClaimTrust(max_pending=max_pending, trust=1.0)
+        self.past = ClaimTrust(max_pending=max_pending)
+
+    def expected(self, young_chars: int, resident_chars: int, claimed_chars: int) -> float:
+        """Characters expected cached of a claim cut at ``young`` and ``resident`` chars."""
+        band = self.band.expected(young_chars, resident_chars)
+        return band + self.past.expected(resident_chars, claimed_chars) - resident_chars
+
+    def note_routed(
+        self, request_id: str, worker: WorkerId, young: int, resident: int, claimed: int
+    ) -> None:
+        """Remember a placement's claim (in chars), to judge both parts by its usage."""
+        self.band.note_routed(request_id, worker, young, resident)
+        self.past.note_routed(request_id, worker, resident, claimed)
+
+    def note_usage(
+        self,
+        request_id: str,
+        worker: WorkerId,
+        prompt_chars: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+    ) -> None:
+        """Move both shares toward what the worker's report confirms."""
+        self.band.note_usage(request_id, worker, prompt_chars, prompt_tokens, cached_tokens)
+        self.past.note_usage(request_id, worker, prompt_chars, prompt_tokens, cached_tokens)

@@ -95,7 +95,7 @@ Used when the config names no policy. In order:
 
    The TTFT terms (queue estimate, own prefill) count a cache in full where it is
    younger than one KV turnover (``PrefixIndex.resident_depth``), and of the rest
-   the share usage confirms (``ClaimTrust``): one share for the band still judged
+   the share usage confirms (``ClaimShares``): one share for the band still judged
    resident (trusted at first), one past it (old entries, the store's holders);
    the pull weighs the whole claim. Stale claims hid 10-30k-token recomputes.
 
@@ -161,7 +161,7 @@ from kvgate.core.policies.base import (
 from kvgate.core.policies.books import Book as _Book
 from kvgate.core.policies.books import Life as _Life
 from kvgate.core.policies.chain_ends import ChainEnds
-from kvgate.core.policies.claims import ClaimTrust
+from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
@@ -208,8 +208,6 @@ class DefaultConfig(PolicyConfig):
 _Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
 
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
-_LRU_TURNOVER = 1.0
-"""KV capacities sent after a block past which an engine's LRU has likely evicted it."""
 
 
 class DefaultPolicy(PrefixLearning):
@@ -250,8 +248,7 @@ class DefaultPolicy(PrefixLearning):
         # Shares of a claim's old part that hit (module docs): still judged resident
         # (trusted at first), and past that. The last placement's claims: request id,
         # per worker the blocks claimed and the (young, resident) cuts (``_cuts``).
-        self._band = ClaimTrust(max_pending=cfg.index.max_pending, trust=1.0)
-        self._trust = ClaimTrust(max_pending=cfg.index.max_pending)
+        self._trust = ClaimShares(max_pending=cfg.index.max_pending)
         self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
 
     # -- learning -----------------------------------------------------------------
@@ -291,9 +288,8 @@ class DefaultPolicy(PrefixLearning):
             depth = self.index.match_worker(request.prefix_hashes, worker)
             young, resident = self._cuts(request, worker, depth)
         young, resident, depth = (self._chars(d, prompt) for d in (young, resident, depth))
-        self._band.note_routed(rid, worker, young, resident)
-        self._trust.note_routed(rid, worker, resident, depth)
-        cached = self._expected(young, resident, depth)
+        self._trust.note_routed(rid, worker, young, resident, depth)
+        cached = self._trust.expected(young, resident, depth)
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
         book = self._book(worker, now)
         busy = book.busy_until
@@ -353,7 +349,6 @@ class DefaultPolicy(PrefixLearning):
             self._settle(flight)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
-        self._band.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         book = self._books.get(worker)
         if book is not None:
@@ -570,7 +565,7 @@ class DefaultPolicy(PrefixLearning):
                 break
             cached = self._chars(depth, prompt)
             young_chars, resident_chars = self._chars(young, prompt), self._chars(resident, prompt)
-            unheld = cached - self._expected(young_chars, resident_chars, cached)
+            unheld = cached - self._trust.expected(young_chars, resident_chars, cached)
             entry = self._costs.get(wid)
             fill = entry[2] if entry is not None else 0.0
             fresh = (prompt - cached) * per_char
@@ -587,12 +582,7 @@ class DefaultPolicy(PrefixLearning):
         resident = index.resident_depth(hashes, worker, depth)
         if resident <= 0:
             return 0, 0
-        return index.resident_depth(hashes, worker, resident, _LRU_TURNOVER), resident
-
-    def _expected(self, young: int, resident: int, claimed: int) -> float:
-        """Characters expected cached of a claim cut at ``young`` and ``resident`` chars."""
-        band = self._band.expected(young, resident)
-        return band + self._trust.expected(resident, claimed) - resident
+        return index.resident_depth(hashes, worker, resident, LRU_TURNOVER), resident
 
     def _chars(self, depth: int, prompt: int) -> int:
         """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
