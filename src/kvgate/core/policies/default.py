@@ -46,6 +46,11 @@ Used when the config names no policy. In order:
    worker when its expected TTFT is clearly worse than recomputing elsewhere, or
    when it has no room left, whatever the request counts.
 
+   On a backlogged fleet, recomputing a prefix another candidate holds also takes
+   capacity from the requests queued behind it: a worker's cost carries ``waste ×
+   (held − cached)`` prefill seconds (``core.policies.waste``). Without it one-shot
+   questions behind a group's system prompt left the group's worker 1-5 times a run.
+
    A placement that *opens a conversation* decides where all of it goes, so
    what it will put in that cache is not this turn's uncached tokens but the
    conversation's whole life's: ``uncached seconds`` in the eviction term is
@@ -164,6 +169,7 @@ from kvgate.core.policies.chain_ends import ChainEnds
 from kvgate.core.policies.claims import ClaimTrust
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
+from kvgate.core.policies.waste import Waste
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
@@ -186,6 +192,9 @@ class DefaultConfig(PolicyConfig):
     """Queued prefill seconds at which the pull of a worker's cache is halved."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
+    waste: float = Field(default=2.0, ge=0)
+    """At most how many times over recomputing a prefix another worker holds delays the
+    requests behind it on a backlogged fleet (``core.policies.waste``)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break), and of
@@ -239,6 +248,7 @@ class DefaultPolicy(PrefixLearning):
         # that opened a chain).
         self._sessions = _Life()
         self._chains = _Life()
+        self._waste = Waste(cfg.waste, self._half_s)  # what prefill done twice costs
         # Where each recent headerless request ended (``ChainEnds``).
         self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
         # The last request placed and whether it opened a conversation (``on_routed``).
@@ -292,6 +302,7 @@ class DefaultPolicy(PrefixLearning):
         book.owed_s += seconds
         book.recent = self._recent_count(book, now) + 1.0
         book.recent_at = now
+        self._waste.pace.note(now)
         flights = self._flights
         old = flights.pop(request.request_id, None)
         if old is not None:
@@ -301,11 +312,13 @@ class DefaultPolicy(PrefixLearning):
         self._running.add(worker, hashes)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
+            self._waste.turns.add(now, self._recent_half_s, 1.0, 0.0)
         elif hashes:
             rid = request.request_id
             opened = self._opened
             opens = opened[1] if opened[0] == rid else self.opens(request)
             self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
+            self._waste.turns.add(now, self._recent_half_s, 1.0, 1.0 if opens else 0.0)
             self._ends.note(request)
         horizon = now - self._horizon_s
         while flights:
@@ -410,6 +423,7 @@ class DefaultPolicy(PrefixLearning):
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
+            self._waste.turns.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
@@ -444,23 +458,14 @@ class DefaultPolicy(PrefixLearning):
         per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
-        index_cfg = self.index.config
-        fine, coarse, block_chars = (
-            index_cfg.fine_blocks,
-            index_cfg.coarse_factor,
-            index_cfg.block_chars,
-        )
+        icfg = self.index.config
+        fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         costs = self._costs.get
         get = matches.get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
-        # A placement that opens a conversation decides where all of it goes: a new
-        # session id binds, and a headerless opening's later turns follow its own
-        # chain. What it will add here is its whole life's, not this turn's
-        # (``session_life_s``, ``chain_life_s``). A session's binding also makes a
-        # cache's pull buy nothing past this turn (the TTFT term counts it); a
-        # headerless request keeps its pull, which stands for the strangers that
-        # will share this cache too (one-shot traffic opens with every request).
+        # An opening adds its conversation's whole life here, not this turn's; a new
+        # session's binding makes a pull buy nothing past this turn (module docs).
         life = 0.0
         if request.session_key is not None:
             life, stay = self.session_life_s(), 0.0
@@ -470,6 +475,9 @@ class DefaultPolicy(PrefixLearning):
             if opens:
                 life = self.chain_life_s()
         evict_all = evict * (fresh_all if fresh_all >= life else life)
+        top = max(matches.values(), default=0)
+        held, holder = self._held(request, pool, matches) if top and cfg.waste else (0, "")
+        waste = per_char * self._waste.factor(now, pool, costs, holder) if held else 0.0
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -502,8 +510,10 @@ class DefaultPolicy(PrefixLearning):
                     fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
+                    if held > cached:
+                        cost += waste * (held - cached)
                 else:
-                    cost += queued + fresh_all + evict_all * fill
+                    cost += queued + fresh_all + evict_all * fill + waste * held
                 scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
@@ -519,12 +529,21 @@ class DefaultPolicy(PrefixLearning):
         assert best is not None  # ``pool`` is non-empty
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
-        top = max(matches.values(), default=0)
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+
+    def _held(
+        self, request: RequestFeatures, pool: list[WorkerState], found: dict[WorkerId, int]
+    ) -> tuple[int, WorkerId]:
+        """The best-matching candidate and the characters it likely holds (as ``_vouched``)."""
+        depth, wid = max((found.get(w.id, 0), w.id) for w in pool)
+        prompt, hashes = request.prompt_chars, request.prefix_hashes
+        resident = self.index.resident_depth(hashes, wid, depth) if hashes and depth else depth
+        held = self._trust.expected(self._chars(resident, prompt), self._chars(depth, prompt))
+        return int(held), wid
 
     def _vouched(
         self,
