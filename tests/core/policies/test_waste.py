@@ -48,7 +48,8 @@ def test_the_waste_factor(
         waste.pace.note(0.0)  # a burst: every request at once
     waste.turns.add(0.0, 60.0, turns, 1.0)
     table = {w: (q, q, fill if w == "a" else 0.0) for w, q in queues.items()}
-    factor = waste.factor(0.0, list(THREE), costs_of(table), "a")
+    costs = costs_of(table)
+    factor = waste.factor(0.0, list(THREE), costs) * waste.fade(0.0, costs, "a")
     assert factor == pytest.approx(expected)
 
 
@@ -57,7 +58,8 @@ def test_a_slow_trickle_charges_little() -> None:
     for n in range(20):
         waste.pace.note(n * 1.0)  # one request a second
     table = {w: (19.3, 0.3, 0.0) for w in "abc"}  # 0.3 s queued everywhere
-    factor = waste.factor(19.0, list(THREE), costs_of(table), "a")
+    costs = costs_of(table)
+    factor = waste.factor(19.0, list(THREE), costs) * waste.fade(19.0, costs, "a")
     assert factor == pytest.approx(1.0 * 0.3 / 3 / 1.1)
 
 

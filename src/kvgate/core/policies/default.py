@@ -476,8 +476,9 @@ class DefaultPolicy(PrefixLearning):
                 life = self.chain_life_s()
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         top = max(matches.values(), default=0)
-        held, holder = self._held(request, pool, matches) if top and cfg.waste else (0, "")
-        waste = per_char * self._waste.factor(now, pool, costs, holder) if held else 0.0
+        waste = self._waste.factor(now, pool, costs) * per_char if top and cfg.waste else 0.0
+        held, holder = self._held(request, pool, matches) if waste else (0, "")
+        waste *= self._waste.fade(now, costs, holder) if held else 0.0
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -539,7 +540,8 @@ class DefaultPolicy(PrefixLearning):
         self, request: RequestFeatures, pool: list[WorkerState], found: dict[WorkerId, int]
     ) -> tuple[int, WorkerId]:
         """The best-matching candidate and the characters it likely holds (as ``_vouched``)."""
-        depth, wid = max((found.get(w.id, 0), w.id) for w in pool)
+        ids = {w.id for w in pool}
+        depth, wid = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
         prompt, hashes = request.prompt_chars, request.prefix_hashes
         resident = self.index.resident_depth(hashes, wid, depth) if hashes and depth else depth
         held = self._trust.expected(self._chars(resident, prompt), self._chars(depth, prompt))

@@ -32,6 +32,7 @@ spell lowers it as it lasts (the gap since the last arrival counts).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from kvgate.core.fleet import WorkerState
@@ -85,16 +86,29 @@ class Waste:
         self.turns = Life()
         """Requests routed over conversations opened (``Life.mean``: turns a conversation)."""
 
-    def factor(
-        self, now: Seconds, pool: list[WorkerState], costs: Costs, holder: WorkerId
-    ) -> float:
-        """Seconds of delay to others per second of a prefix ``holder`` has, recomputed."""
-        backlog = min(queued_s(costs(w.id), now) for w in pool) if pool else 0.0
-        if backlog <= 0.0:
+    def factor(self, now: Seconds, pool: list[WorkerState], costs: Costs) -> float:
+        """Seconds of delay to others per second of prefix recomputed, before the fade.
+
+        0 as soon as one worker in ``pool`` has no queue (the usual case at low load,
+        so most decisions stop at the first idle worker).
+        """
+        backlog = math.inf
+        for w in pool:
+            entry = costs(w.id)
+            if entry is None:
+                return 0.0
+            queued = entry[0] - now if entry[0] - now < entry[1] else entry[1]
+            if queued <= 0.0:
+                return 0.0
+            backlog = min(backlog, queued)
+        if not pool:
             return 0.0
         factor = min(self.cap, self.pace.rate(now) * backlog / len(pool))
-        factor /= max(1.0, self.turns.mean())
+        return factor / max(1.0, self.turns.mean())
+
+    def fade(self, now: Seconds, costs: Costs, holder: WorkerId) -> float:
+        """The holder's pull fades (room left in its cache, over its queue)."""
         entry = costs(holder)
         if entry is None:
-            return factor
-        return factor * (1.0 - entry[2]) / (1.0 + queued_s(entry, now) / self.half_s)
+            return 1.0
+        return (1.0 - entry[2]) / (1.0 + queued_s(entry, now) / self.half_s)
