@@ -27,24 +27,22 @@ Used when the config names no policy. In order:
    opening cannot pack every new conversation onto the two workers that computed
    it first while the others' caches stay empty.
 
-   The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s``, decayed by
-   ``1 / (1 + queued seconds / busy_half_s)`` and by the room left in the cache,
-   ``1 - fill``. The cached tokens are
-   the longest match of the whole prompt's chain, from this replica's prefix
-   index or the shared store's prefix state (``ctx.holders``), so a long cached
-   match weighs what it saves. The pull keeps work on a warm worker a little
-   past the point where recomputing elsewhere would tie (its cache will serve
-   the conversation's next turns too), and fades as the warm worker's queue
-   grows, so a cache-rich but busy worker cannot win forever. It fades too as
-   the cache fills: the later requests it stands for are served from this cache
-   only while it has room to keep them, and a full cache keeps new work only by
-   evicting the work of others (which the eviction term charges). Without that,
-   a worker whose cache is full of conversations behind one shared preamble kept
-   every new one (the pull of the preamble outweighed what the newcomer evicts),
-   while a cold worker stayed idle: agent-preamble put 142 of 240 requests on one
-   worker. That is herding prevention as its own mechanism: work leaves a warm
-   worker when its expected TTFT is clearly worse than recomputing elsewhere, or
-   when it has no room left, whatever the request counts.
+   The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s``
+   (the longest match of the whole prompt's chain, from this replica's index or
+   the store's prefix state, ``ctx.holders``), decayed by ``1 / (1 + queued
+   seconds / busy_half_s)`` and by the room left, ``1 - fill``. It keeps work on
+   a warm worker a little past a tie (its cache will serve the next turns too),
+   and fades as the warm worker's queue grows, so a cache-rich but busy worker
+   cannot win forever, and as its cache fills: a full cache keeps new work only
+   by evicting others' (without that fade agent-preamble put 142 of 240 requests
+   on one worker while a cold one idled). That is herding prevention as its own
+   mechanism: work leaves a warm worker when its expected TTFT is clearly worse
+   than recomputing elsewhere, or when it has no room left, whatever the counts.
+
+   On a backlogged fleet, recomputing a prefix another candidate holds also takes
+   capacity from the requests queued behind it: a worker's cost carries ``waste ×
+   (held − cached)`` prefill seconds (``core.policies.waste``). Without it one-shot
+   questions behind a group's system prompt left the group's worker 1-5 times a run.
 
    A placement that *opens a conversation* decides where all of it goes, so
    what it will put in that cache is not this turn's uncached tokens but the
@@ -69,22 +67,13 @@ Used when the config names no policy. In order:
      shared-prefix-groups loses 3 points in the simulator).
 
    A headerless request *extends* a chain when its own chain runs through a
-   *chain end*: the last whole block of a headerless request routed earlier (a
-   trailing partial block is hashed as it is, so a later turn, which carries the
-   earlier prompt and more, matches it only up to there). Past the fine blocks a
-   4 KiB coarse block hides where in it a prompt ends (by the chain alone, agents
-   behind a preamble as long as the fine blocks all ended inside the preamble, and
-   every new one read as the last one's next turn), so an end is marked exactly:
-   its last whole block and the hash of the text past it, rounded down to whole
-   fine blocks (``ChainEnds``). A later request's own text is hashed against a
-   mark only where its chain runs through the mark's block, so a later turn is
-   found however much it adds. A block past which one request alone ended (a
-   *lone end*) is run through whatever text follows: a replayed trace re-sends an
-   earlier turn's whole blocks but not its partial last one. The last
-   ``chain_ends`` ends are remembered. Charging openings for their life keeps new
-   conversations from all joining the worker that holds the shared text until its
-   cache overflows with their growing contexts: light chat behind one system
-   prompt (explicit sessions), agents behind one tool preamble (headerless).
+   *chain end*, where a headerless request routed earlier ended (``ChainEnds``
+   marks an end exactly: its last whole block and the hash of the text past it,
+   so a later turn is found however much it adds, past the coarse blocks too).
+   Charging openings for their life keeps new conversations from all joining
+   the worker that holds the shared text until its cache overflows with their
+   growing contexts: light chat behind one system prompt (explicit sessions),
+   agents behind one tool preamble (headerless).
 
    Load is counted in what it costs a request: queued prefill tokens, KV use,
    requests in flight. The queue is this policy's own estimate: each routed
@@ -123,19 +112,16 @@ together without a side index: a routed chain is in the index at once, before
 the worker has computed it, and the queue estimate says when that worker will
 be done with it.
 
-Example::
+Example (every option is ``DefaultConfig``'s)::
 
     policy: default
     options:
-      threshold_kind: fraction
       threshold: 0.8
-      sticky_load_factor: 2.0
       prefill_tokens_per_s: 12000
       decode_s: 0.002
       stay: 0.5
-      busy_half_s: 3.0
       evict: 1.0
-      kv_high: 0.9
+      waste: 2.0
 """
 
 from __future__ import annotations
@@ -164,6 +150,7 @@ from kvgate.core.policies.chain_ends import ChainEnds
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
+from kvgate.core.policies.waste import Waste
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
@@ -186,6 +173,9 @@ class DefaultConfig(PolicyConfig):
     """Queued prefill seconds at which the pull of a worker's cache is halved."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
+    waste: float = Field(default=2.0, ge=0)
+    """At most how many times over recomputing a prefix another worker holds delays the
+    requests behind it on a backlogged fleet (``core.policies.waste``)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break), and of
@@ -241,6 +231,7 @@ class DefaultPolicy(PrefixLearning):
         # that opened a chain).
         self._sessions = _Life()
         self._chains = _Life()
+        self._waste = Waste(cfg.waste, self._half_s)  # what prefill done twice costs
         # Where each recent headerless request ended (``ChainEnds``).
         self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
         # The last request placed and whether it opened a conversation (``on_routed``).
@@ -297,6 +288,7 @@ class DefaultPolicy(PrefixLearning):
         book.owed_s += seconds
         book.recent = self._recent_count(book, now) + 1.0
         book.recent_at = now
+        self._waste.pace.note(now)
         flights = self._flights
         old = flights.pop(request.request_id, None)
         if old is not None:
@@ -306,11 +298,13 @@ class DefaultPolicy(PrefixLearning):
         self._running.add(worker, hashes)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
+            self._waste.turns.add(now, self._recent_half_s, 1.0, 0.0)
         elif hashes:
             rid = request.request_id
             opened = self._opened
             opens = opened[1] if opened[0] == rid else self.opens(request)
             self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
+            self._waste.turns.add(now, self._recent_half_s, 1.0, 1.0 if opens else 0.0)
             self._ends.note(request)
         horizon = now - self._horizon_s
         while flights:
@@ -414,6 +408,7 @@ class DefaultPolicy(PrefixLearning):
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
+            self._waste.turns.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
@@ -451,23 +446,14 @@ class DefaultPolicy(PrefixLearning):
         per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
-        index_cfg = self.index.config
-        fine, coarse, block_chars = (
-            index_cfg.fine_blocks,
-            index_cfg.coarse_factor,
-            index_cfg.block_chars,
-        )
+        icfg = self.index.config
+        fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         costs = self._costs.get
         get = matches.get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
-        # A placement that opens a conversation decides where all of it goes: a new
-        # session id binds, and a headerless opening's later turns follow its own
-        # chain. What it will add here is its whole life's, not this turn's
-        # (``session_life_s``, ``chain_life_s``). A session's binding also makes a
-        # cache's pull buy nothing past this turn (the TTFT term counts it); a
-        # headerless request keeps its pull, which stands for the strangers that
-        # will share this cache too (one-shot traffic opens with every request).
+        # An opening adds its conversation's whole life here, not this turn's; a new
+        # session's binding makes a pull buy nothing past this turn (module docs).
         life = 0.0
         if request.session_key is not None:
             life, stay = self.session_life_s(), 0.0
@@ -477,6 +463,10 @@ class DefaultPolicy(PrefixLearning):
             if opens:
                 life = self.chain_life_s()
         evict_all = evict * (fresh_all if fresh_all >= life else life)
+        top = max(matches.values(), default=0)
+        waste = self._waste.factor(now, pool, costs) * per_char if top and cfg.waste else 0.0
+        held, holder = self._held(request, pool, matches) if waste else (0, "")
+        waste *= self._waste.fade(now, costs, holder) if held else 0.0
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -509,8 +499,10 @@ class DefaultPolicy(PrefixLearning):
                     fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
+                    if held > cached:
+                        cost += waste * (held - cached)
                 else:
-                    cost += queued + fresh_all + evict_all * fill
+                    cost += queued + fresh_all + evict_all * fill + waste * held
                 scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
@@ -526,12 +518,22 @@ class DefaultPolicy(PrefixLearning):
         assert best is not None  # ``pool`` is non-empty
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
-        top = max(matches.values()) if matches else 0
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+
+    def _held(
+        self, request: RequestFeatures, pool: list[WorkerState], found: dict[WorkerId, int]
+    ) -> tuple[int, WorkerId]:
+        """The best-matching candidate and the characters it likely holds (as ``_vouched``)."""
+        ids = {w.id for w in pool}
+        depth, wid = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
+        prompt = request.prompt_chars
+        cuts = self._cuts(request, wid, depth) if request.prefix_hashes and depth else (depth,) * 2
+        young, resident, depth = (self._chars(d, prompt) for d in (*cuts, depth))
+        return int(self._trust.expected(young, resident, depth)), wid
 
     def _vouched(
         self,
