@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
-from kvgate.core.policies.waste import Costs, Pace, Waste
+from kvgate.core.policies.waste import Pace, Waste, rescore
 
 from .tables import chain, ctx, fleet, request, worker
 
@@ -24,10 +24,6 @@ def test_the_pace_is_the_mean_gap_of_recent_arrivals_and_a_quiet_spell_lowers_it
         pace.note(n * 0.01)
     assert pace.rate(0.19) == pytest.approx(100.0)
     assert pace.rate(1.19) == pytest.approx(1.0)  # a second without arrivals
-
-
-def costs_of(table: dict[str, tuple[float, float, float]]) -> Costs:
-    return table.get
 
 
 @pytest.mark.parametrize(
@@ -48,8 +44,8 @@ def test_the_waste_factor(
         waste.pace.note(0.0)  # a burst: every request at once
     waste.turns.add(0.0, 60.0, turns, 1.0)
     table = {w: (q, q, fill if w == "a" else 0.0) for w, q in queues.items()}
-    costs = costs_of(table)
-    factor = waste.factor(0.0, list(THREE), costs) * waste.fade(0.0, costs, "a")
+    backlog = min(queues.get(w.id, 0.0) for w in THREE)
+    factor = waste.factor(0.0, backlog, len(THREE)) * waste.fade(0.0, table["a"])
     assert factor == pytest.approx(expected)
 
 
@@ -57,9 +53,8 @@ def test_a_slow_trickle_charges_little() -> None:
     waste = Waste(cap=2.0, half_s=3.0)
     for n in range(20):
         waste.pace.note(n * 1.0)  # one request a second
-    table = {w: (19.3, 0.3, 0.0) for w in "abc"}  # 0.3 s queued everywhere
-    costs = costs_of(table)
-    factor = waste.factor(19.0, list(THREE), costs) * waste.fade(19.0, costs, "a")
+    entry = (19.3, 0.3, 0.0)  # 0.3 s queued everywhere
+    factor = waste.factor(19.0, 0.3, len(THREE)) * waste.fade(19.0, entry)
     assert factor == pytest.approx(1.0 * 0.3 / 3 / 1.1)
 
 
@@ -92,3 +87,13 @@ def test_a_sibling_in_a_burst_stays_with_its_groups_prompt(
     sibling = request("sibling", hashes=(*chain(1, 32), 7))
     decision = policy.pick(sibling, ctx(fleet(*THREE)))
     assert (decision.worker, decision.reason) == (chosen, reason)
+
+
+def test_rescoring_charges_only_workers_short_of_the_holders_cache() -> None:
+    a, b, c = THREE
+    scored = [(1.0, a), (0.5, b), (0.6, c)]  # b is cheapest before the charge
+    held = {"a": 100, "b": 0, "c": 90}
+    best = rescore(scored, lambda w: held[w.id], 100, 0.01, lambda w: (0, 0.0, 0.0, w.id))
+    # b pays 100 chars x 0.01 = 1.0 more, c 10 x 0.01 = 0.1: c (0.7) beats a (1.0).
+    assert best is c
+    assert scored == [(1.0, a), (1.5, b), (pytest.approx(0.7), c)]

@@ -52,18 +52,13 @@ Used when the config names no policy. In order:
    over conversations opened, both halved every ``recent_half_life_s``):
 
    - a request with a session id placed by cost (a new session, or one
-     migrating): it binds its session, and every later turn follows the
-     binding. ``session_life_s``: seconds routed with a session id over the
-     sessions placed for the first time. Such a placement has no ``pull``: its
-     next turns will hit wherever it goes, so a cache there buys only this
-     turn's TTFT, which ``ttft`` already counts;
+     migrating): every later turn follows its binding (``session_life_s``). It
+     has no ``pull``: its next turns hit wherever it goes, so a cache there buys
+     only this turn's TTFT, which ``ttft`` already counts;
    - a headerless request that extends no earlier chain (``opens``): its later
-     turns follow its own prefix chain to wherever it goes. ``chain_life_s``:
-     seconds routed without a session id over the headerless requests that
-     opened. One-shot traffic opens with every request, so its life is one
-     request's prefill and nothing changes for it. A headerless opening keeps
-     its pull: the cache it joins is one strangers share, and on one-shot
-     traffic the pull is what keeps a group behind its prompt (without it
+     turns follow its own chain (``chain_life_s``). One-shot traffic opens with
+     every request, so its life is one request's. It keeps its pull: on one-shot
+     traffic that is what keeps a group behind its prompt (without it
      shared-prefix-groups loses 3 points in the simulator).
 
    A headerless request *extends* a chain when its own chain runs through a
@@ -93,12 +88,9 @@ Used when the config names no policy. In order:
    worker at ``restorable_credit``; a worker chosen for them is a
    ``restorable_match``.
 
-   Every decision says how much of the prompt's KV its worker already holds in
-   use (``Decision.shared_chars``): the leading blocks that requests in flight
-   there share with it (``RunningBlocks``). The gateway's KV gate counts only the
-   rest as the request's new KV: a shared tool preamble is held once however
-   many agents run, while an agent's own earlier turns (cached, but freed when
-   that turn ended) take KV again.
+   Every decision says how much of the prompt's KV its worker holds in use
+   (``Decision.shared_chars``: leading blocks requests in flight there share,
+   ``RunningBlocks``); the KV gate counts only the rest as the request's new KV.
 
    Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
    (a colder worker: the warm one's queue outweighed its cache),
@@ -107,10 +99,8 @@ Used when the config names no policy. In order:
    version}_migrated``) and is bound where it goes (``AffinityWrite`` with
    ``expected`` the old worker); a new session is bound where it is placed.
 
-Bursts of siblings (requests sharing a long new prefix, arriving together) land
-together without a side index: a routed chain is in the index at once, before
-the worker has computed it, and the queue estimate says when that worker will
-be done with it.
+Bursts of siblings (sharing a long new prefix) land together: a routed chain is
+in the index at once, and the queue estimate says when its worker is done with it.
 
 Example (every option is ``DefaultConfig``'s)::
 
@@ -150,7 +140,7 @@ from kvgate.core.policies.chain_ends import ChainEnds
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
-from kvgate.core.policies.waste import Waste
+from kvgate.core.policies.waste import Waste, rescore
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.types import Seconds, WorkerId
@@ -464,9 +454,7 @@ class DefaultPolicy(PrefixLearning):
                 life = self.chain_life_s()
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         top = max(matches.values(), default=0)
-        waste = self._waste.factor(now, pool, costs) * per_char if top and cfg.waste else 0.0
-        held, holder = self._held(request, pool, matches) if waste else (0, "")
-        waste *= self._waste.fade(now, costs, holder) if held else 0.0
+        backlog = math.inf  # the shortest queue among the workers scored (the waste term)
         best: WorkerState | None = None
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
@@ -490,6 +478,7 @@ class DefaultPolicy(PrefixLearning):
                         queued = 0.0
                     elif queued > owed:
                         queued = owed
+                backlog = queued if queued < backlog else backlog
                 cost = (w.in_flight + (w.waiting or 0)) * decode_s
                 depth = get(wid)
                 if depth:
@@ -499,10 +488,8 @@ class DefaultPolicy(PrefixLearning):
                     fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
-                    if held > cached:
-                        cost += waste * (held - cached)
                 else:
-                    cost += queued + fresh_all + evict_all * fill + waste * held
+                    cost += queued + fresh_all + evict_all * fill
                 scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None
@@ -516,6 +503,8 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
+        if top and cfg.waste and backlog > 0.0:
+            best = self._wasted(request, best, scored, matches, backlog=backlog, now=now)
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
         if not top:
@@ -524,16 +513,29 @@ class DefaultPolicy(PrefixLearning):
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
 
-    def _held(
-        self, request: RequestFeatures, pool: list[WorkerState], found: dict[WorkerId, int]
-    ) -> tuple[int, WorkerId]:
-        """The best-matching candidate and the characters it likely holds (as ``_vouched``)."""
-        ids = {w.id for w in pool}
-        depth, wid = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
-        prompt = request.prompt_chars
-        cuts = self._cuts(request, wid, depth) if request.prefix_hashes and depth else (depth,) * 2
-        young, resident, depth = (self._chars(d, prompt) for d in (*cuts, depth))
-        return int(self._trust.expected(young, resident, depth)), wid
+    def _wasted(
+        self,
+        request: RequestFeatures,
+        best: WorkerState,
+        scored: list[tuple[float, WorkerState]],
+        found: dict[WorkerId, int],
+        *,
+        backlog: Seconds,
+        now: Seconds,
+    ) -> WorkerState:
+        """The cheapest once the waste term charges those holding less than the best holder."""
+        depth, holder = max(((found.get(w.id, 0), w.id) for _, w in scored), default=(0, ""))
+        prompt, waste = request.prompt_chars, self._waste
+        if not depth or found.get(best.id, 0) >= depth:
+            return best
+        factor = waste.factor(now, backlog, len(scored)) * waste.fade(now, self._costs.get(holder))
+        cuts = self._cuts(request, holder, depth) if request.prefix_hashes else (depth,) * 2
+        held = self._trust.expected(*(self._chars(d, prompt) for d in (*cuts, depth)))
+        if factor <= 0.0 or held <= 0.0:
+            return best
+        cached = lambda w: self._chars(found.get(w.id, 0), prompt)  # noqa: E731
+        return rescore(scored, cached, held, factor * self._tokens_per_char / self._rate,
+                       lambda w: self._tie(w, now))  # fmt: skip
 
     def _vouched(
         self,
@@ -547,11 +549,9 @@ class DefaultPolicy(PrefixLearning):
     ) -> WorkerState:
         """The cheapest worker once its cache claim is judged by what is likely resident.
 
-        The costs counted every claim in full. A claim past the resident cache
-        (``PrefixIndex.resident_depth``) counts in the TTFT terms only at the share
-        that usage has confirmed (``ClaimTrust``), which can only raise a cost: so
-        only the cheapest worker's claim needs judging, then the next cheapest if it
-        lost its place, and so on (usually one look-up a decision).
+        The costs counted every claim in full; judged (``ClaimShares``), a claim can
+        only raise a cost: so only the cheapest worker's needs judging, then the next
+        cheapest if it lost its place, and so on (usually one look-up a decision).
         """
         prompt = request.prompt_chars
         per_char = self._tokens_per_char / self._rate

@@ -37,10 +37,7 @@ from collections.abc import Callable
 
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.books import Life
-from kvgate.types import Seconds, WorkerId
-
-Costs = Callable[[WorkerId], tuple[float, float, float] | None]
-"""A worker's (busy_until, owed_s, fill), as ``DefaultPolicy`` keeps them."""
+from kvgate.types import Seconds
 
 
 class Pace:
@@ -86,29 +83,39 @@ class Waste:
         self.turns = Life()
         """Requests routed over conversations opened (``Life.mean``: turns a conversation)."""
 
-    def factor(self, now: Seconds, pool: list[WorkerState], costs: Costs) -> float:
-        """Seconds of delay to others per second of prefix recomputed, before the fade.
-
-        0 as soon as one worker in ``pool`` has no queue (the usual case at low load,
-        so most decisions stop at the first idle worker).
-        """
-        backlog = math.inf
-        for w in pool:
-            entry = costs(w.id)
-            if entry is None:
-                return 0.0
-            queued = entry[0] - now if entry[0] - now < entry[1] else entry[1]
-            if queued <= 0.0:
-                return 0.0
-            backlog = min(backlog, queued)
-        if not pool:
+    def factor(self, now: Seconds, backlog: Seconds, workers: int) -> float:
+        """Seconds of delay to others per second of prefix recomputed, before the fade:
+        ``backlog`` is the shortest queue among ``workers`` candidates (0: one is idle,
+        its capacity is free, and nothing is charged)."""
+        if backlog <= 0.0 or workers <= 0:
             return 0.0
-        factor = min(self.cap, self.pace.rate(now) * backlog / len(pool))
+        factor = min(self.cap, self.pace.rate(now) * backlog / workers)
         return factor / max(1.0, self.turns.mean())
 
-    def fade(self, now: Seconds, costs: Costs, holder: WorkerId) -> float:
-        """The holder's pull fades (room left in its cache, over its queue)."""
-        entry = costs(holder)
+    def fade(self, now: Seconds, entry: tuple[float, float, float] | None) -> float:
+        """The holder's pull fades (room left in its cache, over its queue), from its
+        (busy_until, owed_s, fill)."""
         if entry is None:
             return 1.0
         return (1.0 - entry[2]) / (1.0 + queued_s(entry, now) / self.half_s)
+
+
+def rescore(
+    scored: list[tuple[float, WorkerState]],
+    cached: Callable[[WorkerState], float],
+    held: float,
+    waste: float,
+    tie: Callable[[WorkerState], tuple[int, float, float, str]],
+) -> WorkerState:
+    """The cheapest of ``scored`` once each worker holding less than ``held`` (characters
+    of the best holder's likely cache) is charged ``waste`` seconds a character short;
+    ``scored`` is updated in place, exact ties go to the lower ``tie``."""
+    best, best_cost = scored[0][1], math.inf
+    for i, (plain, w) in enumerate(scored):
+        have, cost = cached(w), plain
+        if held > have:
+            cost = plain + waste * (held - have)
+            scored[i] = (cost, w)
+        if cost < best_cost or (cost == best_cost and tie(w) < tie(best)):
+            best, best_cost = w, cost
+    return best
