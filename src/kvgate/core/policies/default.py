@@ -503,7 +503,7 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
-        if top and cfg.waste and backlog > 0.0:
+        if top and cfg.waste and backlog > 0.0 and get(best.id, 0) < top:
             best = self._wasted(request, best, scored, matches, backlog=backlog, now=now)
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
@@ -523,15 +523,15 @@ class DefaultPolicy(PrefixLearning):
         backlog: Seconds,
         now: Seconds,
     ) -> WorkerState:
-        """The cheapest once the waste term charges those holding less than the best holder."""
-        depth, holder = max(((found.get(w.id, 0), w.id) for _, w in scored), default=(0, ""))
+        """The cheapest once the waste term charges those holding less than the best holder
+        (called when the cheapest holds less than the longest match)."""
+        ids = {w.id for _, w in scored}
+        depth, holder = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
         prompt, waste = request.prompt_chars, self._waste
-        if not depth or found.get(best.id, 0) >= depth:
-            return best
         factor = waste.factor(now, backlog, len(scored)) * waste.fade(now, self._costs.get(holder))
         cuts = self._cuts(request, holder, depth) if request.prefix_hashes else (depth,) * 2
         held = self._trust.expected(*(self._chars(d, prompt) for d in (*cuts, depth)))
-        if factor <= 0.0 or held <= 0.0:
+        if factor <= 0.0 or held <= 0.0 or found.get(best.id, 0) >= depth:
             return best
         cached = lambda w: self._chars(found.get(w.id, 0), prompt)  # noqa: E731
         return rescore(scored, cached, held, factor * self._tokens_per_char / self._rate,
