@@ -257,3 +257,33 @@ def test_resending_an_evicted_prefix_ages_what_came_before_it() -> None:
     assert index.resident_depth(chain(1, 10), "a", 10, turnover=1.0) == 10
     index.insert("a", chain(3, 20))  # young (resident): sending it again moves nothing
     assert index.resident_depth(chain(2, 40), "a", 40, turnover=1.0) == 21
+
+
+# Misses shrink what the index remembers (``_scale``), not how long the engine keeps a
+# block: with the KV capacity known (50 blocks), the age cut stays at 1.5 capacities
+# whatever the feedback; unknown, the index's own (scaled) capacity stands in for it.
+@pytest.mark.parametrize(
+    ("known", "misses", "resident"),
+    [
+        (True, 0, 10),
+        (True, 3, 10),  # scale 0.34: remembers 34 blocks, still cuts at 75 old
+        (False, 0, 10),  # default_worker_blocks=100 remembered: turnover 50, cut 75
+        (False, 3, 6),  # scale 0.34: turnover 17, cut at 25; block i is 20 + i old
+    ],
+)
+def test_the_age_cut_follows_the_kv_capacity_not_the_miss_feedback(
+    known: bool, misses: int, resident: int
+) -> None:
+    index = small(block_chars=256, chars_per_token=4.0, default_worker_blocks=100)
+    if known:
+        index.set_kv_capacity("a", 64 * 50)
+    for n in range(misses):  # predicted 2 blocks, none cached: a miss each time
+        index.note_routed(f"m{n}", "a", chain(200 + n, 2))
+        index.note_routed(f"m{n}x", "a", chain(200 + n, 2))
+        index.note_usage(f"m{n}x", "a", 512, 128, 0)
+    index.insert("a", chain(1, 10))
+    for group in range(4):
+        index.insert("a", chain(100 + group, 5))
+    assert index.kv_blocks("a") == pytest.approx(50 if known else 100 * 0.7**misses / 2, rel=0.05)
+    assert index.match_worker(chain(1, 10), "a") == 10
+    assert index.resident_depth(chain(1, 10), "a", 10) == resident

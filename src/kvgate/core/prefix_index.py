@@ -100,6 +100,9 @@ class PrefixIndex:
         self._bit: dict[WorkerId, int] = {}
         self._by_bit: list[WorkerId | None] = []
         self._base: dict[WorkerId, int] = {}
+        # Per worker whose KV capacity is known, that capacity in index blocks: the
+        # engine's LRU turns over at it whatever the index's miss feedback (``_scale``).
+        self._kv: dict[WorkerId, float] = {}
         self._scale: dict[WorkerId, float] = {}
         # Per worker, the weight of blocks ever added there: an entry's stamp is this
         # clock when it was last sent, so ``clock - stamp`` is how much was added since.
@@ -169,13 +172,27 @@ class PrefixIndex:
         share = share if share > 1 else 1
         return scaled if scaled < share else share
 
+    def kv_blocks(self, worker: WorkerId) -> float:
+        """``worker``'s KV capacity in index blocks: the new weight after which its LRU
+        has likely evicted an entry. Known, it is the engine's, whatever the index's miss
+        feedback: a miss says the index claimed too much, not that the cache is smaller,
+        and cutting the age window with it judged resident caches gone (on issue 11's
+        trace, continuations moved off a worker still holding 6-15k of their tokens).
+        Unknown, the index's own capacity (feedback included) stands in for it."""
+        known = self._kv.get(worker)
+        if known is not None:
+            return known
+        return self.capacity(worker) / self.config.kv_overcommit
+
     def set_kv_capacity(self, worker: WorkerId, kv_capacity_tokens: int | None) -> None:
         """Size ``worker``'s share from its KV capacity in tokens (``None``: unknown)."""
         if kv_capacity_tokens is None or kv_capacity_tokens <= 0:
             blocks = self.config.default_worker_blocks
+            self._kv.pop(worker, None)
         else:
             tokens_per_block = self.config.block_chars / self.config.chars_per_token
             blocks = max(1, int(self.config.kv_overcommit * kv_capacity_tokens / tokens_per_block))
+            self._kv[worker] = kv_capacity_tokens / tokens_per_block
         if self._base.get(worker) != blocks:
             self._base[worker] = blocks
             if worker in self._lru:
@@ -200,7 +217,7 @@ class PrefixIndex:
         # Past a KV capacity's worth of newer blocks, the engine's LRU has likely
         # evicted an entry: sent again, it is computed and allocated anew, so it
         # ages every entry behind it as a new block would (``resident_depth``).
-        turnover = self.capacity(worker) / self.config.kv_overcommit
+        turnover = self.kv_blocks(worker)
         for i in range(len(hashes) - 1, -1, -1):
             h = hashes[i]
             old = lru.pop(h, None)
@@ -266,6 +283,7 @@ class PrefixIndex:
         lru = self._lru.pop(worker, None)
         self._weight.pop(worker, None)
         self._base.pop(worker, None)
+        self._kv.pop(worker, None)
         self._scale.pop(worker, None)
         self._clock.pop(worker, None)
         if lru is None:
@@ -348,10 +366,10 @@ class PrefixIndex:
         depth = depth if depth < len(hashes) else len(hashes)
         if lru is None or depth <= 0:
             return 0
-        over, unit = self.config.kv_overcommit, self._unit
+        unit = self._unit
         if turnover is None:
             turnover = self.config.resident_turnover
-        window = self.capacity(worker) * turnover / over
+        window = self.kv_blocks(worker) * turnover
         oldest = self._clock[worker] - window
         value = lru.get(hashes[depth - 1])
         if value is not None and value // unit >= oldest:
