@@ -233,13 +233,16 @@ class Relay:
         # A stripper reads the usage itself and forwards whole events only (so the
         # stream is always at an event boundary): no tail to keep per chunk then.
         tap = StreamTap() if stripper is None else None
+        clock = time.monotonic
+        last = 0.0
+        # When the latest chunk arrived (0: none yet); noted in ``outcome`` once, at the end.
         try:
             async for chunk in upstream.chunks():
+                last = clock()
                 if outcome.ttft is None:
-                    outcome.ttft = time.monotonic() - started
+                    outcome.ttft = last - started
                     if outcome.answer_key is not None:
                         await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
-                outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -276,6 +279,9 @@ class Relay:
             assert outcome.placement is not None
             self._client_gone(outcome.placement.worker.model or "", outcome)
             return False
+        finally:
+            if last:
+                outcome.last_chunk = last - started
         if stripper is not None:
             outcome.usage = stripper.usage
         elif tap is not None:

@@ -255,8 +255,9 @@ class Connection(asyncio.Protocol):
         """Wait until body bytes arrive, the body ends, or the exchange fails."""
         if self._pieces or self.done:
             return
-        if self._error is not None:
-            raise self._error
+        error = self._error
+        if error is not None:
+            raise error
         # ``_wake`` clears the waiter as it wakes it; one left by a cancelled wait is
         # done, so it wakes nothing and the next wait replaces it (no try/finally).
         waiter = self._data_waiter = self._loop.create_future()
