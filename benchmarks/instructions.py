@@ -1,4 +1,4 @@
-"""What one plain request costs the gateway, in counts a busy machine cannot move.
+"""What one plain (or streamed) request costs the gateway, in counts a busy machine cannot move.
 
 Wall-clock CPU per request on a shared 2-core box moves by 10-30% between runs of
 the same tree; these figures do not:
@@ -23,7 +23,19 @@ each tree's gateway with py-spy (``pip install py-spy``) instead, for a split by
 Python module. Needs Debian's ``valgrind`` and ``strace``; a tree takes about a
 minute (the gateway starts some 50x slower under callgrind).
 
+With ``--stream`` each request is a streamed completion instead (``"stream": true``,
+no ``stream_options``: the gateway asks the worker for usage and strips it, as on
+the benchmarks' streams): the workers send ``--events`` SSE events, each its own
+write ``--gap-ms`` apart (so they reach the gateway one by one even under
+callgrind, as tokens do), then the usage event and ``[DONE]`` in one last write
+(right after the last event, so the two often arrive together: about 16 chunks a
+stream of 16 events).
+The client parses the gateway's chunked framing and counts the chunks relayed;
+the figures are per streamed request and per relayed chunk (that count, so a
+gateway that coalesced events would show it, not hide it).
+
     .venv/bin/python benchmarks/instructions.py
+    .venv/bin/python benchmarks/instructions.py --stream --requests 300 --warmup 100
     .venv/bin/python benchmarks/instructions.py --kvgate-src before=/tmp/base/src --repeat 2
     .venv/bin/python benchmarks/instructions.py --py-spy 20
 """
@@ -49,10 +61,18 @@ from kvgate.testing import free_port, wait_until_sync
 
 MOCK = str(Path(__file__).with_name("mock_worker.py"))
 BODY = b'{"model":"demo","prompt":"hello world","max_tokens":4}'
-REQUEST = (
-    b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
-)
+STREAM_BODY = b'{"model":"demo","prompt":"hello world","max_tokens":16,"stream":true}'
+
+
+def _post(body: bytes) -> bytes:
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+REQUEST = _post(BODY)
+STREAM_REQUEST = _post(STREAM_BODY)
 
 
 def _answered(port: int, path: str) -> bool:
@@ -111,6 +131,36 @@ def send_plain(port: int, count: int) -> None:
                 rest += _recv(sock)
 
 
+def send_stream(port: int, count: int) -> int:
+    """``count`` streamed requests one after another on one keep-alive connection, each
+    read to its last chunk; the number of chunks (events, whole or not) relayed in all."""
+    chunks = 0
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = b""
+        for _ in range(count):
+            sock.sendall(STREAM_REQUEST)
+            while b"\r\n\r\n" not in data:
+                data += _recv(sock)
+            head, _, data = data.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"gateway answered {head[:80]!r}")
+            if not re.search(rb"(?i)\r\ntransfer-encoding: *chunked", head):
+                raise SystemExit(f"gateway answered a stream unchunked: {head[:200]!r}")
+            while True:
+                while b"\r\n" not in data:
+                    data += _recv(sock)
+                size_line, _, data = data.partition(b"\r\n")
+                size = int(size_line.split(b";", 1)[0], 16)
+                while len(data) < size + 2:
+                    data += _recv(sock)
+                data = data[size + 2 :]
+                if size == 0:
+                    break
+                chunks += 1
+    return chunks
+
+
 def _recv(sock: socket.socket) -> bytes:
     chunk = sock.recv(65536)
     if not chunk:
@@ -141,20 +191,28 @@ def dump_total(text: str) -> int:
     return max(map(int, found), default=0) if re.search(r"^totals:", text, re.M) else 0
 
 
+def send(port: int, count: int, opts: argparse.Namespace) -> int:
+    """``count`` requests of the kind measured (``--stream`` or plain); chunks relayed."""
+    if opts.stream:
+        return send_stream(port, count)
+    send_plain(port, count)
+    return 0
+
+
 def instructions(
     src: str | None, config: Path, out: Path, opts: argparse.Namespace
-) -> tuple[int, dict[str, int]]:
-    """User-space instructions of the gateway from ``src`` over ``--requests`` plain
-    requests: the total and the exclusive count of each shared object."""
+) -> tuple[int, dict[str, int], int]:
+    """User-space instructions of the gateway from ``src`` over ``--requests`` requests:
+    the total, the exclusive count of each shared object, and the chunks relayed."""
     port = free_port()
     argv, env = _serve(src, config, port, opts.policy)
     grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     for stale in _dumps(out):  # of an earlier run into the same --keep folder
         stale.unlink()
     with started([*grind, *argv], port, "/readyz", out.with_suffix(".log"), env) as proc:
-        send_plain(port, opts.warmup)
+        send(port, opts.warmup, opts)
         _control(proc.pid, "-i", "on")
-        send_plain(port, opts.requests)
+        chunks = send(port, opts.requests, opts)
         _control(proc.pid, "-i", "off")
         _control(proc.pid, "-d")  # dump the counts now, not at exit
         wait_until_sync(
@@ -171,7 +229,7 @@ def instructions(
             total += count
             for label, n in split.items():
                 objects[label] += n
-    return total, dict(objects)
+    return total, dict(objects), chunks
 
 
 def _dumps(out: Path) -> list[Path]:
@@ -238,19 +296,19 @@ def _object_name(path: str, function: str = "") -> str:
 def syscalls(
     src: str | None, config: Path, scratch: Path, opts: argparse.Namespace
 ) -> dict[str, float]:
-    """System calls per plain request of the gateway from ``src``, by name."""
+    """System calls per request of the gateway from ``src``, by name."""
     port = free_port()
     argv, env = _serve(src, config, port, opts.policy)
     report = scratch / f"strace.{port}"
     with started(argv, port, "/readyz", scratch / f"strace.{port}.log", env) as proc:
-        send_plain(port, opts.warmup)
+        send(port, opts.warmup, opts)
         tracer = subprocess.Popen(
             ["strace", "-f", "-c", "-o", str(report), "-p", str(proc.pid)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         time.sleep(1.0)  # attached to every thread
-        send_plain(port, opts.requests)
+        send(port, opts.requests, opts)
         tracer.terminate()
         tracer.wait(30)
     return split_syscalls(report.read_text(), opts.requests)
@@ -329,12 +387,12 @@ def python_split(
     argv, env = _serve(src, config, port, opts.policy)
     out = scratch / f"py-spy.{port}.txt"
     with started(argv, port, "/readyz", scratch / f"py-spy.{port}.log", env) as proc:
-        send_plain(port, opts.warmup)
+        send(port, opts.warmup, opts)
         spy = [_py_spy(), "record", "--pid", str(proc.pid), "--rate", "500", "--format", "raw"]
         spy += ["--gil", "--native", "--duration", str(opts.py_spy), "--output", str(out)]
         sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while sampler.poll() is None:
-            send_plain(port, 200)
+            send(port, 200, opts)
     leaf, owner, modules = split_samples(out.read_text())
     total = sum(leaf.values()) or 1
     print(f"{name}: py-spy, {total} samples at c=1")
@@ -363,6 +421,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
     parser.add_argument("--policy", default="round_robin", help="as overhead.py's default")
+    parser.add_argument("--stream", action="store_true", help="streamed requests, not plain")
+    parser.add_argument("--events", type=int, default=16, help="SSE events per stream")
+    parser.add_argument(
+        "--gap-ms", type=float, default=5.0, help="the workers' pause between events"
+    )
     parser.add_argument(
         "--kvgate-src",
         action="append",
@@ -396,7 +459,8 @@ def main() -> None:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvgate-ir-")))
         ports = [free_port(), free_port()]
         for i, port in enumerate(ports):
-            argv = [sys.executable, MOCK, "--port", str(port)]
+            argv = [sys.executable, MOCK, "--port", str(port), "--events", str(opts.events)]
+            argv += ["--gap-ms", str(opts.gap_ms if opts.stream else 0.0)]
             stack.enter_context(started(argv, port, "/health", scratch / f"worker{i}.log"))
         config = scratch / "gateway.yaml"
         config.write_text(
@@ -410,6 +474,7 @@ def main() -> None:
         keep = opts.keep or scratch
         keep.mkdir(parents=True, exist_ok=True)
         counts: dict[str, list[int]] = {name: [] for name, _ in trees}
+        relayed: dict[str, list[int]] = {name: [] for name, _ in trees}
         objects: dict[str, dict[str, int]] = {name: defaultdict(int) for name, _ in trees}
         calls: dict[str, dict[str, float]] = {}
         for round_ in range(opts.repeat):
@@ -417,21 +482,30 @@ def main() -> None:
                 slug = re.sub(r"[^\w.-]+", "-", name)
                 out = keep.resolve() / f"callgrind.{slug}.{round_ + 1}.out"
                 begun = time.monotonic()
-                total, split = instructions(src, config, out, opts)
+                total, split, chunks = instructions(src, config, out, opts)
                 counts[name].append(total)
+                relayed[name].append(chunks)
                 for label, n in split.items():
                     objects[name][label] += n
                 seconds = time.monotonic() - begun
                 per_request = f"{total / opts.requests:,.0f}"
+                if chunks:
+                    per_request += f", {total / chunks:,.0f} a chunk of {chunks / opts.requests:g}"
                 print(f"round {round_ + 1}: {name}: {per_request} ({seconds:.0f} s)", flush=True)
         if not opts.no_syscalls:
             for name, src in trees:
                 calls[name] = syscalls(src, config, scratch, opts)
-    print(f"\nper plain request ({opts.requests} sequential keep-alive, after {opts.warmup})")
+    kind = f"streamed request ({opts.events} events)" if opts.stream else "plain request"
+    print(f"\nper {kind} ({opts.requests} sequential keep-alive, after {opts.warmup})")
     for name, _ in trees:
         runs = " / ".join(f"{c / opts.requests / 1000:,.0f}k" for c in counts[name])
         median = statistics.median(counts[name]) / opts.requests / 1000
         line = f"{name:>14}: {median:,.1f}k instructions ({runs})"
+        if opts.stream:
+            pairs = zip(counts[name], relayed[name], strict=True)
+            per_chunk = statistics.median(c / max(n, 1) for c, n in pairs)
+            chunks = statistics.median(relayed[name]) / opts.requests
+            line += f", {per_chunk / 1000:,.1f}k a relayed chunk ({chunks:g} a stream)"
         if name in calls:
             kinds = ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls[name].items()))
             line += f"; {sum(calls[name].values()):.2f} system calls ({kinds})"

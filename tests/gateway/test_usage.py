@@ -119,3 +119,29 @@ def test_with_stream_usage_asks_for_usage_and_keeps_the_rest(payload: dict[str, 
     extra = {k: v for k, v in (payload.get("stream_options") or {}).items()}
     extra["include_usage"] = True
     assert asked["stream_options"] == extra
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+@pytest.mark.parametrize("step", [1, 5, 33, 10_000])
+def test_usage_stripper_forwards_whole_events_only_and_each_at_once(crlf: bool, step: int) -> None:
+    # The relay keeps no tail behind a stripper: what it forwards must always end on
+    # an event boundary (so a broken stream's error event needs no separator), and an
+    # event completed by a read goes out with that read, split across reads or not.
+    upstream = _stream(
+        [{"choices": [{"text": f"tok {i}"}], "usage": None} for i in range(12)]
+        + [{"choices": [], "usage": USAGE}],
+        crlf,
+    )
+    end = b"\r\n\r\n" if crlf else b"\n\n"
+    stripper = UsageStripper()
+    forwarded = 0
+    for start in range(0, len(upstream), step):
+        piece = stripper.feed(upstream[start : start + step])
+        if piece:
+            assert piece.endswith(end)
+        forwarded += piece.count(b"data: {")
+        # Every content event wholly received by now has been forwarded (the 13th
+        # event is the usage-only one, held back; the 14th is [DONE]).
+        assert forwarded == min(upstream[: start + step].count(end), 12)
+    assert stripper.flush() == b""
+    assert stripper.usage == Usage(prompt=40, completion=8, cached=32)

@@ -229,20 +229,26 @@ class Relay:
         # The head goes out with the first chunk when one is waiting (one write); else
         # alone at once, so a client sees the head as soon as the worker's arrived.
         await request.start_stream(upstream.status, headers, now=not upstream.ready)
-        tap = StreamTap()
         stripper = UsageStripper() if outcome.strip_usage else None
+        # A stripper reads the usage itself and forwards whole events only (so the
+        # stream is always at an event boundary): no tail to keep per chunk then.
+        tap = StreamTap() if stripper is None else None
+        clock = time.monotonic
+        last = 0.0
+        # When the latest chunk arrived (0: none yet); noted in ``outcome`` once, at the end.
         try:
             async for chunk in upstream.chunks():
+                last = clock()
                 if outcome.ttft is None:
-                    outcome.ttft = time.monotonic() - started
+                    outcome.ttft = last - started
                     if outcome.answer_key is not None:
                         await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
-                outcome.last_chunk = time.monotonic() - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
                 await request.write(data)
-                tap.feed(data)
+                if tap is not None:
+                    tap.feed(data)
             if stripper is not None and (rest := stripper.flush()):
                 await request.write(rest)
             await request.end()
@@ -253,7 +259,7 @@ class Relay:
             self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
             self.passive.failure(outcome.placement.worker)
             outcome.status = 502
-            event = b"" if tap.at_event_boundary else b"\n\n"
+            event = b"" if tap is None or tap.at_event_boundary else b"\n\n"
             event += (
                 b"data: "
                 + BadGatewayError(
@@ -273,7 +279,13 @@ class Relay:
             assert outcome.placement is not None
             self._client_gone(outcome.placement.worker.model or "", outcome)
             return False
-        outcome.usage = stripper.usage if stripper is not None else tap.usage()
+        finally:
+            if last:
+                outcome.last_chunk = last - started
+        if stripper is not None:
+            outcome.usage = stripper.usage
+        elif tap is not None:
+            outcome.usage = tap.usage()
         return True
 
     async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:

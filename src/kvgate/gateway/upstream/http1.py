@@ -255,14 +255,14 @@ class Connection(asyncio.Protocol):
         """Wait until body bytes arrive, the body ends, or the exchange fails."""
         if self._pieces or self.done:
             return
-        if self._error is not None:
-            raise self._error
+        error = self._error
+        if error is not None:
+            raise error
+        # ``_wake`` clears the waiter as it wakes it; one left by a cancelled wait is
+        # done, so it wakes nothing and the next wait replaces it (no try/finally).
         waiter = self._data_waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._data_waiter = None
-        error = self.error
+        await waiter
+        error = self._error
         if error is not None and not self._pieces:
             raise error
 
@@ -320,8 +320,10 @@ class Connection(asyncio.Protocol):
 
     def _wake(self) -> None:
         waiter = self._data_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._data_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _cancel_timer(self) -> None:
         self._timer.cancel()
