@@ -470,3 +470,47 @@ def test_bytes_after_a_close_delimited_length_body_keep_the_answer_but_not_the_c
     assert conn.error is None
     assert not conn.reusable
     assert not transport.aborted
+
+
+def test_a_sink_gets_the_body_as_it_arrives_until_it_stops(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """While the reader waits with a sink, body bytes go to it in order with no wake;
+    when it says stop, the wait ends and later bytes are buffered for ``take``."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    conn, _, body = _fed(loop, head)
+    assert body == b""
+    got: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        got.append(data)
+        return len(got) < 2
+
+    waiter = conn.arrival(sink)
+    conn.data_received(b"1\r\na\r\n")
+    assert got == [b"a"]
+    assert not waiter.done()  # the sink took it: nobody woken
+    conn.data_received(b"1\r\nb\r\n1\r\nc\r\n")
+    assert got == [b"a", b"b"]  # it said stop after "b": "c" waits for the reader
+    assert waiter.done()
+    assert conn.take() == b"c"
+    conn.data_received(b"1\r\nd\r\n")
+    assert got == [b"a", b"b"]  # the sink is gone once the wait ended
+    assert conn.take() == b"d"
+    again = conn.arrival(sink)
+    conn.data_received(b"0\r\n\r\n")
+    assert again.done()  # the body's end wakes the reader too
+    assert conn.done
+    assert conn.reusable
+
+
+def test_an_abort_drops_the_sink(loop: asyncio.AbstractEventLoop) -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    conn, transport, _ = _fed(loop, head)
+    got: list[bytes] = []
+    conn.arrival(lambda data: bool(got.append(data)) or True)
+    conn.abort()  # what the relay does when its client went away
+    assert transport.aborted
+    conn.data_received(b"1\r\na\r\n")
+    assert got == []
+    assert not conn.reusable

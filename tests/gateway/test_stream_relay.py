@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvgate.gateway.testing import running_gateway
+from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.gateway.upstream import http1
 from kvgate.testing import wait_until
 
 pytestmark = pytest.mark.usefixtures("both_servers")
@@ -79,3 +80,102 @@ async def test_each_event_reaches_the_client_before_the_worker_sends_the_next() 
                     read[k].set()  # only now may the worker send the next event
                 rest = await asyncio.wait_for(resp.content.read(), STEP_S)
     assert b"[DONE]" in rest
+
+
+FLOOD_EVENTS = 3072
+EVENT = b"data: " + b'{"choices":[{"index":0,"text":"%s"}]}' % (b"x" * 16000) + b"\n\n"
+
+
+@contextlib.asynccontextmanager
+async def _flood_worker(sent: list[int]) -> AsyncIterator[str]:
+    """A worker that streams ``FLOOD_EVENTS`` 16 kB events as fast as it may write them
+    (``sent[0]``: the events written so far; ``sent[1]``: 1 once the client went away)."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for _ in range(FLOOD_EVENTS):
+                await response.write(EVENT)
+                sent[0] += 1
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            sent[1] = 1
+            raise
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _open_connections(gw: GatewayHandle) -> list[http1.Connection]:
+    (worker,) = list(gw.gateway.pool)
+    pool = worker.upstream._pool
+    return [] if pool is None else list(pool._open)
+
+
+async def test_a_client_that_stops_reading_holds_the_worker_back_then_gets_every_event() -> None:
+    sent = [0, 0]
+    async with _flood_worker(sent) as url:
+        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0}}
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await wait_until(gw.gateway.ready, message="the worker is up")
+            body = {"model": "demo", "prompt": "hi", "stream": True}
+            async with session.post(gw.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                first = await asyncio.wait_for(resp.content.readline(), STEP_S)
+                assert first.startswith(b"data: ")
+                # The client reads nothing more: the gateway must stop reading the worker
+                # (a bounded buffer of the stream), not take the stream in as it comes.
+                await wait_until(
+                    lambda: any(conn._paused for conn in _open_connections(gw)),
+                    timeout=STEP_S,
+                    message="the gateway paused reading the worker",
+                )
+                assert sent[0] < FLOOD_EVENTS // 2
+                rest = await asyncio.wait_for(resp.content.read(), 4 * STEP_S)
+    assert sent[0] == FLOOD_EVENTS
+    assert (first + rest).count(b"data: ") == FLOOD_EVENTS + 1
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_client_gone_mid_stream_drops_the_worker_connection() -> None:
+    sent = [0, 0]
+    async with _flood_worker(sent) as url:
+        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0}}
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await wait_until(gw.gateway.ready, message="the worker is up")
+            body = {"model": "demo", "prompt": "hi", "stream": True}
+            resp = await session.post(gw.url + "/v1/completions", json=body)
+            assert resp.status == 200
+            for _ in range(3):  # a few events in: the relay is past its first chunk
+                line = await asyncio.wait_for(resp.content.readline(), STEP_S)
+                assert line.startswith(b"data: ")
+                await asyncio.wait_for(resp.content.readline(), STEP_S)
+            resp.close()  # the client goes away mid-stream
+            await wait_until(lambda: sent[1] == 1, timeout=STEP_S, message="the worker saw it")
+            await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="request ended")
+            await wait_until(
+                lambda: not _open_connections(gw), message="the worker connection released"
+            )
+            (worker,) = list(gw.gateway.pool)
+            assert worker.in_flight == 0
+    assert sent[0] < FLOOD_EVENTS

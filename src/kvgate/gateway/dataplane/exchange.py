@@ -60,6 +60,15 @@ class Exchange(Protocol):
         """Send one chunk of a streamed answer, unbuffered; waits while the client's
         buffer is full (``ConnectionResetError``: the client is gone)."""
 
+    @property
+    def writes_now(self) -> bool:
+        """True when ``write_now`` can send a chunk without a task (the llhttp server)."""
+
+    def write_now(self, data: bytes) -> bool:
+        """Send one chunk of a streamed answer at once, from a protocol callback; False
+        when it was not sent (the client's buffer is full, or ``writes_now`` is False):
+        then ``write``, which waits (``ConnectionResetError``: the client is gone)."""
+
     async def end(self) -> None:
         """End a streamed answer."""
 
@@ -123,6 +132,12 @@ class AiohttpExchange:
     async def write(self, data: bytes) -> None:
         assert self.response is not None
         await self.response.write(data)
+
+    writes_now = False
+    """aiohttp writes a chunk only through a coroutine."""
+
+    def write_now(self, data: bytes) -> bool:
+        return False
 
     async def end(self) -> None:
         assert self.response is not None

@@ -140,6 +140,18 @@ class ServerExchange:
             if conn.write_paused:
                 await conn.drain()
 
+    writes_now = True
+
+    def write_now(self, data: bytes) -> bool:
+        conn = self._conn
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        if conn.write_paused or self._pending is not None:
+            return False  # ``write`` sends it and waits for room (or carries the head)
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.http11 else data)
+        return True
+
     async def end(self) -> None:
         if self.http11:
             await self.write_raw(b"0\r\n\r\n")

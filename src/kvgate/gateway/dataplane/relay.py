@@ -236,8 +236,28 @@ class Relay:
         clock = time.monotonic
         last = 0.0
         # When the latest chunk arrived (0: none yet); noted in ``outcome`` once, at the end.
+        # After the first chunk, a server that can write from a protocol callback gets
+        # the chunks straight from the upstream connection (no task wake per chunk).
+        pump = _Pump(request, stripper, tap) if request.writes_now else None
         try:
-            async for chunk in upstream.chunks():
+            while True:
+                chunk = upstream.take()
+                if chunk is None:
+                    if pump is None or outcome.ttft is None:
+                        await upstream.arrival()
+                        continue
+                    await upstream.arrival(pump.feed)
+                    last = max(last, pump.last)
+                    if pump.failed is not None:
+                        raise pump.failed
+                    if held := pump.held:
+                        pump.held = b""
+                        await request.write(held)  # the client's buffer was full: wait for room
+                        if tap is not None:
+                            tap.feed(held)
+                    continue
+                if not chunk:
+                    break
                 last = clock()
                 if outcome.ttft is None:
                     outcome.ttft = last - started
@@ -376,6 +396,47 @@ class Relay:
 
 
 _SERIES_MAX = 4096
+
+
+class _Pump:
+    """Relays body bytes from the upstream connection's ``data_received`` to the client.
+
+    Called for each chunk while the relaying task waits: it strips or taps the chunk
+    and writes it with ``write_now``. It stops (returns False, which wakes the task)
+    when a chunk could not be sent at once (``held``: the task writes it, waiting for
+    the client's room, so a slow client holds back the upstream) or the write failed
+    (``failed``: the task raises it). It never raises into the connection's parser.
+    """
+
+    __slots__ = ("failed", "held", "last", "request", "stripper", "tap")
+
+    def __init__(
+        self, request: Exchange, stripper: UsageStripper | None, tap: StreamTap | None
+    ) -> None:
+        self.request = request
+        self.stripper = stripper
+        self.tap = tap
+        self.last = 0.0
+        """When the latest chunk arrived (0: none through here)."""
+        self.held = b""
+        self.failed: Exception | None = None
+
+    def feed(self, chunk: bytes) -> bool:
+        """Relay one chunk; False: stop, and wake the task."""
+        self.last = time.monotonic()
+        try:
+            data = self.stripper.feed(chunk) if self.stripper is not None else chunk
+            if not data:
+                return True
+            if not self.request.write_now(data):
+                self.held = data
+                return False
+            if self.tap is not None:
+                self.tap.feed(data)
+        except Exception as exc:  # a protocol callback must not raise
+            self.failed = exc
+            return False
+        return True
 
 
 class _Series:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_module
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import httptools
@@ -97,6 +97,8 @@ class Connection(asyncio.Protocol):
         self.done = False
         self._head_waiter: asyncio.Future[None] | None = None
         self._data_waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], bool] | None = None
+        """Takes body bytes as they arrive while the reader waits (see ``arrival``)."""
         self._pieces: list[bytes] = []
         self._pending = 0
         self._paused = False
@@ -266,6 +268,18 @@ class Connection(asyncio.Protocol):
         if error is not None and not self._pieces:
             raise error
 
+    def arrival(self, sink: Callable[[bytes], bool] | None) -> asyncio.Future[None]:
+        """A future done when body bytes arrive, the body ends, or the exchange fails.
+
+        Only when nothing is waiting to be taken (``take`` gave nothing, not ``done``,
+        no ``error``). With ``sink``, body bytes go straight to it from ``data_received``
+        instead (no wake, no future per chunk) until it returns False: then the future
+        is done. The sink is dropped as the future completes.
+        """
+        waiter = self._data_waiter = self._loop.create_future()
+        self._sink = sink
+        return waiter
+
     @property
     def error(self) -> Http1Error | None:
         """Why the exchange failed, if it did."""
@@ -275,6 +289,7 @@ class Connection(asyncio.Protocol):
         """Drop the connection now (the worker sees the client go away)."""
         self._cancel_timer()
         self.closed = True
+        self._sink = None
         if self.transport is not None:
             self.transport.abort()
 
@@ -292,6 +307,12 @@ class Connection(asyncio.Protocol):
 
     def _push(self, data: bytes) -> None:
         if not data:
+            return
+        sink = self._sink
+        if sink is not None:
+            # Set only while nothing is buffered, so the sink sees the bytes in order.
+            if not sink(data):
+                self._wake()
             return
         self._pieces.append(data)
         self._pending += len(data)
@@ -319,6 +340,7 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _wake(self) -> None:
+        self._sink = None
         waiter = self._data_waiter
         if waiter is not None:
             self._data_waiter = None

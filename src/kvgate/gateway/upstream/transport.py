@@ -94,6 +94,30 @@ class UpstreamResponse:
             self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def take(self) -> bytes | None:
+        """Body bytes that arrived since the last call; ``b""`` once the body ended (the
+        connection goes back to the pool); ``None``: none yet (wait on ``arrival``).
+        A failed exchange raises ``UpstreamBroken`` (the connection is dropped)."""
+        conn = self._conn
+        if data := conn.take():
+            return data
+        if conn.done:
+            self.release()
+            return b""
+        error = conn.error
+        if error is not None:
+            self.close()
+            raise _translate(error, started=True) from error
+        return None
+
+    def arrival(self, sink: Callable[[bytes], bool] | None = None) -> asyncio.Future[None]:
+        """After ``take`` gave ``None``: done when more of the body is there to take.
+
+        With ``sink``, body bytes go to it as they arrive meanwhile, without waking the
+        waiter, until it returns False (``http1.Connection.arrival``).
+        """
+        return self._conn.arrival(sink)
+
     @property
     def ready(self) -> bool:
         """True when the first body bytes (or the body's end) are already here."""
