@@ -133,7 +133,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Feed the parser; its callbacks below collect the head and the body."""
         self._last_io = self._loop.time()
-        if self._outside_exchange():
+        if self._head_waiter is None or self.done or self._error is not None:
             # Bytes outside an exchange: the connection cannot be trusted for reuse.
             self.keep_alive = False
             return
@@ -142,7 +142,9 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            if self.done:
+            # ``feed_data`` may have ended the answer: mypy keeps ``done`` False from the
+            # check above, hence the cast.
+            if cast(bool, self.done):
                 # Bytes past a complete answer (after ``Connection: close``, say):
                 # the answer stands, the connection is not reused.
                 self.keep_alive = False
@@ -152,9 +154,6 @@ class Connection(asyncio.Protocol):
         if self.headers is None and self._head_bytes > _MAX_HEAD and self._error is None:
             # llhttp sets no limit of its own; this bounds what it and we buffer.
             self._fail(ProtocolError("response head too large"))
-
-    def _outside_exchange(self) -> bool:
-        return self._head_waiter is None or self.done or self._error is not None
 
     def eof_received(self) -> bool | None:
         """Close our side too (``connection_lost`` follows)."""
@@ -206,7 +205,13 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         """Body bytes, framing already removed."""
-        if not self.done and self._error is None:
+        sink = self._sink
+        if sink is not None:
+            # Set only while nothing is buffered (the sink sees the bytes in order), and
+            # dropped as the body ends or fails (``_wake``).
+            if not sink(body):
+                self._wake()
+        elif not self.done and self._error is None:
             self._push(body)
 
     def on_message_complete(self) -> None:
@@ -307,12 +312,6 @@ class Connection(asyncio.Protocol):
 
     def _push(self, data: bytes) -> None:
         if not data:
-            return
-        sink = self._sink
-        if sink is not None:
-            # Set only while nothing is buffered, so the sink sees the bytes in order.
-            if not sink(data):
-                self._wake()
             return
         self._pieces.append(data)
         self._pending += len(data)
