@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -27,15 +27,37 @@ STEP_S = 10.0
 """Bound on each lockstep wait: generous on a loaded machine, never a sleep."""
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+@contextlib.asynccontextmanager
+async def _worker(completions: Handler, *, cancellation: bool = False) -> AsyncIterator[str]:
+    """A worker serving ``completions`` (with health and the model list); its base URL."""
+    app = web.Application()
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app, handler_cancellation=cancellation)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 @contextlib.asynccontextmanager
 async def _lockstep_worker(read: list[asyncio.Event]) -> AsyncIterator[str]:
     """A worker whose stream sends event k+1 once ``read[k]`` is set by the client."""
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
 
     async def completions(request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -48,18 +70,8 @@ async def _lockstep_worker(read: list[asyncio.Event]) -> AsyncIterator[str]:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with _worker(completions) as url:
+        yield url
 
 
 async def test_each_event_reaches_the_client_before_the_worker_sends_the_next() -> None:
@@ -91,12 +103,6 @@ async def _flood_worker(sent: list[int]) -> AsyncIterator[str]:
     """A worker that streams ``FLOOD_EVENTS`` 16 kB events as fast as it may write them
     (``sent[0]``: the events written so far; ``sent[1]``: 1 once the client went away)."""
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
-
     async def completions(request: web.Request) -> web.StreamResponse:
         await request.read()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -112,18 +118,8 @@ async def _flood_worker(sent: list[int]) -> AsyncIterator[str]:
             raise
         return response
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with _worker(completions, cancellation=True) as url:
+        yield url
 
 
 def _open_connections(gw: GatewayHandle) -> list[http1.Connection]:
