@@ -122,6 +122,18 @@ async def _flood_worker(sent: list[int]) -> AsyncIterator[str]:
         yield url
 
 
+@contextlib.asynccontextmanager
+async def _flooded_gateway(
+    sent: list[int],
+) -> AsyncIterator[tuple[GatewayHandle, aiohttp.ClientSession]]:
+    """A gateway, ready, in front of ``_flood_worker(sent)``, and a client session."""
+    async with _flood_worker(sent) as url:
+        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0}}
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await wait_until(gw.gateway.ready, message="the worker is up")
+            yield gw, session
+
+
 def _open_connections(gw: GatewayHandle) -> list[http1.Connection]:
     (worker,) = list(gw.gateway.pool)
     pool = worker.upstream._pool
@@ -130,24 +142,21 @@ def _open_connections(gw: GatewayHandle) -> list[http1.Connection]:
 
 async def test_a_client_that_stops_reading_holds_the_worker_back_then_gets_every_event() -> None:
     sent = [0, 0]
-    async with _flood_worker(sent) as url:
-        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0}}
-        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
-            await wait_until(gw.gateway.ready, message="the worker is up")
-            body = {"model": "demo", "prompt": "hi", "stream": True}
-            async with session.post(gw.url + "/v1/completions", json=body) as resp:
-                assert resp.status == 200
-                first = await asyncio.wait_for(resp.content.readline(), STEP_S)
-                assert first.startswith(b"data: ")
-                # The client reads nothing more: the gateway must stop reading the worker
-                # (a bounded buffer of the stream), not take the stream in as it comes.
-                await wait_until(
-                    lambda: any(conn._paused for conn in _open_connections(gw)),
-                    timeout=STEP_S,
-                    message="the gateway paused reading the worker",
-                )
-                assert sent[0] < FLOOD_EVENTS // 2
-                rest = await asyncio.wait_for(resp.content.read(), 4 * STEP_S)
+    async with _flooded_gateway(sent) as (gw, session):
+        body = {"model": "demo", "prompt": "hi", "stream": True}
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            first = await asyncio.wait_for(resp.content.readline(), STEP_S)
+            assert first.startswith(b"data: ")
+            # The client reads nothing more: the gateway must stop reading the worker
+            # (a bounded buffer of the stream), not take the stream in as it comes.
+            await wait_until(
+                lambda: any(conn._paused for conn in _open_connections(gw)),
+                timeout=STEP_S,
+                message="the gateway paused reading the worker",
+            )
+            assert sent[0] < FLOOD_EVENTS // 2
+            rest = await asyncio.wait_for(resp.content.read(), 4 * STEP_S)
     assert sent[0] == FLOOD_EVENTS
     assert (first + rest).count(b"data: ") == FLOOD_EVENTS + 1
     assert rest.endswith(b"data: [DONE]\n\n")
@@ -155,23 +164,20 @@ async def test_a_client_that_stops_reading_holds_the_worker_back_then_gets_every
 
 async def test_a_client_gone_mid_stream_drops_the_worker_connection() -> None:
     sent = [0, 0]
-    async with _flood_worker(sent) as url:
-        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0}}
-        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
-            await wait_until(gw.gateway.ready, message="the worker is up")
-            body = {"model": "demo", "prompt": "hi", "stream": True}
-            resp = await session.post(gw.url + "/v1/completions", json=body)
-            assert resp.status == 200
-            for _ in range(3):  # a few events in: the relay is past its first chunk
-                line = await asyncio.wait_for(resp.content.readline(), STEP_S)
-                assert line.startswith(b"data: ")
-                await asyncio.wait_for(resp.content.readline(), STEP_S)
-            resp.close()  # the client goes away mid-stream
-            await wait_until(lambda: sent[1] == 1, timeout=STEP_S, message="the worker saw it")
-            await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="request ended")
-            await wait_until(
-                lambda: not _open_connections(gw), message="the worker connection released"
-            )
-            (worker,) = list(gw.gateway.pool)
-            assert worker.in_flight == 0
+    async with _flooded_gateway(sent) as (gw, session):
+        body = {"model": "demo", "prompt": "hi", "stream": True}
+        resp = await session.post(gw.url + "/v1/completions", json=body)
+        assert resp.status == 200
+        for _ in range(3):  # a few events in: the relay is past its first chunk
+            line = await asyncio.wait_for(resp.content.readline(), STEP_S)
+            assert line.startswith(b"data: ")
+            await asyncio.wait_for(resp.content.readline(), STEP_S)
+        resp.close()  # the client goes away mid-stream
+        await wait_until(lambda: sent[1] == 1, timeout=STEP_S, message="the worker saw it")
+        await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="request ended")
+        await wait_until(
+            lambda: not _open_connections(gw), message="the worker connection released"
+        )
+        (worker,) = list(gw.gateway.pool)
+        assert worker.in_flight == 0
     assert sent[0] < FLOOD_EVENTS
