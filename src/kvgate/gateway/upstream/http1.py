@@ -258,28 +258,14 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
-    async def wait_data(self) -> None:
-        """Wait until body bytes arrive, the body ends, or the exchange fails."""
-        if self._pieces or self.done:
-            return
-        error = self._error
-        if error is not None:
-            raise error
-        # ``_wake`` clears the waiter as it wakes it; one left by a cancelled wait is
-        # done, so it wakes nothing and the next wait replaces it (no try/finally).
-        waiter = self._data_waiter = self._loop.create_future()
-        await waiter
-        error = self._error
-        if error is not None and not self._pieces:
-            raise error
-
     def arrival(self, sink: Callable[[bytes], bool] | None) -> asyncio.Future[None]:
         """A future done when body bytes arrive, the body ends, or the exchange fails.
 
         Only when nothing is waiting to be taken (``take`` gave nothing, not ``done``,
         no ``error``). With ``sink``, body bytes go straight to it from ``data_received``
         instead (no wake, no future per chunk) until it returns False: then the future
-        is done. The sink is dropped as the future completes.
+        is done. The sink is dropped as the future completes; a future left by a
+        cancelled wait is done, so ``_wake`` skips it and the next call replaces it.
         """
         waiter = self._data_waiter = self._loop.create_future()
         self._sink = sink

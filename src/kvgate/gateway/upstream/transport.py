@@ -78,18 +78,13 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
-        conn = self._conn
         parts: list[bytes] = []
         try:
-            while True:
-                if data := conn.take():
+            while (data := self.take()) != b"":
+                if data is None:
+                    await self.arrival()
+                else:
                     parts.append(data)
-                if conn.done:
-                    break
-                await conn.wait_data()
-        except http1.Http1Error as exc:
-            self.close()
-            raise _translate(exc, started=True) from exc
         finally:
             self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -125,19 +120,11 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (never buffered beyond what arrived meanwhile)."""
-        conn = self._conn
-        try:
-            while True:
-                if data := conn.take():
-                    yield data
-                elif conn.done:
-                    break
-                else:
-                    await conn.wait_data()
-        except http1.Http1Error as exc:
-            self.close()
-            raise _translate(exc, started=True) from exc
-        self.release()
+        while (data := self.take()) != b"":
+            if data is None:
+                await self.arrival()
+            else:
+                yield data
 
     def close(self) -> None:
         """Abort: drop the connection so the worker sees the client go away."""
