@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from kvgate.core.fleet import Health, Pressure
+from kvgate.core.fleet import Health, Pressure, WorkerState
+from kvgate.core.policies.base import cheapest
 from kvgate.core.policies.least_request import LeastRequest
 from kvgate.core.policies.power_of_two import PowerOfTwo
 from kvgate.core.policies.random_choice import RandomChoice
@@ -68,3 +69,24 @@ def test_power_of_two_spreads_and_avoids_the_most_loaded() -> None:
     assert "w4" not in counts
     assert counts["w0"] > counts["w3"]
     assert len(counts) >= 3
+
+
+@pytest.mark.parametrize(
+    ("costs", "expected", "ties"),
+    [
+        ([3.0, 1.0, 2.0], "b", 0),  # no equal costs: no tie key computed
+        ([1.0, 2.0, 1.0], "c", 2),  # c's tie key is lower than a's
+        ([2.0, 2.0, 1.0], "c", 2),  # one pass: a tie met on the way is ordered, then beaten
+    ],
+)
+def test_the_cheapest_orders_only_exact_ties(costs: list[float], expected: str, ties: int) -> None:
+    workers = [worker(i) for i in "abc"]
+    keys = {"a": 2, "b": 0, "c": 1}
+    asked: list[str] = []
+
+    def tie(w: WorkerState) -> int:
+        asked.append(w.id)
+        return keys[w.id]
+
+    assert cheapest(list(zip(costs, workers, strict=True)), tie).id == expected
+    assert len(asked) == ties

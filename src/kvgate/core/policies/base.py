@@ -9,7 +9,8 @@ under hard pressure (an affine session may stay on a soft-pressure worker).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -147,3 +148,22 @@ def affinity_status(
     if load_cap is not None and worker.load + 1 > load_cap:
         return None, "overloaded"
     return worker, "hit"
+
+
+def cheapest(
+    scored: list[tuple[float, WorkerState]], tie: Callable[[WorkerState], Any]
+) -> WorkerState:
+    """The worker of lowest cost in ``scored`` (non-empty); exact ties go to the lower
+    ``tie``, computed only for them (a tie key costs more than the comparison)."""
+    best_cost, best = scored[0]
+    best_tie = None
+    for cost, w in scored:
+        if cost < best_cost:
+            best_cost, best, best_tie = cost, w, None
+        elif cost == best_cost and w is not best:
+            if best_tie is None:
+                best_tie = tie(best)
+            key = tie(w)
+            if key < best_tie:
+                best, best_tie = w, key
+    return best

@@ -130,6 +130,7 @@ from kvgate.core.policies.base import (
     ThresholdKind,
     affinity_status,
     candidates,
+    cheapest,
     refuse,
     route,
     under_threshold,
@@ -290,7 +291,6 @@ class DefaultPolicy(PrefixLearning):
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
             self._waste.turns.add(now, self._recent_half_s, 1.0, 0.0)
         elif hashes:
-            rid = request.request_id
             opened = self._opened
             opens = opened[1] if opened[0] == rid else self.opens(request)
             self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
@@ -568,13 +568,13 @@ class DefaultPolicy(PrefixLearning):
             cached = self._chars(depth, prompt)
             young_chars, resident_chars = self._chars(young, prompt), self._chars(resident, prompt)
             unheld = cached - self._trust.expected(young_chars, resident_chars, cached)
-            entry = self._costs.get(wid)
-            fill = entry[2] if entry is not None else 0.0
+            fill = self._costs.get(wid, (0.0, 0.0, 0.0))[2]
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
             extra = more - fresh + evict * fill * (max(more, life) - max(fresh, life))
-            scored = [(c + extra if w.id == wid else c, w) for c, w in scored]
-            best = min(scored, key=lambda e: (e[0], self._tie(e[1], now)))[1]
+            at = next(i for i, (_, w) in enumerate(scored) if w is best)
+            scored[at] = (scored[at][0] + extra, best)
+            best = cheapest(scored, lambda w: self._tie(w, now))
         self._claims = (request.request_id, found, judged)
         return best
 
