@@ -9,7 +9,11 @@ own; the stateful policies' prefix indexes are warmed with every session's
 chain first, and each known session's affinity comes in through ``ctx`` as the
 driver would pass it. Timed: ``pick`` alone (including the prefix-index
 lookup), for requests of known sessions and of new sessions (a new question on
-a known system prompt). Targets: p99 <= 100 µs.
+a known system prompt). Targets: p99 <= 100 µs. Beside it, the p99 of each pick's
+least CPU time of three runs (``--best-of``): the kernel's timer tick, charged to
+the call it interrupts, lands in 1 pick of 80 at 50 µs a pick, inside the p99,
+and hides what the picks themselves cost at their slowest (the repeats run warm,
+so that figure reads low by what cold caches cost: compare it between trees only).
 
 Hashing time: ``build_features`` and the chain hashing alone on an 8 KiB chat
 prompt (32 blocks of 256 characters), on a ~200 KiB long-context prompt (64
@@ -132,23 +136,40 @@ def summarize(wall_ns: list[int], cpu_ns: list[int]) -> dict[str, float]:
 
 
 class Stopwatch:
-    """Collects wall-clock and thread CPU time of repeated calls."""
+    """Collects wall-clock and thread CPU time of repeated calls.
 
-    def __init__(self) -> None:
+    With ``best_of`` > 1 each call is also run that many times over and its least CPU
+    time kept apart (``best_p99_us``): the kernel's timer tick, every 4 ms here, is
+    charged to whichever call it interrupts (1 call in 80 at 50 µs a call, evenly
+    spaced), which puts it inside a p99 that then says little of the code timed.
+    """
+
+    def __init__(self, best_of: int = 1) -> None:
+        self.best_of = best_of
         self.wall: list[int] = []
         self.cpu: list[int] = []
+        self.best: list[int] = []
 
     def time(self, call: Callable[[], object]) -> object:
-        """Run ``call`` once, recording both times; returns its result."""
+        """Run ``call`` (``best_of`` times), recording its times; returns its result."""
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         result = call()
-        self.cpu.append(time.thread_time_ns() - cpu)
+        spent = time.thread_time_ns() - cpu
+        self.cpu.append(spent)
         self.wall.append(time.perf_counter_ns() - wall)
+        for _ in range(self.best_of - 1):
+            cpu = time.thread_time_ns()
+            call()
+            spent = min(spent, time.thread_time_ns() - cpu)
+        self.best.append(spent)
         return result
 
     def summary(self) -> dict[str, float]:
         """The percentiles of what was recorded."""
-        return summarize(self.wall, self.cpu)
+        stats = summarize(self.wall, self.cpu)
+        if self.best_of > 1:
+            stats["best_p99_us"] = percentile(sorted(s / 1000 for s in self.best), 0.99)
+        return stats
 
 
 def make_fleet(rng: random.Random, workers: int) -> FleetSnapshot:
@@ -227,12 +248,19 @@ def bench_hashing(rng: random.Random, rounds: int = 3000) -> dict[str, Any]:
 
 
 def bench_policies(
-    rng: random.Random, n_workers: int, n_sessions: int, picks: int, n_chains: int = 0
+    rng: random.Random,
+    n_workers: int,
+    n_sessions: int,
+    picks: int,
+    n_chains: int = 0,
+    *,
+    best_of: int = 3,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Time ``pick`` for every registered policy on a warmed 100k-session fleet.
 
     ``n_chains`` headerless requests are routed too before timing (``default`` then
-    looks for their chain ends on every headerless placement).
+    looks for their chain ends on every headerless placement). Each pick is run
+    ``best_of`` times over, its least CPU time kept too (``Stopwatch``).
     """
     config = FeatureConfig()
     systems = [words(rng, 2048) for _ in range(GROUPS)]
@@ -303,7 +331,7 @@ def bench_policies(
                 "warm_s": warm_s,
             }
         for kind in ("known", "new", "headerless"):
-            watch = Stopwatch()
+            watch = Stopwatch(best_of)
             reasons: dict[str, int] = {}
             pick_rng = random.Random(7)
             for n in range(picks):
@@ -357,6 +385,12 @@ def main() -> None:
         default=0,
         help="also route this many headerless requests before timing",
     )
+    parser.add_argument(
+        "--best-of",
+        type=int,
+        default=3,
+        help="run each pick this many times over; the target is judged on its least CPU time",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -383,24 +417,29 @@ def main() -> None:
     console.print(table)
 
     rows, memory = bench_policies(
-        rng, args.workers, args.sessions, args.picks, args.headerless_chains
+        rng, args.workers, args.sessions, args.picks, args.headerless_chains, best_of=args.best_of
     )
-    console.print("cpu: this thread's CPU time per call; wall: including time descheduled")
+    console.print(
+        "cpu: this thread's CPU time per call; wall: including time descheduled; best: "
+        f"p99 of the least CPU time of {args.best_of} runs of each pick (no timer tick; warm)"
+    )
     table = Table(
         title=f"pick(), {args.workers} workers, {args.sessions:,} sessions warmed, "
         f"{args.picks:,} picks each"
     )
     table.add_column("policy")
     table.add_column("requests")
-    for column in (*TIME_COLUMNS[1:], "p99 ≤ 100 µs"):
+    for column in (*TIME_COLUMNS[1:], "best p99 µs", "p99 ≤ 100 µs"):
         table.add_column(column, justify="right")
     table.add_column("top reason")
     for row in rows:
+        best = row.get("best_p99_us", row["p99_us"])
         ok = row["p99_us"] <= P99_TARGET_US
         table.add_row(
             row["policy"],
             row["requests"],
             *time_cells(row),
+            f"{best:.1f}",
             "[green]ok[/]" if ok else "[red]over[/]",
             row["top_reason"],
         )
