@@ -18,6 +18,7 @@ from kvgate.core.chain import chain_chars
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policies.chain_ends import ChainEnds
 from kvgate.core.prefix import FeatureConfig, build_features
+from kvgate.types import WorkerId
 
 CFG = FeatureConfig()
 FINE_END = CFG.block_chars * CFG.max_blocks  # 16 KiB
@@ -40,7 +41,7 @@ def features(name: str, *parts: str) -> RequestFeatures:
 def ends(*routed: RequestFeatures, capacity: int = 1_000) -> ChainEnds:
     found = ChainEnds(capacity, DEPTH)
     for one in routed:
-        found.note(one)
+        found.note(one, WorkerId(f"w-{one.request_id}"))
     return found
 
 
@@ -64,6 +65,12 @@ def test_a_later_turn_runs_through_where_the_earlier_turn_ended(first: int, adde
     assert stranger.prefix_hashes[:full] == earlier.prefix_hashes[:full]
     later = features("t2", CONVERSATION[: first + added])
     assert not ends(earlier, stranger).opens(later)
+    # Where it went, and its end to within a fine block: the later turn's cache there.
+    end = ends(earlier, stranger).through(later)
+    assert end is not None and end[1] == full and whole <= end[2] <= first
+    assert first - end[2] < CFG.block_chars
+    # Within the fine blocks B is the mark: the stranger's end, there, is the same.
+    assert end[0::3] == ("w-t1", "t1") or (end[2] == whole and end[0::3] == ("w-u1", "u1"))
 
 
 def test_strangers_behind_a_preamble_as_long_as_the_fine_blocks_open() -> None:
@@ -80,7 +87,9 @@ def test_strangers_behind_a_preamble_as_long_as_the_fine_blocks_open() -> None:
     # Each agent's own next turn, 20 KiB of observations later, extends it.
     seen = ends(*agents)
     for n in range(4):
-        assert not seen.opens(features(f"b{n}", PREAMBLE, text(10 + n, 3_200), text(20, 20_000)))
+        later = features(f"b{n}", PREAMBLE, text(10 + n, 3_200), text(20, 20_000))
+        # Its own end and worker: 3,072 of the task's 3,200 characters past the preamble.
+        assert seen.through(later) == (f"w-a{n}", CFG.max_blocks, FINE_END + 3_072, f"a{n}")
 
 
 def test_a_mark_is_seeded_with_its_block() -> None:
@@ -131,7 +140,7 @@ def test_without_its_text_a_request_is_marked_at_its_last_whole_block() -> None:
     first = build_features(body, {}, config, request_id="t1", endpoint="completions")
     assert first.prompt_pieces == ()
     seen = ChainEnds(10, partial(chain_chars, width=2, fine_blocks=64, coarse_factor=16))
-    seen.note(first)
+    seen.note(first, WorkerId("a"))
     body["prompt"] = list(range(14))
     later = build_features(body, {}, config, request_id="t2", endpoint="completions")
-    assert not seen.opens(later)
+    assert seen.through(later) == ("a", 4, 8, "t1")

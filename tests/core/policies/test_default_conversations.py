@@ -13,7 +13,7 @@ import random
 import pytest
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.policies.default import DefaultPolicy
+from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
 from kvgate.core.prefix import build_features
 
 from .tables import chain, ctx, fleet, request, worker
@@ -87,6 +87,40 @@ def test_an_end_inside_a_coarse_block_is_marked_by_the_text_past_it() -> None:
     assert not policy.opens(features("a3", first + "observation " * 3_000))  # 36 KiB more
 
 
+@pytest.mark.parametrize(
+    ("a_in_flight", "expected"),
+    [
+        (0, ("a", "prefix_match")),  # its own task cached on a: a holds the most
+        # 8 ms of decode steps on a against the task's 64 ms of prefill (and 32 ms more
+        # pull: half the prefill a's cache saves); by the blocks alone b would win.
+        (4, ("a", "prefix_match")),
+        (60, ("b", "least_ttft")),  # 120 ms of decode steps: recomputing it on b is quicker
+    ],
+)
+def test_an_agents_next_turn_goes_where_its_end_is_though_the_blocks_cannot_tell(
+    a_in_flight: int, expected: tuple[str, str]
+) -> None:
+    """Both workers hold the 16 KiB preamble, the chain's whole blocks; a also holds the
+    first turn's 3,072-character task, inside the coarse block after them, which no
+    whole block covers. The first turn's end (``ChainEnds.through``) says where it went
+    and how far it reached there: 768 tokens, 64 ms of prefill, cached on a alone."""
+    preamble = "".join(random.Random(1).choice("abcdefgh ") for _ in range(16_384))
+
+    def features(name: str, prompt: str) -> RequestFeatures:
+        body = {"model": "m", "prompt": prompt}
+        return build_features(body, {}, request_id=name, endpoint="completions")
+
+    first = preamble + "task one: " * 320
+    policy = DefaultPolicy()
+    policy.on_routed(features("a1", first), "a", -50.0)
+    policy.on_routed(features("b1", preamble + "task two: " * 320), "b", -50.0)
+    later = features("a2", first + "observation " * 60)
+    assert policy.index.match(later.prefix_hashes) == {"a": 64, "b": 64}
+    workers = (worker("a", in_flight=a_in_flight), worker("b"))
+    decision = policy.pick(later, ctx(fleet(*workers)))
+    assert (decision.worker, decision.reason) == expected
+
+
 def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:
     """Headerless conversations of ``turns`` turns, each adding ``blocks`` new blocks, on d."""
     for n in range(count):
@@ -97,11 +131,21 @@ def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) ->
 
 
 def test_chain_life_is_what_a_headerless_conversation_routes_over_its_turns() -> None:
-    policy = DefaultPolicy()
+    """Conversations of 4 turns a second apart, each turn recomputing its 2 new blocks.
+
+    A turn unanswered for 4 mean gaps is final: by the last conversation's last turn,
+    12 turns were continued and 3 final (the last one's not yet), 1 + 12 / (3 + 1)
+    turns of 2 blocks; once that one is final too, 1 + 12 / 5."""
+    policy = DefaultPolicy(DefaultConfig(recent_half_life_s=1e9))
     assert policy.chain_life_s() == 0.0
-    conversations(policy, count=3, turns=4, blocks=2)
-    # Each turn recomputes only its 2 new blocks: 4 turns of 2 blocks per conversation.
-    assert policy.chain_life_s() == pytest.approx(4 * 2 * BLOCK_S)
+    for n in range(4):
+        history: tuple[int, ...] = ()
+        for turn in range(4):
+            history = (*history, *chain(500 + 10 * n + turn, 2))
+            policy.on_routed(request(f"c{n}-{turn}", hashes=history), "d", 10.0 * n + turn)
+    assert policy.chain_life_s() == pytest.approx((1 + 12 / 4) * 2 * BLOCK_S)
+    policy.on_routed(request("later", hashes=chain(900, 2)), "d", 100.0)  # opens, 2 blocks
+    assert policy.chain_life_s() == pytest.approx((1 + 12 / 5) * 2 * BLOCK_S)
     assert policy.session_life_s() == 0.0  # explicit sessions are counted apart
 
 

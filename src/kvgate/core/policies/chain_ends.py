@@ -33,20 +33,28 @@ from collections.abc import Callable
 
 from kvgate.core.chain import span_hashes
 from kvgate.core.features import RequestFeatures
-from kvgate.types import BlockHash
+from kvgate.types import BlockHash, WorkerId
 
-_End = tuple[str, BlockHash, int]
-"""What a mark stands for: the request that ended there, its block ``B`` and ``off``."""
+_End = tuple[str, BlockHash, int, WorkerId]
+"""What a mark stands for: the request that ended there, its block ``B``, ``off`` and
+the worker the request was routed to."""
+
+Through = tuple[WorkerId, int, int, str]
+"""The end a request runs through: the worker the earlier request went to, the whole
+blocks of the chain up to ``B``, the characters the end covers (``B``'s and ``off``)
+and the earlier request's id."""
 
 
 class _Past:
-    """The marks past one block ``B``: how many at each ``off``, and whose was noted last."""
+    """The marks past one block ``B``: how many at each ``off``, and whose was noted last
+    (the request and its worker)."""
 
-    __slots__ = ("count", "last", "offsets")
+    __slots__ = ("count", "last", "offsets", "worker")
 
     def __init__(self) -> None:
         self.count = 0
         self.last = ""
+        self.worker: WorkerId = WorkerId("")
         self.offsets: dict[int, int] = {}
 
 
@@ -75,9 +83,14 @@ class ChainEnds:
 
     def opens(self, request: RequestFeatures) -> bool:
         """Whether ``request`` runs through no earlier request's end (see the module docs)."""
+        return self.through(request) is None
+
+    def through(self, request: RequestFeatures) -> Through | None:
+        """The deepest earlier request's end ``request``'s chain runs through, and where
+        that request went (``None``: it opens a conversation). A lone end covers ``B``."""
         ends = self._ends
         if not ends:
-            return True
+            return None
         rid = request.request_id
         hashes = request.prefix_hashes
         blocks = self._past
@@ -87,22 +100,24 @@ class ChainEnds:
             past = blocks.get(block)
             if past is None:
                 continue
-            if past.count == 1 and past.last != rid:
-                return False  # a lone end (see the module docs)
-            at = past.offsets
-            marks = [block] if 0 in at else []
             start = self._depth_chars(i + 1)
-            spans = [off for off in at if off and start + off <= chars]
-            if spans and pieces:
-                marks += span_hashes(pieces, start, spans, block)
-            for mark in marks:
+            if past.count == 1 and past.last != rid:
+                return past.worker, i + 1, start, past.last  # a lone end (see the module docs)
+            at = past.offsets
+            spans = sorted((off for off in at if off and start + off <= chars), reverse=True)
+            marks: list[tuple[BlockHash, int]] = []
+            if spans and pieces:  # the deepest first
+                marks += zip(span_hashes(pieces, start, spans, block), spans, strict=True)
+            if 0 in at:
+                marks.append((block, 0))
+            for mark, off in marks:
                 end = ends.get(mark)
                 if end is not None and end[0] != rid:
-                    return False
-        return True
+                    return end[3], i + 1, start + off, end[0]
+        return None
 
-    def note(self, request: RequestFeatures) -> None:
-        """Remember where the routed ``request`` ended (see the module docs)."""
+    def note(self, request: RequestFeatures, worker: WorkerId) -> None:
+        """Remember where ``request``, routed to ``worker``, ended (see the module docs)."""
         full = self._full_blocks(request)
         if full <= 0:
             return
@@ -120,10 +135,10 @@ class ChainEnds:
         if ends.pop(mark, None) is None:
             past.count += 1
             past.offsets[off] = past.offsets.get(off, 0) + 1
-        past.last = request.request_id
-        ends[mark] = (request.request_id, block, off)
+        past.last, past.worker = request.request_id, worker
+        ends[mark] = (request.request_id, block, off, worker)
         if len(ends) > self._capacity:
-            _, (_, old, old_off) = ends.popitem(last=False)
+            _, (_, old, old_off, _) = ends.popitem(last=False)
             past = blocks[old]
             past.count -= 1
             at = past.offsets

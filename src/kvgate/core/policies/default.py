@@ -48,23 +48,30 @@ Used when the config names no policy. In order:
    what it will put in that cache is not this turn's uncached tokens but the
    conversation's whole life's: ``uncached seconds`` in the eviction term is
    then at least the conversation's expected life, in prefill seconds. Two kinds
-   open one, each with its life measured the same way (prefill seconds routed
-   over conversations opened, both halved every ``recent_half_life_s``):
+   open one (counts halved every ``recent_half_life_s``):
 
    - a request with a session id placed by cost (a new session, or one
-     migrating): every later turn follows its binding (``session_life_s``). It
-     has no ``pull``: its next turns hit wherever it goes, so a cache there buys
-     only this turn's TTFT, which ``ttft`` already counts;
+     migrating): every later turn follows its binding (``session_life_s``:
+     prefill seconds routed with a session id over sessions placed). It has no
+     ``pull``: its next turns hit wherever it goes, so a cache there buys only
+     this turn's TTFT, which ``ttft`` already counts;
    - a headerless request that extends no earlier chain (``opens``): its later
-     turns follow its own chain (``chain_life_s``). One-shot traffic opens with
-     every request, so its life is one request's. It keeps its pull: on one-shot
-     traffic that is what keeps a group behind its prompt (without it
+     turns follow its own chain (``chain_life_s``: an opening's prefill, and a
+     later turn's times the turns a conversation has, ``Conversations``, which
+     reads young conversations long rather than short). One-shot traffic opens
+     with every request, so its life is one request's. It keeps its pull: on
+     one-shot traffic that is what keeps a group behind its prompt (without it
      shared-prefix-groups loses 3 points in the simulator).
 
    A headerless request *extends* a chain when its own chain runs through a
    *chain end*, where a headerless request routed earlier ended (``ChainEnds``
    marks an end exactly: its last whole block and the hash of the text past it,
    so a later turn is found however much it adds, past the coarse blocks too).
+   The end also says where that turn went: there the cache reaches to the end,
+   not only to its last whole block (``_tail``; the index must still hold that
+   block there). Past the 16 KiB of fine blocks a coarse block is 1,024 tokens,
+   and an agent's second turn behind a 4,096-token preamble matched every
+   worker holding the preamble alike: sent by load, it left its own task behind.
    Charging openings for their life keeps new conversations from all joining
    the worker that holds the shared text until its cache overflows with their
    growing contexts: light chat behind one system prompt (explicit sessions),
@@ -117,7 +124,7 @@ Example (every option is ``DefaultConfig``'s)::
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections.abc import Callable
 
 from pydantic import Field
 
@@ -135,12 +142,12 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
-from kvgate.core.policies.books import Book as _Book
 from kvgate.core.policies.books import Life as _Life
-from kvgate.core.policies.chain_ends import ChainEnds
+from kvgate.core.policies.books import Queues
+from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
+from kvgate.core.policies.conversations import Conversations
 from kvgate.core.policies.prefix_affinity import PrefixLearning
-from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.waste import Waste, rescore
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
@@ -186,8 +193,6 @@ class DefaultConfig(PolicyConfig):
     index: PrefixIndexConfig = PrefixIndexConfig()
 
 
-_Flight = tuple[WorkerId, float, Seconds, tuple[int, ...]]
-
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
 
 
@@ -207,60 +212,37 @@ class DefaultPolicy(PrefixLearning):
         self._decode_s = cfg.decode_s / scale
         self._half_s = cfg.busy_half_s / scale
         self._recent_half_s = cfg.recent_half_life_s / scale
-        self._horizon_s = cfg.outstanding_horizon_s / scale
-        self._books: dict[WorkerId, _Book] = {}
-        # What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
-        # replaced whenever the book changes, so the hot loop unpacks instead of probing.
-        self._costs: dict[WorkerId, tuple[float, float, float]] = {}
-        # Requests routed and not reported back: worker, prefill seconds, when routed,
-        # and their chains (counted in ``_running`` while they are in flight).
-        self._flights: OrderedDict[str, _Flight] = OrderedDict()
-        self._running = RunningBlocks()
+        horizon = cfg.outstanding_horizon_s / scale
+        self._queues = Queues(self._rate, self._recent_half_s, horizon, cfg.index.max_pending)
+        self._costs = self._queues.costs  # what a decision reads of each worker's queue
         # What a conversation brings over its life: explicit sessions (prefill seconds
         # routed with a session id over sessions placed for the first time), and
         # headerless conversations (prefill seconds routed without one over requests
         # that opened a chain).
         self._sessions = _Life()
-        self._chains = _Life()
+        self._chains = Conversations(self._recent_half_s, cfg.chain_ends)
         self._waste = Waste(cfg.waste, self._half_s)  # what prefill done twice costs
         # Where each recent headerless request ended (``ChainEnds``).
         self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
         # The last request placed and whether it opened a conversation (``on_routed``).
-        self._opened: tuple[str, bool] = ("", False)
+        self._opened: tuple[str, Through | None] = ("", None)
         # Shares of a claim's old part that hit (module docs): still judged resident
         # (trusted at first), and past that. The last placement's claims: request id,
         # per worker the blocks claimed and the (young, resident) cuts (``_cuts``).
         self._trust = ClaimShares(max_pending=cfg.index.max_pending)
         self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
+        # The last placement's chain end (``ChainEnds.through``): request id, the worker
+        # its earlier turn went to, the blocks to that turn's last whole one, its chars.
+        self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
 
     # -- learning -----------------------------------------------------------------
 
     def queued_tokens(self, worker: WorkerId, now: Seconds) -> float:
         """The prefill tokens ``worker`` is estimated to still have queued at ``now``."""
-        book = self._books.get(worker)
-        if book is None:
-            return 0.0
-        seconds = min(max(0.0, book.busy_until - now), book.owed_s)
-        return seconds * self._rate
-
-    def _book(self, worker: WorkerId, now: Seconds) -> _Book:
-        book = self._books.get(worker)
-        if book is None:
-            book = self._books[worker] = _Book(now)
-        return book
-
-    def _publish(self, worker: WorkerId, book: _Book) -> None:
-        self._costs[worker] = (book.busy_until, book.owed_s, book.fill)
-
-    def _recent_count(self, book: _Book, now: Seconds) -> float:
-        """Requests routed to the worker lately, halved every ``recent_half_life_s``."""
-        age = now - book.recent_at
-        age = age if age > 0.0 else 0.0  # not ``max``: keyword parsing on 3.11, per request
-        return book.recent * math.exp2(-age / self._recent_half_s)
+        return self._queues.queued_tokens(worker, now)
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
-        cfg = self.config
         rid, prompt = request.request_id, request.prompt_chars
         last, found, cuts = self._claims
         if last == rid:  # the claims its placement weighed, the store's included
@@ -269,42 +251,26 @@ class DefaultPolicy(PrefixLearning):
         else:
             depth = self.index.match_worker(request.prefix_hashes, worker)
             young, resident = self._cuts(request, worker, depth)
-        young, resident, depth = (self._chars(d, prompt) for d in (young, resident, depth))
+            self._tail = (rid, WorkerId(""), 0, 0)
+        young, resident, depth = (self._chars(d, request, worker) for d in (young, resident, depth))
         self._trust.note_routed(rid, worker, young, resident, depth)
         cached = self._trust.expected(young, resident, depth)
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
-        book = self._book(worker, now)
-        busy = book.busy_until
-        book.busy_until = (now if now > busy else busy) + seconds
-        book.owed_s += seconds
-        book.recent = self._recent_count(book, now) + 1.0
-        book.recent_at = now
-        self._waste.pace.note(now)
-        flights = self._flights
-        old = flights.pop(request.request_id, None)
-        if old is not None:
-            self._settle(old)
         hashes = tuple(request.prefix_hashes)
-        flights[request.request_id] = (worker, seconds, now, hashes)
-        self._running.add(worker, hashes)
+        self._queues.routed(rid, worker, seconds, hashes, now)
+        self._waste.pace.note(now)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
             self._waste.turns.add(now, self._recent_half_s, 1.0, 0.0)
         elif hashes:
             opened = self._opened
-            opens = opened[1] if opened[0] == rid else self.opens(request)
-            self._chains.add(now, self._recent_half_s, seconds, 1.0 if opens else 0.0)
+            end = opened[1] if opened[0] == rid else self._ends.through(request)
+            opens = end is None
+            self._chains.routed(rid, now, seconds, None if end is None else end[3])
             self._waste.turns.add(now, self._recent_half_s, 1.0, 1.0 if opens else 0.0)
-            self._ends.note(request)
-        horizon = now - self._horizon_s
-        while flights:
-            first = next(iter(flights.values()))
-            if first[2] >= horizon and len(flights) <= cfg.index.max_pending:
-                break
-            self._settle(flights.popitem(last=False)[1])
+            self._ends.note(request, worker)
         super().on_routed(request, worker, now)
-        book.fill = self.index.fill(worker)
-        self._publish(worker, book)
+        self._queues.refill(worker, self.index.fill(worker))
 
     def session_life_s(self) -> float:
         """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
@@ -312,7 +278,7 @@ class DefaultPolicy(PrefixLearning):
 
     def chain_life_s(self) -> float:
         """Prefill seconds a headerless conversation routes over its life (0: none yet)."""
-        return self._chains.mean()
+        return self._chains.life_s()
 
     def opens(self, request: RequestFeatures) -> bool:
         """Whether a headerless request opens a conversation rather than extending one
@@ -328,32 +294,16 @@ class DefaultPolicy(PrefixLearning):
         now: Seconds,
     ) -> None:
         """The request is done: its tokens leave the queue bound; correct the index."""
-        flight = self._flights.pop(request.request_id, None)
-        if flight is not None:
-            self._settle(flight)
+        self._queues.reported(request.request_id)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
-        book = self._books.get(worker)
-        if book is not None:
-            book.fill = self.index.fill(worker)
-            self._publish(worker, book)
-
-    def _settle(self, flight: _Flight) -> None:
-        worker, seconds, _, hashes = flight
-        self._running.remove(worker, hashes)
-        book = self._books.get(worker)
-        if book is not None:
-            left = book.owed_s - seconds
-            book.owed_s = left if left > 1e-9 else 0.0
-            self._publish(worker, book)
+        self._queues.refill(worker, self.index.fill(worker))
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         """Forget the worker's blocks, queue and counts."""
         super().on_worker_removed(worker)
-        self._books.pop(worker, None)
-        self._costs.pop(worker, None)
-        self._running.forget(worker)
+        self._queues.forget(worker)
 
     # -- deciding -----------------------------------------------------------------
 
@@ -407,7 +357,7 @@ class DefaultPolicy(PrefixLearning):
     def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
         """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
         hashes = request.prefix_hashes
-        depth = self._running.shared_depth(worker, hashes) if hashes else 0
+        depth = self._queues.running.shared_depth(worker, hashes) if hashes else 0
         if not depth:
             return 0
         chars = self.index.depth_chars(depth)
@@ -439,21 +389,27 @@ class DefaultPolicy(PrefixLearning):
         icfg = self.index.config
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         costs = self._costs.get
-        get = matches.get
         kv_high, decode_s = cfg.kv_high, self._decode_s
         evict, stay, half = cfg.evict, cfg.stay * per_char, self._half_s
         # An opening adds its conversation's whole life here, not this turn's; a new
         # session's binding makes a pull buy nothing past this turn (module docs).
-        life = 0.0
+        life, rid = 0.0, request.request_id
+        self._tail = (rid, WorkerId(""), 0, 0)
         if request.session_key is not None:
             life, stay = self.session_life_s(), 0.0
         elif request.prefix_hashes:
-            opens = self.opens(request)
-            self._opened = (request.request_id, opens)
-            if opens:
+            end = self._ends.through(request)
+            self._opened = (rid, end)
+            if end is None:
                 life = self.chain_life_s()
+            elif own.get(end[0], 0) >= end[1]:  # the index still has its last block there
+                self._tail = (rid, *end[:3])
+        _, tail_worker, _, tail = self._tail
+        tail = tail if tail < prompt else prompt
+        get = matches.get
+        held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
         evict_all = evict * (fresh_all if fresh_all >= life else life)
-        top = max(matches.values(), default=0)
+        top = max(self._chars(max(matches.values(), default=0), request, ""), tail)
         backlog = math.inf  # the shortest queue among the workers scored (the waste term)
         best: WorkerState | None = None
         best_cost = math.inf
@@ -482,9 +438,11 @@ class DefaultPolicy(PrefixLearning):
                 cost = (w.in_flight + (w.waiting or 0)) * decode_s
                 depth = get(wid)
                 if depth:
-                    # ``PrefixIndex.depth_chars``, inlined.
+                    # ``PrefixIndex.depth_chars``, inlined; to its earlier turn's end there.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
+                    if wid == tail_worker and tail > cached:
+                        cached = tail
                     fresh = fresh_all - cached * per_char
                     cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
                     cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
@@ -503,15 +461,15 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
-        if top and cfg.waste and backlog > 0.0 and get(best.id, 0) < top:
-            best = self._wasted(request, best, scored, matches, backlog=backlog, now=now)
+        if top and cfg.waste and backlog > 0.0 and held(best.id) < top:
+            best = self._wasted(request, best, scored, matches, held, backlog=backlog, now=now)
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
-        return best, "prefix_match" if get(best.id, 0) == top else "least_ttft"
+        return best, "prefix_match" if held(best.id) == top else "least_ttft"
 
     def _wasted(
         self,
@@ -519,22 +477,29 @@ class DefaultPolicy(PrefixLearning):
         best: WorkerState,
         scored: list[tuple[float, WorkerState]],
         found: dict[WorkerId, int],
+        held: Callable[[WorkerId], int],
         *,
         backlog: Seconds,
         now: Seconds,
     ) -> WorkerState:
         """The cheapest once the waste term charges those holding less than the best holder
-        (called when the cheapest holds less than the longest match)."""
+        (called when the cheapest holds less than the longest match: ``found`` blocks,
+        ``held`` characters of the prompt on a worker)."""
         ids = {w.id for _, w in scored}
-        depth, holder = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
-        prompt, waste = request.prompt_chars, self._waste
+        _, holder = max(((d, w) for w, d in found.items() if w in ids), default=(0, ""))
+        tail_worker = self._tail[1]
+        if tail_worker in ids and held(tail_worker) > held(holder):
+            holder = tail_worker  # deeper by its earlier turn's end there
+        most = held(holder)
+        waste = self._waste
         factor = waste.factor(now, backlog, len(scored)) * waste.fade(now, self._costs.get(holder))
-        cuts = self._cuts(request, holder, depth) if request.prefix_hashes else (depth,) * 2
-        held = self._trust.expected(*(self._chars(d, prompt) for d in (*cuts, depth)))
-        if factor <= 0.0 or held <= 0.0 or found.get(best.id, 0) >= depth:
+        cuts = self._cuts(request, holder, found.get(holder, 0))
+        young, resident = (self._chars(d, request, holder) for d in cuts)
+        likely = self._trust.expected(young, resident, most)
+        if factor <= 0.0 or likely <= 0.0 or held(best.id) >= most:
             return best
-        cached = lambda w: self._chars(found.get(w.id, 0), prompt)  # noqa: E731
-        return rescore(scored, cached, held, factor * self._tokens_per_char / self._rate,
+        cached = lambda w: held(w.id)  # noqa: E731
+        return rescore(scored, cached, likely, factor * self._tokens_per_char / self._rate,
                        lambda w: self._tie(w, now))  # fmt: skip
 
     def _vouched(
@@ -565,9 +530,9 @@ class DefaultPolicy(PrefixLearning):
             young, resident = judged[wid] = self._cuts(request, wid, depth)
             if young >= depth:
                 break
-            cached = self._chars(depth, prompt)
-            young_chars, resident_chars = self._chars(young, prompt), self._chars(resident, prompt)
-            unheld = cached - self._trust.expected(young_chars, resident_chars, cached)
+            cached = self._chars(depth, request, wid)
+            young, resident = (self._chars(d, request, wid) for d in (young, resident))
+            unheld = cached - self._trust.expected(young, resident, cached)
             fill = self._costs.get(wid, (0.0, 0.0, 0.0))[2]
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
@@ -586,15 +551,19 @@ class DefaultPolicy(PrefixLearning):
             return 0, 0
         return index.resident_depth(hashes, worker, resident, LRU_TURNOVER), resident
 
-    def _chars(self, depth: int, prompt: int) -> int:
-        """Characters of a ``prompt``-character request that ``depth`` blocks cover."""
+    def _chars(self, depth: int, request: RequestFeatures, worker: WorkerId) -> int:
+        """Characters of the request's prompt that ``depth`` blocks of it on ``worker``
+        cover: to its earlier turn's end there (``_tail``) if they reach that."""
         if not depth:
             return 0
         chars = self.index.depth_chars(depth)
+        rid, tail_worker, blocks, tail = self._tail
+        if depth >= blocks and worker == tail_worker and rid == request.request_id:
+            chars = tail if tail > chars else chars
+        prompt = request.prompt_chars
         return chars if chars < prompt else prompt
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
-        book = self._books.get(worker.id)
-        recent = self._recent_count(book, now) if book is not None else 0.0
+        recent = self._queues.recent(worker.id, now)
         return (worker.load, recent, worker.kv_usage or 0.0, worker.id)
