@@ -217,8 +217,8 @@ class DefaultPolicy(PrefixLearning):
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
         # What a conversation brings over its life: explicit sessions (prefill seconds
         # routed with a session id over sessions placed for the first time), and
-        # headerless conversations (prefill seconds routed without one over requests
-        # that opened a chain).
+        # headerless conversations (``Conversations``: an opening's prefill, and a later
+        # turn's times the turns a conversation has).
         self._sessions = _Life()
         self._chains = Conversations(self._recent_half_s, cfg.chain_ends)
         self._waste = Waste(cfg.waste, self._half_s)  # what prefill done twice costs
@@ -251,7 +251,6 @@ class DefaultPolicy(PrefixLearning):
         else:
             depth = self.index.match_worker(request.prefix_hashes, worker)
             young, resident = self._cuts(request, worker, depth)
-            self._tail = (rid, WorkerId(""), 0, 0)
         young, resident, depth = (self._chars(d, request, worker) for d in (young, resident, depth))
         self._trust.note_routed(rid, worker, young, resident, depth)
         cached = self._trust.expected(young, resident, depth)
