@@ -312,6 +312,28 @@ def test_a_continuation_goes_back_to_the_worker_holding_its_state_whatever_the_p
     assert kind(continuation_verdict((w("a"), w("b")), None)) == ("place", "b")
 
 
+# Which workers a headerless request may use while one is pressured: a soft worker
+# takes no new conversations, but a later turn comes back to its home (where its
+# earlier turn went, as its policy knows), as a bound session's turns do.
+@pytest.mark.parametrize(
+    ("pressure", "home", "expected"),
+    [
+        pytest.param(S, None, ["a"], id="soft-new-conversation"),
+        pytest.param(S, "b", ["a", "b"], id="soft-later-turn-comes-home"),
+        pytest.param(S, "a", ["a"], id="soft-home-elsewhere"),
+        pytest.param(H, "b", ["a"], id="hard-home-left-out"),
+        pytest.param(N, None, ["a", "b"], id="normal"),
+    ],
+)
+def test_a_headerless_later_turn_may_stay_on_its_soft_home(
+    pressure: Pressure, home: str | None, expected: list[str]
+) -> None:
+    request = RequestFeatures(request_id="r", model="m", prefix_hashes=tuple(range(10)))
+    fleet = FleetSnapshot(0.0, (w("a"), w("b", pressure=pressure)))
+    ctx = RouteContext(fleet, None, random.Random(0))
+    assert [x.id for x in candidates(request, ctx, home)] == expected  # type: ignore[arg-type]
+
+
 class Prefers(PolicyBase):
     """Picks ``wanted`` when it is among the candidates it may use, else says full."""
 
@@ -381,13 +403,14 @@ def test_an_overflow_is_placed_by_the_policy(
 
 
 def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
-    """Both workers SOFT; b holds the 32-block system prompt, a is idle: the policy's
-    expected TTFT (its cache against a's empty queue) sends it to b, where least
-    pressure then least load sent it to a."""
+    """Both workers SOFT; b holds the 32-block system prompt (an earlier request's, with
+    its own question after it: this one is a new conversation, not that one's next
+    turn), a is idle: the policy's expected TTFT (its cache against a's empty queue)
+    sends it to b, where least pressure then least load sent it to a."""
     policy = default_registry().build("default")
     prompt = tuple(range(32))
     policy.on_routed(
-        RequestFeatures("w", "m", prefix_hashes=prompt, prompt_chars=32 * 256), "b", -60.0
+        RequestFeatures("w", "m", prefix_hashes=(*prompt, 1007), prompt_chars=33 * 256), "b", -60.0
     )
     request = RequestFeatures(
         "r", "m", priority=CRIT, prefix_hashes=(*prompt, 99), prompt_chars=33 * 256

@@ -13,6 +13,7 @@ import random
 import pytest
 
 from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import Pressure
 from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
 from kvgate.core.prefix import build_features
 
@@ -119,6 +120,25 @@ def test_an_agents_next_turn_goes_where_its_end_is_though_the_blocks_cannot_tell
     workers = (worker("a", in_flight=a_in_flight), worker("b"))
     decision = policy.pick(later, ctx(fleet(*workers)))
     assert (decision.worker, decision.reason) == expected
+
+
+@pytest.mark.parametrize(
+    ("hashes", "expected"),
+    [
+        # The conversation's next turn: its home is b, which holds its context.
+        ((*FIRST, *chain(3, 2)), "b"),
+        # A stranger behind the same preamble is a new conversation: not on soft b.
+        ((*PREAMBLE, *chain(4, 3)), "a"),
+    ],
+)
+def test_a_later_turn_stays_on_its_soft_worker_a_new_conversation_does_not(
+    hashes: tuple[int, ...], expected: str
+) -> None:
+    """b took the first turn and has since reached the soft mark; a is idle and cold."""
+    policy = DefaultPolicy()
+    routed(policy, "t1", FIRST, where="b")
+    workers = (worker("a"), worker("b", pressure=Pressure.SOFT))
+    assert policy.pick(request("q", hashes=hashes), ctx(fleet(*workers))).worker == expected
 
 
 def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:

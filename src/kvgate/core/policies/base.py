@@ -3,8 +3,14 @@
 The candidate rule is the one safety property all policies keep: a request may
 go only to a worker that is routable (not ejected or draining), not full, of the
 pinned version if one is pinned, and either accepts new sessions (no memory
-pressure) or is the worker the request's session is already bound to and is not
-under hard pressure (an affine session may stay on a soft-pressure worker).
+pressure) or is the request's *home* and is not under hard pressure: a soft-pressure
+worker takes no new conversations, but its own keep coming back. The home is the
+worker the request's session is bound to or, without a session, the one a policy
+that follows headerless conversations knows its earlier turn went to (``default``:
+``ChainEnds.through``). Moving such a turn off a soft worker recomputes its whole
+context elsewhere, more load on a fleet already short of memory: on a long-context
+trace whose workers hovered about the soft mark, later turns left their caches
+whenever a scrape read 85%, and the hit rate followed each scrape's luck.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from kvgate.core.decision import CAPACITY_FULL, AffinityWrite, Decision, decisio
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import Health, Pressure, WorkerState
 from kvgate.core.policy import RouteContext
+from kvgate.types import WorkerId
 
 ThresholdKind = Literal["in_flight", "fraction"]
 
@@ -37,9 +44,12 @@ class PolicyConfig(BaseModel):
     retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After when refusing")
 
 
-def candidates(request: RequestFeatures, ctx: RouteContext) -> list[WorkerState]:
-    """The workers ``request`` may be sent to, in fleet order (see the module docs)."""
-    affine = ctx.affinity.worker if ctx.affinity is not None else None
+def candidates(
+    request: RequestFeatures, ctx: RouteContext, home: WorkerId | None = None
+) -> list[WorkerState]:
+    """The workers ``request`` may be sent to, in fleet order (see the module docs);
+    ``home``: where its headerless conversation's earlier turn went, if known."""
+    affine = ctx.affinity.worker if ctx.affinity is not None else home
     pinned = request.pinned_version
     # Comprehensions with inlined ``routable`` / ``full``: this runs over every
     # worker on every request.

@@ -309,7 +309,13 @@ class DefaultPolicy(PrefixLearning):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
-        cands = candidates(request, ctx)
+        home = None
+        if request.session_key is None and request.prefix_hashes:
+            # A later turn's home (``candidates``): where its earlier turn went.
+            end = self._ends.through(request)
+            self._opened = (request.request_id, end)
+            home = end[0] if end is not None else None
+        cands = candidates(request, ctx, home)
         sticky_cap = None
         if ctx.affinity is not None and cands and cfg.sticky_load_factor is not None:
             total = sum([w.in_flight + (w.waiting or 0) for w in cands])  # ``load``, inlined
@@ -397,8 +403,8 @@ class DefaultPolicy(PrefixLearning):
         if request.session_key is not None:
             life, stay = self.session_life_s(), 0.0
         elif request.prefix_hashes:
-            end = self._ends.through(request)
-            self._opened = (rid, end)
+            opened = self._opened  # ``pick`` looked it up just before
+            end = opened[1] if opened[0] == rid else self._ends.through(request)
             if end is None:
                 life = self.chain_life_s()
             elif own.get(end[0], 0) >= end[1]:  # the index still has its last block there
