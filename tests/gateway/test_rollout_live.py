@@ -47,13 +47,27 @@ async def test_a_healthy_canary_is_promoted_through_every_step() -> None:
         aiohttp.ClientSession() as session,
         Traffic(gw.url).running() as traffic,
     ):
-        status, body = await admin(session, "POST", gw.url + "/admin/rollouts", spec())
+        # Wall-clock latency through one event loop shared by client, gateway and
+        # workers is a few ms, and p99 of a few dozen samples is their maximum: one
+        # canary request held up by a scheduling hiccup of tens of ms broke even a 10x
+        # bound (2 runs in about 130 on this 2-core machine, one of them CI). p95 of 20 needs
+        # two such hiccups on the canary's side alone.
+        gates = {
+            "min_samples": 20,
+            "max_error_rate": 0.01,
+            "latency_p99": None,
+            "ttft_p99": None,
+            "latency_p95": {"max_factor": 10.0},
+            "ttft_p95": {"max_factor": 10.0},
+        }
+        status, body = await admin(session, "POST", gw.url + "/admin/rollouts", spec(gates=gates))
         assert status == 201, body
         assert body["state"] == "progressing"
         assert body["weights"] == {"v1": 90.0, "v2": 10.0}
 
         done = await wait_state(session, gw.url, ROLLOUT, "promoted", "rolled_back", within=20)
-        assert done["state"] == "promoted", done
+        failed = [g for g in done.get("gates", ()) if g.get("verdict") == "fail"]
+        assert done["state"] == "promoted", failed or done
         assert done["step"] == 4
         assert done["weights"] == {"v1": 0.0, "v2": 100.0}
         # Every step was passed on its gates: three advances, then the promotion.
