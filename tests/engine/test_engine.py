@@ -231,3 +231,23 @@ def test_adopted_blocks_are_hit_and_forgotten_ones_are_not() -> None:
     assert engine.cached_prefix_tokens(chain, 80) == 32
     # A chain longer than the GPU stops where no room is left.
     assert engine.adopt(prompt_hashes(6, 160, 0, 160, BS)) == 8
+
+
+@pytest.mark.parametrize(("tokens", "cached_first"), [(100, False), (5_000, False), (5_000, True)])
+def test_a_lone_request_takes_exactly_its_alone_ttft(tokens: int, cached_first: bool) -> None:
+    """``alone_ttft`` (the simulator's TTFT floor) is what the engine itself takes for a
+    request alone on an idle engine: chunked prefill of its uncached tokens, cold or
+    behind a prefix an earlier request left cached."""
+    engine = Engine(EngineConfig(profile="h100-llama3-8b", num_gpu_blocks=2_000))
+    arrivals = []
+    if cached_first:  # the same prompt's first 4,000 tokens, done before the request
+        first = EngineRequest("first", prompt_hashes(0, 4_000, 0, 4_000, BS), 4_000, 1)
+        arrivals.append(Arrival(0.0, first))
+    arrivals.append(Arrival(100.0, req("lone", tokens, out=2)))
+    done = run(engine, arrivals).finished["lone"]
+    assert done.cached_tokens == (4_000 if cached_first else 0)
+    ttft = done.first_token_time - 100.0
+    floor = engine.alone_ttft(tokens, done.cached_tokens)
+    assert ttft == pytest.approx(floor, rel=1e-9)
+    chunks = -(-(tokens - done.cached_tokens) // engine.config.max_batched_tokens)
+    assert floor > chunks * engine.config.latency.step_base_s

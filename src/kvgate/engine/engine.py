@@ -56,6 +56,25 @@ class Engine:
         """True when a request of this size could ever run here (its KV fits the GPU)."""
         return self._scheduler.blocks_for(prompt_tokens + max_tokens) <= self.config.num_gpu_blocks
 
+    def alone_ttft(self, prompt_tokens: int, cached_tokens: int) -> Seconds:
+        """Model seconds to the first token of a prompt prefilled alone on an idle engine
+        with ``cached_tokens`` of it cached: its uncached tokens in ``max_batched_tokens``
+        chunks, one step each, nothing queued ahead and nothing batched beside it.
+
+        What no placement can cut from that request's TTFT, given the cache it got: the
+        simulator's ``ttft_floor_p99`` is the p99 of it over the requests served.
+        Restoring offloaded blocks is not counted.
+        """
+        left = prompt_tokens - cached_tokens
+        chunk = self.config.max_batched_tokens
+        profile = self._scheduler.profile
+        seconds = 0.0
+        while left > 0:
+            n = chunk if left > chunk else left
+            seconds += profile.step_time(n, 0, 0)
+            left -= n
+        return seconds
+
     def submit(self, request: EngineRequest, now: Seconds) -> None:
         """Queue ``request`` (arrival time ``now``) at the tail of the waiting queue.
 

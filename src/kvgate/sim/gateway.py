@@ -271,6 +271,7 @@ class SimGateway:
             cached_tokens=done.cached_tokens,
             output_tokens=done.output_tokens,
             now=now,
+            ttft_floor=worker.engine.alone_ttft(done.prompt_tokens, done.cached_tokens),
         )
         # As the live pool: a release that held KV may let any held waiter fit.
         self._wake(now, everyone=flight.kv_tokens > 0)

@@ -99,6 +99,7 @@ SIM_COLUMNS: tuple[Column, ...] = (
     percent_column("/bound", "hit_rate_of_bound", narrow=True),
     percent_column("/ref", "hit_rate_of_reference", narrow=True),
     *LATENCIES,
+    ms_column("p99 floor", "ttft_floor_p99"),
     ms_column("queue", "queue_mean"),
     ratio_column("max/mean", "load_max_over_mean", narrow=True),
     ratio_column("CV", "load_cv"),

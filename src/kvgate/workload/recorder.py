@@ -73,6 +73,7 @@ class RunRecorder:
         self.ttft: array[float] = array("d")
         self.e2e: array[float] = array("d")
         self.queue: array[float] = array("d")
+        self.ttft_floor: array[float] = array("d")
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
@@ -114,10 +115,14 @@ class RunRecorder:
         cached_tokens: int,
         output_tokens: int,
         now: Seconds,
+        ttft_floor: Seconds | None = None,
     ) -> None:
-        """A request completed on worker index ``worker``."""
+        """A request completed on worker index ``worker``; ``ttft_floor``: its TTFT had
+        it been prefilled alone with the cache it got (the simulator knows it)."""
         self.finished += 1
         self.ttft.append(ttft)
+        if ttft_floor is not None:
+            self.ttft_floor.append(ttft_floor)
         self.e2e.append(e2e)
         self.queue.append(queued)
         self.prompt_tokens += prompt_tokens
@@ -165,6 +170,9 @@ class RunRecorder:
             "migrations": self.migrations,
             "reasons": dict(sorted(self.reasons.items())),
         }
+        if self.ttft_floor:
+            # The p99 with no queueing at the same cache hits: what placement cannot cut.
+            out["ttft_floor_p99"] = _r(_percentile(self.ttft_floor, 99))
         return out
 
     def ttft_sorted(self, points: int = 200) -> list[float]:
