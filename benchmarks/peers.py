@@ -10,7 +10,9 @@ and p99 (the workers' own ``usage.kvgate_timing``, which client and router CPU
 contention cannot inflate), requests per worker (each worker's own
 ``vllm:request_success_total``, as the peers name no worker in their answers),
 and errors; beside them the infinite-cache bound and the capacity-aware
-reference (the fleet's KV used as one LRU cache).
+reference (the fleet's KV used as one LRU cache), and the TTFT floor's p99: each
+request's TTFT alone on an idle worker at the cache it got (the workers' own
+latency model, ``Engine.alone_ttft``), what no placement can cut at those hits.
 
 Peers are installed into throwaway virtualenvs on first use (see
 ``peer_routers.py``); a router that cannot be installed or started is reported
@@ -44,6 +46,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kvgate.bench import run_bench
+from kvgate.engine import Engine
 from kvgate.engine.config import EngineConfig
 from kvgate.testing import free_port, wait_until
 from kvgate.workload.synthetic import build_workload
@@ -52,6 +55,8 @@ from peer_routers import KVGATE, MODEL, ROUTERS, Launch, Router, prepare
 WORKERS = 4
 PROFILE = "h100-llama3-8b"
 BLOCK_SIZE = 16
+ALONE_TTFT = Engine(EngineConfig(block_size=BLOCK_SIZE, profile=PROFILE)).alone_ttft
+"""A request's TTFT alone on one of the emulated workers (the floor column): their model."""
 MAX_MODEL_LEN = 262_144  # long-context prompts must not be refused by the workers
 
 
@@ -349,6 +354,7 @@ async def one_run(
             label=router.name,
             block_size=BLOCK_SIZE,
             fleet_kv_blocks=WORKERS * worker_kv_blocks(shape),
+            ttft_floor=ALONE_TTFT,
         )
         after = await worker_counters(urls)
         replayed = time.monotonic()
@@ -366,6 +372,8 @@ async def one_run(
         "hit_rate": s["hit_rate"],
         "worker_ttft_p50": s.get("worker_ttft_p50"),
         "worker_ttft_p99": s.get("worker_ttft_p99"),
+        # The p99 of each request's TTFT alone on an idle worker at the cache it got.
+        "ttft_floor_p99": s.get("ttft_floor_p99"),
         "client_ttft_p50": s["ttft_p50"],
         "client_ttft_p99": s["ttft_p99"],
         "per_worker": [a[0] - b[0] for a, b in zip(after, before, strict=True)],
@@ -412,7 +420,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
                 "failed": [r["error"] for r in group if "error" in r],
             }
             if good:
-                for key in ("hit_rate", "worker_ttft_p50", "worker_ttft_p99", "bound"):
+                keys = ("hit_rate", "worker_ttft_p50", "worker_ttft_p99", "ttft_floor_p99", "bound")
+                for key in keys:
                     values = [r[key] for r in good if r.get(key) is not None]
                     summary[key] = _spread(values) if values else None
                 references = [r["reference"] for r in good if r.get("reference") is not None]
@@ -466,6 +475,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
         "/ref",
         "TTFT p50",
         "TTFT p99",
+        "floor p99",
         "per worker",
         "errors",
         "lost",
@@ -474,7 +484,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
         table.add_column(column, justify="left" if column == "router" else "right")
     for name, s in routers.items():
         if not s["runs"]:
-            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 6)
+            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 7)
             continue
         hit = s["hit_rate"]
         ref = s.get("reference")
@@ -486,6 +496,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
             of_ref,
             _secs(s.get("worker_ttft_p50")),
             _secs(s.get("worker_ttft_p99")),
+            _secs(s.get("ttft_floor_p99")),
             "/".join(f"{v:.0f}" for v in s["per_worker"]),
             f"{s['errors']}/{s['requests']}",
             f"{s['lost_model_share']:.0%}",
@@ -506,19 +517,21 @@ def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
         lines += [
             head,
             "",
-            "| router | hit | /ref | TTFT p50 | TTFT p99 | per worker | errors | lost |",
-            "|---|---|---|---|---|---|---|---|",
+            "| router | hit | /ref | TTFT p50 | TTFT p99 | floor p99 | per worker | errors"
+            " | lost |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for name, s in routers.items():
             if not s["runs"]:
-                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | | |")
+                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | | | |")
                 continue
             ref = s.get("reference")
             of_ref = f"{s['hit_rate']['mean'] / ref['mean']:.0%}" if ref and ref["mean"] else "-"
             per_worker = "/".join(f"{v:.0f}" for v in s["per_worker"])
             lines.append(
                 f"| {name} | {_pct(s['hit_rate'])} | {of_ref} | {_secs(s.get('worker_ttft_p50'))}"
-                f" | {_secs(s.get('worker_ttft_p99'))} | {per_worker} |"
+                f" | {_secs(s.get('worker_ttft_p99'))} | {_secs(s.get('ttft_floor_p99'))}"
+                f" | {per_worker} |"
                 f" {s['errors']}/{s['requests']} | {s['lost_model_share']:.0%} |"
             )
         lines.append("")

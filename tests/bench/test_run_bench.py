@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -194,6 +195,25 @@ def test_summary_sums_tokens_scales_times_and_counts_idle_workers() -> None:
     assert summary["errors"] == 1 and summary["error_kinds"] == {"http_503": 1}
     assert summary["reasons"] == {"affinity": 4}
     assert summary["load_max_over_mean"] == pytest.approx(2.0)
+    assert "ttft_floor_p99" not in summary  # the fleet's engine model was not given
+
+
+def test_summary_takes_the_ttft_floor_of_each_answered_request() -> None:
+    outcomes = [
+        _outcome(0, "w1", 100, 0),
+        _outcome(1, "w1", 200, 150),
+        _outcome(2, "w2", 100, 50),
+        _outcome(3, "w2", 900, 0, status=503),  # not answered: no floor
+    ]
+    seen: list[tuple[int, int]] = []
+
+    def floor(prompt: int, cached: int) -> float:
+        seen.append((prompt, cached))
+        return (prompt - cached) / 1000
+
+    summary = summarize(outcomes, ttft_floor=floor)
+    assert seen == [(100, 0), (200, 150), (100, 50)]
+    assert summary["ttft_floor_p99"] == pytest.approx(float(np.percentile([0.1, 0.05, 0.05], 99)))
 
 
 async def test_a_mooncake_trace_replays_as_completions_sharing_prefixes(

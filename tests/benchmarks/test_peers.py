@@ -34,6 +34,7 @@ def run_record(
         "hit_rate": hit,
         "worker_ttft_p50": p99 / 4,
         "worker_ttft_p99": p99,
+        "ttft_floor_p99": p99 / 2,
         "per_worker": [10, 40, 30, 20],
         "bound": 0.5,
         "reference": 0.25,
@@ -82,7 +83,8 @@ def test_tables_show_each_router_with_the_bound_and_reference() -> None:
     assert "500ms" in text and "3.00s (2.00s-4.00s)" in text
     assert "failed: pip failed" in text
     md = peers.markdown(summary)
-    assert "| a | 22.0% (20.0%-24.0%) | 88% | 750ms (500ms-1.00s) | 3.00s (2.00s-4.00s) |" in md
+    row = "| a | 22.0% (20.0%-24.0%) | 88% | 750ms (500ms-1.00s) | 3.00s (2.00s-4.00s) |"
+    assert row + " 1.50s (1.00s-2.00s) |" in md  # the floor p99 beside the p99
     assert "| c | failed: pip failed: no such package |" in md
 
 
@@ -162,6 +164,8 @@ def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Pat
         assert run["finished"] == 24 and run["errors"] == 0
         assert sum(run["per_worker"]) == 24  # the probe is not counted
         assert run["worker_ttft_p99"] >= run["worker_ttft_p50"] > 0
+        # Each request's own prefill alone at the cache it got bounds its worker TTFT.
+        assert 0 < run["ttft_floor_p99"] <= run["worker_ttft_p99"] + 1e-6
         assert 0 <= run["hit_rate"] <= run["bound"]
         assert run["reference"] == pytest.approx(run["bound"], abs=1e-6)  # the GPU holds it all
     summary = document["summary"]["shared-prefix-groups"]

@@ -13,7 +13,7 @@ left out; the client's own wait for a free connection slot is reported instead.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
@@ -56,12 +56,16 @@ def summarize(
     bound: Bound | None = None,
     workers: Sequence[str] = (),
     reference: Bound | None = None,
+    ttft_floor: Callable[[int, int], float] | None = None,
 ) -> dict[str, Any]:
     """The run's figures, shaped as one policy's entry of ``kvgate sim``'s results.json.
 
     ``workers`` lists the fleet's worker ids when known, so a worker that served
     nothing still counts in the load spread. ``reference`` is the capacity-aware
-    reference, when the fleet's KV size is known.
+    reference, when the fleet's KV size is known. ``ttft_floor``, when the fleet's
+    engine model is known (an emulated fleet), is a request's TTFT alone on an idle
+    worker from its prompt and cached tokens (``Engine.alone_ttft``); the summary's
+    ``ttft_floor_p99`` is its p99, what no placement can cut at those cache hits.
     """
     seen = [o.answer.worker or UNNAMED_WORKER for o in outcomes if o.answer.ok]
     ids = list(dict.fromkeys([*workers, *sorted(set(seen))]))
@@ -90,6 +94,9 @@ def summarize(
         if answer.worker_ttft is not None:
             worker_ttfts.append(answer.worker_ttft)
         first = answer.first_token if answer.first_token is not None else answer.finished
+        floor = None
+        if ttft_floor is not None and answer.prompt_tokens is not None:
+            floor = ttft_floor(answer.prompt_tokens, answer.cached_tokens or 0)
         recorder.finish(
             index[answer.worker or UNNAMED_WORKER],
             ttft=(first - answer.sent) * time_scale,
@@ -99,6 +106,7 @@ def summarize(
             cached_tokens=answer.cached_tokens or 0,
             output_tokens=answer.completion_tokens or 0,
             now=answer.finished * time_scale,
+            ttft_floor=floor,
         )
     bound_rate = bound.hit_rate if bound is not None else None
     summary = recorder.summary(bound_rate)

@@ -58,6 +58,7 @@ async def run_bench(
     timeout_s: float = 600.0,
     progress: Progress | None = None,
     fleet_kv_blocks: int | None = None,
+    ttft_floor: Callable[[int, int], float] | None = None,
 ) -> dict[str, Any]:
     """Replay ``workload`` against ``target`` and return a ``results.json`` document.
 
@@ -70,7 +71,8 @@ async def run_bench(
     assumes. ``workers`` names the fleet's workers (``X-Kvgate-Worker``
     values) so idle ones count in the load spread. ``fleet_kv_blocks``, the
     fleet's total KV blocks of ``block_size`` tokens, adds the capacity-aware
-    reference beside the bound.
+    reference beside the bound. ``ttft_floor`` (an emulated fleet's
+    ``Engine.alone_ttft``) adds the TTFT floor's p99 (``bench.report.summarize``).
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
@@ -97,7 +99,12 @@ async def run_bench(
         )
         outcomes = await replay.run(limited(workload, requests))
     summary = summarize(
-        outcomes, time_scale=time_scale, bound=bound, workers=workers, reference=reference
+        outcomes,
+        time_scale=time_scale,
+        bound=bound,
+        workers=workers,
+        reference=reference,
+        ttft_floor=ttft_floor,
     )
     config = {
         "target": base,
