@@ -118,7 +118,7 @@ class RunRecorder:
         ttft_floor: Seconds | None = None,
     ) -> None:
         """A request completed on worker index ``worker``; ``ttft_floor``: its TTFT had
-        it been prefilled alone with the cache it got (the simulator knows it)."""
+        it been prefilled alone with the cache it got (when the fleet's engine model is known)."""
         self.finished += 1
         self.ttft.append(ttft)
         if ttft_floor is not None:
