@@ -431,10 +431,119 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
                     round(statistics.fmean(col), 1) for col in zip(*per_worker, strict=True)
                 ]
                 summary["errors"] = sum(r["errors"] + r["shed"] for r in good)
+                summary["shed"] = sum(r["shed"] for r in good)
                 summary["lost_model_share"] = max(r.get("lost_model_share", 0.0) for r in good)
                 summary["requests"] = sum(r["requests"] for r in good)
             routers[name] = summary
     return out
+
+
+TARGET_ROUTER = "kvgate-default"
+TARGET_PEERS = ("sglang-router", "smg")
+"""Issue 11's comparison: kvgate's ``default`` against the peers' cache_aware policies."""
+HIT_TIE = 0.005
+"""Hit rates within half a point count as a tie."""
+OF_REFERENCE = 0.95
+"""The least share of the capacity-aware reference a hit rate must reach."""
+OVERLOADED_P99_S = 1.0
+"""A shape whose better peer's p99 is at least this is overloaded (TTFT in seconds)..."""
+OVERLOADED_FACTOR = 0.8
+"""...and there kvgate's p99 must be at most this times the better peer's."""
+
+
+def targets(
+    summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    router: str = TARGET_ROUTER,
+    against: Sequence[str] = TARGET_PEERS,
+) -> list[dict[str, Any]]:
+    """Per shape, ``router`` against the best of ``against`` on issue 11's targets.
+
+    Means over the runs: hit rate at least the best peer's (less ``HIT_TIE``) and
+    ``OF_REFERENCE`` of the capacity-aware reference; p99 at most the better peer's,
+    ``OVERLOADED_FACTOR`` of it where that is ``OVERLOADED_P99_S`` or more. Requests
+    refused (429) are counted beside: a hit rate is over the requests answered.
+    Shapes without ``router`` or any of ``against`` measured are left out.
+    """
+    rows: list[dict[str, Any]] = []
+    for shape, routers in summary.items():
+        own = routers.get(router)
+        peers = {n: routers[n] for n in against if routers.get(n, {}).get("runs")}
+        if not own or not own.get("runs") or not peers:
+            continue
+        hit = own["hit_rate"]["mean"]
+        best = max(peers, key=lambda n: peers[n]["hit_rate"]["mean"])
+        best_hit = peers[best]["hit_rate"]["mean"]
+        p99 = own["worker_ttft_p99"]["mean"]
+        quick = min(peers, key=lambda n: peers[n]["worker_ttft_p99"]["mean"])
+        quick_p99 = peers[quick]["worker_ttft_p99"]["mean"]
+        factor = OVERLOADED_FACTOR if quick_p99 >= OVERLOADED_P99_S else 1.0
+        reference = (own.get("reference") or {}).get("mean")
+        rows.append(
+            {
+                "shape": shape,
+                "hit": hit,
+                "best_peer": best,
+                "best_peer_hit": best_hit,
+                "hit_met": hit >= best_hit - HIT_TIE,
+                "of_reference": hit / reference if reference else None,
+                "reference_met": reference is None or hit >= OF_REFERENCE * reference,
+                "p99": p99,
+                "quick_peer": quick,
+                "quick_peer_p99": quick_p99,
+                "p99_factor": factor,
+                "p99_met": p99 <= factor * quick_p99,
+                "shed": own.get("shed", 0),
+                "peers_shed": {n: peers[n].get("shed", 0) for n in peers},
+                "requests": own["requests"],
+            }
+        )
+    return rows
+
+
+def _mark(met: bool) -> str:
+    return "yes" if met else "NO"
+
+
+def _target_cells(row: Mapping[str, Any]) -> list[str]:
+    of_ref = row["of_reference"]
+    factor = f"{row['p99_factor']:g}x " if row["p99_factor"] != 1.0 else ""
+    refused = ", ".join(f"{n} {c}" for n, c in row["peers_shed"].items())
+    return [
+        row["shape"],
+        f"{row['hit']:.1%} / {row['best_peer_hit']:.1%} ({row['best_peer']})",
+        _mark(row["hit_met"]),
+        f"{of_ref:.0%}" if of_ref is not None else "-",
+        _mark(row["reference_met"]),
+        f"{_secs_one(row['p99'])} / {factor}{_secs_one(row['quick_peer_p99'])}"
+        f" ({row['quick_peer']}, {row['p99'] / row['quick_peer_p99']:.2f}x)",
+        _mark(row["p99_met"]),
+        f"{row['shed']}/{row['requests']} ({refused})",
+    ]
+
+
+TARGET_COLUMNS = ("shape", "hit / best peer", "hit", "/ref", ">=95%", "p99 / better peer",
+                  "p99", "shed (peers)")  # fmt: skip
+
+
+def targets_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """The targets as one table, a row per shape."""
+    table = Table(title=f"{TARGET_ROUTER} against the cache_aware peers", title_justify="left")
+    for column in TARGET_COLUMNS:
+        table.add_column(column, justify="left" if column == "shape" else "right")
+    for row in rows:
+        table.add_row(*_target_cells(row))
+    return table
+
+
+def targets_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The targets as a Markdown table."""
+    lines = ["| " + " | ".join(TARGET_COLUMNS) + " |", "|---" * len(TARGET_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_target_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _secs_one(value: float) -> str:
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
 
 
 def _pct(spread: Mapping[str, float] | None) -> str:
@@ -450,12 +559,9 @@ def _secs(spread: Mapping[str, float] | None) -> str:
     if spread is None:
         return "-"
 
-    def one(v: float) -> str:
-        return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
-
-    text = one(spread["mean"])
+    text = _secs_one(spread["mean"])
     if spread["max"] > spread["min"]:
-        text += f" ({one(spread['min'])}-{one(spread['max'])})"
+        text += f" ({_secs_one(spread['min'])}-{_secs_one(spread['max'])})"
     return text
 
 
@@ -664,6 +770,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = summarize(runs)
     for shape, routers in summary.items():
         console.print(shape_table(shape, routers))
+    verdicts = targets(summary)
+    if verdicts:
+        console.print(targets_table(verdicts))
     wall = time.monotonic() - started
     console.print(f"{len(runs)} runs in {wall / 60:.1f} min")
     if args.json is not None:
@@ -683,6 +792,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "runs": runs,
             "summary": summary,
             "markdown": markdown(summary),
+            "targets": verdicts,
+            "targets_markdown": targets_markdown(verdicts),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

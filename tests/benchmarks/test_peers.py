@@ -185,3 +185,51 @@ def test_vary_jitters_every_shape_by_the_seed() -> None:
     assert repr(build_workload("agent-preamble", 0).config) not in drawn
     with pytest.raises(SystemExit):
         peers.parse_plan(["--vary", "-1"])
+
+
+def target_summary(*records: dict[str, object]) -> dict[str, object]:
+    return peers.summarize(list(records))
+
+
+@pytest.mark.parametrize(
+    ("own", "peer_a", "peer_b", "met"),
+    [
+        # (hit, p99) of kvgate, sglang-router, smg -> (hit, reference, p99) met
+        ((0.200, 0.5), (0.198, 0.6), (0.190, 0.7), (True, True, True)),
+        ((0.196, 0.5), (0.200, 0.6), (0.190, 0.4), (True, True, False)),  # a tie; slower
+        ((0.190, 0.5), (0.200, 0.6), (0.190, 0.7), (False, True, True)),  # a point below
+        ((0.230, 0.5), (0.240, 0.6), (0.245, 0.7), (False, False, True)),  # < 95% of 0.25
+        ((0.200, 4.5), (0.190, 6.0), (0.190, 5.0), (True, True, False)),  # 0.9x when overloaded
+        ((0.200, 3.9), (0.190, 6.0), (0.190, 5.0), (True, True, True)),  # 0.78x
+    ],
+)
+def test_targets_judge_kvgate_against_the_best_cache_aware_peer(
+    own: tuple[float, float],
+    peer_a: tuple[float, float],
+    peer_b: tuple[float, float],
+    met: tuple[bool, bool, bool],
+) -> None:
+    summary = target_summary(
+        run_record("kvgate-default", 0, *own, reference=0.20 if own[0] < 0.23 else 0.25),
+        run_record("sglang-router", 0, *peer_a),
+        run_record("smg", 0, *peer_b),
+    )
+    (row,) = peers.targets(summary)
+    assert (row["hit_met"], row["reference_met"], row["p99_met"]) == met
+    assert row["best_peer_hit"] == max(peer_a[0], peer_b[0])
+    assert row["quick_peer_p99"] == min(peer_a[1], peer_b[1])
+
+
+def test_targets_count_refusals_and_skip_shapes_without_a_peer() -> None:
+    summary = target_summary(
+        run_record("kvgate-default", 0, 0.2, 0.5, shed=7),
+        run_record("smg", 0, 0.2, 0.5),
+        {**run_record("kvgate-default", 0, 0.2, 0.5), "shape": "alone"},
+        {**run_record("haproxy", 0, 0.1, 0.5), "shape": "alone"},
+    )
+    (row,) = peers.targets(summary)
+    assert row["shape"] == "shape-a" and row["shed"] == 7 and row["peers_shed"] == {"smg": 0}
+    console = Console(width=200, record=True)
+    console.print(peers.targets_table([row]))
+    assert "7/100 (smg 0)" in console.export_text()
+    assert "| shape-a | 20.0% / 20.0% (smg) | yes |" in peers.targets_markdown([row])
