@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from kvgate.core.policies.cache_aware import CacheAware, CacheAwareConfig
 from kvgate.core.policies.consistent_hash import ConsistentHash, ConsistentHashConfig
 from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
 from kvgate.core.policies.least_request import LeastRequest, LeastRequestConfig
@@ -52,6 +53,12 @@ def default_registry() -> PolicyRegistry:
                 PrefixAffinityConfig,
                 PrefixAffinity,
                 "longest cached prefix unless overloaded (bounded loads)",
+            ),
+            PolicySpec(
+                "cache_aware",
+                CacheAwareConfig,
+                CacheAware,
+                "sglang-router's cache_aware, modelled: a match over 30%, else smallest tree",
             ),
             PolicySpec(
                 "consistent_hash",
