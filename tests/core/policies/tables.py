@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from kvgate.core.decision import Affinity
+from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, WorkerState
-from kvgate.core.policy import RouteContext
+from kvgate.core.policy import Policy, RouteContext
 from kvgate.types import SessionSource
 
 
@@ -62,3 +62,10 @@ def chain(group: int, length: int, tail: int | None = None) -> tuple[int, ...]:
     if tail is not None and blocks:
         blocks[-1] = tail
     return tuple(blocks)
+
+
+def pick_on_loads(policy: Policy, loads: dict[str, int], hashes: tuple[int, ...]) -> Decision:
+    """``policy``'s pick for a headerless request of ``hashes`` on workers with ``loads``
+    requests in flight (a table row: worker id -> in flight)."""
+    snapshot = fleet(*(worker(w, in_flight=n) for w, n in loads.items()))
+    return policy.pick(request(hashes=hashes), ctx(snapshot))

@@ -7,7 +7,7 @@ import pytest
 
 from kvgate.core.policies.cache_aware import CacheAware, CacheAwareConfig
 
-from .tables import chain, ctx, fleet, request, worker
+from .tables import chain, ctx, fleet, pick_on_loads, request, worker
 
 
 def warmed(config: CacheAwareConfig | None = None) -> CacheAware:
@@ -37,8 +37,7 @@ def warmed(config: CacheAwareConfig | None = None) -> CacheAware:
 def test_cache_aware_table(
     loads: dict[str, int], hashes: tuple[int, ...], chosen: str, reason: str
 ) -> None:
-    snapshot = fleet(*(worker(w, in_flight=n) for w, n in loads.items()))
-    decision = warmed().pick(request(hashes=hashes), ctx(snapshot))
+    decision = pick_on_loads(warmed(), loads, hashes)
     assert (decision.worker, decision.reason) == (chosen, reason)
     assert decision.affinity is None
 

@@ -10,7 +10,7 @@ import pytest
 from kvgate.core.fleet import FleetSnapshot
 from kvgate.core.policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 
-from .tables import chain, ctx, fleet, request, worker
+from .tables import chain, ctx, fleet, pick_on_loads, request, worker
 
 
 def warmed(config: PrefixAffinityConfig | None = None) -> PrefixAffinity:
@@ -38,8 +38,7 @@ def warmed(config: PrefixAffinityConfig | None = None) -> PrefixAffinity:
 def test_prefix_affinity_table(
     loads: dict[str, int], hashes: tuple[int, ...], chosen: str, reason: str
 ) -> None:
-    snapshot = fleet(*(worker(w, in_flight=n) for w, n in loads.items()))
-    decision = warmed().pick(request(hashes=hashes), ctx(snapshot))
+    decision = pick_on_loads(warmed(), loads, hashes)
     assert (decision.worker, decision.reason) == (chosen, reason)
     assert decision.affinity is None
 
