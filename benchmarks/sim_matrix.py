@@ -8,8 +8,8 @@ requests shed per workload and policy. Two sets:
   variants), the older synthetic workloads, the Mooncake and RAGPulse traces; ``default``
   only by default.
 - ``unseen``: shapes no one tuned on (headerless bursty agents, long system prompts,
-  32 KiB preambles, tight KV under overload), with ``default``, ``prefix_affinity`` and
-  ``least_request`` side by side.
+  32 KiB preambles, tight KV under overload), with ``default``, ``cache_aware`` (the
+  live peers' rule), ``prefix_affinity`` and ``least_request`` side by side.
 
 ``--compare OLD.json`` puts a saved run's figures beside this one's (before -> after), so a
 change is judged on the whole matrix at once::
@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-UNSEEN_POLICIES = ("default", "prefix_affinity", "least_request")
+UNSEEN_POLICIES = ("default", "cache_aware", "prefix_affinity", "least_request")
 
 
 @dataclass(frozen=True)
