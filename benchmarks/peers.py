@@ -462,13 +462,17 @@ def targets(
     ``OF_REFERENCE`` of the capacity-aware reference; p99 at most the better peer's,
     ``OVERLOADED_FACTOR`` of it where that is ``OVERLOADED_P99_S`` or more. Requests
     refused (429) are counted beside: a hit rate is over the requests answered.
-    Shapes without ``router`` or any of ``against`` measured are left out.
+    Shapes where ``router`` or every one of ``against`` lacks a hit rate or a p99
+    (failed runs, no usage) are left out.
     """
     rows: list[dict[str, Any]] = []
     for shape, routers in summary.items():
-        own = routers.get(router)
-        peers = {n: routers[n] for n in against if routers.get(n, {}).get("runs")}
-        if not own or not own.get("runs") or not peers:
+        measured = {
+            n: r for n, r in routers.items() if r.get("hit_rate") and r.get("worker_ttft_p99")
+        }
+        own = measured.get(router)
+        peers = {n: measured[n] for n in against if n in measured}
+        if own is None or not peers:
             continue
         hit = own["hit_rate"]["mean"]
         best = max(peers, key=lambda n: peers[n]["hit_rate"]["mean"])
@@ -515,7 +519,7 @@ def _target_cells(row: Mapping[str, Any]) -> list[str]:
         f"{of_ref:.0%}" if of_ref is not None else "-",
         _mark(row["reference_met"]),
         f"{_secs_one(row['p99'])} / {factor}{_secs_one(row['quick_peer_p99'])}"
-        f" ({row['quick_peer']}, {row['p99'] / row['quick_peer_p99']:.2f}x)",
+        f" ({row['quick_peer']}, {row['p99'] / (row['quick_peer_p99'] or 1e-9):.2f}x)",
         _mark(row["p99_met"]),
         f"{row['shed']}/{row['requests']} ({refused})",
     ]

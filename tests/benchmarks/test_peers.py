@@ -226,6 +226,8 @@ def test_targets_count_refusals_and_skip_shapes_without_a_peer() -> None:
         run_record("smg", 0, 0.2, 0.5),
         {**run_record("kvgate-default", 0, 0.2, 0.5), "shape": "alone"},
         {**run_record("haproxy", 0, 0.1, 0.5), "shape": "alone"},
+        {**run_record("kvgate-default", 0, 0.2, 0.5), "shape": "peer-failed"},
+        {"shape": "peer-failed", "router": "smg", "seed": 0, "error": "smg exited with 1"},
     )
     (row,) = peers.targets(summary)
     assert row["shape"] == "shape-a" and row["shed"] == 7 and row["peers_shed"] == {"smg": 0}
