@@ -83,6 +83,13 @@ def sim(
         str | None,
         typer.Option(help="PARAM=v1,v2,...: rerun for each value (rate, workers, a threshold...)"),
     ] = None,
+    misses: Annotated[
+        bool,
+        typer.Option(
+            help="Say where each policy's cache misses went: new text, shared openings "
+            "recomputed, later turns (before their previous one finished, evicted at home, moved)"
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     wide: WideOption = False,
     output: FormatOption = OutputFormat.TABLE,
@@ -119,7 +126,7 @@ def sim(
             policy_options.update(parse_options(item))
         sweep_param, sweep_values = _parse_sweep(sweep)
         experiment = Experiment(
-            make, _split(policies), config, policy_options, sweep_param, sweep_values
+            make, _split(policies), config, policy_options, sweep_param, sweep_values, misses
         )
         experiment.check()
     except ValueError as exc:

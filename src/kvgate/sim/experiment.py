@@ -62,6 +62,8 @@ class Experiment:
     policy_options: Mapping[str, object] = field(default_factory=dict)
     sweep_param: str | None = None
     sweep_values: Sequence[str] = ()
+    misses: bool = False
+    """Follow where each run's cache misses went (``sim.misses``) into its summary."""
 
     def __post_init__(self) -> None:
         registry = default_registry()
@@ -124,8 +126,9 @@ class Experiment:
             runs: list[RunResult] = []
             for policy in self.policies:
                 label = policy if value is None else f"{policy} {self.sweep_param}={value}"
+                options = self._options_for(policy, extra)
                 sim = Simulation(
-                    config, workload.requests(), policy, self._options_for(policy, extra), codec
+                    config, workload.requests(), policy, options, codec, misses=self.misses
                 )
                 result = sim.run(progress(label, bound.requests) if progress is not None else None)
                 result.summary["hit_rate_of_bound"] = (

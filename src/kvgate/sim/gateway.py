@@ -47,6 +47,7 @@ from kvgate.core.route import (
 )
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
+from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
@@ -100,6 +101,7 @@ class SimGateway:
         versions: ModelVersions | None = None,
         pressure: PressureTracker | None = None,
         max_sessions: int = 1_000_000,
+        misses: Misses | None = None,
     ) -> None:
         self.workers = workers
         self._by_id = {w.id: w for w in workers}
@@ -117,6 +119,8 @@ class SimGateway:
         self.table = SessionTable(max_sessions)
         self.holders = HolderTable()
         """The shared prefix state (``core.holders``), as ``MemoryStore`` keeps it live."""
+        self.misses = misses
+        """Where the run's cache misses went (``sim.misses``; ``None``: not followed)."""
         self.flights: dict[str, Flight] = {}
         self.kv_holds = 0
         """Requests held at least once for KV headroom."""
@@ -239,6 +243,10 @@ class SimGateway:
             request, features, worker, wrote, queued, verdict.kv_tokens
         )
         blocks, output_blocks = self.codec.engine_blocks_with_reply(request.segments, request.reply)
+        if self.misses is not None:
+            self.misses.placed(
+                request.request_id, worker.id, request.prompt_tokens, blocks, output_blocks
+            )
         engine_request = EngineRequest(
             request_id=request.request_id,
             block_hashes=blocks,
@@ -258,6 +266,8 @@ class SimGateway:
         worker.load(-1, -flight.kv_tokens)
         features = flight.features
         self.policy.on_usage(features, worker.id, done.prompt_tokens, done.cached_tokens, now)
+        if self.misses is not None:
+            self.misses.finished(done.request_id, done.cached_tokens)
         key = features.affinity_key
         if key is not None and not flight.wrote_affinity:
             self.table.touch(key, now, now + self.ttl, now)

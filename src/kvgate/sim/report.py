@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvgate.sim.experiment import PointResult
+from kvgate.sim.misses import CAUSES
 from kvgate.sim.simulation import SimConfig
 from kvgate.tables import (
     DONE,
@@ -147,6 +148,44 @@ def results_table(
     return rich_table(title, columns, _rows(point, wall), wide=wide, caption=caption)
 
 
+def _points(cause: str) -> Column:
+    def show(s: Mapping[str, Any]) -> str:
+        return f"{s['misses']['points'][cause]:.2f}"
+
+    def value(s: Mapping[str, Any]) -> object:
+        return s["misses"]["points"][cause]
+
+    return Column(cause.replace("_", " "), cause, show, value, narrow=True)
+
+
+def _cold_openings(s: Mapping[str, Any]) -> str:
+    return str(s["misses"]["requests"]["opening"])
+
+
+MISSES_COLUMNS: tuple[Column, ...] = (
+    percent_column("hit", "hit_rate", narrow=True),
+    *(_points(cause) for cause in CAUSES),
+    Column("openings", "opening_requests", _cold_openings, _cold_openings, narrow=True),
+)
+"""``kvgate sim --misses``: points of the prompt tokens computed, by cause (``sim.misses``)."""
+
+
+def misses_table(point: PointResult) -> Table | None:
+    """Where each policy's misses went, in points of its prompt tokens (``None``: not followed)."""
+    rows = [(run.policy, run.summary) for run in point.runs if "misses" in run.summary]
+    if not rows:
+        return None
+    title = "misses by cause, points of prompt tokens (hit + causes = 100)"
+    if point.value is not None:
+        title += f"  (sweep value {point.value})"
+    caption = (
+        "new: no earlier request had it; opening: shared text recomputed; turn early/home/"
+        "moved: a later turn before its previous one finished / on its worker, evicted / "
+        "elsewhere. openings: requests that recomputed shared text."
+    )
+    return rich_table(title, MISSES_COLUMNS, rows, wide=True, caption=caption)
+
+
 def results_csv(points: Sequence[PointResult]) -> str:
     """Every point's policies, every column as a raw number (times in seconds)."""
     rows = [
@@ -166,6 +205,9 @@ def print_tables(
     *,
     wide: bool = False,
 ) -> None:
-    """One table per sweep point."""
+    """One table per sweep point, and where the misses went when they were followed."""
     for i, point in enumerate(points):
         console.print(results_table(point, wall[i] if wall is not None else None, wide=wide))
+        misses = misses_table(point)
+        if misses is not None:
+            console.print(misses)

@@ -29,6 +29,7 @@ from kvgate.core.route import RouteConfig
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.gateway import SimGateway
+from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
 from kvgate.workload.prompts import PromptCodec
@@ -149,6 +150,8 @@ class Simulation:
         policy: str,
         options: dict[str, Any] | None = None,
         codec: PromptCodec | None = None,
+        *,
+        misses: bool = False,
     ) -> None:
         self.config = config
         self.policy_name = policy
@@ -183,6 +186,7 @@ class Simulation:
             rng=random.Random(config.seed),
             versions=config.model_versions(),
             pressure=PressureTracker(config.pressure) if config.pressure is not None else None,
+            misses=Misses(config.block_size) if misses else None,
         )
         self._requests = config.limited(requests)
         self._events: list[tuple[Seconds, int, int, int]] = []
@@ -230,6 +234,8 @@ class Simulation:
         if progress is not None:
             progress(arrived)
         summary = self.recorder.summary()
+        if self.gateway.misses is not None:
+            summary["misses"] = self.gateway.misses.summary()
         wall = time.perf_counter() - started
         return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
 
