@@ -40,7 +40,7 @@ def test_each_cause_on_a_hand_computed_run() -> None:
     _place(misses, codec, rid="a", worker="w0", segments=(system, a_user), reply=a_reply)
     misses.finished("a", 0)
     assert misses.tokens == {**dict.fromkeys(CAUSES, 0), "new": 12}
-    # b shares a's system prompt on another worker: its 8 tokens are an opening's miss.
+    # b shares a's system prompt on another worker: its 8 tokens are shared text missed.
     _place(misses, codec, rid="b", worker="w1", segments=(system, b_user), reply=b_reply)
     # b's next turn comes before b finished: what it misses is put down to that.
     _place(misses, codec, rid="b2", worker="w0", segments=(system, b_user, b_reply, (7, 4)))
@@ -55,14 +55,14 @@ def test_each_cause_on_a_hand_computed_run() -> None:
     misses.finished("a3", 0)
     assert misses.tokens == {
         "new": 12 + 4 + 4 + 4 + 4,
-        "opening": 8,
+        "shared": 8,
         "turn_early": 16 - 8,
         "turn_home": 16 - 8,
         "turn_moved": 24,
     }
     assert misses.requests == {
         "new": 5,
-        "opening": 1,
+        "shared": 1,
         "turn_early": 1,
         "turn_home": 1,
         "turn_moved": 1,
@@ -110,7 +110,7 @@ def test_sim_misses_prints_the_causes_and_puts_them_in_json() -> None:
     table = CliRunner().invoke(make_app(), args, terminal_width=80)
     assert table.exit_code == 0, table.output
     assert "misses by cause" in table.output
-    assert "turn moved" in table.output
+    assert "moved" in table.output and "…" not in table.output
     as_json = CliRunner().invoke(make_app(), [*args, "--format", "json"])
     assert as_json.exit_code == 0, as_json.output
     policies = json.loads(as_json.stdout)["policies"]

@@ -86,7 +86,7 @@ def sim(
     misses: Annotated[
         bool,
         typer.Option(
-            help="Say where each policy's cache misses went: new text, shared openings "
+            help="Say where each policy's cache misses went: new text, shared text "
             "recomputed, later turns (before their previous one finished, evicted at home, moved)"
         ),
     ] = False,

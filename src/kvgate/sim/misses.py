@@ -6,9 +6,12 @@ worker had to compute into:
 
 - ``new``: text no earlier request had (its prompt and reply blocks, as the
   infinite-cache bound counts them): no router could have had it cached;
-- ``opening``: text an earlier request had, on a request that continues no
+- ``shared``: text an earlier request had, on a request found to continue no
   earlier turn: a shared system prompt, document or opening recomputed on this
-  worker (a copy made, or one evicted);
+  worker (a copy made, or one evicted). On a trace whose later turns do not
+  re-send their previous prompt whole (a Mooncake-format turn drops its
+  predecessor's last, partial block), no turn is found, and every reuse counts
+  here;
 - ``turn_early``: a later turn placed before its previous turn had finished, so
   that turn's reply was in no cache yet (open-loop arrivals make these; no
   placement helps);
@@ -35,7 +38,7 @@ from typing import Any
 
 from kvgate.types import BlockHash
 
-CAUSES = ("new", "opening", "turn_early", "turn_home", "turn_moved")
+CAUSES = ("new", "shared", "turn_early", "turn_home", "turn_moved")
 """The causes a missed prompt token is put down to, in report order."""
 
 
@@ -85,7 +88,7 @@ class Misses:
             if previous is not None:
                 break
         if previous is None:
-            cause = "opening"
+            cause = "shared"
         elif previous[0] not in self._done:
             cause = "turn_early"
         else:

@@ -155,17 +155,17 @@ def _points(cause: str) -> Column:
     def value(s: Mapping[str, Any]) -> object:
         return s["misses"]["points"][cause]
 
-    return Column(cause.replace("_", " "), cause, show, value, narrow=True)
+    return Column(cause.removeprefix("turn_"), cause, show, value, narrow=True)
 
 
-def _cold_openings(s: Mapping[str, Any]) -> str:
-    return str(s["misses"]["requests"]["opening"])
+def _recomputed(s: Mapping[str, Any]) -> str:
+    return str(s["misses"]["requests"]["shared"])
 
 
 MISSES_COLUMNS: tuple[Column, ...] = (
     percent_column("hit", "hit_rate", narrow=True),
     *(_points(cause) for cause in CAUSES),
-    Column("openings", "opening_requests", _cold_openings, _cold_openings, narrow=True),
+    Column("recomp", "shared_requests", _recomputed, _recomputed, narrow=True),
 )
 """``kvgate sim --misses``: points of the prompt tokens computed, by cause (``sim.misses``)."""
 
@@ -179,9 +179,9 @@ def misses_table(point: PointResult) -> Table | None:
     if point.value is not None:
         title += f"  (sweep value {point.value})"
     caption = (
-        "new: no earlier request had it; opening: shared text recomputed; turn early/home/"
-        "moved: a later turn before its previous one finished / on its worker, evicted / "
-        "elsewhere. openings: requests that recomputed shared text."
+        "new: no earlier request had it; shared: text others had, recomputed; early/home/moved: "
+        "a later turn before its previous one finished / on its worker, evicted / elsewhere. "
+        "recomp: requests that recomputed shared text."
     )
     return rich_table(title, MISSES_COLUMNS, rows, wide=True, caption=caption)
 
