@@ -84,9 +84,29 @@ def test_a_request_never_finished_is_not_counted() -> None:
     assert sum(misses.tokens.values()) == 0
 
 
-def _run(policy: str) -> dict[str, Any]:
-    config = SimConfig(workers=4, kv_blocks=(400,), block_size=16, seed=3, max_requests=160)
-    workload = build_workload("headerless-chat", seed=3)
+def test_a_named_conversation_finds_a_turn_the_blocks_do_not() -> None:
+    codec = PromptCodec(4)
+    found = {}
+    # A trace's turn: its next turn drops the partial tail and adds whole blocks, so
+    # no block marks where the first turn ended; only the conversation's name does.
+    for name in ("c0", None):
+        misses = Misses(4)
+        opening, own, tail, more = (1, 8), (2, 6), (3, 4), (4, 10)
+        chain, _ = codec.engine_blocks_with_reply((opening, own, tail), None)
+        misses.placed("a", "w0", 18, chain, (), conversation=name)
+        misses.finished("a", 0)
+        chain, _ = codec.engine_blocks_with_reply((opening, own, more), None)
+        misses.placed("a2", "w1", 24, chain, (), conversation=name)
+        misses.finished("a2", 0)
+        found[name] = misses.tokens
+    # The 12 tokens the first turn had: lost on a move when named, shared text when not.
+    assert found["c0"] == {**dict.fromkeys(CAUSES, 0), "new": 18 + 12, "turn_moved": 12}
+    assert found[None] == {**dict.fromkeys(CAUSES, 0), "new": 18 + 12, "shared": 12}
+
+
+def _run(policy: str, workload_name: str = "headerless-chat", kv: int = 400) -> dict[str, Any]:
+    config = SimConfig(workers=4, kv_blocks=(kv,), block_size=16, seed=3, max_requests=160)
+    workload = build_workload(workload_name, seed=3)
     return Simulation(config, workload.requests(), policy, misses=True).run().summary
 
 
@@ -102,6 +122,13 @@ def test_the_causes_add_up_to_the_hit_rate_and_tell_policies_apart() -> None:
     assert rr["tokens"]["new"] == default["tokens"]["new"]
     # Round robin scatters conversations; default keeps them with their cache.
     assert rr["points"]["turn_moved"] > 10 * max(default["points"]["turn_moved"], 0.1)
+
+
+def test_a_trace_shaped_workload_has_its_turns_found() -> None:
+    # Its turns re-send no reply and drop their last block: the generator names them.
+    misses = _run("round_robin", "shared-opening-trace", kv=4000)["misses"]
+    turns = sum(misses["tokens"][cause] for cause in ("turn_early", "turn_home", "turn_moved"))
+    assert turns > misses["tokens"]["shared"] > 0
 
 
 def test_sim_misses_prints_the_causes_and_puts_them_in_json() -> None:

@@ -245,7 +245,12 @@ class SimGateway:
         blocks, output_blocks = self.codec.engine_blocks_with_reply(request.segments, request.reply)
         if self.misses is not None:
             self.misses.placed(
-                request.request_id, worker.id, request.prompt_tokens, blocks, output_blocks
+                request.request_id,
+                worker.id,
+                request.prompt_tokens,
+                blocks,
+                output_blocks,
+                conversation=request.conversation,
             )
         engine_request = EngineRequest(
             request_id=request.request_id,

@@ -19,11 +19,13 @@ worker had to compute into:
   lost (evicted) part of the conversation;
 - ``turn_moved``: a later turn placed on another worker than its previous turn's.
 
-A request's *previous turn* is the last placed request whose reply it re-sends:
-its chain runs through the block that straddles that request's prompt and reply
-(``PromptCodec.engine_blocks_with_reply``). A request with no reply (a trace's
-completions prompt) ends at its prompt's last whole block instead, so a later
-prompt that extends it whole is its next turn. The causes add up to the misses:
+A request's *previous turn* is the last placed request of its conversation, where
+the workload's generator names it (``SimRequest.conversation``: the truth, whether
+or not the gateway is told). Otherwise it is the last placed request whose reply it
+re-sends: its chain runs through the block that straddles that request's prompt and
+reply (``PromptCodec.engine_blocks_with_reply``); a request with no reply (a
+trace's completions prompt) ends at its prompt's last whole block instead, so a
+later prompt that extends it whole is its next turn. The causes add up to the misses:
 ``100 - sum(points) == hit rate`` in percent, over the requests that finished.
 
 The earlier requests are those placed earlier (the bound counts in arrival order;
@@ -52,7 +54,7 @@ class _Placed:
 class Misses:
     """The causes of one run's uncached prompt tokens (see the module docs)."""
 
-    __slots__ = ("_block_size", "_done", "_ends", "_placed", "_seen", "prompt_tokens",
+    __slots__ = ("_block_size", "_done", "_ends", "_last", "_placed", "_seen", "prompt_tokens",
                  "requests", "tokens")  # fmt: skip
 
     def __init__(self, block_size: int) -> None:
@@ -60,6 +62,8 @@ class Misses:
         self._seen: set[BlockHash] = set()
         # The block a next turn's chain runs through -> (request id, worker) of that turn.
         self._ends: dict[BlockHash, tuple[str, str]] = {}
+        # A named conversation -> (request id, worker) of its last turn placed.
+        self._last: dict[str, tuple[str, str]] = {}
         self._done: set[str] = set()
         self._placed: dict[str, _Placed] = {}
         self.prompt_tokens = 0
@@ -75,18 +79,25 @@ class Misses:
         prompt_tokens: int,
         chain: Sequence[BlockHash],
         reply: Sequence[BlockHash],
+        *,
+        conversation: str | None = None,
     ) -> None:
-        """A request was sent to ``worker`` with its prompt's and reply's block chains."""
+        """A request was sent to ``worker`` with its prompt's and reply's block chains,
+        as a turn of ``conversation`` where the workload names it."""
         seen, ends, size = self._seen, self._ends, self._block_size
         limit = min(len(chain), (prompt_tokens - 1) // size)  # the engine's hit rule
         hits = 0
         while hits < limit and chain[hits] in seen:
             hits += 1
         previous = None
-        for block in reversed(chain):
-            previous = ends.get(block)
-            if previous is not None:
-                break
+        if conversation is not None:
+            previous = self._last.get(conversation)
+            self._last[conversation] = (request_id, worker)
+        else:
+            for block in reversed(chain):
+                previous = ends.get(block)
+                if previous is not None:
+                    break
         if previous is None:
             cause = "shared"
         elif previous[0] not in self._done:

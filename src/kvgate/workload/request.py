@@ -24,7 +24,10 @@ class SimRequest:
     system prompt and first user message, from which the gateway derives a session
     key when the client sends none); 0 means a completions-style prompt, keyed by
     its first characters. ``reply`` is the segment the engine's output becomes in
-    the next turn's prompt, when a next turn will re-send it.
+    the next turn's prompt, when a next turn will re-send it. ``conversation`` names
+    the conversation a generator made the request a turn of, whether or not a session
+    id is sent (``None``: not known, as for one-shot traffic or a trace without session
+    ids); only diagnostics read it (``sim.misses``), never the gateway.
     """
 
     arrival: Seconds
@@ -36,6 +39,7 @@ class SimRequest:
     priority: Priority = Priority.STANDARD
     opening: int = 0
     reply: Segment | None = None
+    conversation: str | None = None
 
     @classmethod
     def of(
@@ -49,6 +53,7 @@ class SimRequest:
         priority: Priority = Priority.STANDARD,
         opening: int = 0,
         reply: Segment | None = None,
+        conversation: str | None = None,
     ) -> SimRequest:
         """A request whose prompt length is the sum of its segments' tokens."""
         return cls(
@@ -61,4 +66,5 @@ class SimRequest:
             priority=priority,
             opening=opening,
             reply=reply,
+            conversation=conversation,
         )

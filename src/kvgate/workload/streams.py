@@ -162,6 +162,7 @@ def session_stream(
                 session_id=session.key if session_ids else None,
                 opening=opening,
                 reply=reply,
+                conversation=session.key,
             )
             n_requests += 1
             if reply is not None:

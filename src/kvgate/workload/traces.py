@@ -164,6 +164,7 @@ class RagPulseTrace:
                 tuple(segments),
                 int(record.get("output_length", 1)),
                 session_id=str(session) if session else None,
+                conversation=str(session) if session else None,
             )
 
     def describe(self) -> dict[str, Any]:
