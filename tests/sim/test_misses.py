@@ -104,6 +104,25 @@ def test_a_named_conversation_finds_a_turn_the_blocks_do_not() -> None:
     assert found[None] == {**dict.fromkeys(CAUSES, 0), "new": 18 + 12, "shared": 12}
 
 
+def test_a_moved_turn_is_charged_only_what_its_home_still_held() -> None:
+    codec = PromptCodec(4)
+    system, user, reply = (1, 8), (2, 4), (3, 4)
+    chain, more = codec.engine_blocks_with_reply((system, user), reply)
+    turn, _ = codec.engine_blocks_with_reply((system, user, reply, (4, 4)), None)
+    found: dict[int | None, tuple[int, int]] = {}
+    for home_held in (16, 8, None):
+        misses = Misses(4)
+        misses.placed("a", "w0", 12, chain, more)
+        misses.finished("a", 0)
+        # The next turn goes to w1 (cold): its home held all 16 seen tokens, or only
+        # the system prompt's 8 (the rest evicted), or the run cannot say.
+        held = None if home_held is None else {"w0": home_held, "w1": 0}.__getitem__
+        misses.placed("a2", "w1", 20, turn, (), held=held)
+        misses.finished("a2", 0)
+        found[home_held] = (misses.tokens["turn_moved"], misses.tokens["turn_home"])
+    assert found == {16: (16, 0), 8: (8, 8), None: (16, 0)}
+
+
 def _run(policy: str, workload_name: str = "headerless-chat", kv: int = 400) -> dict[str, Any]:
     config = SimConfig(workers=4, kv_blocks=(kv,), block_size=16, seed=3, max_requests=160)
     workload = build_workload(workload_name, seed=3)

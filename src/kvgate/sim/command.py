@@ -90,6 +90,13 @@ def sim(
             "recomputed, later turns (before their previous one finished, evicted at home, moved)"
         ),
     ] = False,
+    open_loop: Annotated[
+        bool,
+        typer.Option(
+            help="Send every request at its arrival, a later turn even before its previous "
+            "turn's reply exists (by default it waits for it, as clients and the live replay do)"
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     wide: WideOption = False,
     output: FormatOption = OutputFormat.TABLE,
@@ -115,6 +122,7 @@ def sim(
             seed=seed,
             max_requests=limit,
             duration=duration,
+            turns_wait=not open_loop,
         )
         if max_in_flight is not None:
             admission = config.admission.model_copy(update={"worker_max_in_flight": max_in_flight})

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvgate.core.admission import Queue, wait_order
@@ -51,12 +51,14 @@ from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
-from kvgate.types import Seconds
+from kvgate.types import BlockHash, Seconds
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest
 
 Submit = Callable[[SimWorker, EngineRequest, Seconds], None]
+Ended = Callable[[str, Seconds], None]
+"""``ended(request_id, now)``: a request was answered or refused at ``now``."""
 
 
 @dataclass(slots=True)
@@ -102,6 +104,7 @@ class SimGateway:
         pressure: PressureTracker | None = None,
         max_sessions: int = 1_000_000,
         misses: Misses | None = None,
+        ended: Ended | None = None,
     ) -> None:
         self.workers = workers
         self._by_id = {w.id: w for w in workers}
@@ -121,6 +124,8 @@ class SimGateway:
         """The shared prefix state (``core.holders``), as ``MemoryStore`` keeps it live."""
         self.misses = misses
         """Where the run's cache misses went (``sim.misses``; ``None``: not followed)."""
+        self.ended = ended
+        """Told of every request's end, answered or refused (the clients' next turns)."""
         self.flights: dict[str, Flight] = {}
         self.kv_holds = 0
         """Requests held at least once for KV headroom."""
@@ -205,7 +210,7 @@ class SimGateway:
         if isinstance(verdict, Place):
             self._apply(waiter, verdict, now)
         else:
-            self.recorder.shed(verdict.reason)
+            self._refuse(waiter.request, verdict.reason, now)
 
     def _apply(self, waiter: _Waiter, verdict: Place, now: Seconds) -> None:
         """Carry out a placement: count, bind, tell the policy, send."""
@@ -213,7 +218,7 @@ class SimGateway:
         worker = self._by_id[verdict.worker]
         if not worker.engine.fits(request.prompt_tokens, request.max_tokens):
             # The worker would answer 400 (longer than its context); nothing is placed.
-            self.recorder.shed("too_long")
+            self._refuse(request, "too_long", now)
             return
         reason = verdict.reason
         wrote = False
@@ -251,6 +256,7 @@ class SimGateway:
                 blocks,
                 output_blocks,
                 conversation=request.conversation,
+                held=lambda wid: self._held(wid, blocks, request.prompt_tokens),
             )
         engine_request = EngineRequest(
             request_id=request.request_id,
@@ -261,6 +267,11 @@ class SimGateway:
             output_block_hashes=output_blocks,
         )
         self.submit(worker, engine_request, now)
+
+    def _held(self, worker: str, blocks: Sequence[BlockHash], prompt_tokens: int) -> int:
+        """Tokens of a prompt ``worker``'s engine holds in its cache now (0: no such worker)."""
+        found = self._by_id.get(worker)
+        return found.engine.cached_prefix_tokens(blocks, prompt_tokens) if found else 0
 
     # -- completions and scrapes -------------------------------------------------
 
@@ -290,6 +301,14 @@ class SimGateway:
         )
         # As the live pool: a release that held KV may let any held waiter fit.
         self._wake(now, everyone=flight.kv_tokens > 0)
+        if self.ended is not None:
+            self.ended(done.request_id, now)
+
+    def _refuse(self, request: SimRequest, reason: str, now: Seconds) -> None:
+        """The request is refused at ``now`` (counted by ``reason``); it has ended."""
+        self.recorder.shed(reason)
+        if self.ended is not None:
+            self.ended(request.request_id, now)
 
     def scraped(self, now: Seconds) -> None:
         """Every worker was just scraped: pressure levels follow their readings."""
@@ -317,7 +336,8 @@ class SimGateway:
             waiter = entry[2]
             late = waiter.deadline is not None and waiter.deadline < now
             if late and waiter.held_since is None:
-                self.recorder.shed(queue_timeout(self.config, len(queue) + len(kept)).reason)
+                reason = queue_timeout(self.config, len(queue) + len(kept)).reason
+                self._refuse(waiter.request, reason, now)
                 continue
             verdict = self._route(waiter, now, len(queue) + len(kept))
             if isinstance(verdict, Queue | Hold):
@@ -332,8 +352,8 @@ class SimGateway:
         for entry in kept:
             heapq.heappush(queue, entry)
 
-    def expire_waiters(self) -> None:
-        """At the end of a run: whoever still waits is refused (their wait ran out)."""
+    def expire_waiters(self, now: Seconds) -> None:
+        """Once nothing else can happen: whoever still waits is refused (their wait ran out)."""
         while self._queue:
-            heapq.heappop(self._queue)
-            self.recorder.shed("queue_timeout")
+            waiter = heapq.heappop(self._queue)[2]
+            self._refuse(waiter.request, "queue_timeout", now)

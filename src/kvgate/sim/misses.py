@@ -9,15 +9,21 @@ worker had to compute into:
 - ``shared``: text an earlier request had, on a request found to continue no
   earlier turn: a shared system prompt, document or opening recomputed on this
   worker (a copy made, or one evicted). On a trace whose later turns do not
-  re-send their previous prompt whole (a Mooncake-format turn drops its
-  predecessor's last, partial block), no turn is found, and every reuse counts
-  here;
+  re-send their previous prompt whole (a Mooncake-format turn rewrites its
+  predecessor's last block) and whose generator names no conversation, no turn
+  is found, and every reuse counts here;
 - ``turn_early``: a later turn placed before its previous turn had finished, so
-  that turn's reply was in no cache yet (open-loop arrivals make these; no
-  placement helps);
-- ``turn_home``: a later turn placed on its previous turn's worker, which had
-  lost (evicted) part of the conversation;
-- ``turn_moved``: a later turn placed on another worker than its previous turn's.
+  that turn's reply was in no cache yet: only open-loop arrivals make these
+  (``kvgate sim --open-loop``; by default a turn waits for the reply it
+  re-sends, ``sim.arrivals``), or a conversation whose turns overlap; no
+  placement helps;
+- ``turn_home``: a later turn whose previous turn's worker had lost (evicted)
+  part of the conversation by the time the turn was placed, whether it was
+  placed there or elsewhere: moving it lost nothing the home still had;
+- ``turn_moved``: a later turn placed on another worker than its previous turn's,
+  for what that worker still held when the turn was placed (what the move cost).
+  Where the run cannot say what a worker holds (``placed`` given no ``held``),
+  all of a moved turn's reuse counts here.
 
 A request's *previous turn* is the last placed request of its conversation, where
 the workload's generator names it (``SimRequest.conversation``: the truth, whether
@@ -34,7 +40,7 @@ a request that waited in the queue may be placed after one that arrived later).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +55,7 @@ class _Placed:
     prompt_tokens: int
     seen_tokens: int  # leading prompt tokens some earlier request had (whole blocks)
     cause: str  # what the misses within ``seen_tokens`` are put down to
+    kept: int  # of a moved turn, the tokens its previous worker held at placement (-1: unknown)
 
 
 class Misses:
@@ -81,9 +88,11 @@ class Misses:
         reply: Sequence[BlockHash],
         *,
         conversation: str | None = None,
+        held: Callable[[str], int] | None = None,
     ) -> None:
         """A request was sent to ``worker`` with its prompt's and reply's block chains,
-        as a turn of ``conversation`` where the workload names it."""
+        as a turn of ``conversation`` where the workload names it; ``held(w)``: how
+        many of its prompt tokens worker ``w`` holds in its cache now."""
         seen, ends, size = self._seen, self._ends, self._block_size
         limit = min(len(chain), (prompt_tokens - 1) // size)  # the engine's hit rule
         hits = 0
@@ -98,13 +107,17 @@ class Misses:
                 previous = ends.get(block)
                 if previous is not None:
                     break
+        kept = -1
         if previous is None:
             cause = "shared"
         elif previous[0] not in self._done:
             cause = "turn_early"
+        elif previous[1] == worker:
+            cause = "turn_home"
         else:
-            cause = "turn_home" if previous[1] == worker else "turn_moved"
-        self._placed[request_id] = _Placed(prompt_tokens, hits * size, cause)
+            cause = "turn_moved"
+            kept = held(previous[1]) if held is not None else -1
+        self._placed[request_id] = _Placed(prompt_tokens, hits * size, cause, kept)
         seen.update(chain)
         seen.update(reply)
         end = reply[0] if reply else chain[-1] if chain else None
@@ -122,7 +135,11 @@ class Misses:
         self.prompt_tokens += prompt
         avoidable = max(0, seen - cached)
         new = prompt - cached - avoidable
-        for cause, tokens in (("new", new), (placed.cause, avoidable)):
+        kept = placed.kept  # known only for a moved turn
+        # A moved turn lost only what its previous worker still held; the rest was gone.
+        moved = avoidable if kept < 0 else min(avoidable, max(0, kept - cached))
+        causes = (("new", new), (placed.cause, moved), ("turn_home", avoidable - moved))
+        for cause, tokens in causes:
             if tokens > 0:
                 self.tokens[cause] += tokens
                 self.requests[cause] += 1

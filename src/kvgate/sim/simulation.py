@@ -28,6 +28,7 @@ from kvgate.core.pressure import PressureConfig, PressureTracker
 from kvgate.core.route import RouteConfig
 from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
+from kvgate.sim.arrivals import Arrivals
 from kvgate.sim.gateway import SimGateway
 from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
@@ -60,6 +61,9 @@ class SimConfig:
     ``versions`` are assigned to workers in turn; ``version_weights`` (pairs of
     version and weight, ``()``: not split) split the model's traffic between
     them as the live ``models:`` config does, so a canary's share can be run.
+    With ``turns_wait`` (the default) a later turn that re-sends a reply waits for
+    the request producing it to end, as a client and the live replay must
+    (``sim.arrivals``); off, every request comes at its arrival (an open loop).
     """
 
     workers: int = 4
@@ -81,6 +85,7 @@ class SimConfig:
     max_requests: int | None = None
     duration: Seconds | None = None
     model: str = "sim"
+    turns_wait: bool = True
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -187,17 +192,20 @@ class Simulation:
             versions=config.model_versions(),
             pressure=PressureTracker(config.pressure) if config.pressure is not None else None,
             misses=Misses(config.block_size) if misses else None,
+            ended=self._ended,
         )
-        self._requests = config.limited(requests)
+        self._arrivals = Arrivals(config.limited(requests), turns_wait=config.turns_wait)
         self._events: list[tuple[Seconds, int, int, int]] = []
         self._counter = itertools.count()
         self._pending: list[StepResult | None] = [None] * len(self.workers)
-        self._next: SimRequest | None = None
         self._next_scrape: Seconds = 0.0
         self.step_calls = 0  # engine.step calls that ran something (a cost measure)
 
     def _push(self, at: Seconds, kind: int, worker: int) -> None:
         heapq.heappush(self._events, (at, next(self._counter), kind, worker))
+
+    def _ended(self, request_id: str, now: Seconds) -> None:
+        self._arrivals.ended(request_id, now)
 
     def _submit(self, worker: SimWorker, request: EngineRequest, now: Seconds) -> None:
         worker.engine.submit(request, now)
@@ -210,12 +218,12 @@ class Simulation:
         started = time.perf_counter()
         events = self._events
         gateway = self.gateway
-        requests = self._requests
-        self._next = next(requests, None)
+        arrivals = self._arrivals
         self._push(0.0, _SCRAPE, -1)
         arrived = 0
+        now = 0.0
         while True:
-            upcoming = self._next
+            upcoming = arrivals.upcoming
             if events and (upcoming is None or events[0][0] <= upcoming.arrival):
                 now, _, kind, index = heapq.heappop(events)
                 if kind == _STEP:
@@ -223,25 +231,30 @@ class Simulation:
                 else:
                     self._scrape(now)
             elif upcoming is not None:
-                gateway.arrive(upcoming, upcoming.arrival)
+                request = arrivals.take()
+                if request is None:
+                    continue  # a later turn, held until its previous turn ends
+                now = request.arrival
+                gateway.arrive(request, now)
                 arrived += 1
                 if progress is not None and arrived % every == 0:
                     progress(arrived)
-                self._next = next(requests, None)
+            elif gateway.queue_depth:
+                gateway.expire_waiters(now)  # their next turns may come now
             else:
                 break
-        gateway.expire_waiters()
         if progress is not None:
             progress(arrived)
         summary = self.recorder.summary()
         if self.gateway.misses is not None:
             summary["misses"] = self.gateway.misses.summary()
+        summary["turns_held"] = arrivals.held
         wall = time.perf_counter() - started
         return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
 
     def _horizon(self, now: Seconds) -> Seconds:
         """How far this worker may fuse decode steps: until anything could reach it."""
-        upcoming = self._next
+        upcoming = self._arrivals.upcoming
         horizon = upcoming.arrival - now if upcoming is not None else _NO_ARRIVAL_HORIZON
         # The next scrape must read the engine as it is then, not after a fused step.
         horizon = min(horizon, self._next_scrape - now)
@@ -272,7 +285,7 @@ class Simulation:
             self.step_calls += 1
             pending[index] = result
             end = now + result.duration
-            upcoming = self._next
+            upcoming = self._arrivals.upcoming
             if (events and events[0][0] <= end) or (
                 upcoming is not None and upcoming.arrival <= end
             ):
@@ -295,7 +308,7 @@ class Simulation:
         )
         interval = self.config.scrape_interval
         busy = any(w.busy for w in workers) or self.gateway.queue_depth > 0
-        upcoming = self._next
+        upcoming = self._arrivals.upcoming
         self._next_scrape = _NO_ARRIVAL_HORIZON + now
         if busy:
             self._next_scrape = now + interval

@@ -1,0 +1,100 @@
+"""The simulated clients: a workload's requests in arrival order, as the live replay sends them.
+
+A client cannot send a conversation's next turn before the previous turn's reply
+came back: the reply is part of the next prompt. The live replay
+(``kvgate.bench.replay``) therefore holds a turn that re-sends a reply until the
+request that produces it has ended (answered or refused), and sends it then if
+its own arrival has passed. ``Arrivals`` does the same in virtual time, so the
+simulator's later turns come when the live benchmark's do: after their previous
+turn, never before it (``turns_wait``; off, every request comes at its arrival,
+an open loop in which a later turn can find its context not yet computed).
+
+A turn is linked to its previous one by the reply segment it re-sends, exactly as
+the live replay links them, so only turns whose prompt carries a reply wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections.abc import Iterator
+
+from kvgate.types import Seconds
+from kvgate.workload.request import SimRequest
+
+
+class Arrivals:
+    """The next request to reach the gateway, a later turn held until its previous one ended."""
+
+    __slots__ = ("_head", "_open", "_order", "_released", "_replies", "_stream", "_waiting",
+                 "held", "turns_wait")  # fmt: skip
+
+    def __init__(self, requests: Iterator[SimRequest], *, turns_wait: bool = True) -> None:
+        self._stream = requests
+        self._head = next(requests, None)
+        self.turns_wait = turns_wait
+        # Turns released when their previous turn ended: (arrival, order, request).
+        self._released: list[tuple[Seconds, int, SimRequest]] = []
+        self._order = itertools.count()
+        self._open: dict[int, str] = {}  # reply segment -> the unended request making it
+        self._replies: dict[str, int] = {}  # that request -> its reply segment
+        self._waiting: dict[str, SimRequest] = {}  # an unended request -> its next turn
+        self.held = 0
+        """Turns that arrived before their previous turn ended, and waited for it."""
+
+    @property
+    def upcoming(self) -> SimRequest | None:
+        """The request due next (it may yet be held when taken), or ``None``: none now."""
+        head, released = self._head, self._released
+        if released and (head is None or released[0][0] < head.arrival):
+            return released[0][2]
+        return head
+
+    @property
+    def waiting(self) -> int:
+        """Turns held now, waiting for their previous turn to end."""
+        return len(self._waiting)
+
+    def take(self) -> SimRequest | None:
+        """Remove the upcoming request and return it, or ``None`` if it must wait
+        for its previous turn (it comes back, at that turn's end, through ``ended``)."""
+        head, released = self._head, self._released
+        if released and (head is None or released[0][0] < head.arrival):
+            request = heapq.heappop(released)[2]
+        elif head is not None:
+            request = head
+            self._head = next(self._stream, None)
+            if not self.turns_wait:
+                return request
+            previous = self._previous(request)
+            if request.reply is not None:
+                # Its next turn waits for it from now on, whether or not it waits itself.
+                self._open[request.reply[0]] = request.request_id
+                self._replies[request.request_id] = request.reply[0]
+            if previous is not None:
+                self._waiting[previous] = request
+                self.held += 1
+                return None
+        else:
+            return None
+        return request
+
+    def ended(self, request_id: str, now: Seconds) -> None:
+        """A request was answered or refused at ``now``: its next turn may come."""
+        reply = self._replies.pop(request_id, None)
+        if reply is not None:
+            self._open.pop(reply, None)
+        after = self._waiting.pop(request_id, None)
+        if after is not None:
+            late = dataclasses.replace(after, arrival=now)
+            heapq.heappush(self._released, (now, next(self._order), late))
+
+    def _previous(self, request: SimRequest) -> str | None:
+        """The unended request whose reply ``request`` re-sends (the live replay's rule)."""
+        found = None
+        for segment, _ in request.segments:
+            previous = self._open.pop(segment, None)
+            if previous is not None:
+                found = previous
+        return found
