@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvgate.bench.client import Answer, BenchClient
 from kvgate.bench.payloads import PayloadBuilder
-from kvgate.workload.request import SimRequest
+from kvgate.workload.request import SimRequest, previous_turn
 
 ProgressFn = Callable[[int], None]
 """Called with the number of requests answered so far."""
@@ -95,12 +95,7 @@ class Replay:
 
     def _previous_turn(self, request: SimRequest) -> asyncio.Event | None:
         """The unfinished turn whose reply this request re-sends, if any."""
-        found = None
-        for seg_id, _ in request.segments:
-            pending = self._pending.pop(seg_id, None)
-            if pending is not None:
-                found = pending
-        return found
+        return previous_turn(request, self._pending)
 
     async def _one(
         self,

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Iterator
 
 from kvgate.types import Seconds
-from kvgate.workload.request import SimRequest
+from kvgate.workload.request import SimRequest, previous_turn
 
 
 class Arrivals:
@@ -67,7 +67,7 @@ class Arrivals:
             self._head = next(self._stream, None)
             if not self.turns_wait:
                 return request
-            previous = self._previous(request)
+            previous = previous_turn(request, self._open)
             if request.reply is not None:
                 # Its next turn waits for it from now on, whether or not it waits itself.
                 self._open[request.reply[0]] = request.request_id
@@ -89,12 +89,3 @@ class Arrivals:
         if after is not None:
             late = dataclasses.replace(after, arrival=now)
             heapq.heappush(self._released, (now, next(self._order), late))
-
-    def _previous(self, request: SimRequest) -> str | None:
-        """The unended request whose reply ``request`` re-sends (the live replay's rule)."""
-        found = None
-        for segment, _ in request.segments:
-            previous = self._open.pop(segment, None)
-            if previous is not None:
-                found = previous
-        return found

@@ -8,9 +8,13 @@ cuts segments into engine blocks and into the gateway's text blocks.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvgate.types import Priority, Seconds
+
+T = TypeVar("T")
 
 Segment = tuple[int, int]
 """``(segment_id, tokens)``: one piece of prompt content; same id, same content."""
@@ -68,3 +72,15 @@ class SimRequest:
             reply=reply,
             conversation=conversation,
         )
+
+
+def previous_turn(request: SimRequest, pending: MutableMapping[int, T]) -> T | None:
+    """What ``pending`` holds for a reply ``request`` re-sends (by reply segment id), taken
+    out of it: the unended turn a client must wait for before sending ``request``. The
+    live replay and the simulator's clients link turns by this one rule."""
+    found = None
+    for segment, _ in request.segments:
+        waited = pending.pop(segment, None)
+        if waited is not None:
+            found = waited
+    return found
