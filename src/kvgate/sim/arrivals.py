@@ -46,10 +46,7 @@ class Arrivals:
     @property
     def upcoming(self) -> SimRequest | None:
         """The request due next (it may yet be held when taken), or ``None``: none now."""
-        head, released = self._head, self._released
-        if released and (head is None or released[0][0] < head.arrival):
-            return released[0][2]
-        return head
+        return self._released[0][2] if self._released_first() else self._head
 
     @property
     def waiting(self) -> int:
@@ -59,9 +56,9 @@ class Arrivals:
     def take(self) -> SimRequest | None:
         """Remove the upcoming request and return it, or ``None`` if it must wait
         for its previous turn (it comes back, at that turn's end, through ``ended``)."""
-        head, released = self._head, self._released
-        if released and (head is None or released[0][0] < head.arrival):
-            request = heapq.heappop(released)[2]
+        head = self._head
+        if self._released_first():
+            request = heapq.heappop(self._released)[2]
         elif head is not None:
             request = head
             self._head = next(self._stream, None)
@@ -89,3 +86,8 @@ class Arrivals:
         if after is not None:
             late = dataclasses.replace(after, arrival=now)
             heapq.heappush(self._released, (now, next(self._order), late))
+
+    def _released_first(self) -> bool:
+        """Whether a released turn comes before the workload's next request."""
+        head, released = self._head, self._released
+        return bool(released) and (head is None or released[0][0] < head.arrival)
