@@ -106,3 +106,37 @@ def test_sweep_over_workers_and_a_policy_option() -> None:
     assert options == [{"match_threshold": "0.1"}, {"match_threshold": "0.9"}]
     with pytest.raises(ValueError, match="cannot sweep"):
         Experiment(make, ["round_robin"], config, {}, "bogus", ["1"]).check()
+
+
+def test_named_workers_take_the_keys_a_live_fleet_of_those_ids_would() -> None:
+    """``consistent_hash`` ranks workers by id: named as a live fleet's URLs, the simulated
+    fleet serves each session where that fleet would, and other names shuffle them."""
+    urls = tuple(f"http://127.0.0.1:{port}" for port in (39513, 43543, 46573, 35055))
+
+    def served(ids: tuple[str, ...]) -> dict[str, int]:
+        config = SimConfig(workers=4, kv_blocks=(400,), max_requests=200, worker_ids=ids)
+        sim = Simulation(
+            config, build_workload("chat:rate=8", seed=3).requests(), "consistent_hash"
+        )
+        return dict(sim.run().summary["served"])
+
+    named = served(urls)
+    assert set(named) == set(urls)
+    assert served(urls) == named  # the same ids, the same placement
+    default = served(())
+    assert set(default) == {f"sim-w{i:02d}" for i in range(4)}
+    # Renaming alone moves sessions: the counts per rank are not the same multiset.
+    assert sorted(named.values()) != sorted(default.values())
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (("a", "b"), "names 2 workers, not 4"),
+        (("a", "a", "b", "c"), "distinct"),
+        (("a", "", "b", "c"), "non-empty"),
+    ],
+)
+def test_worker_ids_must_name_every_worker_once(ids: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SimConfig(workers=4, worker_ids=ids)

@@ -64,6 +64,9 @@ class SimConfig:
     With ``turns_wait`` (the default) a later turn that re-sends a reply waits for
     the request producing it to end, as a client and the live replay must
     (``sim.arrivals``); off, every request comes at its arrival (an open loop).
+    ``worker_ids`` names the workers (default ``sim-w00``, ``sim-w01``, ...): a policy
+    that hashes or breaks ties on a worker's id (``consistent_hash``'s rendezvous
+    order) places a key where a live fleet of those ids would.
     """
 
     workers: int = 4
@@ -86,10 +89,15 @@ class SimConfig:
     duration: Seconds | None = None
     model: str = "sim"
     turns_wait: bool = True
+    worker_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("the fleet needs at least one worker")
+        if self.worker_ids and len(self.worker_ids) != self.workers:
+            raise ValueError(f"worker_ids names {len(self.worker_ids)} workers, not {self.workers}")
+        if len(set(self.worker_ids)) != len(self.worker_ids) or not all(self.worker_ids):
+            raise ValueError("worker_ids must be distinct and non-empty")
         if not self.profiles or not self.kv_blocks:
             raise ValueError("profiles and kv_blocks need at least one value each")
         if self.scrape_interval <= 0:
@@ -113,6 +121,10 @@ class SimConfig:
         pressure = self.pressure
         gate = pressure if pressure is not None and pressure.kv_gate else None
         return RouteConfig(self.admission, gate, self.kv_gate_max_wait_s)
+
+    def worker_id(self, index: int) -> str:
+        """Worker ``index``'s id."""
+        return self.worker_ids[index] if self.worker_ids else f"sim-w{index:02d}"
 
     def engine_config(self, index: int) -> EngineConfig:
         """The engine config of worker ``index``."""
@@ -168,6 +180,7 @@ class Simulation:
             SimWorker(
                 i,
                 config.engine_config(i),
+                worker_id=config.worker_id(i),
                 model=config.model,
                 version=config.versions[i % len(config.versions)],
                 max_in_flight=max_in_flight,

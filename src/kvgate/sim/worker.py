@@ -40,6 +40,7 @@ class SimWorker:
         index: int,
         config: EngineConfig,
         *,
+        worker_id: str,
         model: str,
         max_in_flight: int,
         stale_after: Seconds,
@@ -54,7 +55,7 @@ class SimWorker:
         self.busy = False  # a step is scheduled or running
         # A simulated worker always passes its health checks.
         self.routed = Routed(
-            id=f"sim-w{index:02d}",
+            id=worker_id,
             model=model,
             version=version,
             max_in_flight=max_in_flight,
