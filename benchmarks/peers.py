@@ -355,6 +355,7 @@ async def one_run(
             block_size=BLOCK_SIZE,
             fleet_kv_blocks=WORKERS * worker_kv_blocks(shape),
             ttft_floor=ALONE_TTFT,
+            misses=True,
         )
         after = await worker_counters(urls)
         replayed = time.monotonic()
@@ -377,6 +378,8 @@ async def one_run(
         "client_ttft_p50": s["ttft_p50"],
         "client_ttft_p99": s["ttft_p99"],
         "per_worker": [a[0] - b[0] for a, b in zip(after, before, strict=True)],
+        # Points of prompt tokens missed, by cause (``kvgate.bench.misses``), or None.
+        "misses": (s.get("misses") or {}).get("points"),
         # Per worker, over the run's model duration: the share of model time lost to
         # the machine (0 on a quiet one).
         "lost_model_share": round(
@@ -434,6 +437,15 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
                 summary["shed"] = sum(r["shed"] for r in good)
                 summary["lost_model_share"] = max(r.get("lost_model_share", 0.0) for r in good)
                 summary["requests"] = sum(r["requests"] for r in good)
+                split = [r["misses"] for r in good if r.get("misses")]
+                summary["misses"] = (
+                    {
+                        cause: round(statistics.fmean(m[cause] for m in split), 2)
+                        for cause in split[0]
+                    }
+                    if split
+                    else None
+                )
             routers[name] = summary
     return out
 
@@ -614,6 +626,26 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
     return table
 
 
+def misses_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Table | None:
+    """Per shape and router, the mean points of prompt tokens missed by cause (hit +
+    causes = 100; ``moved`` is an upper bound live: no one reads a worker's cache)."""
+    table = Table(title="misses by cause, points of prompt tokens", title_justify="left")
+    for column in ("shape", "router", "hit", "new", "shared", "early", "home", "moved"):
+        table.add_column(column, justify="left" if column in {"shape", "router"} else "right")
+    rows = 0
+    for shape, routers in summary.items():
+        for name, s in routers.items():
+            split = s.get("misses")
+            if not split:
+                continue
+            rows += 1
+            causes = ("new", "shared", "turn_early", "turn_home", "turn_moved")
+            table.add_row(
+                shape, name, _pct(s["hit_rate"]), *(f"{split.get(c, 0.0):.2f}" for c in causes)
+            )
+    return table if rows else None
+
+
 def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """The summary as Markdown tables (for docs/benchmarks.md)."""
     lines = []
@@ -774,6 +806,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = summarize(runs)
     for shape, routers in summary.items():
         console.print(shape_table(shape, routers))
+    split = misses_table(summary)
+    if split is not None:
+        console.print(split)
     verdicts = targets(summary)
     if verdicts:
         console.print(targets_table(verdicts))

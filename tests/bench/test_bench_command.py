@@ -123,3 +123,22 @@ def test_bench_prints_csv_and_json_on_stdout(worker_url: str) -> None:
     assert as_json.exit_code == 0, as_json.output
     data = json.loads(as_json.stdout)
     assert data["policies"]["w0"]["finished"] == 8 and "bound_hit_rate" in data
+
+
+def test_bench_misses_prints_where_the_misses_went(worker_url: str) -> None:
+    args = [
+        "bench",
+        "--target", worker_url,
+        "--workload", "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05",
+        "--requests", "16",
+        "--rate-scale", "20",
+        "--seed", "2",
+        "--misses",
+        "--no-progress",
+    ]  # fmt: skip
+    result = CliRunner().invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "misses by cause" in result.output
+    assert "moved counts all a" in " ".join(result.output.split())  # the caption wraps
+    plain = CliRunner().invoke(make_app(), [a for a in args if a != "--misses"])
+    assert "misses by cause" not in plain.output

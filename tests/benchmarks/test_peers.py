@@ -62,6 +62,26 @@ def test_summary_gives_mean_and_spread_over_seeds_and_counts_failures_apart() ->
     assert a["lost_model_share"] == 0.0  # records without the figure count as none lost
     assert summary["b"]["runs"] == 1 and summary["b"]["failed"] == ["RuntimeError: b exited with 1"]
     assert summary["c"] == {"runs": 0, "failed": ["not installed"]}
+    assert a["misses"] is None  # no run of a split its misses
+
+
+def test_misses_are_averaged_per_cause_and_tabled() -> None:
+    split = {"new": 10.0, "shared": 2.0, "turn_early": 0.0, "turn_home": 4.0, "turn_moved": 6.0}
+    runs = [
+        run_record("a", 0, 0.78, 2.0, misses=split),
+        run_record("a", 1, 0.80, 2.0, misses={**split, "turn_moved": 4.0, "new": 10.0}),
+        run_record("b", 0, 0.5, 2.0),
+    ]
+    summary = peers.summarize(runs)
+    assert summary["shape-a"]["a"]["misses"]["turn_moved"] == 5.0
+    table = peers.misses_table(summary)
+    assert table is not None
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "shape-a" in text and "5.00" in text and "10.00" in text
+    assert " b " not in text  # b split none
+    assert peers.misses_table(peers.summarize([run_record("b", 0, 0.5, 2.0)])) is None
 
 
 def test_tables_show_each_router_with_the_bound_and_reference() -> None:
@@ -168,6 +188,9 @@ def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Pat
         assert 0 < run["ttft_floor_p99"] <= run["worker_ttft_p99"] + 1e-6
         assert 0 <= run["hit_rate"] <= run["bound"]
         assert run["reference"] == pytest.approx(run["bound"], abs=1e-6)  # the GPU holds it all
+        # Every router's misses are split: the emulated workers name themselves.
+        split = run["misses"]
+        assert 100.0 - sum(split.values()) == pytest.approx(100.0 * run["hit_rate"], abs=0.01)
     summary = document["summary"]["shared-prefix-groups"]
     assert set(summary) == set(routers.split(","))
     assert "| kvgate-default |" in document["markdown"]

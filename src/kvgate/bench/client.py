@@ -42,6 +42,9 @@ class Answer:
     reason: str | None = None
     worker_ttft: float | None = None
     """The worker's own TTFT (model seconds), when it reports ``kvgate_timing``."""
+    served_by: str | None = None
+    """Who served it by the worker's own report (``kvgate_timing.worker``), whatever the
+    router in front says (``worker`` is the gateway's ``X-Kvgate-Worker`` header)."""
     text: str = ""
 
     @property
@@ -71,6 +74,8 @@ def _read_usage(answer: Answer, usage: dict[str, Any]) -> None:
     timing = usage.get("kvgate_timing")
     if isinstance(timing, dict) and "ttft_s" in timing:
         answer.worker_ttft = float(timing["ttft_s"])
+        served_by = timing.get("worker")
+        answer.served_by = str(served_by) if served_by is not None else None
 
 
 class BenchClient:

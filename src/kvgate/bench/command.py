@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvgate.bench.report import results_csv, results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
+from kvgate.sim.report import causes_table
 from kvgate.tables import (
     FormatOption,
     OutputFormat,
@@ -72,6 +73,14 @@ def bench(
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token for the target")
     ] = None,
+    misses: Annotated[
+        bool,
+        typer.Option(
+            "--misses",
+            help="Say where the cache misses went (new text, shared text recomputed, a turn "
+            "whose worker evicted it, a turn moved), by the worker each answer names",
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     wide: WideOption = False,
     output: FormatOption = OutputFormat.TABLE,
@@ -101,6 +110,7 @@ def bench(
         "chars_per_token": chars_per_token,
         "api_key": api_key,
         "fleet_kv_blocks": fleet_kv_blocks,
+        "misses": misses,
     }
     try:
         if progress:
@@ -133,6 +143,10 @@ def bench(
         emit(results_csv(results))
     else:
         console.print(results_table(results, wide=wide))
+        split = [(name, s) for name, s in results["policies"].items() if "misses" in s]
+        table = causes_table(split, live=True)
+        if table is not None:
+            console.print(table)
     if out is not None:
         write_results(out / "results.json", results)
         console.print(f"wrote {out / 'results.json'}")

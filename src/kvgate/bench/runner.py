@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvgate.bench.client import BenchClient, normalize_target
+from kvgate.bench.misses import live_misses
 from kvgate.bench.payloads import PayloadBuilder
 from kvgate.bench.replay import Replay
 from kvgate.bench.report import results_document, summarize
@@ -59,6 +60,7 @@ async def run_bench(
     progress: Progress | None = None,
     fleet_kv_blocks: int | None = None,
     ttft_floor: Callable[[int, int], float] | None = None,
+    misses: bool = False,
 ) -> dict[str, Any]:
     """Replay ``workload`` against ``target`` and return a ``results.json`` document.
 
@@ -73,6 +75,8 @@ async def run_bench(
     fleet's total KV blocks of ``block_size`` tokens, adds the capacity-aware
     reference beside the bound. ``ttft_floor`` (an emulated fleet's
     ``Engine.alone_ttft``) adds the TTFT floor's p99 (``bench.report.summarize``).
+    ``misses`` adds the summary's ``misses``: the cache misses by cause, as ``kvgate sim
+    --misses`` gives them (``bench.misses``; needs the ``X-Kvgate-Worker`` header).
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
@@ -97,7 +101,8 @@ async def run_bench(
             time_scale=time_scale,
             progress=(lambda done: progress(done, total)) if progress is not None else None,
         )
-        outcomes = await replay.run(limited(workload, requests))
+        sent: list[SimRequest] = []
+        outcomes = await replay.run(_kept(limited(workload, requests), sent))
     summary = summarize(
         outcomes,
         time_scale=time_scale,
@@ -106,6 +111,10 @@ async def run_bench(
         reference=reference,
         ttft_floor=ttft_floor,
     )
+    if misses:
+        split = live_misses(sent, outcomes, block_size)
+        if split is not None:
+            summary["misses"] = split
     config = {
         "target": base,
         "model": name,
@@ -123,3 +132,10 @@ async def run_bench(
         config=config,
         reference=reference,
     )
+
+
+def _kept(requests: Iterator[SimRequest], into: list[SimRequest]) -> Iterator[SimRequest]:
+    """``requests``, each also appended to ``into`` as it is taken."""
+    for request in requests:
+        into.append(request)
+        yield request

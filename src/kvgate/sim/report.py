@@ -173,16 +173,24 @@ MISSES_COLUMNS: tuple[Column, ...] = (
 def misses_table(point: PointResult) -> Table | None:
     """Where each policy's misses went, in points of its prompt tokens (``None``: not followed)."""
     rows = [(run.policy, run.summary) for run in point.runs if "misses" in run.summary]
+    return causes_table(rows, f"  (sweep value {point.value})" if point.value is not None else "")
+
+
+def causes_table(
+    rows: Sequence[tuple[str, Mapping[str, Any]]], note: str = "", *, live: bool = False
+) -> Table | None:
+    """``rows`` (name and summary with ``misses``) by cause; ``live``: a live run's split,
+    whose ``moved`` is an upper bound (``bench.misses``). ``None`` when there are none."""
     if not rows:
         return None
-    title = "misses by cause, points of prompt tokens (hit + causes = 100)"
-    if point.value is not None:
-        title += f"  (sweep value {point.value})"
+    title = "misses by cause, points of prompt tokens (hit + causes = 100)" + note
     caption = (
         "new: no earlier request had it; shared: text others had, recomputed; early/home/moved: "
         "a later turn before its previous one finished / on its worker, evicted / elsewhere. "
         "recomp: requests that recomputed shared text."
     )
+    if live:
+        caption += " Live, no one reads a worker's cache: moved counts all a moved turn re-sent."
     return rich_table(title, MISSES_COLUMNS, rows, wide=True, caption=caption)
 
 

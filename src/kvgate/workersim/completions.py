@@ -56,9 +56,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 class Run:
     """One request's progress through the engine, as its events report it."""
 
-    def __init__(self, queue: asyncio.Queue[Event], prompt_tokens: int) -> None:
+    def __init__(
+        self, queue: asyncio.Queue[Event], prompt_tokens: int, served_by: str | None = None
+    ) -> None:
         self.queue = queue
         self.prompt_tokens = prompt_tokens
+        self.served_by = served_by
+        """The worker's own name for itself, reported in ``usage.kvgate_timing``."""
         self.cached_tokens: int | None = None
         self.completion_tokens = 0
         self.finished = False
@@ -88,6 +92,7 @@ class Run:
                 info.cached_tokens,
                 ttft_s=info.ttft,
                 e2e_s=info.e2e,
+                worker=self.served_by,
             )
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens or 0)
 
@@ -149,7 +154,7 @@ async def _run(
         raise ApiError(503, str(exc), type_="service_unavailable") from None
     except ValueError as exc:  # the engine refuses what it could never hold
         raise ApiError(400, str(exc), code="context_length_exceeded") from None
-    run = Run(queue, prompt_tokens)
+    run = Run(queue, prompt_tokens, worker.gpu_uuid)
     header = ResponseHeader(request_id, worker.created(), body.model, endpoint)
     try:
         if body.stream:

@@ -61,16 +61,20 @@ class Usage:
     cached_tokens: int
     ttft_s: float | None = None
     e2e_s: float | None = None
+    worker: str | None = None
+    """Who served it (the emulated worker's GPU UUID), so a benchmark can tell which worker
+    answered behind any router, not only one that names it in a header."""
 
     def body(self) -> dict[str, Any]:
         """OpenAI's ``usage`` object, plus the engine's own timing when known.
 
         ``kvgate_timing`` holds the time to first token and end-to-end latency
         the engine measured, in model seconds (queue wait + prefill, as a real
-        engine's own histograms record them). A benchmark on a crowded machine
-        reads these beside its wall-clock figures: they are what routing
-        changes, free of the harness's CPU contention. OpenAI clients ignore
-        the extra key.
+        engine's own histograms record them), and who served it (``worker``). A
+        benchmark on a crowded machine reads these beside its wall-clock figures:
+        they are what routing changes, free of the harness's CPU contention, and
+        they name the worker behind any router. OpenAI clients ignore the extra
+        key.
         """
         body: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
@@ -83,6 +87,8 @@ class Usage:
                 "ttft_s": round(self.ttft_s, 6),
                 "e2e_s": round(self.e2e_s, 6),
             }
+            if self.worker is not None:
+                body["kvgate_timing"]["worker"] = self.worker
         return body
 
 

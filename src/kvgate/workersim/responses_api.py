@@ -154,7 +154,7 @@ async def responses_endpoint(request: web.Request) -> web.StreamResponse:
         raise ApiError(503, str(exc), type_="service_unavailable") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), code="context_length_exceeded") from None
-    run = Run(queue, len(prompt.tokens))
+    run = Run(queue, len(prompt.tokens), worker.gpu_uuid)
     created = worker.created()
     try:
         if body.stream:
