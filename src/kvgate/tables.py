@@ -23,6 +23,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvgate.workload.misses import CAUSES
+
 NARROW_WIDTH = 80
 """The terminal width the default columns must fit."""
 
@@ -185,3 +187,43 @@ LATENCIES: tuple[Column, ...] = (
     ms_column("e2e p99", "e2e_p99"),
 )
 """Time to first token and end to end, as both reports show them."""
+
+
+def _points(cause: str) -> Column:
+    def show(s: Mapping[str, Any]) -> str:
+        return f"{s['misses']['points'][cause]:.2f}"
+
+    def value(s: Mapping[str, Any]) -> object:
+        return s["misses"]["points"][cause]
+
+    return Column(cause.removeprefix("turn_"), cause, show, value, narrow=True)
+
+
+def _recomputed(s: Mapping[str, Any]) -> str:
+    return str(s["misses"]["requests"]["shared"])
+
+
+MISSES_COLUMNS: tuple[Column, ...] = (
+    percent_column("hit", "hit_rate", narrow=True),
+    *(_points(cause) for cause in CAUSES),
+    Column("recomp", "shared_requests", _recomputed, _recomputed, narrow=True),
+)
+"""``kvgate sim --misses``: points of the prompt tokens computed, by cause (``workload.misses``)."""
+
+
+def causes_table(
+    rows: Sequence[tuple[str, Mapping[str, Any]]], note: str = "", *, live: bool = False
+) -> Table | None:
+    """``rows`` (name and summary with ``misses``) by cause; ``live``: a live run's split,
+    whose ``moved`` is an upper bound (``bench.misses``). ``None`` when there are none."""
+    if not rows:
+        return None
+    title = "misses by cause, points of prompt tokens (hit + causes = 100)" + note
+    caption = (
+        "new: no earlier request had it; shared: text others had, recomputed; early/home/moved: "
+        "a later turn before its previous one finished / on its worker, evicted / elsewhere. "
+        "recomp: requests that recomputed shared text."
+    )
+    if live:
+        caption += " Live, no one reads a worker's cache: moved counts all a moved turn re-sent."
+    return rich_table(title, MISSES_COLUMNS, rows, wide=True, caption=caption)

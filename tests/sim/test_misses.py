@@ -1,4 +1,4 @@
-"""``sim.misses``: a request's uncached prompt tokens put down to their cause."""
+"""``workload.misses``: a request's uncached prompt tokens put down to their cause."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.sim.misses import CAUSES, Misses
 from kvgate.sim.simulation import SimConfig, Simulation
+from kvgate.workload.misses import CAUSES, Misses
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import Segment
 from kvgate.workload.synthetic import build_workload

@@ -11,11 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvgate.bench.report import results_csv, results_table
 from kvgate.bench.runner import DEFAULT_REQUESTS, run_bench
-from kvgate.sim.report import causes_table
 from kvgate.tables import (
     FormatOption,
     OutputFormat,
     WideOption,
+    causes_table,
     emit,
     json_text,
     message_console,

@@ -1,4 +1,4 @@
-"""Where a live run's cache misses went, by the simulator's causes (``sim.misses``).
+"""Where a live run's cache misses went, by the simulator's causes (``workload.misses``).
 
 A live replay knows, per answered request, the worker that served it (by the
 worker's own report, ``kvgate_timing.worker``, which the emulated workers give
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvgate.bench.replay import Outcome
-from kvgate.sim.misses import Misses
+from kvgate.workload.misses import Misses
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 

@@ -63,7 +63,7 @@ class Experiment:
     sweep_param: str | None = None
     sweep_values: Sequence[str] = ()
     misses: bool = False
-    """Follow where each run's cache misses went (``sim.misses``) into its summary."""
+    """Follow where each run's cache misses went (``workload.misses``) into its summary."""
 
     def __post_init__(self) -> None:
         registry = default_registry()

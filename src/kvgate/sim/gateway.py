@@ -47,11 +47,11 @@ from kvgate.core.route import (
 )
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
-from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
 from kvgate.types import BlockHash, Seconds
+from kvgate.workload.misses import Misses
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest
@@ -123,7 +123,7 @@ class SimGateway:
         self.holders = HolderTable()
         """The shared prefix state (``core.holders``), as ``MemoryStore`` keeps it live."""
         self.misses = misses
-        """Where the run's cache misses went (``sim.misses``; ``None``: not followed)."""
+        """Where the run's cache misses went (``workload.misses``; ``None``: not followed)."""
         self.ended = ended
         """Told of every request's end, answered or refused (the clients' next turns)."""
         self.flights: dict[str, Flight] = {}

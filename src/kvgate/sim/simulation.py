@@ -30,9 +30,9 @@ from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.arrivals import Arrivals
 from kvgate.sim.gateway import SimGateway
-from kvgate.sim.misses import Misses
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
+from kvgate.workload.misses import Misses
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest

@@ -31,7 +31,7 @@ class SimRequest:
     the next turn's prompt, when a next turn will re-send it. ``conversation`` names
     the conversation a generator made the request a turn of, whether or not a session
     id is sent (``None``: not known, as for one-shot traffic or a trace without session
-    ids); only diagnostics read it (``sim.misses``), never the gateway.
+    ids); only diagnostics read it (``workload.misses``), never the gateway.
     """
 
     arrival: Seconds

@@ -1,8 +1,9 @@
 """Where a run's cache misses went: each request's uncached prompt tokens, by cause.
 
 A hit rate says how much was missed, not why. ``Misses`` follows every request
-the simulated gateway places and, when it finishes, splits the prompt tokens its
-worker had to compute into:
+a run places (the simulated gateway's, or a live run's in client order,
+``bench.misses``) and, when it finishes, splits the prompt tokens its worker had
+to compute into:
 
 - ``new``: text no earlier request had (its prompt and reply blocks, as the
   infinite-cache bound counts them): no router could have had it cached;
