@@ -12,10 +12,16 @@ requests shed per workload and policy. Two sets:
   live peers' rule), ``prefix_affinity`` and ``least_request`` side by side.
 
 ``--compare OLD.json`` puts a saved run's figures beside this one's (before -> after), so a
-change is judged on the whole matrix at once::
+change is judged on the whole matrix at once, and sums the change up per policy: the mean
+change of hit rate in points with its 95% interval over the rows (a row is one workload and
+seed; placement on a shared cache is chaotic, so single rows swing by points on changes
+that do nothing on average), the rows ahead and behind by more than half a point, the worst
+and best row, and the geometric mean of the p99 ratios. ``--rows NEW.json`` compares two
+saved runs without simulating::
 
     .venv/bin/python benchmarks/sim_matrix.py --json before.json          # on the old tree
     .venv/bin/python benchmarks/sim_matrix.py --compare before.json       # on the new one
+    .venv/bin/python benchmarks/sim_matrix.py --compare before.json --rows after.json
 
 The traces are read from ``../shared/traces`` beside the checkout (``--traces``); their
 rows are skipped when it is missing.
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -174,6 +182,82 @@ def table(rows: Sequence[dict[str, Any]], before: Sequence[dict[str, Any]] | Non
     return out
 
 
+MARGIN = 0.005
+"""A row counts as ahead or behind when its hit rate moved by more than half a point."""
+
+T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 10: 2.23, 20: 2.09, 30: 2.04}
+"""Student's t at 97.5% by degrees of freedom (between entries, the next lower one's, a
+slightly wider interval); past 30, 2.0."""
+
+
+def _t95(df: int) -> float:
+    known = [d for d in T_95 if d <= df]
+    return T_95[max(known)] if df <= 30 else 2.0
+
+
+def changes(
+    rows: Sequence[dict[str, Any]], before: Sequence[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per policy, how the rows present in both runs moved (see the module docs).
+
+    Hit changes are in points; ``interval`` is the mean's 95% interval over the rows
+    (``None`` with fewer than two); ``p99_ratio`` the geometric mean of now / before.
+    """
+    old = {(r["case"], r["policy"]): r for r in before}
+    paired: dict[str, list[tuple[str, float, float]]] = {}
+    for row in rows:
+        was = old.get((row["case"], row["policy"]))
+        if was is None:
+            continue
+        delta = 100 * (row["hit_rate"] - was["hit_rate"])
+        ratio = row["ttft_p99"] / was["ttft_p99"] if was["ttft_p99"] > 0 else 1.0
+        paired.setdefault(row["policy"], []).append((row["case"], delta, ratio))
+    out: dict[str, dict[str, Any]] = {}
+    for policy, items in paired.items():
+        deltas = [d for _, d, _ in items]
+        mean = statistics.fmean(deltas)
+        interval = None
+        if len(deltas) > 1:
+            half = _t95(len(deltas) - 1) * statistics.stdev(deltas) / math.sqrt(len(deltas))
+            interval = (mean - half, mean + half)
+        worst = min(items, key=lambda item: item[1])
+        best = max(items, key=lambda item: item[1])
+        ratios = [max(r, 1e-9) for _, _, r in items]
+        out[policy] = {
+            "rows": len(items),
+            "mean": mean,
+            "interval": interval,
+            "ahead": sum(d > 100 * MARGIN for d in deltas),
+            "behind": sum(d < -100 * MARGIN for d in deltas),
+            "worst": (worst[0], worst[1]),
+            "best": (best[0], best[1]),
+            "p99_ratio": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+        }
+    return out
+
+
+def changes_table(summary: dict[str, dict[str, Any]]) -> Table:
+    """``changes`` for people: one line per policy."""
+    out = Table(title="change against the saved run (hit in points, rows in both)")
+    for column in ("policy", "rows", "mean", "95% interval", "ahead", "behind", "worst", "best"):
+        out.add_column(column, justify="left" if column in ("policy", "worst", "best") else "right")
+    out.add_column("p99 now/before", justify="right")
+    for policy, c in summary.items():
+        low_high = c["interval"]
+        out.add_row(
+            policy,
+            str(c["rows"]),
+            f"{c['mean']:+.2f}",
+            f"{low_high[0]:+.2f} .. {low_high[1]:+.2f}" if low_high else "-",
+            str(c["ahead"]),
+            str(c["behind"]),
+            f"{c['worst'][1]:+.2f} {c['worst'][0]}",
+            f"{c['best'][1]:+.2f} {c['best'][0]}",
+            f"{c['p99_ratio']:.3f}x",
+        )
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen set, print its table, write ``--json``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -182,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="simulations run at once")
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
     parser.add_argument("--compare", type=Path, default=None, help="a saved --json to compare")
+    parser.add_argument(
+        "--rows", type=Path, default=None, help="a saved --json to use instead of running"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument(
         "--option",
@@ -192,6 +279,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.rows is not None and args.compare is None:
+        parser.error("--rows needs --compare")
+    before = json.loads(args.compare.read_text())["rows"] if args.compare else None
+    document: dict[str, Any] = {"set": args.set, "options": args.option}
+    if args.rows is not None:
+        saved = json.loads(args.rows.read_text())
+        document.update(set=saved.get("set"), options=saved.get("options", []))
+        rows = saved["rows"]
+    else:
+        rows = _run(args)
+    document["rows"] = rows
+    console = Console(width=140)
+    console.print(table(rows, before))
+    if before is not None:
+        summary = changes(rows, before)
+        console.print(changes_table(summary))
+        document["changes"] = summary
+    if args.json is not None:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every case of ``--set`` with its policies, ``--jobs`` at once, in the set's order."""
     plan: list[tuple[Case, Sequence[str]]] = []
     chosen = args.policies.split(",") if args.policies else None
     if args.set in ("regression", "all"):
@@ -202,12 +312,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = list(
             pool.map(lambda item: run_case(item[0], item[1], args.traces, args.option), plan)
         )
-    rows = [row for group in results for row in group]
-    before = json.loads(args.compare.read_text())["rows"] if args.compare else None
-    Console(width=140).print(table(rows, before))
-    if args.json is not None:
-        document = {"set": args.set, "options": args.option, "rows": rows}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return [row for group in results for row in group]
 
 
 if __name__ == "__main__":

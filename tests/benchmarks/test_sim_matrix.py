@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from .loading import load_benchmark
@@ -43,3 +45,42 @@ def test_an_option_reaches_the_policy(tmp_path: Path) -> None:
     slow = matrix.run_case(case, ("default",), tmp_path, ("prefill_tokens_per_s=100",))
     # A hundredth of the prefill rate makes every cache worth far more than any queue.
     assert plain[0]["hit_rate"] != slow[0]["hit_rate"]
+
+
+def _row(case: str, hit: float, p99: float, policy: str = "default") -> dict[str, object]:
+    figures = {"hit_rate": hit, "ttft_p99": p99, "load_max_over_mean": 1.0, "shed": 0}
+    return {"case": case, "policy": policy, **figures}
+
+
+def test_the_change_is_summed_up_per_policy_over_the_rows_in_both_runs() -> None:
+    before = [_row("a", 0.80, 1.0), _row("b", 0.50, 2.0), _row("c", 0.70, 1.0)]
+    before.append(_row("a", 0.60, 1.0, "cache_aware"))
+    rows = [_row("a", 0.82, 2.0), _row("b", 0.497, 0.5), _row("c", 0.66, 1.0)]
+    rows += [_row("a", 0.60, 1.0, "cache_aware"), _row("new", 0.9, 1.0)]
+    summary = matrix.changes(rows, before)
+    default = summary["default"]
+    assert default["rows"] == 3  # "new" had no row before
+    assert default["mean"] == pytest.approx((2.0 - 0.3 - 4.0) / 3)
+    assert (default["ahead"], default["behind"]) == (1, 1)  # b moved -0.3: neither
+    assert default["worst"] == ("c", pytest.approx(-4.0))
+    assert default["best"] == ("a", pytest.approx(2.0))
+    assert default["p99_ratio"] == pytest.approx((2.0 * 0.25 * 1.0) ** (1 / 3))
+    low, high = default["interval"]
+    assert low < default["mean"] < high and high - low > 4  # three rows, wide apart
+    assert summary["cache_aware"]["interval"] is None  # one row: no interval
+    console = Console(width=200, record=True)
+    console.print(matrix.changes_table(summary))
+    text = console.export_text()
+    assert "-0.77" in text and "-4.00 c" in text
+
+
+def test_two_saved_runs_compare_without_simulating(tmp_path: Path) -> None:
+    old, new, out = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "out.json"
+    old.write_text(json.dumps({"set": "all", "options": [], "rows": [_row("a", 0.5, 1.0)]}))
+    new.write_text(json.dumps({"set": "all", "options": ["x=1"], "rows": [_row("a", 0.6, 1.0)]}))
+    matrix.main(["--compare", str(old), "--rows", str(new), "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert document["options"] == ["x=1"]
+    assert document["changes"]["default"]["mean"] == pytest.approx(10.0)
+    with pytest.raises(SystemExit):
+        matrix.main(["--rows", str(new)])
