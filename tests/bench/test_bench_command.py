@@ -49,6 +49,12 @@ def threaded_worker(**options: Any) -> Iterator[str]:
         loop.close()
 
 
+CHAT = "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05"
+"""A chat workload small enough to run quickly against one emulated worker."""
+
+SIXTEEN_CHATS = ("--workload", CHAT, "--requests", "16", "--rate-scale", "20")
+
+
 @pytest.fixture
 def worker_url() -> Iterator[str]:
     """A healthy emulated worker."""
@@ -61,9 +67,7 @@ def test_bench_writes_results_json_and_prints_the_table(worker_url: str, tmp_pat
     args = [
         "bench",
         "--target", worker_url,
-        "--workload", "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05",
-        "--requests", "16",
-        "--rate-scale", "20",
+        *SIXTEEN_CHATS,
         "--concurrency", "4",
         "--seed", "2",
         "--label", "w0",
@@ -100,9 +104,6 @@ def test_bench_reports_an_unreachable_target() -> None:
     assert "kvgate bench:" in result.output
 
 
-CHAT = "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05"
-
-
 def test_bench_fails_and_says_why_when_every_request_failed() -> None:
     with threaded_worker(error_rate=1.0) as url:
         args = ["bench", "--target", url, "--workload", CHAT, "--requests", "6"]
@@ -129,9 +130,7 @@ def test_bench_misses_prints_where_the_misses_went(worker_url: str) -> None:
     args = [
         "bench",
         "--target", worker_url,
-        "--workload", "chat:system_tokens=200,user_tokens=30,output_tokens=8,think_s=0.05",
-        "--requests", "16",
-        "--rate-scale", "20",
+        *SIXTEEN_CHATS,
         "--seed", "2",
         "--misses",
         "--no-progress",
