@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kvgate.bench import run_bench
 from kvgate.engine import Engine
 from kvgate.engine.config import EngineConfig
+from kvgate.tables import causes_table
 from kvgate.testing import free_port, wait_until
 from kvgate.workload.synthetic import build_workload
 from peer_routers import KVGATE, MODEL, ROUTERS, Launch, Router, prepare
@@ -629,21 +630,13 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
 def misses_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Table | None:
     """Per shape and router, the mean points of prompt tokens missed by cause (hit +
     causes = 100; ``moved`` is an upper bound live: no one reads a worker's cache)."""
-    table = Table(title="misses by cause, points of prompt tokens", title_justify="left")
-    for column in ("shape", "router", "hit", "new", "shared", "early", "home", "moved"):
-        table.add_column(column, justify="left" if column in {"shape", "router"} else "right")
-    rows = 0
-    for shape, routers in summary.items():
-        for name, s in routers.items():
-            split = s.get("misses")
-            if not split:
-                continue
-            rows += 1
-            causes = ("new", "shared", "turn_early", "turn_home", "turn_moved")
-            table.add_row(
-                shape, name, _pct(s["hit_rate"]), *(f"{split.get(c, 0.0):.2f}" for c in causes)
-            )
-    return table if rows else None
+    rows = [
+        (f"{shape} {name}", {"hit_rate": s["hit_rate"]["mean"], "misses": {"points": s["misses"]}})
+        for shape, routers in summary.items()
+        for name, s in routers.items()
+        if s.get("misses")
+    ]
+    return causes_table(rows, live=True, label="shape, router")
 
 
 def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:

@@ -199,23 +199,35 @@ def _points(cause: str) -> Column:
     return Column(cause.removeprefix("turn_"), cause, show, value, narrow=True)
 
 
-def _recomputed(s: Mapping[str, Any]) -> str:
-    return str(s["misses"]["requests"]["shared"])
+def _recomputed(s: Mapping[str, Any]) -> int | None:
+    shared = s["misses"].get("requests", {}).get("shared")
+    return None if shared is None else int(shared)
+
+
+def _show_recomputed(s: Mapping[str, Any]) -> str:
+    n = _recomputed(s)
+    return "-" if n is None else str(n)
 
 
 MISSES_COLUMNS: tuple[Column, ...] = (
     percent_column("hit", "hit_rate", narrow=True),
     *(_points(cause) for cause in CAUSES),
-    Column("recomp", "shared_requests", _recomputed, _recomputed, narrow=True),
+    Column("recomp", "shared_requests", _show_recomputed, _recomputed, narrow=True),
 )
 """``kvgate sim --misses``: points of the prompt tokens computed, by cause (``workload.misses``)."""
 
 
 def causes_table(
-    rows: Sequence[tuple[str, Mapping[str, Any]]], note: str = "", *, live: bool = False
+    rows: Sequence[tuple[str, Mapping[str, Any]]],
+    note: str = "",
+    *,
+    live: bool = False,
+    label: str = "policy",
 ) -> Table | None:
-    """``rows`` (name and summary with ``misses``) by cause; ``live``: a live run's split,
-    whose ``moved`` is an upper bound (``bench.misses``). ``None`` when there are none."""
+    """``rows`` (name and summary with ``misses``: its ``points`` by cause, and the
+    ``requests`` that recomputed shared text where counted) by cause; ``live``: a live
+    run's split, whose ``moved`` is an upper bound (``bench.misses``). ``None`` when
+    there are none."""
     if not rows:
         return None
     title = "misses by cause, points of prompt tokens (hit + causes = 100)" + note
@@ -226,4 +238,4 @@ def causes_table(
     )
     if live:
         caption += " Live, no one reads a worker's cache: moved counts all a moved turn re-sent."
-    return rich_table(title, MISSES_COLUMNS, rows, wide=True, caption=caption)
+    return rich_table(title, MISSES_COLUMNS, rows, wide=True, label=label, caption=caption)

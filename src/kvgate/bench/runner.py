@@ -76,7 +76,8 @@ async def run_bench(
     reference beside the bound. ``ttft_floor`` (an emulated fleet's
     ``Engine.alone_ttft``) adds the TTFT floor's p99 (``bench.report.summarize``).
     ``misses`` adds the summary's ``misses``: the cache misses by cause, as ``kvgate sim
-    --misses`` gives them (``bench.misses``; needs the ``X-Kvgate-Worker`` header).
+    --misses`` gives them (``bench.misses``; needs answers that name their worker, by
+    the worker's ``kvgate_timing.worker`` or the gateway's ``X-Kvgate-Worker`` header).
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
