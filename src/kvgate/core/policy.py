@@ -8,13 +8,14 @@ default to doing nothing. The driver (live gateway or simulator) calls them.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
+from kvgate.core.warmup import WarmUp
 from kvgate.types import Seconds, WorkerId
 
 
@@ -69,6 +70,30 @@ class Policy(Protocol):
         """``worker`` left the fleet: forget what is known about it."""
         ...
 
+    def openers(self) -> Collection[str]:
+        """Ids of requests a later ``warm_up`` may cut a prefix from (the driver keeps
+        their bodies; ``core.warmup``)."""
+        ...
+
+    def warm_up(self, worker: WorkerId, ctx: RouteContext) -> WarmUp | None:
+        """After a placement on ``worker``: a prefix to compute ahead on an idle worker."""
+        ...
+
+    def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """The driver sent the warm-up ``request`` to ``worker``."""
+        ...
+
+    def on_warm_done(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
+        """The warm-up ended (``prompt_tokens`` 0: it failed)."""
+        ...
+
 
 class PolicyBase:
     """Convenience base with no-op hooks; policies override what they need."""
@@ -94,4 +119,23 @@ class PolicyBase:
         return None
 
     def on_worker_removed(self, worker: WorkerId) -> None:
+        return None
+
+    def openers(self) -> Collection[str]:
+        return ()
+
+    def warm_up(self, worker: WorkerId, ctx: RouteContext) -> WarmUp | None:
+        return None
+
+    def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        return None
+
+    def on_warm_done(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
         return None

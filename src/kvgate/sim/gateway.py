@@ -34,7 +34,7 @@ from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
 from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
-from kvgate.core.policy import Policy
+from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import PressureTracker
 from kvgate.core.route import (
     Hold,
@@ -127,6 +127,14 @@ class SimGateway:
         self.ended = ended
         """Told of every request's end, answered or refused (the clients' next turns)."""
         self.flights: dict[str, Flight] = {}
+        self.warm_flights: dict[str, tuple[RequestFeatures, SimWorker]] = {}
+        """Warm-ups sent and not finished (``core.warmup``), by their request ids."""
+        self.warm_ups = 0
+        self.warm_up_tokens = 0
+        """Prompt tokens the warm-ups sent: prefill no client asked for."""
+        self.warm_up_cached = 0
+        self._opener_blocks: dict[str, list[BlockHash]] = {}
+        """Engine blocks of the requests ``policy.openers`` names (a warm-up is cut from one)."""
         self.kv_holds = 0
         """Requests held at least once for KV headroom."""
         self._queue: list[tuple[tuple[int, int], int, _Waiter]] = []
@@ -267,6 +275,47 @@ class SimGateway:
             output_block_hashes=output_blocks,
         )
         self.submit(worker, engine_request, now)
+        self._warm_up(request.request_id, blocks, worker, waiter.version, now)
+
+    def _warm_up(
+        self,
+        request_id: str,
+        blocks: list[BlockHash],
+        worker: SimWorker,
+        version: str | None,
+        now: Seconds,
+    ) -> None:
+        """After a placement on ``worker``: send the warm-up the policy asks for, if any
+        (``core.warmup``), as the live gateway's ``WarmUps`` does."""
+        policy = self.policy
+        openers = policy.openers()
+        if not openers:
+            return
+        kept = self._opener_blocks
+        if request_id in openers:
+            kept[request_id] = blocks
+        for gone in [rid for rid in kept if rid not in openers]:
+            del kept[gone]
+        warm = policy.warm_up(worker.id, RouteContext(self.snapshot(now, version), None, self.rng))
+        if warm is None or warm.opener not in kept:
+            return
+        target = self._by_id[warm.worker]
+        tokens = min(
+            warm.features.prompt_chars // self.codec.chars_per_token,
+            len(kept[warm.opener]) * self.codec.block_size,
+        )
+        engine_request = EngineRequest(
+            request_id=warm.features.request_id,
+            block_hashes=kept[warm.opener][: tokens // self.codec.block_size],
+            prompt_tokens=tokens,
+            max_tokens=1,
+        )
+        target.load(1, 0)
+        policy.on_warm(warm.features, target.id, now)
+        self.warm_flights[warm.features.request_id] = (warm.features, target)
+        self.warm_ups += 1
+        self.warm_up_tokens += tokens
+        self.submit(target, engine_request, now)
 
     def _held(self, worker: str, blocks: Sequence[BlockHash], prompt_tokens: int) -> int:
         """Tokens of a prompt ``worker``'s engine holds in its cache now (0: no such worker)."""
@@ -277,6 +326,16 @@ class SimGateway:
 
     def finished(self, done: FinishedRequest, now: Seconds) -> None:
         """A response ended: usage to the policy, refresh the affinity, free the slot."""
+        warm = self.warm_flights.pop(done.request_id, None)
+        if warm is not None:  # a warm-up: no client waits for it
+            features, worker = warm
+            worker.load(-1, 0)
+            self.warm_up_cached += done.cached_tokens
+            self.policy.on_warm_done(
+                features, worker.id, done.prompt_tokens, done.cached_tokens, now
+            )
+            self._wake(now, everyone=False)  # its slot is free
+            return
         flight = self.flights.pop(done.request_id)
         worker = flight.worker
         worker.load(-1, -flight.kv_tokens)

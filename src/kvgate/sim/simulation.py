@@ -262,6 +262,9 @@ class Simulation:
         if self.gateway.misses is not None:
             summary["misses"] = self.gateway.misses.summary()
         summary["turns_held"] = arrivals.held
+        summary["warm_ups"] = self.gateway.warm_ups
+        summary["warm_up_tokens"] = self.gateway.warm_up_tokens
+        summary["warm_up_cached_tokens"] = self.gateway.warm_up_cached
         wall = time.perf_counter() - started
         return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
 

@@ -124,17 +124,13 @@ Example (every option is ``DefaultConfig``'s)::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-
-from pydantic import Field
+from collections.abc import Callable, Collection
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.hashing import bounded_load_cap
 from kvgate.core.policies.base import (
-    PolicyConfig,
-    ThresholdKind,
     affinity_status,
     candidates,
     cheapest,
@@ -147,51 +143,15 @@ from kvgate.core.policies.books import Queues
 from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.conversations import Conversations
+from kvgate.core.policies.default_config import DefaultConfig
+from kvgate.core.policies.openers import Openers
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.waste import Waste, rescore
 from kvgate.core.policy import RouteContext
-from kvgate.core.prefix_index import PrefixIndexConfig
+from kvgate.core.warmup import WarmUp
 from kvgate.types import Seconds, WorkerId
 
-
-class DefaultConfig(PolicyConfig):
-    """Options of ``default``: session stickiness and the expected-TTFT cost model."""
-
-    threshold_kind: ThresholdKind = "fraction"
-    threshold: float = Field(default=0.8, gt=0)
-    sticky_load_factor: float | None = Field(default=2.0, ge=1)
-    sticky_slack: int = Field(default=4, ge=0)
-    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
-    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
-    decode_s: float = Field(default=0.002, ge=0)
-    """Time to first token each request already on a worker adds (its decode steps)."""
-    stay: float = Field(default=0.5, ge=0)
-    """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
-    busy_half_s: float = Field(default=3.0, gt=0)
-    """Queued prefill seconds at which the pull of a worker's cache is halved."""
-    evict: float = Field(default=1.0, ge=0)
-    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
-    waste: float = Field(default=2.0, ge=0)
-    """At most how many times over recomputing a prefix another worker holds delays the
-    requests behind it on a backlogged fleet (``core.policies.waste``)."""
-    kv_high: float = Field(default=0.9, gt=0, le=1)
-    recent_half_life_s: float = Field(default=60.0, gt=0)
-    """Half-life of the per-worker count of recently routed requests (a tie-break), and of
-    the counts that measure what a session brings over its life."""
-    outstanding_horizon_s: float = Field(default=600.0, gt=0)
-    """A routed request never reported back is dropped from the queue estimate after this."""
-    time_scale: float = Field(default=1.0, gt=0)
-    """Model seconds per second of the driver's clock: the rates and times above are the
-    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
-    restorable_credit: float = Field(default=0.9, ge=0, le=1)
-    """What a prefix block restorable from disk is worth on any worker, against one in
-    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
-    takes to recompute it (``benchmarks/real_offload.py``)."""
-    chain_ends: int = Field(default=65_536, ge=1)
-    """Ends of recently routed headerless chains remembered, to tell a conversation's
-    later turn (its chain runs through one) from a request that opens one."""
-    index: PrefixIndexConfig = PrefixIndexConfig()
-
+__all__ = ["DefaultConfig", "DefaultPolicy"]
 
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
 
@@ -234,6 +194,11 @@ class DefaultPolicy(PrefixLearning):
         # The last placement's chain end (``ChainEnds.through``): request id, the worker
         # its earlier turn went to, the blocks to that turn's last whole one, its chars.
         self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
+        # The last opening placed: request id and the longest match of its chain (blocks).
+        # Warm-ups (``warm_up``): the shared prefixes recent openings matched, and
+        # whether ``_place`` runs for one of them (placed again) rather than a request.
+        self._openers = Openers(cfg.warm_min_blocks)
+        self._probing = False
 
     # -- learning -----------------------------------------------------------------
 
@@ -415,6 +380,8 @@ class DefaultPolicy(PrefixLearning):
         held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
         evict_all = evict * (fresh_all if fresh_all >= life else life)
         top = max(self._chars(max(matches.values(), default=0), request, ""), tail)
+        if life > 0.0 and cfg.warm_min_blocks and not restorable and not self._probing:
+            self._openers.note(request, max(own.values(), default=0))
         backlog = math.inf  # the shortest queue among the workers scored (the waste term)
         best: WorkerState | None = None
         best_cost = math.inf
@@ -475,6 +442,64 @@ class DefaultPolicy(PrefixLearning):
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if held(best.id) == top else "least_ttft"
+
+    # -- warm-ups (``core.warmup``) ------------------------------------------------
+
+    def openers(self) -> Collection[str]:
+        """Ids of the openings whose shared prefixes a warm-up may copy (``Openers``)."""
+        return self._openers.ids()
+
+    def warm_up(self, worker: WorkerId, ctx: RouteContext) -> WarmUp | None:
+        """After a placement on ``worker``: if the next opening behind a shared prefix
+        it holds would now copy that prefix to an idle worker, warm that one ahead
+        (``Openers.next_copy``: each opening kept is placed again by ``_place``)."""
+        cfg = self.config
+        if not cfg.warm_min_blocks:
+            return None
+
+        def place(probe: RequestFeatures) -> WorkerState | None:
+            kind, limit = cfg.threshold_kind, cfg.threshold
+            pool = [w for w in candidates(probe, ctx) if under_threshold(w, kind, limit)]
+            if not pool:
+                return None
+            saved = (self._opened, self._tail, self._claims)
+            self._opened, self._probing = (probe.request_id, None), True
+            try:
+                return self._place(probe, pool, ctx)[0]
+            finally:
+                (self._opened, self._tail, self._claims), self._probing = saved, False
+
+        now = ctx.fleet.now
+        index, queued = self.index, self._queues.queued_tokens
+        return self._openers.next_copy(
+            lambda probe: index.match_worker(probe.prefix_hashes, worker),
+            place,
+            lambda probe, w: self.matches(probe, ctx).get(w, 0),
+            lambda w: not (w.in_flight + (w.waiting or 0) or queued(w.id, now)),
+            index.depth_chars,
+        )
+
+    def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
+        seconds = request.prompt_chars * self._tokens_per_char / self._rate
+        self._queues.routed(request.request_id, worker, seconds, request.prefix_hashes, now)
+        PrefixLearning.on_routed(self, request, worker, now)
+        self._queues.refill(worker, self.index.fill(worker))
+
+    def on_warm_done(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+    ) -> None:
+        """The warm-up ended (``prompt_tokens`` 0: it failed): it leaves the queue, and its
+        usage corrects the index as a request's does."""
+        self._queues.reported(request.request_id)
+        if prompt_tokens:
+            PrefixLearning.on_usage(self, request, worker, prompt_tokens, cached_tokens, now)
+        self._queues.refill(worker, self.index.fill(worker))
 
     def _wasted(
         self,
