@@ -45,6 +45,7 @@ from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Router
+from kvgate.gateway.dataplane.warmups import WarmUps
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.logs import AccessLog
@@ -135,6 +136,15 @@ class Gateway:
             versions=self.control.versions,
             usage_listeners=[self.pressure.record_usage],
         )
+        self.warm_ups = WarmUps(
+            self.pool,
+            self.policy,
+            self.metrics,
+            self.router.warm_up,
+            timeout_s=t.total_s,
+            wall=self.router.wall,
+        )
+        """The policy's warm-ups (``core.warmup``), cancelled at ``stop``."""
         self.draining = False
         self.peers: MetricsPeers | None = None
         """The sibling server processes whose metrics a scrape includes (``--processes``)."""
@@ -157,6 +167,7 @@ class Gateway:
             aliases=config.model_aliases,
             slots=self.slots,
             traffic=self.traffic,
+            warm_ups=self.warm_ups,
         )
         self.reloader = Reloader(self, source)
         self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
@@ -193,6 +204,7 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop probing and close connections and the store."""
+        await self.warm_ups.close()
         await self.control.stop()
         await self.health.stop()
         await self.pressure.stop()

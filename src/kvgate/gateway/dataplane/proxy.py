@@ -57,6 +57,7 @@ from kvgate.gateway.dataplane.relay import (
 from kvgate.gateway.dataplane.retry import RetryBudget
 from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
+from kvgate.gateway.dataplane.warmups import WarmUps
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -128,8 +129,11 @@ class Proxy:
         slots: SlotPlane | None = None,
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
+        warm_ups: WarmUps | None = None,
     ) -> None:
         self.pool = pool
+        self.warm_ups = warm_ups
+        """Sends the policy's warm-ups after placements (``None``: none are sent)."""
         self.aliases: Mapping[str, str] = aliases or {}
         """Model names clients may use for another model (``model_aliases``)."""
         self.router = router
@@ -221,7 +225,13 @@ class Proxy:
                 outcome.strip_usage = True
             outcome.body = body
             await self._forward(
-                request, path, body=body, features=features, started=started, outcome=outcome
+                request,
+                path,
+                body=body,
+                features=features,
+                started=started,
+                outcome=outcome,
+                payload=(payload, endpoint),
             )
         except GatewayError as exc:
             outcome.status = exc.status
@@ -280,6 +290,7 @@ class Proxy:
         features: RequestFeatures,
         started: float,
         outcome: Outcome,
+        payload: tuple[dict[str, Any], Endpoint] | None = None,
     ) -> None:
         affinity = await self.router.lookup(features)
         budget = self.budget
@@ -307,6 +318,8 @@ class Proxy:
                         raise self._client_error(last_failure, features) from None
                     raise
                 affinity = placement.affinity  # read by ``place`` if the fleet asked for it
+                if payload is not None and self.warm_ups is not None:
+                    self.warm_ups.placed(features, *payload, placement.worker)
                 async with placement.lease:
                     outcome.placement = placement
                     outcome.reported = False

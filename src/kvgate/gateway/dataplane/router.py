@@ -39,7 +39,7 @@ from kvgate.core.admission import Shed
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
-from kvgate.core.policy import Policy
+from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.route import (
     Hold,
     Place,
@@ -51,6 +51,7 @@ from kvgate.core.route import (
     queue_timeout,
     route,
 )
+from kvgate.core.warmup import WarmUp
 from kvgate.gateway.control.versions import VersionRegistry
 from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.observe.metrics import GatewayMetrics
@@ -300,6 +301,13 @@ class Router:
         if writes:
             placement.shares = ()
             self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed)
+
+    def warm_up(self, features: RequestFeatures, worker: Worker) -> WarmUp | None:
+        """The policy's warm-up after ``features`` was placed on ``worker`` (``core.warmup``),
+        judged on a fresh snapshot of the workers of ``worker``'s version."""
+        version = worker.version if self._split(features.model) else None
+        snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
+        return self.policy.warm_up(worker.id, RouteContext(snap, None, self.rng))
 
     def _holders_failed(self) -> None:
         self._store_failed("set_holders")

@@ -277,6 +277,18 @@ class GatewayMetrics:
             ["reason", "priority"],
             registry=r,
         )
+        self.warm_ups = Counter(
+            "kvgate_warm_ups_total",
+            "Shared prefixes the gateway computed ahead on an idle worker (core.warmup), "
+            "by outcome (sent, error, cancelled, skipped: no body to cut it from).",
+            ["outcome"],
+            registry=r,
+        )
+        self.warm_up_tokens = Counter(
+            "kvgate_warm_up_prefill_tokens_total",
+            "Prompt tokens warm-ups made workers compute (uncached): prefill no client asked for.",
+            registry=r,
+        )
         self.affinity = Counter(
             "kvgate_affinity_lookups_total",
             "Session-key lookups in the store, by result (hit, miss, error).",
