@@ -1,0 +1,101 @@
+"""``default`` against ``cache_aware`` on one varied shape at two run lengths, seed by seed.
+
+The question it answers: does a routing change help a short run without costing the
+long one (and the other way round)? Per seed and length it prints the hit-rate
+change in points and the p99 TTFT ratio (default / cache_aware), then per length the
+mean change, the geometric mean of the ratios and how many seeds are behind or
+ahead; with ``warm_min_blocks`` set, the warm-ups each run sent and their tokens.
+
+    python benchmarks/sim_horizon.py [--option KEY=VALUE ...] [--json OUT.json]
+
+Defaults: ``headerless-chat:vary=1.0``, 4 workers of 2,000 blocks (peers.py's
+size), seeds 100-111, 240 and 600 requests, two runs at a time (about 25 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def run(workload: str, seed: int, requests: int, kv: int, options: Sequence[str]) -> dict[str, Any]:
+    """One seed at one length: both policies' figures and the change."""
+    kvgate = shutil.which("kvgate", path=str(Path(sys.executable).parent)) or "kvgate"
+    command = [kvgate, "sim", "--workload", workload, "--requests", str(requests),
+               "--kv-blocks", str(kv), "--block-size", "16", "--seed", str(seed),
+               "--policies", "default,cache_aware", "--no-progress",
+               "--format", "json"]  # fmt: skip
+    command += [arg for option in options for arg in ("--option", option)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    runs = json.loads(done.stdout)["policies"]
+    ours, theirs = runs["default"], runs["cache_aware"]
+    return {
+        "seed": seed,
+        "requests": requests,
+        "hit_points": round(100 * (ours["hit_rate"] - theirs["hit_rate"]), 2),
+        "p99_ratio": round(ours["ttft_p99"] / theirs["ttft_p99"], 3),
+        "warm_ups": ours.get("warm_ups", 0),
+        "warm_up_tokens": ours.get("warm_up_tokens", 0),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="headerless-chat:vary=1.0")
+    parser.add_argument("--seeds", default="100-111", help="FIRST-LAST or a comma list")
+    parser.add_argument("--lengths", default="240,600")
+    parser.add_argument("--kv-blocks", type=int, default=2000)
+    parser.add_argument("--option", action="append", default=[], help="default's KEY=VALUE")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if "-" in args.seeds:
+        first, last = (int(x) for x in args.seeds.split("-"))
+        seeds = list(range(first, last + 1))
+    else:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    jobs = [(s, n) for n in lengths for s in seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda j: run(args.workload, *j, args.kv_blocks, args.option), jobs))
+    table = Table(title=f"default - cache_aware, {args.workload} {' '.join(args.option)}")
+    for column in (
+        "requests",
+        "mean hit points",
+        "p99 ratio (geo)",
+        "behind/ahead",
+        "slower/faster",
+        "warm-ups",
+    ):
+        table.add_column(column, justify="right")
+    for n in lengths:
+        mine = [r for r in rows if r["requests"] == n]
+        hit = sum(r["hit_points"] for r in mine) / len(mine)
+        geo = math.exp(sum(math.log(r["p99_ratio"]) for r in mine) / len(mine))
+        table.add_row(
+            str(n),
+            f"{hit:+.2f}",
+            f"{geo:.3f}x",
+            f"{sum(r['hit_points'] < -0.5 for r in mine)}/"
+            f"{sum(r['hit_points'] > 0.5 for r in mine)}",
+            f"{sum(r['p99_ratio'] > 1 for r in mine)}/{sum(r['p99_ratio'] < 1 for r in mine)}",
+            f"{sum(r['warm_ups'] for r in mine)} ({sum(r['warm_up_tokens'] for r in mine)} tok)",
+        )
+    Console().print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"options": args.option, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
