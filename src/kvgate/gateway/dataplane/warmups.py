@@ -26,7 +26,6 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.policy import Policy
 from kvgate.core.prefix import Endpoint
 from kvgate.core.warmup import WarmUp, warm_up_payload
-from kvgate.gateway.dataplane.errors import UpstreamError
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Lease, Worker, WorkerPool
 
@@ -126,7 +125,7 @@ class WarmUps:
                 outcome = "sent"
             else:
                 log.debug("warm-up on %s answered %d", worker.id, status)
-        except UpstreamError as exc:
+        except Exception as exc:  # unreachable, timed out, refused: never a client's error
             log.debug("warm-up on %s failed: %s", worker.id, exc)
         except asyncio.CancelledError:
             outcome = "cancelled"
