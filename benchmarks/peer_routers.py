@@ -68,19 +68,22 @@ class Router:
     """A Debian package providing the router's command (installed when missing)."""
 
 
-def _kvgate(policy: str) -> Callable[[Launch], list[str]]:
+def _kvgate(policy: str, **options: object) -> Callable[[Launch], list[str]]:
+    """kvgate serving ``policy`` with ``options`` (on top of the fleet's time scale)."""
+
     def argv(launch: Launch) -> list[str]:
         config = {
             "listen": {"host": "127.0.0.1", "port": launch.port},
             "workers": [{"url": url, "model": MODEL} for url in launch.workers],
             "policy": {
                 "name": policy,
-                "options": with_time_scale(default_registry(), policy, {}, launch.time_scale),
+                "options": with_time_scale(default_registry(), policy, options, launch.time_scale),
             },
             "health": {"interval_s": 0.2, "timeout_s": 1.0},
             "seed": launch.seed,
         }
-        path = launch.workdir / f"kvgate-{policy}.yaml"
+        suffix = "".join(f"-{key}={value}" for key, value in options.items())
+        path = launch.workdir / f"kvgate-{policy}{suffix}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return [KVGATE, "serve", "--config", str(path)]
 
@@ -155,6 +158,11 @@ ROUTERS: dict[str, Router] = {
     router.name: router
     for router in (
         Router("kvgate-default", "kvgate, policy default", _kvgate("default")),
+        Router(
+            "kvgate-warm",
+            "kvgate, policy default with warm-ups (warm_min_blocks 4)",
+            _kvgate("default", warm_min_blocks=4),
+        ),
         Router("kvgate-round_robin", "kvgate, policy round_robin", _kvgate("round_robin")),
         Router(
             "sglang-router",
