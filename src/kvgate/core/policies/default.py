@@ -472,11 +472,12 @@ class DefaultPolicy(PrefixLearning):
         now = ctx.fleet.now
         index, queued = self.index, self._queues.queued_tokens
         return self._openers.next_copy(
-            lambda probe: index.match_worker(probe.prefix_hashes, worker),
-            place,
-            lambda probe, w: self.matches(probe, ctx).get(w, 0),
-            lambda w: not (w.in_flight + (w.waiting or 0) or queued(w.id, now)),
-            index.depth_chars,
+            ctx.fleet.workers,
+            holds=lambda probe: index.match_worker(probe.prefix_hashes, worker),
+            place=place,
+            held=lambda probe, w: self.matches(probe, ctx).get(w, 0),
+            idle=lambda w: not (w.in_flight + (w.waiting or 0) or queued(w.id, now)),
+            chars=index.depth_chars,
         )
 
     def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
@@ -56,6 +56,8 @@ class Openers:
 
     def next_copy(
         self,
+        workers: Iterable[WorkerState],
+        *,
         holds: Callable[[RequestFeatures], int],
         place: Callable[[RequestFeatures], WorkerState | None],
         held: Callable[[RequestFeatures, WorkerId], int],
@@ -66,7 +68,10 @@ class Openers:
         whole prefix the worker just placed on ``holds`` (blocks of it), where the policy
         would ``place`` it now; when that worker ``held`` less than the prefix and is
         ``idle``, the next opening behind it would copy it there, so it is copied ahead
-        (``chars``: a prefix's characters from its blocks). One warm-up at most."""
+        (``chars``: a prefix's characters from its blocks). One warm-up at most; none,
+        and no placing again, while none of ``workers`` is idle (a busy fleet pays nothing)."""
+        if not self._by_end or not any(map(idle, workers)):
+            return None
         for opening in self.newest_first():
             depth = len(opening.prefix_hashes)
             if holds(opening) < depth:
