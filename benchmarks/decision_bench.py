@@ -31,6 +31,7 @@ Memory: the prefix index's entries and RSS growth, per entry and per worker.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import random
@@ -359,9 +360,46 @@ def bench_policies(
                     "top_reason": f"{top[0]} ({100 * top[1] / picks:.0f}%)",
                 }
             )
+        if name == "default":
+            rows.append(
+                _time_warm_ups(policy, snapshot, headerless, ids, picks=picks, best_of=best_of)
+            )
         del policy, index
         gc.unfreeze()
     return rows, memory
+
+
+def _time_warm_ups(
+    policy: Policy,
+    snapshot: FleetSnapshot,
+    headerless: list[RequestFeatures],
+    ids: list[str],
+    *,
+    picks: int,
+    best_of: int,
+) -> dict[str, Any]:
+    """``warm_up`` after each headerless placement (routed first), on the fleet with one
+    worker idle: what warm-ups add to a request's CPU when they can fire at all (with no
+    worker idle it returns before placing anything again)."""
+    idle = dataclasses.replace(snapshot.workers[0], in_flight=0, waiting=0)
+    fleet = FleetSnapshot(snapshot.now, (idle, *snapshot.workers[1:]))
+    watch = Stopwatch(best_of)
+    pick_rng = random.Random(7)
+    sent = 0
+    for n in range(picks):
+        request = headerless[n]
+        context = RouteContext(fleet, None, pick_rng, {ids[n % len(ids)]: 8})
+        worker = policy.pick(request, context).worker
+        assert worker is not None
+        policy.on_routed(request, worker, 0.0)
+        warm = watch.time(partial(policy.warm_up, worker, context))
+        sent += warm is not None
+    return {
+        "policy": "default",
+        "requests": "warm_up (1 idle)",
+        **watch.summary(),
+        "top_reason": f"warm-up sent ({100 * sent / picks:.0f}%)",
+    }
 
 
 TIME_COLUMNS = ("what", "cpu p50 µs", "cpu p99 µs", "cpu mean µs", "wall p50 µs", "wall p99 µs")

@@ -53,6 +53,7 @@ from kvgate.bench import run_bench
 from kvgate.bench.payloads import PayloadBuilder
 from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.core.pressure import PressureConfig
+from kvgate.core.warmup import WARM_UP_MAX_TOKENS
 from kvgate.engine import Engine, EngineConfig, EngineRequest
 from kvgate.engine.tokenizer import tokenize
 from kvgate.gateway.testing import running_gateway
@@ -270,7 +271,10 @@ async def live_run(policy: str, scenario: Scenario) -> Run:
             label=policy,
             block_size=BLOCK_SIZE,
         )
-        ttfts = [done.ttft for h in handles for done in h.worker.driver.recent]
+        # The clients' requests only: the gateway's warm-ups (one token each) are not
+        # requests, and the simulator does not count them either.
+        recent = [done for h in handles for done in h.worker.driver.recent]
+        ttfts = [done.ttft for done in recent if done.output_tokens > WARM_UP_MAX_TOKENS]
         holds = gateway.gateway.router.kv_holds
     summary = results["policies"][policy]
     assert summary["finished"] == len(ttfts)

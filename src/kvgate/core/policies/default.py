@@ -379,9 +379,9 @@ class DefaultPolicy(PrefixLearning):
         get = matches.get
         held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
         evict_all = evict * (fresh_all if fresh_all >= life else life)
-        top = max(self._chars(max(matches.values(), default=0), request, ""), tail)
+        top = max(self._chars(deepest := max(matches.values(), default=0), request, ""), tail)
         if life > 0.0 and cfg.warm_min_blocks and not restorable and not self._probing:
-            self._openers.note(request, max(own.values(), default=0))
+            self._openers.note(request, deepest)  # ``own`` is ``matches`` when not restorable
         backlog = math.inf  # the shortest queue among the workers scored (the waste term)
         best: WorkerState | None = None
         best_cost = math.inf

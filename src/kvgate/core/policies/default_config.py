@@ -44,7 +44,8 @@ class DefaultConfig(PolicyConfig):
     chain_ends: int = Field(default=65_536, ge=1)
     """Ends of recently routed headerless chains remembered, to tell a conversation's
     later turn (its chain runs through one) from a request that opens one."""
-    warm_min_blocks: int = Field(default=0, ge=0)
-    """Warm shared prefixes of at least this many index blocks ahead on an idle worker,
-    where the next opening behind them would copy them (``core.warmup``; 0: never)."""
+    warm_min_blocks: int = Field(default=4, ge=0)
+    """Warm shared prefixes of at least this many index blocks (4: 256 tokens) ahead on an
+    idle worker, where the next opening behind them would copy them (``core.warmup``;
+    0: never)."""
     index: PrefixIndexConfig = PrefixIndexConfig()

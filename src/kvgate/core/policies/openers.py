@@ -33,14 +33,19 @@ class Openers:
         self._given = 0
 
     def note(self, request: RequestFeatures, depth: int) -> None:
-        """The opening ``request`` matched ``depth`` blocks of its chain on some worker."""
+        """The opening ``request`` matched ``depth`` blocks of its chain on some worker
+        (a request on the hot path: a prefix already kept only moves to the newest)."""
         if not self.least_blocks or depth < self.least_blocks:
             return
-        hashes = request.prefix_hashes[:depth]
-        by_end = self._by_end
-        by_end.pop(hashes[-1], None)
-        by_end[hashes[-1]] = dataclasses.replace(
-            request, prefix_hashes=hashes, session_key=None, restorable_blocks=0
+        by_end, end = self._by_end, request.prefix_hashes[depth - 1]
+        if end in by_end:  # a known prefix: its first opening stays (its body is kept)
+            by_end.move_to_end(end)
+            return
+        by_end[end] = dataclasses.replace(
+            request,
+            prefix_hashes=request.prefix_hashes[:depth],
+            session_key=None,
+            restorable_blocks=0,
         )
         if len(by_end) > self.limit:
             by_end.popitem(last=False)
