@@ -159,9 +159,9 @@ ROUTERS: dict[str, Router] = {
     for router in (
         Router("kvgate-default", "kvgate, policy default", _kvgate("default")),
         Router(
-            "kvgate-warm",
-            "kvgate, policy default with warm-ups (warm_min_blocks 4)",
-            _kvgate("default", warm_min_blocks=4),
+            "kvgate-nowarm",
+            "kvgate, policy default without warm-ups (warm_min_blocks 0)",
+            _kvgate("default", warm_min_blocks=0),
         ),
         Router("kvgate-round_robin", "kvgate, policy round_robin", _kvgate("round_robin")),
         Router(

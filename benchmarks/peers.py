@@ -199,8 +199,15 @@ async def fleet(shape: Shape, seed: int, logs: Path) -> AsyncIterator[list[str]]
     children: list[Child] = []
     try:
         urls = []
+        ports: set[int] = set()
         for i in range(WORKERS):
+            # A worker binds its port only once started: until then the OS may hand the
+            # same free port out again (it did, and kvgate refused a fleet naming a
+            # worker twice).
             port = free_port()
+            while port in ports:
+                port = free_port()
+            ports.add(port)
             argv = [
                 KVGATE, "worker-sim", "--port", str(port), "--profile", PROFILE,
                 "--block-size", str(BLOCK_SIZE), "--time-scale", str(shape.time_scale),
