@@ -194,7 +194,6 @@ class DefaultPolicy(PrefixLearning):
         # The last placement's chain end (``ChainEnds.through``): request id, the worker
         # its earlier turn went to, the blocks to that turn's last whole one, its chars.
         self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
-        # The last opening placed: request id and the longest match of its chain (blocks).
         # Warm-ups (``warm_up``): the shared prefixes recent openings matched, and
         # whether ``_place`` runs for one of them (placed again) rather than a request.
         self._openers = Openers(cfg.warm_min_blocks)
