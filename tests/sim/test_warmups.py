@@ -1,6 +1,6 @@
-"""Warm-ups in the simulator (on by default): sent as the live gateway sends them, counted apart from
-the clients' requests, and they take the cold copies off the short run's slowest
-requests (the figures ``docs/benchmarks.md`` reports come from the same runs)."""
+"""Warm-ups in the simulator (on by default): sent as the live gateway sends them,
+counted apart from the clients' requests, and they take the cold copies off the short
+run's slowest requests (the figures ``docs/benchmarks.md`` reports come from the same runs)."""
 
 from __future__ import annotations
 
