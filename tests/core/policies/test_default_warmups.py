@@ -37,21 +37,24 @@ def route_on(policy: DefaultPolicy, features: object, now: float, busy: dict[str
 
 
 @pytest.mark.parametrize(
-    ("warm_min_blocks", "busy_after", "expect"),
+    ("warm_min_blocks", "matched", "busy_after", "expect"),
     [
-        (4, {}, "idle worker warmed"),  # the holder's queue sends the next opening away
-        (0, {}, "off"),  # the option off: never
-        (4, {"b": 1, "c": 1}, "no idle worker"),  # the copy would delay what runs there
+        (4, 2, {}, "idle worker warmed"),  # the holder's queue sends the next opening away
+        (0, 2, {}, "off"),  # the option off: never
+        (4, 2, {"b": 1, "c": 1}, "no idle worker"),  # the copy would delay what runs there
+        # One opening matched it: as likely one conversation's own history as shared.
+        (4, 1, {}, "not shared yet"),
     ],
 )
 def test_a_busy_holder_gets_its_prefix_copied_ahead(
-    warm_min_blocks: int, busy_after: dict[str, int], expect: str
+    warm_min_blocks: int, matched: int, busy_after: dict[str, int], expect: str
 ) -> None:
     policy = DefaultPolicy(DefaultConfig(warm_min_blocks=warm_min_blocks))
     first = route_on(policy, opening("o1", "first question "), 0.0, {})
-    # A second opening behind the same system prompt finds it on the first's worker.
-    second = route_on(policy, opening("o2", "second question "), 0.001, {first: 1})
-    assert second == first
+    # Later openings behind the same system prompt find it on the first's worker.
+    for n, question in enumerate(("second question ", "third question ")[:matched]):
+        later = route_on(policy, opening(f"o{n + 2}", question), 0.001 * (n + 1), {first: 1})
+        assert later == first
     # Long unrelated work queued there since: seconds of prefill ahead of any opening.
     for i in range(3):
         backlog = build_features(
@@ -70,8 +73,8 @@ def test_a_busy_holder_gets_its_prefix_copied_ahead(
     assert warm.opener in policy.openers()
     # Sent: the index holds the prefix there, so the next opening need not copy it.
     policy.on_warm(warm.features, warm.worker, 0.002)
-    third = opening("o3", "third question ")
-    assert policy.matches(third, ctx(0.003, busy)).get(warm.worker, 0) > 0  # type: ignore[arg-type]
+    fourth = opening("o4", "fourth question ")
+    assert policy.matches(fourth, ctx(0.003, busy)).get(warm.worker, 0) > 0  # type: ignore[arg-type]
     policy.on_warm_done(warm.features, warm.worker, 1_100, 0, 0.2)
     assert policy.queued_tokens(warm.worker, 0.2) == 0.0
 
