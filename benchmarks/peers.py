@@ -296,14 +296,15 @@ async def router_in_front(
         await child.stop()
 
 
-async def worker_counters(urls: Sequence[str]) -> list[tuple[int, float]]:
-    """Each worker's finished requests and the model seconds its timeline lost so far."""
+async def worker_counters(urls: Sequence[str]) -> list[tuple[int, float, float]]:
+    """Each worker's finished requests, the model seconds its timeline lost and the
+    prompt tokens it computed so far."""
     counts = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         for url in urls:
             async with session.get(url + "/metrics") as resp:
                 text = await resp.text()
-            counts.append((requests_served(text), lost_model_seconds(text)))
+            counts.append((requests_served(text), lost_model_seconds(text), prefilled(text)))
     return counts
 
 
@@ -319,6 +320,16 @@ def _total(metrics_text: str, sample_name: str) -> float:
 def requests_served(metrics_text: str) -> int:
     """The sum of ``vllm:request_success_total`` over its labels in a /metrics page."""
     return int(_total(metrics_text, "vllm:request_success_total"))
+
+
+def prefilled(metrics_text: str) -> float:
+    """Prompt tokens a worker computed rather than found cached (vLLM's counters).
+
+    Summed over the fleet it is the prefill every router made it do, whatever sent
+    it: the clients' requests, kvgate's warm-ups (``core.warmup``), retries.
+    """
+    prompt = _total(metrics_text, "vllm:prompt_tokens_total")
+    return prompt - _total(metrics_text, "vllm:prefix_cache_hits_total")
 
 
 def lost_model_seconds(metrics_text: str) -> float:
@@ -386,6 +397,10 @@ async def one_run(
         "client_ttft_p50": s["ttft_p50"],
         "client_ttft_p99": s["ttft_p99"],
         "per_worker": [a[0] - b[0] for a, b in zip(after, before, strict=True)],
+        # Prompt tokens the fleet computed during the run (warm-ups included), and the
+        # share of them the clients' answers account for (their usage).
+        "fleet_prefill_tokens": sum(a[2] - b[2] for a, b in zip(after, before, strict=True)),
+        "client_prefill_tokens": s["prompt_tokens"] - s["cached_tokens"],
         # Points of prompt tokens missed, by cause (``kvgate.bench.misses``), or None.
         "misses": (s.get("misses") or {}).get("points"),
         # Per worker, over the run's model duration: the share of model time lost to
@@ -431,7 +446,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
                 "failed": [r["error"] for r in group if "error" in r],
             }
             if good:
-                keys = ("hit_rate", "worker_ttft_p50", "worker_ttft_p99", "ttft_floor_p99", "bound")
+                keys = ("hit_rate", "worker_ttft_p50", "worker_ttft_p99", "ttft_floor_p99",
+                        "bound", "fleet_prefill_tokens")  # fmt: skip
                 for key in keys:
                     values = [r[key] for r in good if r.get(key) is not None]
                     summary[key] = _spread(values) if values else None
@@ -481,7 +497,9 @@ def targets(
     Means over the runs: hit rate at least the best peer's (less ``HIT_TIE``) and
     ``OF_REFERENCE`` of the capacity-aware reference; p99 at most the better peer's,
     ``OVERLOADED_FACTOR`` of it where that is ``OVERLOADED_P99_S`` or more. Requests
-    refused (429) are counted beside: a hit rate is over the requests answered.
+    refused (429) are counted beside: a hit rate is over the requests answered; so is
+    the prompt tokens the fleet computed against the best peer's (warm-ups are prefill
+    no client asked for, and a hit rate over the clients' requests leaves them out).
     Shapes where ``router`` or every one of ``against`` lacks a hit rate or a p99
     (failed runs, no usage) are left out.
     """
@@ -502,6 +520,9 @@ def targets(
         quick_p99 = peers[quick]["worker_ttft_p99"]["mean"]
         factor = OVERLOADED_FACTOR if quick_p99 >= OVERLOADED_P99_S else 1.0
         reference = (own.get("reference") or {}).get("mean")
+        own_prefill = (own.get("fleet_prefill_tokens") or {}).get("mean")
+        peer_prefill = (peers[best].get("fleet_prefill_tokens") or {}).get("mean")
+        prefill_ratio = own_prefill / peer_prefill if own_prefill and peer_prefill else None
         rows.append(
             {
                 "shape": shape,
@@ -519,6 +540,8 @@ def targets(
                 "shed": own.get("shed", 0),
                 "peers_shed": {n: peers[n].get("shed", 0) for n in peers},
                 "requests": own["requests"],
+                # The fleet's computed prompt tokens (warm-ups included) over the best peer's.
+                "prefill_ratio": prefill_ratio,
             }
         )
     return rows
@@ -542,11 +565,12 @@ def _target_cells(row: Mapping[str, Any]) -> list[str]:
         f" ({row['quick_peer']}, {row['p99'] / (row['quick_peer_p99'] or 1e-9):.2f}x)",
         _mark(row["p99_met"]),
         f"{row['shed']}/{row['requests']} ({refused})",
+        f"{ratio:.2f}x" if (ratio := row.get("prefill_ratio")) else "-",
     ]
 
 
 TARGET_COLUMNS = ("shape", "hit / best peer", "hit", "/ref", ">=95%", "p99 / better peer",
-                  "p99", "shed (peers)")  # fmt: skip
+                  "p99", "shed (peers)", "prefill / best peer")  # fmt: skip
 
 
 def targets_table(rows: Sequence[Mapping[str, Any]]) -> Table:
@@ -564,6 +588,11 @@ def targets_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["| " + " | ".join(TARGET_COLUMNS) + " |", "|---" * len(TARGET_COLUMNS) + "|"]
     lines += ["| " + " | ".join(_target_cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _tokens(spread: Mapping[str, float] | None) -> str:
+    """A mean token count in thousands (``-``: not measured)."""
+    return "-" if spread is None else f"{spread['mean'] / 1000:.0f}k"
 
 
 def _secs_one(value: float) -> str:
@@ -607,6 +636,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
         "TTFT p99",
         "floor p99",
         "per worker",
+        "prefill",
         "errors",
         "lost",
     )
@@ -614,7 +644,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
         table.add_column(column, justify="left" if column == "router" else "right")
     for name, s in routers.items():
         if not s["runs"]:
-            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 7)
+            table.add_row(name, "0", "failed: " + "; ".join(s["failed"])[:80], *("-",) * 8)
             continue
         hit = s["hit_rate"]
         ref = s.get("reference")
@@ -628,6 +658,7 @@ def shape_table(shape: str, routers: Mapping[str, Mapping[str, Any]]) -> Table:
             _secs(s.get("worker_ttft_p99")),
             _secs(s.get("ttft_floor_p99")),
             "/".join(f"{v:.0f}" for v in s["per_worker"]),
+            _tokens(s.get("fleet_prefill_tokens")),
             f"{s['errors']}/{s['requests']}",
             f"{s['lost_model_share']:.0%}",
         )
@@ -659,13 +690,13 @@ def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
         lines += [
             head,
             "",
-            "| router | hit | /ref | TTFT p50 | TTFT p99 | floor p99 | per worker | errors"
-            " | lost |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| router | hit | /ref | TTFT p50 | TTFT p99 | floor p99 | per worker | prefill"
+            " | errors | lost |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, s in routers.items():
             if not s["runs"]:
-                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | | | |")
+                lines.append(f"| {name} | failed: {'; '.join(s['failed'])} | | | | | | | | |")
                 continue
             ref = s.get("reference")
             of_ref = f"{s['hit_rate']['mean'] / ref['mean']:.0%}" if ref and ref["mean"] else "-"
@@ -673,7 +704,7 @@ def markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
             lines.append(
                 f"| {name} | {_pct(s['hit_rate'])} | {of_ref} | {_secs(s.get('worker_ttft_p50'))}"
                 f" | {_secs(s.get('worker_ttft_p99'))} | {_secs(s.get('ttft_floor_p99'))}"
-                f" | {per_worker} |"
+                f" | {per_worker} | {_tokens(s.get('fleet_prefill_tokens'))} |"
                 f" {s['errors']}/{s['requests']} | {s['lost_model_share']:.0%} |"
             )
         lines.append("")

@@ -108,6 +108,34 @@ def test_tables_show_each_router_with_the_bound_and_reference() -> None:
     assert "| c | failed: pip failed: no such package |" in md
 
 
+def test_prefilled_is_the_prompt_tokens_a_worker_did_not_find_cached() -> None:
+    text = (
+        "# TYPE vllm:prompt_tokens counter\n"
+        'vllm:prompt_tokens_total{model_name="demo"} 9000.0\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{model_name="demo"} 6500.0\n'
+    )
+    assert peers.prefilled(text) == 2500.0
+    assert peers.prefilled("") == 0.0
+
+
+def test_targets_put_the_fleets_prefill_beside_the_best_peers() -> None:
+    """Warm-ups are prefill no client asked for: the targets say how much the fleet
+    computed under kvgate against under the best peer."""
+    summary = target_summary(
+        run_record("kvgate-default", 0, 0.21, 0.5, fleet_prefill_tokens=90_000),
+        run_record("sglang-router", 0, 0.20, 0.6, fleet_prefill_tokens=100_000),
+        run_record("smg", 0, 0.19, 0.7, fleet_prefill_tokens=80_000),
+    )
+    (row,) = peers.targets(summary)
+    assert row["prefill_ratio"] == pytest.approx(0.9)  # against sglang-router, best by hit
+    assert "0.90x" in peers.targets_markdown([row])
+    (unmeasured,) = peers.targets(
+        target_summary(run_record("kvgate-default", 0, 0.2, 0.5), run_record("smg", 0, 0.2, 0.5))
+    )
+    assert unmeasured["prefill_ratio"] is None
+
+
 def test_requests_served_reads_the_workers_own_counter() -> None:
     text = (
         "# TYPE vllm:request_success counter\n"
@@ -191,6 +219,10 @@ def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Pat
         # Every router's misses are split: the emulated workers name themselves.
         split = run["misses"]
         assert 100.0 - sum(split.values()) == pytest.approx(100.0 * run["hit_rate"], abs=0.01)
+        # The fleet computed at least what the answers say it did; kvgate's warm-ups more.
+        assert run["fleet_prefill_tokens"] >= run["client_prefill_tokens"] > 0
+    stateless = runs[1]
+    assert stateless["fleet_prefill_tokens"] == stateless["client_prefill_tokens"]
     summary = document["summary"]["shared-prefix-groups"]
     assert set(summary) == set(routers.split(","))
     assert "| kvgate-default |" in document["markdown"]
