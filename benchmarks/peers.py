@@ -323,13 +323,17 @@ def requests_served(metrics_text: str) -> int:
 
 
 def prefilled(metrics_text: str) -> float:
-    """Prompt tokens a worker computed rather than found cached (vLLM's counters).
+    """Prompt tokens a worker computed rather than found cached (vLLM's prefix-cache
+    counters: tokens queried less tokens hit, both counted at each admission).
 
     Summed over the fleet it is the prefill every router made it do, whatever sent
-    it: the clients' requests, kvgate's warm-ups (``core.warmup``), retries.
+    it: the clients' requests, kvgate's warm-ups (``core.warmup``), and a preempted
+    request's recompute. (Prompt tokens less hits would not be: an engine counts a
+    prompt once, at its first token, but its hits again at every admission, and a
+    fleet that preempted read negative.)
     """
-    prompt = _total(metrics_text, "vllm:prompt_tokens_total")
-    return prompt - _total(metrics_text, "vllm:prefix_cache_hits_total")
+    queried = _total(metrics_text, "vllm:prefix_cache_queries_total")
+    return queried - _total(metrics_text, "vllm:prefix_cache_hits_total")
 
 
 def lost_model_seconds(metrics_text: str) -> float:
@@ -397,8 +401,8 @@ async def one_run(
         "client_ttft_p50": s["ttft_p50"],
         "client_ttft_p99": s["ttft_p99"],
         "per_worker": [a[0] - b[0] for a, b in zip(after, before, strict=True)],
-        # Prompt tokens the fleet computed during the run (warm-ups included), and the
-        # share of them the clients' answers account for (their usage).
+        # Prompt tokens the fleet computed during the run (warm-ups and recomputes after
+        # preemption included), and what the clients' answers account for (usage).
         "fleet_prefill_tokens": sum(a[2] - b[2] for a, b in zip(after, before, strict=True)),
         "client_prefill_tokens": s["prompt_tokens"] - s["cached_tokens"],
         # Points of prompt tokens missed, by cause (``kvgate.bench.misses``), or None.

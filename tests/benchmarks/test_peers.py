@@ -109,9 +109,13 @@ def test_tables_show_each_router_with_the_bound_and_reference() -> None:
 
 
 def test_prefilled_is_the_prompt_tokens_a_worker_did_not_find_cached() -> None:
+    """Queried less hit, both counted at every admission (a preempted request's
+    recompute included); the prompt counter counts a prompt once and is not used."""
     text = (
         "# TYPE vllm:prompt_tokens counter\n"
-        'vllm:prompt_tokens_total{model_name="demo"} 9000.0\n'
+        'vllm:prompt_tokens_total{model_name="demo"} 7000.0\n'
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{model_name="demo"} 9000.0\n'
         "# TYPE vllm:prefix_cache_hits counter\n"
         'vllm:prefix_cache_hits_total{model_name="demo"} 6500.0\n'
     )
