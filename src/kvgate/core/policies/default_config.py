@@ -46,6 +46,6 @@ class DefaultConfig(PolicyConfig):
     later turn (its chain runs through one) from a request that opens one."""
     warm_min_blocks: int = Field(default=4, ge=0)
     """Warm shared prefixes of at least this many index blocks (4: 256 tokens) ahead on an
-    idle worker, where the next opening behind them would copy them (``core.warmup``;
-    0: never)."""
+    idle worker, where the next opening behind them would copy them (``core.warmup``; a
+    prefix is shared once two openings matched it, ``core.policies.openers``; 0: never)."""
     index: PrefixIndexConfig = PrefixIndexConfig()
