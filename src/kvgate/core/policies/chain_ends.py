@@ -24,6 +24,21 @@ before the earlier one's exact end, though it runs through its last whole block.
 Strangers behind shared text ending at a block boundary part there, so once two
 have ended past it only exact marks count: the first stranger after one
 conversation reads as its next turn, the ones after read right.
+
+The partial block a trace rewrites can also reach back into the last whole block
+``B`` (a coarse block is 1,024 tokens, a trace's rewritten block up to 511): the next
+turn then runs through the block before it, not through ``B``. On issue 11's
+shared-opening trace a quarter to half the later turns read as openings that way,
+and were placed as new conversations, away from the worker holding their history.
+So a request is also marked one block back, at ``B-1`` (a *back end*), where that
+block is its own text: past the longest match it had when it was routed, and that
+match was not empty (the request was seen to share text up to there, so strangers
+behind that text part before ``B-1``). A request runs through a back end when its
+chain runs through ``B-1`` and then leaves the earlier chain within ``B`` (its next
+block is not ``B``: one that is runs on through ``B`` and is judged there). A back
+end counts only alone past its block, as a lone end does, and serves one later turn:
+a conversation has one next turn, and a second request through the same block is
+a fork or a stranger, which reads as an opening.
 """
 
 from __future__ import annotations
@@ -36,8 +51,15 @@ from kvgate.core.features import RequestFeatures
 from kvgate.types import BlockHash, WorkerId
 
 _End = tuple[str, BlockHash, int, WorkerId]
-"""What a mark stands for: the request that ended there, its block ``B``, ``off`` and
-the worker the request was routed to."""
+"""What a mark stands for: the request that ended there, its block ``B`` (of a back end:
+``B-1``), ``off`` (of a back end: ``_BACK``) and the worker the request was routed to."""
+
+_BACK = -1
+"""The ``off`` of a back end (see the module docs): no text past its block is hashed."""
+
+_BACK_SALT = 0x5BD1E9955BD1E995
+"""A back end's mark is its block's hash with these bits flipped: apart from the block's
+own mark (its ``off`` 0), which means a chain that ended exactly there."""
 
 Through = tuple[WorkerId, int, int, str]
 """The end a request runs through: the worker the earlier request went to, the whole
@@ -46,16 +68,18 @@ and the earlier request's id."""
 
 
 class _Past:
-    """The marks past one block ``B``: how many at each ``off``, and whose was noted last
-    (the request and its worker)."""
+    """The marks past one block ``B``: how many at each ``off`` (back ends only in
+    ``count``), whose was noted last (the request and its worker) and, of a back end,
+    the block its chain went on with (``after``)."""
 
-    __slots__ = ("count", "last", "offsets", "worker")
+    __slots__ = ("after", "count", "last", "offsets", "worker")
 
     def __init__(self) -> None:
         self.count = 0
         self.last = ""
         self.worker: WorkerId = WorkerId("")
         self.offsets: dict[int, int] = {}
+        self.after: BlockHash | None = None
 
 
 class ChainEnds:
@@ -101,8 +125,14 @@ class ChainEnds:
             if past is None:
                 continue
             start = self._depth_chars(i + 1)
-            if past.count == 1 and past.last != rid:
-                return past.worker, i + 1, start, past.last  # a lone end (see the module docs)
+            # A lone end (see the module docs); a back end only where the chain leaves
+            # the earlier one right past it.
+            if (
+                past.count == 1
+                and past.last != rid
+                and (past.offsets or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
+            ):
+                return past.worker, i + 1, start, past.last
             at = past.offsets
             spans = sorted((off for off in at if off and start + off <= chars), reverse=True)
             marks: list[tuple[BlockHash, int]] = []
@@ -116,34 +146,74 @@ class ChainEnds:
                     return end[3], i + 1, start + off, end[0]
         return None
 
-    def note(self, request: RequestFeatures, worker: WorkerId) -> None:
-        """Remember where ``request``, routed to ``worker``, ended (see the module docs)."""
+    def note(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        seen: int = 0,
+        through: Through | None = None,
+    ) -> None:
+        """Remember where ``request``, routed to ``worker``, ended (see the module docs).
+
+        ``seen``: blocks of its chain the longest match held when it was routed (0:
+        none, or unknown: no back end is marked); ``through``: the earlier end it ran
+        through (``through``), used up here if that was a back end.
+        """
+        hashes = request.prefix_hashes
         full = self._full_blocks(request)
         if full <= 0:
             return
-        block = request.prefix_hashes[full - 1]
+        if through is not None:
+            self._use(hashes[through[1] - 1], through[3])
+        block = hashes[full - 1]
         start, off = self._depth_chars(full), 0
         pieces = request.prompt_pieces
-        if pieces and full < len(request.prefix_hashes):  # a partial block follows ``B``
+        if pieces and full < len(hashes):  # a partial block follows ``B``
             end = min(request.prompt_chars, self._depth_chars(full + 1))
             off = (end - start) // self._fine * self._fine
         mark = span_hashes(pieces, start, (off,), block)[0] if off else block
+        rid = request.request_id
+        self._mark(mark, block, off, rid, worker)
+        if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
+            back = hashes[full - 2]
+            self._mark(back ^ _BACK_SALT, back, _BACK, rid, worker).after = block
+
+    def _use(self, block: BlockHash, rid: str) -> None:
+        """A later turn ran through ``rid``'s end past ``block``: a back end is used up."""
+        mark = block ^ _BACK_SALT
+        end = self._ends.get(mark)
+        if end is not None and end[0] == rid:
+            del self._ends[mark]
+            self._unmark(block, _BACK)
+
+    def _mark(
+        self, mark: BlockHash, block: BlockHash, off: int, rid: str, worker: WorkerId
+    ) -> _Past:
+        """Note the end ``mark`` past ``block`` (the newest), forgetting the oldest past
+        ``capacity``; the block's marks."""
         ends, blocks = self._ends, self._past
         past = blocks.get(block)
         if past is None:
             past = blocks[block] = _Past()
         if ends.pop(mark, None) is None:
             past.count += 1
-            past.offsets[off] = past.offsets.get(off, 0) + 1
-        past.last, past.worker = request.request_id, worker
-        ends[mark] = (request.request_id, block, off, worker)
+            if off != _BACK:
+                past.offsets[off] = past.offsets.get(off, 0) + 1
+        past.last, past.worker = rid, worker
+        ends[mark] = (rid, block, off, worker)
         if len(ends) > self._capacity:
             _, (_, old, old_off, _) = ends.popitem(last=False)
-            past = blocks[old]
-            past.count -= 1
+            self._unmark(old, old_off)
+        return past
+
+    def _unmark(self, block: BlockHash, off: int) -> None:
+        """One end past ``block`` (at ``off``) is gone."""
+        past = self._past[block]
+        past.count -= 1
+        if off != _BACK:
             at = past.offsets
-            at[old_off] -= 1
-            if not at[old_off]:
-                del at[old_off]
-            if not past.count:
-                del blocks[old]
+            at[off] -= 1
+            if not at[off]:
+                del at[off]
+        if not past.count:
+            del self._past[block]

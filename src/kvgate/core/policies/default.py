@@ -231,7 +231,8 @@ class DefaultPolicy(PrefixLearning):
             opens = end is None
             self._chains.routed(rid, now, seconds, None if end is None else end[3])
             self._waste.turns.add(now, self._recent_half_s, 1.0, 1.0 if opens else 0.0)
-            self._ends.note(request, worker)
+            held = found if last == rid else self.index.match(hashes)  # own text starts past
+            self._ends.note(request, worker, max(held.values(), default=0), end)
         super().on_routed(request, worker, now)
         self._queues.refill(worker, self.index.fill(worker))
 
