@@ -10,6 +10,18 @@ ahead; with ``warm_min_blocks`` set, the warm-ups each run sent and their tokens
 
 Defaults: ``headerless-chat:vary=1.0``, 4 workers of 2,000 blocks (peers.py's
 size), seeds 100-111, 240 and 600 requests, two runs at a time (about 25 s).
+``cache_aware`` runs as the peer routers run it (``kvgate sim --as-peer``: no
+pressure handling, no KV gate; they queue what kvgate holds or sheds), ``default``
+with the gateway's defaults, as ``benchmarks/peers.py`` compares them live;
+``--peer-in-gateway`` runs both inside kvgate's gateway instead. On the overloaded
+seeds of the shared-opening trace the difference is several points: there kvgate's
+pressure handling cost cache_aware 4-5 points, and the peers do not have it.
+
+The shared-opening trace's seed sweep (issue 11's one target not met in 2026-12-03's
+runs)::
+
+    python benchmarks/sim_horizon.py --workload shared-opening-trace:vary=1 \
+        --seeds 112-129 --lengths 300 --kv-blocks 10000 --per-seed
 """
 
 from __future__ import annotations
@@ -29,7 +41,9 @@ from rich.console import Console
 from rich.table import Table
 
 
-def run(workload: str, seed: int, requests: int, kv: int, options: Sequence[str]) -> dict[str, Any]:
+def run(
+    workload: str, seed: int, requests: int, kv: int, options: Sequence[str], *, as_peer: bool
+) -> dict[str, Any]:
     """One seed at one length: both policies' figures and the change."""
     kvgate = shutil.which("kvgate", path=str(Path(sys.executable).parent)) or "kvgate"
     command = [kvgate, "sim", "--workload", workload, "--requests", str(requests),
@@ -37,16 +51,23 @@ def run(workload: str, seed: int, requests: int, kv: int, options: Sequence[str]
                "--policies", "default,cache_aware", "--no-progress",
                "--format", "json"]  # fmt: skip
     command += [arg for option in options for arg in ("--option", option)]
+    command += ["--as-peer", "cache_aware"] if as_peer else []
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     runs = json.loads(done.stdout)["policies"]
     ours, theirs = runs["default"], runs["cache_aware"]
     return {
         "seed": seed,
         "requests": requests,
+        "hit": round(100 * ours["hit_rate"], 2),
+        "peer_hit": round(100 * theirs["hit_rate"], 2),
         "hit_points": round(100 * (ours["hit_rate"] - theirs["hit_rate"]), 2),
+        "p99_s": round(ours["ttft_p99"], 3),
+        "peer_p99_s": round(theirs["ttft_p99"], 3),
         "p99_ratio": round(ours["ttft_p99"] / theirs["ttft_p99"], 3),
         "warm_ups": ours.get("warm_ups", 0),
         "warm_up_tokens": ours.get("warm_up_tokens", 0),
+        "shed": ours.get("shed", 0),
+        "peer_shed": theirs.get("shed", 0),
     }
 
 
@@ -58,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kv-blocks", type=int, default=2000)
     parser.add_argument("--option", action="append", default=[], help="default's KEY=VALUE")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--peer-in-gateway",
+        action="store_true",
+        help="run cache_aware inside kvgate's gateway (pressure handling, KV gate) too",
+    )
+    parser.add_argument("--per-seed", action="store_true", help="a row per seed and length")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if "-" in args.seeds:
@@ -68,8 +95,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     jobs = [(s, n) for n in lengths for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda j: run(args.workload, *j, args.kv_blocks, args.option), jobs))
-    table = Table(title=f"default - cache_aware, {args.workload} {' '.join(args.option)}")
+        rows = list(
+            pool.map(
+                lambda j: run(
+                    args.workload, *j, args.kv_blocks, args.option, as_peer=not args.peer_in_gateway
+                ),
+                jobs,
+            )
+        )
+    peer = "cache_aware" if args.peer_in_gateway else "cache_aware as peer"
+    if args.per_seed:
+        seeds_table = Table(title=f"per seed: default against {peer}")
+        for column in ("requests", "seed", "hit", "peer hit", "points", "p99", "peer p99",
+                       "ratio", "shed", "peer shed"):  # fmt: skip
+            seeds_table.add_column(column, justify="right")
+        for r in rows:
+            seeds_table.add_row(
+                str(r["requests"]), str(r["seed"]), f"{r['hit']:.2f}%", f"{r['peer_hit']:.2f}%",
+                f"{r['hit_points']:+.2f}", f"{r['p99_s']:.2f}s", f"{r['peer_p99_s']:.2f}s",
+                f"{r['p99_ratio']:.2f}x", str(r["shed"]), str(r["peer_shed"]),
+            )  # fmt: skip
+        Console().print(seeds_table)
+    table = Table(title=f"default - {peer}, {args.workload} {' '.join(args.option)}")
     for column in (
         "requests",
         "mean hit points",
@@ -94,7 +141,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     Console().print(table)
     if args.json is not None:
-        args.json.write_text(json.dumps({"options": args.option, "rows": rows}, indent=1))
+        document = {
+            "workload": args.workload,
+            "peer_in_gateway": args.peer_in_gateway,
+            "options": args.option,
+            "rows": rows,
+        }
+        args.json.write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":

@@ -103,6 +103,8 @@ def test_sim_rejects_bad_input() -> None:
     assert both.exit_code != 0
     neither = runner.invoke(app, ["sim", "--workers", "2"])
     assert neither.exit_code != 0
+    stray = runner.invoke(app, ["sim", "--workload", "chat", "--as-peer", "cache_aware"])
+    assert stray.exit_code != 0 and "not among the policies: cache_aware" in stray.output
 
 
 SMALL = ["sim", "--workload", "system-prompt:prompts=12", "--workers", "2", "--requests", "120"]

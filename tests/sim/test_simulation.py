@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -57,6 +58,29 @@ def test_overload_queues_then_sheds_instead_of_queueing_forever() -> None:
     assert set(summary["sheds"]) <= {"queue_full", "queue_timeout", "saturated"}
     assert summary["finished"] + summary["shed"] == 400
     assert summary["queue_mean"] > 0.0
+
+
+def test_a_policy_run_as_a_peer_has_no_pressure_handling_and_the_others_keep_it() -> None:
+    """A long-context trace on small caches: inside the gateway new conversations are
+    held on soft workers and shed; run as a peer router runs it, nothing is (peers
+    queue it at the worker), and the run is the one with pressure handling off."""
+    config = SimConfig(kv_blocks=(3000,), block_size=16, seed=1, max_requests=120)
+    make = workload_factory(
+        workload="shared-opening-trace:rate=6", trace=None, seed=1, rate_scale=1.0
+    )
+    both = ["cache_aware", "round_robin"]
+    (inside,) = Experiment(make, both, config).run()
+    (point,) = Experiment(make, both, config, as_peers=frozenset({"cache_aware"})).run()
+    gateway = {run.policy: run.summary for run in inside.runs}
+    summary = {run.policy: run.summary for run in point.runs}
+    assert gateway["cache_aware"]["sheds"].get("pressure_soft", 0) > 0
+    assert summary["cache_aware"]["shed"] == 0 and summary["cache_aware"]["as_peer"]
+    bare = dataclasses.replace(config, pressure=None)
+    alone = Simulation(bare, make({}).requests(), "cache_aware").run().summary
+    assert alone["hit_rate"] == summary["cache_aware"]["hit_rate"]
+    assert summary["round_robin"] == gateway["round_robin"]  # not named: as before
+    with pytest.raises(ValueError, match="not among the policies: default"):
+        Experiment(make, both, config, as_peers=frozenset({"default"}))
 
 
 def test_prefix_aware_policy_beats_round_robin_on_shared_prefixes() -> None:

@@ -90,6 +90,14 @@ def sim(
             "recomputed, later turns (before their previous one finished, evicted at home, moved)"
         ),
     ] = False,
+    as_peer: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated policies to run as a peer router runs them: without the "
+            "gateway's memory-pressure handling and KV gate (sglang-router, smg and "
+            "vllm-router have neither), e.g. cache_aware"
+        ),
+    ] = "",
     open_loop: Annotated[
         bool,
         typer.Option(
@@ -134,7 +142,14 @@ def sim(
             policy_options.update(parse_options(item))
         sweep_param, sweep_values = _parse_sweep(sweep)
         experiment = Experiment(
-            make, _split(policies), config, policy_options, sweep_param, sweep_values, misses
+            make,
+            _split(policies),
+            config,
+            policy_options,
+            sweep_param,
+            sweep_values,
+            misses,
+            frozenset(_split(as_peer)),
         )
         experiment.check()
     except ValueError as exc:

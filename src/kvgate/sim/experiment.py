@@ -64,11 +64,19 @@ class Experiment:
     sweep_values: Sequence[str] = ()
     misses: bool = False
     """Follow where each run's cache misses went (``workload.misses``) into its summary."""
+    as_peers: frozenset[str] = frozenset()
+    """Policies run as a peer router runs them: without the gateway's memory-pressure
+    handling and KV gate (``SimConfig.pressure`` None). sglang-router, smg and
+    vllm-router have neither, and queue what kvgate would hold or shed, so a policy
+    modelling one of them is compared as it runs live (``benchmarks/peers.py``)."""
 
     def __post_init__(self) -> None:
         registry = default_registry()
         for name in self.policies:
             registry[name]  # an unknown name fails here, before any run
+        if not self.as_peers <= set(self.policies):
+            unknown = ", ".join(sorted(self.as_peers - set(self.policies)))
+            raise ValueError(f"run as peers but not among the policies: {unknown}")
         if self.sweep_param is not None and not self.sweep_values:
             raise ValueError("a sweep needs at least one value")
 
@@ -127,8 +135,11 @@ class Experiment:
             for policy in self.policies:
                 label = policy if value is None else f"{policy} {self.sweep_param}={value}"
                 options = self._options_for(policy, extra)
+                fleet = config
+                if policy in self.as_peers:
+                    fleet = dataclasses.replace(config, pressure=None)
                 sim = Simulation(
-                    config, workload.requests(), policy, options, codec, misses=self.misses
+                    fleet, workload.requests(), policy, options, codec, misses=self.misses
                 )
                 result = sim.run(progress(label, bound.requests) if progress is not None else None)
                 result.summary["hit_rate_of_bound"] = (
@@ -141,6 +152,8 @@ class Experiment:
                     if reference.hit_rate
                     else None
                 )
+                if policy in self.as_peers:
+                    result.summary["as_peer"] = True
                 runs.append(result)
             shown: object = value
             if value is not None:

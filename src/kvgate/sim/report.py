@@ -179,3 +179,8 @@ def print_tables(
         misses = misses_table(point)
         if misses is not None:
             console.print(misses)
+    peers = [run.policy for run in points[0].runs if run.summary.get("as_peer")] if points else []
+    if peers:
+        console.print(
+            f"run as peer routers run them (no pressure handling, no KV gate): {', '.join(peers)}"
+        )
