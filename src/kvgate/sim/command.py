@@ -148,8 +148,8 @@ def sim(
             policy_options,
             sweep_param,
             sweep_values,
-            misses,
-            frozenset(_split(as_peer)),
+            misses=misses,
+            as_peers=frozenset(_split(as_peer)),
         )
         experiment.check()
     except ValueError as exc:
