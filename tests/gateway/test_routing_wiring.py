@@ -34,6 +34,7 @@ class SpyPolicy(DefaultPolicy):
         super().__init__()
         self.routed: list[tuple[str, WorkerId]] = []
         self.usage: list[tuple[str, WorkerId, int, int]] = []
+        self.completions: dict[str, int] = {}
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         self.routed.append((request.request_id, worker))
@@ -46,9 +47,14 @@ class SpyPolicy(DefaultPolicy):
         prompt_tokens: int,
         cached_tokens: int,
         now: Seconds,
+        *,
+        completion_tokens: int = 0,
     ) -> None:
         self.usage.append((request.request_id, worker, prompt_tokens, cached_tokens))
-        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        self.completions[request.request_id] = completion_tokens
+        super().on_usage(
+            request, worker, prompt_tokens, cached_tokens, now, completion_tokens=completion_tokens
+        )
 
 
 class SpyStore(MemoryStore):
@@ -163,6 +169,8 @@ async def test_streams_give_cache_feedback_without_showing_usage_the_client_did_
     by_id = {rid: (prompt, cached) for rid, _, prompt, cached in policy.usage}
     assert by_id["s1"][0] > 0 and by_id["s2"][0] == by_id["s1"][0]
     assert by_id["s2"][1] > 0  # the same prompt again: cached where it went
+    # And the reply's length, streamed or not asked for (a later turn re-sends the reply).
+    assert policy.completions == {"s1": 4, "s2": 4}
     assert 'kvgate_cached_tokens_total{model="demo"' in metrics
 
 
@@ -176,6 +184,7 @@ async def test_non_streaming_usage_reaches_the_policy(workers: list[WorkerHandle
         await wait_until(lambda: bool(policy.usage), message="usage")
     usage = json.loads(raw)["usage"]
     assert policy.usage == [("n1", headers["X-Kvgate-Worker"], usage["prompt_tokens"], 0)]
+    assert policy.completions == {"n1": usage["completion_tokens"]} and usage["completion_tokens"]
     assert policy.routed == [("n1", headers["X-Kvgate-Worker"])]
 
 

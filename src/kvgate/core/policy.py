@@ -62,8 +62,11 @@ class Policy(Protocol):
         prompt_tokens: int,
         cached_tokens: int,
         now: Seconds,
+        *,
+        completion_tokens: int = 0,
     ) -> None:
-        """The worker reported ``usage`` for ``request`` (cache feedback)."""
+        """The worker reported ``usage`` for ``request`` (cache feedback;
+        ``completion_tokens`` 0: not reported)."""
         ...
 
     def on_worker_removed(self, worker: WorkerId) -> None:
@@ -115,6 +118,8 @@ class PolicyBase:
         prompt_tokens: int,
         cached_tokens: int,
         now: Seconds,
+        *,
+        completion_tokens: int = 0,
     ) -> None:
         return None
 

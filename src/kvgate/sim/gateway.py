@@ -340,7 +340,14 @@ class SimGateway:
         worker = flight.worker
         worker.load(-1, -flight.kv_tokens)
         features = flight.features
-        self.policy.on_usage(features, worker.id, done.prompt_tokens, done.cached_tokens, now)
+        self.policy.on_usage(
+            features,
+            worker.id,
+            done.prompt_tokens,
+            done.cached_tokens,
+            now,
+            completion_tokens=done.output_tokens,
+        )
         if self.misses is not None:
             self.misses.finished(done.request_id, done.cached_tokens)
         key = features.affinity_key

@@ -88,8 +88,9 @@ def test_strangers_behind_a_preamble_as_long_as_the_fine_blocks_open() -> None:
     seen = ends(*agents)
     for n in range(4):
         later = features(f"b{n}", PREAMBLE, text(10 + n, 3_200), text(20, 20_000))
-        # Its own end and worker: 3,072 of the task's 3,200 characters past the preamble.
-        assert seen.through(later) == (f"w-a{n}", CFG.max_blocks, FINE_END + 3_072, f"a{n}")
+        # Its own end and worker; the texts agree to the task's end, 3,200 characters
+        # past the preamble (its mark covers 3,072, in fine blocks).
+        assert seen.through(later) == (f"w-a{n}", CFG.max_blocks, FINE_END + 3_200, f"a{n}")
 
 
 def test_a_mark_is_seeded_with_its_block() -> None:
@@ -123,6 +124,39 @@ def test_a_traces_next_turn_without_the_earlier_turns_partial_block_extends_it()
     stranger = features("u1", CONVERSATION[:36_864], text(62, 3_000))
     assert not ends(earlier).opens(later)
     assert ends(earlier, stranger).opens(later)  # past a fork, only the exact end counts
+
+
+def test_a_later_turn_reaches_the_earlier_prompts_end_and_its_reply() -> None:
+    """The engine kept the earlier turn's prompt to its end and the reply it generated,
+    which the later turn re-sends next: the end covers both once the reply is known, up
+    to the later prompt's end. Within the fine blocks the mark is the last whole block."""
+    first = 6_000  # 23 whole blocks and 112 characters
+    earlier = features("t1", CONVERSATION[:first])
+    seen = ends(earlier)
+    later = features("t2", CONVERSATION[:9_000])
+    assert seen.through(later) == ("w-t1", 23, first, "t1")  # its exact end
+    seen.replied("t1", 1_800)
+    assert seen.through(later) == ("w-t1", 23, first + 1_800, "t1")
+    short = features("t3", CONVERSATION[:7_000])  # a reply past its own end: to that end
+    assert seen.through(short) == ("w-t1", 23, 7_000, "t1")
+    seen.replied("gone", 500)  # a request never noted: nothing to extend
+    assert seen.through(later) == ("w-t1", 23, first + 1_800, "t1")
+
+
+def test_a_later_turn_that_rewrote_the_earlier_partial_block_reaches_no_further() -> None:
+    """A trace's next turn re-sends the earlier whole blocks but not its partial last one,
+    nor its reply: where the texts part before the earlier exact end, the end covers the
+    earlier turn's whole blocks alone, as its mark does."""
+    earlier = features("t1", CONVERSATION[:6_000])
+    seen = ends(earlier)
+    seen.replied("t1", 1_800)
+    rewritten = features("t2", CONVERSATION[: 23 * CFG.block_chars], text(61, 3_000))
+    assert seen.through(rewritten) == ("w-t1", 23, 23 * CFG.block_chars, "t1")
+    # A prompt that ended on a block boundary agrees to its end wherever the next goes.
+    exact = features("e1", CONVERSATION[: 23 * CFG.block_chars])
+    boundary = ends(exact)
+    boundary.replied("e1", 400)
+    assert boundary.through(rewritten) == ("w-e1", 23, 23 * CFG.block_chars + 400, "e1")
 
 
 def test_the_oldest_ends_are_forgotten_first() -> None:

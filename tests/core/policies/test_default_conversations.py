@@ -266,3 +266,39 @@ def test_a_full_caches_pull_fades_so_a_new_conversation_pays_for_a_cold_preamble
         conversations(policy, count=2, turns=1, blocks=10)
         decision = policy.pick(request("q", hashes=(*PREAMBLE, *chain(3, 2))), ctx(fleet(*workers)))
         assert decision.worker == ("b" if full else "a"), full
+
+
+@pytest.mark.parametrize(("reply_tokens", "expected"), [(0, "b"), (400, "a")])
+def test_a_later_turn_weighs_the_reply_its_home_holds(reply_tokens: int, expected: str) -> None:
+    """Both workers hold a 5,888-character system prompt; a also holds a conversation's
+    first turn past it (300 characters) and, the worker said (``completion_tokens``), a
+    400-token reply, which the next turn re-sends. a's cache is fuller (another
+    conversation went there), so by its whole blocks alone, one block more than b's, the
+    next turn would go to emptier b and recompute the reply there (the turns headerless
+    chat moved in the simulator); with the reply counted it stays home."""
+    rng = random.Random(7)
+    system = "".join(rng.choice("abcdefgh ") for _ in range(5_888))
+
+    def features(name: str, *parts: str) -> RequestFeatures:
+        body = {"model": "m", "prompt": "".join(parts)}
+        return build_features(body, {}, request_id=name, endpoint="completions")
+
+    first = (system, "user: " * 50)
+    reply = "".join(rng.choice("ijklmnop ") for _ in range(1_600))
+    capacity = {"kv_capacity_tokens": 16_000}
+    policy = DefaultPolicy()
+    placed = policy.pick(features("t1", *first), ctx(fleet(worker("a", **capacity))))
+    assert placed.worker == "a"
+    policy.on_routed(features("t1", *first), "a", -50.0)
+    policy.on_usage(features("t1", *first), "a", 1_550, 0, -49.0, completion_tokens=reply_tokens)
+    filler = features("f1", "".join(rng.choice("qrstuvw ") for _ in range(24_000)))
+    policy.pick(filler, ctx(fleet(worker("a", **capacity))))
+    policy.on_routed(filler, "a", -40.0)
+    stranger = features("s1", system, "other: " * 40)
+    policy.pick(stranger, ctx(fleet(worker("b", **capacity))))
+    policy.on_routed(stranger, "b", -30.0)
+    later = features("t2", *first, reply, "user: next " * 30)
+    assert not policy.opens(later)
+    assert policy.index.match(later.prefix_hashes) == {"a": 24, "b": 23}
+    workers = (worker("a", **capacity), worker("b", **capacity))
+    assert policy.pick(later, ctx(fleet(*workers))).worker == expected

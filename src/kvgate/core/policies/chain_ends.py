@@ -39,6 +39,17 @@ block is not ``B``: one that is runs on through ``B`` and is judged there). A ba
 end counts only alone past its block, as a lone end does, and serves one later turn:
 a conversation has one next turn, and a second request through the same block is
 a fork or a stranger, which reads as an opening.
+
+What a later turn finds cached where the earlier one went reaches past ``B``: the
+engine kept the earlier prompt to its end and the reply it generated, which the
+later turn re-sends next (its *reach*). Each request's exact end is kept too, as
+the characters past ``B`` and their hash seeded with ``B``; a later turn through
+its end (not a back end) whose text agrees to that exact end is taken to carry
+the reply next, of the length the worker reported (``replied``; characters at
+the index's rate). Past the earlier turn's whole blocks alone, a reply of a
+few hundred tokens outweighed nothing, and a later turn went to a worker holding
+only the shared system prompt because its cache was emptier. A trace's turn
+that rewrites the earlier partial block agrees only to ``B`` and reaches no further.
 """
 
 from __future__ import annotations
@@ -63,8 +74,13 @@ own mark (its ``off`` 0), which means a chain that ended exactly there."""
 
 Through = tuple[WorkerId, int, int, str]
 """The end a request runs through: the worker the earlier request went to, the whole
-blocks of the chain up to ``B``, the characters the end covers (``B``'s and ``off``)
-and the earlier request's id."""
+blocks of the chain up to ``B``, the characters of the request the earlier one left
+cached there (its reach where the texts agree to its exact end; else ``B``'s and
+``off``) and the earlier request's id."""
+
+_Reach = tuple[int, BlockHash, int]
+"""Where a request ended past its block ``B``: the characters past ``B``'s end, their
+hash seeded with ``B``, and the characters of its reply (0 until ``replied``)."""
 
 
 class _Past:
@@ -85,7 +101,7 @@ class _Past:
 class ChainEnds:
     """The ends of the last ``capacity`` headerless requests routed, oldest first."""
 
-    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past")
+    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past", "_reach")
 
     def __init__(self, capacity: int, depth_chars: Callable[[int], int]) -> None:
         self._capacity = capacity
@@ -96,6 +112,8 @@ class ChainEnds:
         self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
         # ``B`` -> its marks: which spans to hash past a block, if any.
         self._past: dict[BlockHash, _Past] = {}
+        # Request id -> its exact end and reply (requests with their text), oldest first.
+        self._reach: OrderedDict[str, _Reach] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -132,7 +150,8 @@ class ChainEnds:
                 and past.last != rid
                 and (past.offsets or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
             ):
-                return past.worker, i + 1, start, past.last
+                reach = self._reached(request, past.last, block, start) if past.offsets else 0
+                return past.worker, i + 1, max(start, reach), past.last
             at = past.offsets
             spans = sorted((off for off in at if off and start + off <= chars), reverse=True)
             marks: list[tuple[BlockHash, int]] = []
@@ -143,8 +162,32 @@ class ChainEnds:
             for mark, off in marks:
                 end = ends.get(mark)
                 if end is not None and end[0] != rid:
-                    return end[3], i + 1, start + off, end[0]
+                    reach = self._reached(request, end[0], block, start)
+                    return end[3], i + 1, max(start + off, reach), end[0]
         return None
+
+    def _reached(self, request: RequestFeatures, earlier: str, block: BlockHash, start: int) -> int:
+        """Characters of ``request`` the ``earlier`` request, which ended past ``block``
+        (at ``start``), left cached: to its reply's end if the texts agree to its
+        exact end (0: they do not, or its end is not known)."""
+        reach = self._reach.get(earlier)
+        if reach is None:
+            return 0
+        rest, exact, reply = reach
+        if rest:
+            pieces = request.prompt_pieces
+            if not pieces or start + rest > request.prompt_chars:
+                return 0
+            if span_hashes(pieces, start, (rest,), block)[0] != exact:
+                return 0
+        end = start + rest + reply
+        return end if end < request.prompt_chars else request.prompt_chars
+
+    def replied(self, request_id: str, chars: int) -> None:
+        """The request's reply was ``chars`` long: a later turn through its end re-sends it."""
+        reach = self._reach.get(request_id)
+        if reach is not None:
+            self._reach[request_id] = (reach[0], reach[1], chars)
 
     def note(
         self,
@@ -166,14 +209,21 @@ class ChainEnds:
         if through is not None:
             self._use(hashes[through[1] - 1], through[3])
         block = hashes[full - 1]
-        start, off = self._depth_chars(full), 0
+        start, off, rest = self._depth_chars(full), 0, 0
         pieces = request.prompt_pieces
         if pieces and full < len(hashes):  # a partial block follows ``B``
-            end = min(request.prompt_chars, self._depth_chars(full + 1))
-            off = (end - start) // self._fine * self._fine
-        mark = span_hashes(pieces, start, (off,), block)[0] if off else block
+            rest = min(request.prompt_chars, self._depth_chars(full + 1)) - start
+            off = rest // self._fine * self._fine
+        spans = span_hashes(pieces, start, (off, rest), block) if rest else [block, block]
+        mark = spans[0] if off else block
         rid = request.request_id
         self._mark(mark, block, off, rid, worker)
+        if pieces and start + rest == request.prompt_chars:  # its exact end: a later reach
+            reached = self._reach
+            reached.pop(rid, None)
+            reached[rid] = (rest, spans[1], 0)
+            if len(reached) > self._capacity:
+                reached.popitem(last=False)
         if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
             back = hashes[full - 2]
             self._mark(back ^ _BACK_SALT, back, _BACK, rid, worker).after = block

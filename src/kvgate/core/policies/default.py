@@ -67,10 +67,10 @@ Used when the config names no policy. In order:
    *chain end*, where a headerless request routed earlier ended (``ChainEnds``
    marks an end exactly: its last whole block and the hash of the text past it,
    so a later turn is found however much it adds, past the coarse blocks too).
-   The end also says where that turn went: there the cache reaches to the end,
-   not only to its last whole block (``_tail``; the index must still hold that
-   block there). Past the 16 KiB of fine blocks a coarse block is 1,024 tokens,
-   and an agent's second turn behind a 4,096-token preamble matched every
+   The end also says where that turn went: there the cache reaches to the end and the reply
+   past it (``ChainEnds``' reach), not only to its last whole block (``_tail``; the index
+   must still hold that block there). Past the 16 KiB of fine blocks a coarse block is
+   1,024 tokens, and an agent's second turn behind a 4,096-token preamble matched every
    worker holding the preamble alike: sent by load, it left its own task behind.
    Charging openings for their life keeps new conversations from all joining
    the worker that holds the shared text until its cache overflows with their
@@ -90,10 +90,9 @@ Used when the config names no policy. In order:
    resident (trusted at first), one past it (old entries, the store's holders);
    the pull weighs the whole claim. Stale claims hid 10-30k-token recomputes.
 
-   Blocks the request says are restorable from disk (``restorable_blocks``: a
-   llama.cpp slot saved where every worker reads) count as cached on every
-   worker at ``restorable_credit``; a worker chosen for them is a
-   ``restorable_match``.
+   Blocks the request says are restorable from disk (``restorable_blocks``: a llama.cpp
+   slot saved where every worker reads) count as cached on every worker at
+   ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
 
    Every decision says how much of the prompt's KV its worker holds in use
    (``Decision.shared_chars``: leading blocks requests in flight there share,
@@ -192,7 +191,7 @@ class DefaultPolicy(PrefixLearning):
         self._trust = ClaimShares(max_pending=cfg.index.max_pending)
         self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
         # The last placement's chain end (``ChainEnds.through``): request id, the worker
-        # its earlier turn went to, the blocks to that turn's last whole one, its chars.
+        # its earlier turn went to, the blocks to that turn's last whole one, its reach.
         self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
         # Warm-ups (``warm_up``): the shared prefixes recent openings matched, and
         # whether ``_place`` runs for one of them (placed again) rather than a request.
@@ -256,12 +255,15 @@ class DefaultPolicy(PrefixLearning):
         prompt_tokens: int,
         cached_tokens: int,
         now: Seconds,
+        *,
+        completion_tokens: int = 0,
     ) -> None:
         """The request is done: its tokens leave the queue bound; correct the index."""
         self._queues.reported(request.request_id)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
+        self._ends.replied(rid, int(completion_tokens / self._tokens_per_char))
         self._queues.refill(worker, self.index.fill(worker))
 
     def on_worker_removed(self, worker: WorkerId) -> None:
@@ -346,8 +348,7 @@ class DefaultPolicy(PrefixLearning):
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
     ) -> tuple[WorkerState, str]:
         """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
-        cfg = self.config
-        now = ctx.fleet.now
+        cfg, now = self.config, ctx.fleet.now
         own = matches = self.matches(request, ctx)
         restorable = int(request.restorable_blocks * cfg.restorable_credit)
         if restorable:
@@ -549,9 +550,8 @@ class DefaultPolicy(PrefixLearning):
         only raise a cost: so only the cheapest worker's needs judging, then the next
         cheapest if it lost its place, and so on (usually one look-up a decision).
         """
-        prompt = request.prompt_chars
+        prompt, evict = request.prompt_chars, self.config.evict
         per_char = self._tokens_per_char / self._rate
-        evict = self.config.evict
         judged: _Cuts = {}
         while True:
             wid = best.id

@@ -150,6 +150,8 @@ class PrefixLearning(PolicyBase):
         prompt_tokens: int,
         cached_tokens: int,
         now: Seconds,
+        *,
+        completion_tokens: int = 0,
     ) -> None:
         """Shrink or grow ``worker``'s share of the index by how well it predicted."""
         self.index.note_usage(

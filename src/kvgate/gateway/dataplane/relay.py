@@ -214,6 +214,7 @@ class Relay:
                 placement,
                 usage.prompt if usage is not None else None,
                 usage.cached if usage is not None else None,
+                usage.completion if usage is not None else None,
             )
 
     async def _stream(

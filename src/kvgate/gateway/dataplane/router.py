@@ -409,12 +409,18 @@ class Router:
         placement: Placement,
         prompt_tokens: int | None,
         cached_tokens: int | None,
+        completion_tokens: int | None = None,
     ) -> None:
         """After the response: cache feedback to the policy and refresh the affinity TTL."""
         now = self.wall()
         if prompt_tokens is not None:
             self.policy.on_usage(
-                features, placement.worker.id, prompt_tokens, cached_tokens or 0, now
+                features,
+                placement.worker.id,
+                prompt_tokens,
+                cached_tokens or 0,
+                now,
+                completion_tokens=completion_tokens or 0,
             )
         key = features.affinity_key
         if key is not None and prompt_tokens is not None:
