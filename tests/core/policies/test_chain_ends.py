@@ -135,11 +135,11 @@ def test_a_later_turn_reaches_the_earlier_prompts_end_and_its_reply() -> None:
     seen = ends(earlier)
     later = features("t2", CONVERSATION[:9_000])
     assert seen.through(later) == ("w-t1", 23, first, "t1")  # its exact end
-    seen.replied("t1", 1_800)
+    seen.replied(earlier, 1_800)
     assert seen.through(later) == ("w-t1", 23, first + 1_800, "t1")
     short = features("t3", CONVERSATION[:7_000])  # a reply past its own end: to that end
     assert seen.through(short) == ("w-t1", 23, 7_000, "t1")
-    seen.replied("gone", 500)  # a request never noted: nothing to extend
+    seen.replied(features("gone", CONVERSATION[:first]), 500)  # never noted: no end to extend
     assert seen.through(later) == ("w-t1", 23, first + 1_800, "t1")
 
 
@@ -149,13 +149,13 @@ def test_a_later_turn_that_rewrote_the_earlier_partial_block_reaches_no_further(
     earlier turn's whole blocks alone, as its mark does."""
     earlier = features("t1", CONVERSATION[:6_000])
     seen = ends(earlier)
-    seen.replied("t1", 1_800)
+    seen.replied(earlier, 1_800)
     rewritten = features("t2", CONVERSATION[: 23 * CFG.block_chars], text(61, 3_000))
     assert seen.through(rewritten) == ("w-t1", 23, 23 * CFG.block_chars, "t1")
     # A prompt that ended on a block boundary agrees to its end wherever the next goes.
     exact = features("e1", CONVERSATION[: 23 * CFG.block_chars])
     boundary = ends(exact)
-    boundary.replied("e1", 400)
+    boundary.replied(exact, 400)
     assert boundary.through(rewritten) == ("w-e1", 23, 23 * CFG.block_chars + 400, "e1")
 
 

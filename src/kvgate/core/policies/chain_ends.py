@@ -61,9 +61,11 @@ from kvgate.core.chain import span_hashes
 from kvgate.core.features import RequestFeatures
 from kvgate.types import BlockHash, WorkerId
 
-_End = tuple[str, BlockHash, int, WorkerId]
+_End = tuple[str, BlockHash, int, WorkerId, int, BlockHash, int]
 """What a mark stands for: the request that ended there, its block ``B`` (of a back end:
-``B-1``), ``off`` (of a back end: ``_BACK``) and the worker the request was routed to."""
+``B-1``), ``off`` (of a back end: ``_BACK``), the worker the request was routed to, and
+its exact end: the characters past ``B`` (-1: not known, as of a back end or a request
+without its text), their hash seeded with ``B``, and its reply's characters (``replied``)."""
 
 _BACK = -1
 """The ``off`` of a back end (see the module docs): no text past its block is hashed."""
@@ -78,9 +80,10 @@ blocks of the chain up to ``B``, the characters of the request the earlier one l
 cached there (its reach where the texts agree to its exact end; else ``B``'s and
 ``off``) and the earlier request's id."""
 
-_Reach = tuple[int, BlockHash, int]
-"""Where a request ended past its block ``B``: the characters past ``B``'s end, their
-hash seeded with ``B``, and the characters of its reply (0 until ``replied``)."""
+
+_Where = tuple[BlockHash, int, int, int, BlockHash]
+"""Where a request ends (``ChainEnds._end_of``): its mark, its whole blocks, ``off``, and
+the characters past ``B`` to its exact end (-1: not known) and their hash."""
 
 
 class _Past:
@@ -101,7 +104,7 @@ class _Past:
 class ChainEnds:
     """The ends of the last ``capacity`` headerless requests routed, oldest first."""
 
-    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past", "_reach")
+    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past")
 
     def __init__(self, capacity: int, depth_chars: Callable[[int], int]) -> None:
         self._capacity = capacity
@@ -112,8 +115,6 @@ class ChainEnds:
         self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
         # ``B`` -> its marks: which spans to hash past a block, if any.
         self._past: dict[BlockHash, _Past] = {}
-        # Request id -> its exact end and reply (requests with their text), oldest first.
-        self._reach: OrderedDict[str, _Reach] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -143,15 +144,6 @@ class ChainEnds:
             if past is None:
                 continue
             start = self._depth_chars(i + 1)
-            # A lone end (see the module docs); a back end only where the chain leaves
-            # the earlier one right past it.
-            if (
-                past.count == 1
-                and past.last != rid
-                and (past.offsets or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
-            ):
-                reach = self._reached(request, past.last, block, start) if past.offsets else 0
-                return past.worker, i + 1, max(start, reach), past.last
             at = past.offsets
             spans = sorted((off for off in at if off and start + off <= chars), reverse=True)
             marks: list[tuple[BlockHash, int]] = []
@@ -162,32 +154,38 @@ class ChainEnds:
             for mark, off in marks:
                 end = ends.get(mark)
                 if end is not None and end[0] != rid:
-                    reach = self._reached(request, end[0], block, start)
-                    return end[3], i + 1, max(start + off, reach), end[0]
+                    return end[3], i + 1, self._reach(request, end, start, off), end[0]
+            # A lone end (see the module docs); a back end only where the chain leaves
+            # the earlier one right past it.
+            if (
+                past.count == 1
+                and past.last != rid
+                and (at or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
+            ):
+                return past.worker, i + 1, start, past.last
         return None
 
-    def _reached(self, request: RequestFeatures, earlier: str, block: BlockHash, start: int) -> int:
-        """Characters of ``request`` the ``earlier`` request, which ended past ``block``
-        (at ``start``), left cached: to its reply's end if the texts agree to its
-        exact end (0: they do not, or its end is not known)."""
-        reach = self._reach.get(earlier)
-        if reach is None:
-            return 0
-        rest, exact, reply = reach
-        if rest:
-            pieces = request.prompt_pieces
-            if not pieces or start + rest > request.prompt_chars:
-                return 0
-            if span_hashes(pieces, start, (rest,), block)[0] != exact:
-                return 0
-        end = start + rest + reply
-        return end if end < request.prompt_chars else request.prompt_chars
+    def _reach(self, request: RequestFeatures, end: _End, start: int, off: int) -> int:
+        """Characters of ``request`` the ``end``'s request (past ``B``, at ``start``) left
+        cached: its mark's ``off`` past ``B``, or to its reply's end if the texts agree to
+        its exact end (module docs)."""
+        block, rest, exact, reply = end[1], end[4], end[5], end[6]
+        if rest < 0 or start + rest > request.prompt_chars:
+            return start + off
+        if rest and span_hashes(request.prompt_pieces, start, (rest,), block)[0] != exact:
+            return start + off
+        reach = start + rest + reply
+        return reach if reach < request.prompt_chars else request.prompt_chars
 
-    def replied(self, request_id: str, chars: int) -> None:
-        """The request's reply was ``chars`` long: a later turn through its end re-sends it."""
-        reach = self._reach.get(request_id)
-        if reach is not None:
-            self._reach[request_id] = (reach[0], reach[1], chars)
+    def replied(self, request: RequestFeatures, chars: int) -> None:
+        """``request``'s reply was ``chars`` long: a later turn through its end re-sends it."""
+        found = self._end_of(request)
+        if found is None:
+            return
+        mark = found[0]
+        end = self._ends.get(mark)
+        if end is not None and end[0] == request.request_id and end[4] >= 0:
+            self._ends[mark] = (*end[:6], chars)
 
     def note(
         self,
@@ -202,12 +200,27 @@ class ChainEnds:
         none, or unknown: no back end is marked); ``through``: the earlier end it ran
         through (``through``), used up here if that was a back end.
         """
+        found = self._end_of(request)
+        if found is None:
+            return
+        hashes = request.prefix_hashes
+        if through is not None:
+            self._use(hashes[through[1] - 1], through[3])
+        mark, full, off, rest, exact = found
+        block, rid = hashes[full - 1], request.request_id
+        self._mark(mark, (rid, block, off, worker, rest, exact, 0))
+        if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
+            back = hashes[full - 2]
+            end = (rid, back, _BACK, worker, -1, back, 0)
+            self._mark(back ^ _BACK_SALT, end).after = block
+
+    def _end_of(self, request: RequestFeatures) -> _Where | None:
+        """Where ``request`` ends: its mark, its whole blocks (``B`` the last), ``off``, and
+        its exact end, the characters past ``B`` (-1: not known) and their hash."""
         hashes = request.prefix_hashes
         full = self._full_blocks(request)
         if full <= 0:
-            return
-        if through is not None:
-            self._use(hashes[through[1] - 1], through[3])
+            return None
         block = hashes[full - 1]
         start, off, rest = self._depth_chars(full), 0, 0
         pieces = request.prompt_pieces
@@ -215,18 +228,9 @@ class ChainEnds:
             rest = min(request.prompt_chars, self._depth_chars(full + 1)) - start
             off = rest // self._fine * self._fine
         spans = span_hashes(pieces, start, (off, rest), block) if rest else [block, block]
-        mark = spans[0] if off else block
-        rid = request.request_id
-        self._mark(mark, block, off, rid, worker)
-        if pieces and start + rest == request.prompt_chars:  # its exact end: a later reach
-            reached = self._reach
-            reached.pop(rid, None)
-            reached[rid] = (rest, spans[1], 0)
-            if len(reached) > self._capacity:
-                reached.popitem(last=False)
-        if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
-            back = hashes[full - 2]
-            self._mark(back ^ _BACK_SALT, back, _BACK, rid, worker).after = block
+        if not pieces or start + rest != request.prompt_chars:
+            rest = -1  # no text, or the chain stops short of the prompt's end
+        return spans[0] if off else block, full, off, rest, spans[1]
 
     def _use(self, block: BlockHash, rid: str) -> None:
         """A later turn ran through ``rid``'s end past ``block``: a back end is used up."""
@@ -236,11 +240,10 @@ class ChainEnds:
             del self._ends[mark]
             self._unmark(block, _BACK)
 
-    def _mark(
-        self, mark: BlockHash, block: BlockHash, off: int, rid: str, worker: WorkerId
-    ) -> _Past:
-        """Note the end ``mark`` past ``block`` (the newest), forgetting the oldest past
-        ``capacity``; the block's marks."""
+    def _mark(self, mark: BlockHash, end: _End) -> _Past:
+        """Note ``end`` at ``mark`` (the newest), forgetting the oldest past ``capacity``;
+        the marks past its block."""
+        rid, block, off, worker = end[:4]
         ends, blocks = self._ends, self._past
         past = blocks.get(block)
         if past is None:
@@ -250,9 +253,9 @@ class ChainEnds:
             if off != _BACK:
                 past.offsets[off] = past.offsets.get(off, 0) + 1
         past.last, past.worker = rid, worker
-        ends[mark] = (rid, block, off, worker)
+        ends[mark] = end
         if len(ends) > self._capacity:
-            _, (_, old, old_off, _) = ends.popitem(last=False)
+            _, (_, old, old_off, *_) = ends.popitem(last=False)
             self._unmark(old, old_off)
         return past
 

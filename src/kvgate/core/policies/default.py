@@ -263,7 +263,7 @@ class DefaultPolicy(PrefixLearning):
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
-        self._ends.replied(rid, int(completion_tokens / self._tokens_per_char))
+        self._ends.replied(request, int(completion_tokens / self._tokens_per_char))
         self._queues.refill(worker, self.index.fill(worker))
 
     def on_worker_removed(self, worker: WorkerId) -> None:
