@@ -171,9 +171,15 @@ def emulated_token_count(text: str) -> int:
 
 
 def payload(
-    session: Session, system: str, history: list[dict[str, str]], max_tokens: int
+    session: Session,
+    system: str,
+    history: list[dict[str, str]],
+    max_tokens: int,
+    *,
+    headerless: bool = False,
 ) -> Payload:
-    """One streamed chat request of ``session`` with the conversation so far."""
+    """One streamed chat request of ``session`` with the conversation so far (without
+    its ``X-Session-ID`` when ``headerless``: followed by its prefix chain alone)."""
     body = {
         "model": DEFAULT_MODEL_NAME,
         "messages": [{"role": "system", "content": system}, *history],
@@ -182,7 +188,7 @@ def payload(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    return Payload(CHAT_PATH, body, {"X-Session-ID": session.key})
+    return Payload(CHAT_PATH, body, {} if headerless else {"X-Session-ID": session.key})
 
 
 async def run_session(
@@ -193,6 +199,7 @@ async def run_session(
     max_tokens: int,
     time_scale: float,
     origin: float,
+    headerless: bool = False,
 ) -> list[Turn]:
     """Both turns of ``session``, the second re-sending the first's answer."""
     loop = asyncio.get_running_loop()
@@ -203,7 +210,9 @@ async def run_session(
         if index:
             await asyncio.sleep(session.think_s / time_scale)  # the user's own pause
         history.append({"role": "user", "content": question})
-        answer = await client.send(payload(session, system, history, max_tokens))
+        answer = await client.send(
+            payload(session, system, history, max_tokens, headerless=headerless)
+        )
         turns.append(Turn(session.key, index, answer))
         if not answer.ok:
             break
@@ -236,6 +245,7 @@ async def run_policy(
     max_tokens: int,
     time_scale: float,
     options: dict[str, Any] | None = None,
+    headerless: bool = False,
 ) -> PolicyRun:
     """The sessions through a fresh gateway with ``policy`` on the (reset) fleet."""
     await fleet.reset()
@@ -260,6 +270,7 @@ async def run_policy(
                         max_tokens=max_tokens,
                         time_scale=time_scale,
                         origin=origin,
+                        headerless=headerless,
                     )
                     for s in sessions
                 )
@@ -361,6 +372,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 max_tokens=args.max_tokens,
                 time_scale=time_scale,
                 options=policy_options(args.option).get(p),
+                headerless=args.headerless,
             )
             for p in policies
         }
@@ -368,6 +380,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "config": {
             "engine": args.engine,
+            "headerless": args.headerless,
             "model": DEFAULT_MODEL_NAME,
             "workers": args.workers,
             "threads": 1,
@@ -454,6 +467,11 @@ def main() -> None:
         default=[],
         metavar="POLICY.KEY=VALUE",
         help="a policy option, e.g. default.prefill_tokens_per_s=150 (repeatable)",
+    )
+    parser.add_argument(
+        "--headerless",
+        action="store_true",
+        help="send no X-Session-ID: a second turn is followed by its prefix chain alone",
     )
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     args = parser.parse_args()

@@ -143,6 +143,25 @@ def test_a_later_turn_reaches_the_earlier_prompts_end_and_its_reply() -> None:
     assert seen.through(later) == ("w-t1", 23, first + 1_800, "t1")
 
 
+def test_a_chats_next_turn_reaches_through_the_assistants_reply() -> None:
+    """The shape as the gateway sees it: chat messages, the next turn re-sending the
+    conversation with the assistant's reply. Its text starts with the first turn's
+    exact text, so the end covers that and, once its length is known, the reply."""
+    system = {"role": "system", "content": "You answer questions about serving. " * 160}
+    first = [system, {"role": "user", "content": "What is a KV cache? " * 5}]
+    reply = "It keeps each token's keys and values. " * 18
+    later = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]
+    t1 = build_features({"model": "m", "messages": first}, {}, request_id="t1")
+    t2 = build_features({"model": "m", "messages": later}, {}, request_id="t2")
+    seen = ends(t1)
+    worker, blocks, reach, rid = seen.through(t2) or ("", 0, 0, "")
+    assert (worker, rid, reach) == ("w-t1", "t1", t1.prompt_chars)
+    assert blocks == t1.prompt_chars // CFG.block_chars  # its whole blocks
+    seen.replied(t1, len(reply))
+    assert seen.through(t2) == (worker, blocks, t1.prompt_chars + len(reply), rid)
+    assert t1.prompt_chars + len(reply) < t2.prompt_chars
+
+
 def test_a_later_turn_that_rewrote_the_earlier_partial_block_reaches_no_further() -> None:
     """A trace's next turn re-sends the earlier whole blocks but not its partial last one,
     nor its reply: where the texts part before the earlier exact end, the end covers the
