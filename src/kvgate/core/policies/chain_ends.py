@@ -45,11 +45,11 @@ engine kept the earlier prompt to its end and the reply it generated, which the
 later turn re-sends next (its *reach*). Each request's exact end is kept too, as
 the characters past ``B`` and their hash seeded with ``B``; a later turn through
 its end (not a back end) whose text agrees to that exact end is taken to carry
-the reply next, of the length the worker reported (``replied``; characters at
-the index's rate). Past the earlier turn's whole blocks alone, a reply of a
-few hundred tokens outweighed nothing, and a later turn went to a worker holding
-only the shared system prompt because its cache was emptier. A trace's turn
-that rewrites the earlier partial block agrees only to ``B`` and reaches no further.
+the reply next, as long as the worker said it was (``replied``: its completion
+tokens in characters). Counted to the earlier turn's whole blocks alone, the reply
+(a few hundred tokens) counted for nothing, and a later turn went to a worker
+holding only the shared system prompt because that cache was emptier. A trace's
+turn that rewrites the earlier partial block agrees only to ``B``: no further.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class ChainEnds:
 
     def replied(self, request: RequestFeatures, chars: int) -> None:
         """``request``'s reply was ``chars`` long: a later turn through its end re-sends it."""
-        found = self._end_of(request)
+        found = self._end_of(request) if chars > 0 else None
         if found is None:
             return
         mark = found[0]
