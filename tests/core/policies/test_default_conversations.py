@@ -122,22 +122,31 @@ def test_an_agents_next_turn_goes_where_its_end_is_though_the_blocks_cannot_tell
     assert (decision.worker, decision.reason) == expected
 
 
+NEXT = (*FIRST, *chain(3, 2))  # the conversation's next turn: its home b holds its context
+STRANGER = (*PREAMBLE, *chain(4, 3))  # behind the same preamble: a new conversation
+
+
 @pytest.mark.parametrize(
-    ("hashes", "expected"),
+    ("pressure", "kv_usage", "hashes", "expected"),
     [
-        # The conversation's next turn: its home is b, which holds its context.
-        ((*FIRST, *chain(3, 2)), "b"),
-        # A stranger behind the same preamble is a new conversation: not on soft b.
-        ((*PREAMBLE, *chain(4, 3)), "a"),
+        (Pressure.SOFT, None, NEXT, "b"),
+        (Pressure.SOFT, None, STRANGER, "a"),
+        # A scrape read b full (its turns running, this conversation's among them):
+        # hard pressure keeps new conversations off b, not this one's next turn.
+        (Pressure.HARD, 0.97, NEXT, "b"),
+        (Pressure.HARD, 0.97, STRANGER, "a"),
+        # At ``kv_high`` under the hard mark: the same.
+        (Pressure.SOFT, 0.92, NEXT, "b"),
+        (Pressure.SOFT, 0.92, STRANGER, "a"),
     ],
 )
-def test_a_later_turn_stays_on_its_soft_worker_a_new_conversation_does_not(
-    hashes: tuple[int, ...], expected: str
+def test_a_later_turn_stays_on_its_pressured_worker_a_new_conversation_does_not(
+    pressure: Pressure, kv_usage: float | None, hashes: tuple[int, ...], expected: str
 ) -> None:
-    """b took the first turn and has since reached the soft mark; a is idle and cold."""
+    """b took the first turn and has since reached a pressure mark; a is idle and cold."""
     policy = DefaultPolicy()
     routed(policy, "t1", FIRST, where="b")
-    workers = (worker("a"), worker("b", pressure=Pressure.SOFT))
+    workers = (worker("a"), worker("b", pressure=pressure, kv_usage=kv_usage))
     assert policy.pick(request("q", hashes=hashes), ctx(fleet(*workers))).worker == expected
 
 

@@ -82,7 +82,7 @@ Used when the config names no policy. In order:
    request adds its uncached tokens to its worker's queue, which drains at
    ``prefill_tokens_per_s`` and is never more than the uncached tokens of the
    requests still in flight there (so a wrong rate cannot make it drift).
-   Workers at ``kv_high`` KV use are skipped unless all are.
+   Workers at ``kv_high`` KV use are skipped unless all are or it holds this turn's history.
 
    The TTFT terms (queue estimate, own prefill) count a cache in full where it is
    younger than one KV turnover (``PrefixIndex.resident_depth``), and of the rest
@@ -389,12 +389,12 @@ class DefaultPolicy(PrefixLearning):
         best_tie: tuple[int, float, float, str] | None = None
         scored: list[tuple[float, WorkerState]] = []
         # One pass over plain locals (this runs for every worker on every placement);
-        # a second one admits workers at kv_high only when all are.
+        # a second one admits workers at kv_high only when all are (a later turn's home first).
         for admit_high in (False, True):
             scored.clear()
             for w in pool:
                 kv = w.kv_usage or 0.0
-                if kv >= kv_high and not admit_high:
+                if kv >= kv_high and not admit_high and w.id != tail_worker:
                     continue
                 wid = w.id
                 entry = costs(wid)
