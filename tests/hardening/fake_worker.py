@@ -11,6 +11,8 @@ request's ``prompt`` (``"mode:<name>"``), so one fake plays every fault:
 - ``garbage``: bytes that are not HTTP; ``huge_head``: a 70 KiB head in one write
 - ``reset_head``: reset before any byte; ``reset_body``: reset half-way through a body
 - ``reset_stream``: two events, then reset; ``bad_chunk``: one good chunk, then bad framing
+- ``linger_stream``: an event, the usage and ``[DONE]``, then the stream's last chunk only
+  once ``linger`` is set (a worker slow to close; the client may hang up first)
 - ``hang``: never answers; ``empty_200``: 200 with an empty body; ``html_200``: 200 text
 - ``echo``: 200 with the request's headers and body (what the gateway forwarded)
 
@@ -52,6 +54,13 @@ FLOOD_EVENTS = 1024
 _EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi"}]}\n\n'
 
 
+_USAGE = (
+    b'data: {"id":"c1","object":"text_completion","choices":[],'
+    b'"usage":{"prompt_tokens":300,"completion_tokens":5,"total_tokens":305,'
+    b'"prompt_tokens_details":{"cached_tokens":100}}}\n\n'
+)
+
+
 def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
@@ -80,6 +89,8 @@ class FakeWorker:
     """Slow streams being written now (one the gateway dropped ends at its next write)."""
     flooded: int = 0
     """Bytes of ``flood_stream`` events written so far."""
+    linger: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to let a ``linger_stream`` end."""
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -169,6 +180,12 @@ class FakeWorker:
                 self.flooded += len(event)
                 await writer.drain()
             writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        elif mode == "linger_stream":
+            done = _chunk(b"data: [DONE]\n\n")
+            writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_USAGE) + done)
+            await writer.drain()
+            await asyncio.wait_for(self.linger.wait(), 30.0)
+            writer.write(b"0\r\n\r\n")
         elif mode == "reset_stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_EVENT))
             await writer.drain()

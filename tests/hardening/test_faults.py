@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import aiohttp
 import pytest
@@ -80,3 +81,65 @@ async def test_a_client_gone_mid_stream_releases_its_worker() -> None:
         await wait_until(lambda: fake.streaming == 0, message="the worker saw the client go")
         async with session.get(gw.url + "/metrics") as metrics:
             assert "kvgate_client_disconnects_total" in await metrics.text()
+
+
+async def test_a_client_that_hangs_up_at_done_was_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP clients close once they read ``[DONE]``, often before the stream's last chunk.
+
+    Such a client had the whole answer: it is no disconnect (no 499), and the usage the
+    worker sent still reaches the policy (the cache feedback, the queue estimate)."""
+    async with fake_fleet(1) as (gw, (fake,)), aiohttp.ClientSession() as session:
+        usage: list[tuple[int, int, int]] = []
+        policy = gw.gateway.policy
+        on_usage = policy.on_usage
+
+        def spy(request: Any, worker: Any, prompt: int, cached: int, now: float, **kw: Any) -> None:
+            usage.append((prompt, cached, kw.get("completion_tokens", 0)))
+            on_usage(request, worker, prompt, cached, now, **kw)
+
+        monkeypatch.setattr(policy, "on_usage", spy)
+        body = {"model": "demo", "prompt": "mode:linger_stream", "stream": True}
+        resp = await session.post(gw.openai_base + "/completions", json=body)
+        assert resp.status == 200
+        lines = []
+        while not lines or lines[-1] != b"data: [DONE]":
+            lines.append((await asyncio.wait_for(resp.content.readline(), 10.0)).strip())
+        resp.close()  # at [DONE]; the worker has not ended its stream yet
+        await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="the request ended")
+        fake.linger.set()
+        assert usage == [(300, 100, 5)]
+        async with session.get(gw.url + "/metrics") as metrics:
+            text = await metrics.text()
+        assert 'kvgate_client_disconnects_total{model="demo"}' not in text
+
+
+async def test_every_attempt_that_reports_no_usage_is_dropped_from_the_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed attempt (the worker's 500) and a client gone mid-stream both end with the
+    policy told (``on_dropped``): else what it queued for them stays owed there."""
+    async with fake_fleet(1) as (gw, _), aiohttp.ClientSession() as session:
+        dropped: list[str] = []
+        policy = gw.gateway.policy
+        on_dropped = policy.on_dropped
+
+        def spy(request: Any, worker: Any, now: float) -> None:
+            dropped.append(request.request_id)
+            on_dropped(request, worker, now)
+
+        monkeypatch.setattr(policy, "on_dropped", spy)
+        async with session.post(
+            gw.openai_base + "/completions", json={"model": "demo", "prompt": "mode:poison"}
+        ) as resp:
+            assert resp.status >= 500
+            failed = resp.headers["X-Request-ID"]
+        assert dropped == [failed]
+        body = {"model": "demo", "prompt": "mode:slow_stream", "stream": True}
+        resp = await session.post(gw.openai_base + "/completions", json=body)
+        assert (await resp.content.readline()).startswith(b"data:")
+        gone = resp.headers["X-Request-ID"]
+        resp.close()
+        await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="the request ended")
+        assert dropped == [failed, gone]

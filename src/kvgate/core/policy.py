@@ -69,6 +69,11 @@ class Policy(Protocol):
         ``completion_tokens`` 0: not reported)."""
         ...
 
+    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """``request`` left ``worker`` with no ``usage`` reported (the attempt failed, or
+        its client went away before the answer's end): forget what was owed for it there."""
+        ...
+
     def on_worker_removed(self, worker: WorkerId) -> None:
         """``worker`` left the fleet: forget what is known about it."""
         ...
@@ -121,6 +126,9 @@ class PolicyBase:
         *,
         completion_tokens: int = 0,
     ) -> None:
+        return None
+
+    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         return None
 
     def on_worker_removed(self, worker: WorkerId) -> None:

@@ -230,6 +230,15 @@ def test_queued_prefill_drains_at_the_rate_and_never_exceeds_what_is_in_flight()
     assert policy.queued_tokens("c", 0.1) == 0
 
 
+def test_a_request_that_ends_with_no_usage_leaves_the_queue_too() -> None:
+    """Its attempt failed, or its client went first: no usage will come (``on_dropped``)."""
+    policy = DefaultPolicy()
+    queue(policy, "c", 1.0)
+    filler = request("filler", hashes=(hash("filler"),), prompt_chars=CHARS_PER_S)
+    policy.on_dropped(filler, "c", 0.1)
+    assert policy.queued_tokens("c", 0.1) == 0
+
+
 def test_a_busy_worker_loses_new_work_to_idle_ones() -> None:
     policy = DefaultPolicy()
     queue(policy, "a", 0.5)

@@ -63,47 +63,44 @@ Used when the config names no policy. In order:
      one-shot traffic that is what keeps a group behind its prompt (without it
      shared-prefix-groups loses 3 points in the simulator).
 
-   A headerless request *extends* a chain when its own chain runs through a
-   *chain end*, where a headerless request routed earlier ended (``ChainEnds``
-   marks an end exactly: its last whole block and the hash of the text past it,
-   so a later turn is found however much it adds, past the coarse blocks too).
-   The end also says where that turn went: there the cache reaches to the end and the reply
-   past it (``ChainEnds``' reach), not only to its last whole block (``_tail``; the index
-   must still hold that block there). Past the 16 KiB of fine blocks a coarse block is
-   1,024 tokens, and an agent's second turn behind a 4,096-token preamble matched every
-   worker holding the preamble alike: sent by load, it left its own task behind.
-   Charging openings for their life keeps new conversations from all joining
-   the worker that holds the shared text until its cache overflows with their
-   growing contexts: light chat behind one system prompt (explicit sessions),
-   agents behind one tool preamble (headerless).
+   A headerless request *extends* a chain when its own chain runs through a *chain end*, where a
+   headerless request routed earlier ended (``ChainEnds`` marks an end exactly: its last whole
+   block and the hash of the text past it, so a later turn is found however much it adds, past
+   the coarse blocks too). The end also says where that turn went: there the cache reaches to
+   the end and the reply past it (``ChainEnds``' reach), not only to its last whole block
+   (``_tail``; the index must still hold that block there). Past the 16 KiB of fine blocks a
+   coarse block is 1,024 tokens, and an agent's second turn behind a 4,096-token preamble
+   matched every worker holding the preamble alike: sent by load, it left its own task behind.
+   Charging openings for their life keeps new conversations from all joining the worker that
+   holds the shared text until its cache overflows with their growing contexts: light chat
+   behind one system prompt (explicit sessions), agents behind one tool preamble (headerless).
 
-   Load is counted in what it costs a request: queued prefill tokens, KV use,
-   requests in flight. The queue is this policy's own estimate: each routed
-   request adds its uncached tokens to its worker's queue, which drains at
-   ``prefill_tokens_per_s`` and is never more than the uncached tokens of the
-   requests still in flight there (so a wrong rate cannot make it drift).
-   Workers at ``kv_high`` KV use are skipped unless all are or it holds this turn's history.
+   Load is counted in what it costs a request: queued prefill tokens, KV use, requests in
+   flight. The queue is this policy's own estimate: each routed request adds its uncached tokens
+   to its worker's queue, which drains at ``prefill_tokens_per_s`` and is never more than the
+   uncached tokens of the requests still in flight there (so a wrong rate cannot make it drift;
+   one that reports no usage leaves at its end). Workers at ``kv_high`` KV use are skipped
+   unless all are or one holds this turn's history.
 
-   The TTFT terms (queue estimate, own prefill) count a cache in full where it is
-   younger than one KV turnover (``PrefixIndex.resident_depth``), and of the rest
-   the share usage confirms (``ClaimShares``): one share for the band still judged
-   resident (trusted at first), one past it (old entries, the store's holders);
-   the pull weighs the whole claim. Stale claims hid 10-30k-token recomputes.
+   The TTFT terms (queue estimate, own prefill) count a cache in full where it is younger than
+   one KV turnover (``PrefixIndex.resident_depth``), and of the rest the share usage confirms
+   (``ClaimShares``): one share for the band still judged resident (trusted at first), one past
+   it (old entries, the store's holders); the pull weighs the whole claim. Stale claims hid
+   10-30k-token recomputes.
 
    Blocks the request says are restorable from disk (``restorable_blocks``: a llama.cpp
    slot saved where every worker reads) count as cached on every worker at
    ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
 
-   Every decision says how much of the prompt's KV its worker holds in use
-   (``Decision.shared_chars``: leading blocks requests in flight there share,
-   ``RunningBlocks``); the KV gate counts only the rest as the request's new KV.
+   Every decision says how much of the prompt's KV its worker holds in use (``Decision.
+   shared_chars``: leading blocks requests in flight there share, ``RunningBlocks``);
+   the KV gate counts only the rest as the request's new KV.
 
-   Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft``
-   (a colder worker: the warm one's queue outweighed its cache),
-   ``least_loaded`` (nothing of the prompt cached anywhere). A session that had
-   to leave its worker says why (``affinity_{overloaded,lost,pressure,
-   version}_migrated``) and is bound where it goes (``AffinityWrite`` with
-   ``expected`` the old worker); a new session is bound where it is placed.
+   Reasons: ``prefix_match`` (the worker with the longest match), ``least_ttft`` (a
+   colder worker: the warm one's queue outweighed its cache), ``least_loaded`` (nothing
+   of the prompt cached anywhere). A session that had to leave its worker says why
+   (``affinity_{overloaded,lost,pressure,version}_migrated``) and is bound where it
+   goes (``AffinityWrite`` with ``expected`` the old worker); a new one where placed.
 
 Bursts of siblings (sharing a long new prefix) land together: a routed chain is
 in the index at once, and the queue estimate says when its worker is done with it.
@@ -244,8 +241,7 @@ class DefaultPolicy(PrefixLearning):
         return self._chains.life_s()
 
     def opens(self, request: RequestFeatures) -> bool:
-        """Whether a headerless request opens a conversation rather than extending one
-        (``ChainEnds``: its chain runs through no earlier request's end)."""
+        """Whether a headerless request's chain runs through no earlier end (``ChainEnds``)."""
         return self._ends.opens(request)
 
     def on_usage(
@@ -265,6 +261,10 @@ class DefaultPolicy(PrefixLearning):
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         self._ends.replied(request, int(completion_tokens / self._tokens_per_char))
         self._queues.refill(worker, self.index.fill(worker))
+
+    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """No usage will come: the request's prefill leaves the worker's queue bound."""
+        self._queues.reported(request.request_id)
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         """Forget the worker's blocks, queue and counts."""

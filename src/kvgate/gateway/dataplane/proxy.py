@@ -240,9 +240,10 @@ class Proxy:
             outcome.refused = outcome.shed or exc.code
             raise
         except asyncio.CancelledError:
-            outcome.status = 499
-            if features is not None:
-                self.metrics.client_disconnects.labels(features.model).inc()
+            if not outcome.answered:  # else the client went once it had the whole answer
+                outcome.status = 499
+                if features is not None:
+                    self.metrics.client_disconnects.labels(features.model).inc()
             raise
         finally:
             self.in_flight -= 1
@@ -356,6 +357,7 @@ class Proxy:
                             raise UpstreamError(status=upstream.status)
                     except UpstreamError as exc:
                         placement.lease.release()  # free the slot before the backoff
+                        self.router.ended(features, placement)
                         last_failure = exc
                         if exc.status is not None and exc.status != 429:
                             same = any(status == exc.status for _, _, status in unsettled)
@@ -377,6 +379,9 @@ class Proxy:
                             affinity = placement.bound  # what this attempt bound; a retry moves it
                         await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
                         continue
+                    except BaseException:  # cancelled (the client went) before any answer
+                        self.router.ended(features, placement)
+                        raise
                     # Another worker served what these failed: that was the workers' fault.
                     self._charge(unsettled, features)
                     if upstream.status < 500:

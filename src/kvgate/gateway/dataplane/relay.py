@@ -7,6 +7,7 @@ outcomes, the traffic ring and the access log.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -86,6 +87,8 @@ class Outcome:
     placement: Placement | None = None
     ttft: float | None = None
     usage: Usage | None = None
+    answered: bool = False
+    """The client had the whole answer (a stream: through its usage), whatever came after."""
     retries: int = 0
     budgeted: int = 0
     strip_usage: bool = False
@@ -171,6 +174,37 @@ class Relay:
         started: float,
         outcome: Outcome,
     ) -> None:
+        told = False
+        try:
+            told = await self._respond(
+                request,
+                features=features,
+                placement=placement,
+                upstream=upstream,
+                started=started,
+                outcome=outcome,
+            )
+        finally:
+            if not told:  # failed, or cancelled: the policy hears of it all the same
+                usage = outcome.usage
+                if usage is None:
+                    self.router.ended(features, placement)
+                else:
+                    self.router.ended(
+                        features, placement, usage.prompt, usage.cached, usage.completion
+                    )
+
+    async def _respond(
+        self,
+        request: Exchange,
+        *,
+        features: RequestFeatures,
+        placement: Placement,
+        upstream: UpstreamResponse,
+        started: float,
+        outcome: Outcome,
+    ) -> bool:
+        """Relay the answer, then report its usage; False: there was none to report."""
         worker = placement.worker
         headers = self._headers(upstream, placement, features.request_id)
         done = False
@@ -184,9 +218,9 @@ class Relay:
                     raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
                 outcome.ttft = time.monotonic() - started
                 outcome.status = upstream.status
+                outcome.usage = usage_from_body(data)  # the worker answered, whoever reads it
                 await request.send(upstream.status, headers, data)
-                outcome.usage = usage_from_body(data)
-                done = True
+                done = outcome.answered = True
                 if outcome.answer_key is not None:
                     await self._remember_answer(data, placement, outcome.answer_key)
                 recorder = self.outcomes
@@ -202,20 +236,21 @@ class Relay:
             ) from None
         except ConnectionResetError:
             self._client_gone(features.model, outcome)
-            return
         finally:
             if not done:
                 upstream.close()
             placement.lease.release()  # before the feedback below: waiters need not wait on it
-        if done:
-            usage = outcome.usage
-            await self.router.finished(
-                features,
-                placement,
-                usage.prompt if usage is not None else None,
-                usage.cached if usage is not None else None,
-                usage.completion if usage is not None else None,
-            )
+        usage = outcome.usage
+        if not done and usage is None:
+            return False
+        await self.router.finished(
+            features,
+            placement,
+            usage.prompt if usage is not None else None,
+            usage.cached if usage is not None else None,
+            usage.completion if usage is not None else None,
+        )
+        return True
 
     async def _stream(
         self,
@@ -272,7 +307,6 @@ class Relay:
                     tap.feed(data)
             if stripper is not None and (rest := stripper.flush()):
                 await request.write(rest)
-            await request.end()
         except UpstreamError as exc:
             # Bytes already went to the client: no retry. End the stream with an
             # OpenAI-style error event (what clients raise on), then close.
@@ -296,17 +330,22 @@ class Relay:
             request.abort()
             return False
         except ConnectionResetError:
-            # The client went away mid-stream; dropping the upstream tells the worker.
+            # The client went away; dropping the upstream tells the worker. Past the usage
+            # (the last event but ``[DONE]``) it had the whole answer: HTTP clients close
+            # once they read ``[DONE]``, before the stream's last chunk.
             assert outcome.placement is not None
-            self._client_gone(outcome.placement.worker.model or "", outcome)
+            if _seen_usage(stripper, tap) is None:
+                self._client_gone(outcome.placement.worker.model or "", outcome)
             return False
         finally:
             if last:
                 outcome.last_chunk = last - started
-        if stripper is not None:
-            outcome.usage = stripper.usage
-        elif tap is not None:
-            outcome.usage = tap.usage()
+            # Cancelled too: what the worker computed, for the policy.
+            outcome.usage = _seen_usage(stripper, tap)
+            outcome.answered = outcome.usage is not None
+        outcome.answered = True
+        with contextlib.suppress(ConnectionResetError):  # gone at ``[DONE]``: answered
+            await request.end()
         return True
 
     async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
@@ -475,6 +514,13 @@ class _Series:
             cells.counter(m.completion_tokens, model, worker),
         )
         return self.tokens
+
+
+def _seen_usage(stripper: UsageStripper | None, tap: StreamTap | None) -> Usage | None:
+    """The usage a relayed stream carried so far (``None``: none yet)."""
+    if stripper is not None:
+        return stripper.usage
+    return tap.usage() if tap is not None else None
 
 
 def _inter_token(outcome: Outcome, usage: Usage | None) -> float | None:

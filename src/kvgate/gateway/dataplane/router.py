@@ -403,6 +403,30 @@ class Router:
             reason=reason,
         )
 
+    def ended(
+        self,
+        features: RequestFeatures,
+        placement: Placement,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """The attempt is over: its usage to the policy, or (``None``: it failed, its client
+        went first, or the worker reported none) that nothing more is owed there.
+        Synchronous, so a cancelled request's cleanup says it too."""
+        now = self.wall()
+        if prompt_tokens is None:
+            self.policy.on_dropped(features, placement.worker.id, now)
+            return
+        self.policy.on_usage(
+            features,
+            placement.worker.id,
+            prompt_tokens,
+            cached_tokens or 0,
+            now,
+            completion_tokens=completion_tokens or 0,
+        )
+
     async def finished(
         self,
         features: RequestFeatures,
@@ -412,16 +436,8 @@ class Router:
         completion_tokens: int | None = None,
     ) -> None:
         """After the response: cache feedback to the policy and refresh the affinity TTL."""
+        self.ended(features, placement, prompt_tokens, cached_tokens, completion_tokens)
         now = self.wall()
-        if prompt_tokens is not None:
-            self.policy.on_usage(
-                features,
-                placement.worker.id,
-                prompt_tokens,
-                cached_tokens or 0,
-                now,
-                completion_tokens=completion_tokens or 0,
-            )
         key = features.affinity_key
         if key is not None and prompt_tokens is not None:
             for listener in self.usage_listeners:
