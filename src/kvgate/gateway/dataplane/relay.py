@@ -174,83 +174,49 @@ class Relay:
         started: float,
         outcome: Outcome,
     ) -> None:
-        told = False
-        try:
-            told = await self._respond(
-                request,
-                features=features,
-                placement=placement,
-                upstream=upstream,
-                started=started,
-                outcome=outcome,
-            )
-        finally:
-            if not told:  # failed, or cancelled: the policy hears of it all the same
-                usage = outcome.usage
-                if usage is None:
-                    self.router.ended(features, placement)
-                else:
-                    self.router.ended(
-                        features, placement, usage.prompt, usage.cached, usage.completion
-                    )
-
-    async def _respond(
-        self,
-        request: Exchange,
-        *,
-        features: RequestFeatures,
-        placement: Placement,
-        upstream: UpstreamResponse,
-        started: float,
-        outcome: Outcome,
-    ) -> bool:
-        """Relay the answer, then report its usage; False: there was none to report."""
+        """Relay the answer, then report its usage: to the policy however it ends."""
         worker = placement.worker
         headers = self._headers(upstream, placement, features.request_id)
-        done = False
+        done = told = False
         try:
-            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                done = await self._stream(request, upstream, headers, started, outcome)
-            else:
-                data = await upstream.read()
-                if upstream.status < 300 and not _looks_like_json_object(data):
-                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
-                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
-                outcome.ttft = time.monotonic() - started
-                outcome.status = upstream.status
-                outcome.usage = usage_from_body(data)  # the worker answered, whoever reads it
-                await request.send(upstream.status, headers, data)
-                done = outcome.answered = True
-                if outcome.answer_key is not None:
-                    await self._remember_answer(data, placement, outcome.answer_key)
-                recorder = self.outcomes
-                version = placement.version
-                if recorder is not None and recorder.wants_sample(features.model, version):
-                    outcome.sample = data
-        except UpstreamError as exc:
-            # The whole-body read failed before anything was sent: a 502.
-            self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-            self.passive.failure(worker)
-            raise BadGatewayError(
-                f"upstream failure serving {features.model!r}: {public_failure(exc)}"
-            ) from None
-        except ConnectionResetError:
-            self._client_gone(features.model, outcome)
+            try:
+                if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    done = await self._stream(request, upstream, headers, started, outcome)
+                else:
+                    data = await upstream.read()
+                    if upstream.status < 300 and not _looks_like_json_object(data):
+                        # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
+                        raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
+                    outcome.ttft = time.monotonic() - started
+                    outcome.status = upstream.status
+                    outcome.usage = usage_from_body(data)  # the worker answered, whoever reads it
+                    await request.send(upstream.status, headers, data)
+                    done = outcome.answered = True
+                    if outcome.answer_key is not None:
+                        await self._remember_answer(data, placement, outcome.answer_key)
+                    recorder = self.outcomes
+                    version = placement.version
+                    if recorder is not None and recorder.wants_sample(features.model, version):
+                        outcome.sample = data
+            except UpstreamError as exc:
+                # The whole-body read failed before anything was sent: a 502.
+                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
+                self.passive.failure(worker)
+                raise BadGatewayError(
+                    f"upstream failure serving {features.model!r}: {public_failure(exc)}"
+                ) from None
+            except ConnectionResetError:
+                self._client_gone(features.model, outcome)
+            finally:
+                if not done:
+                    upstream.close()
+                placement.lease.release()  # before the feedback below: waiters need not wait on it
+            if done or outcome.usage is not None:
+                told = True  # ``finished`` tells the policy before it awaits anything
+                await self.router.finished(features, placement, *_counts(outcome.usage))
         finally:
-            if not done:
-                upstream.close()
-            placement.lease.release()  # before the feedback below: waiters need not wait on it
-        usage = outcome.usage
-        if not done and usage is None:
-            return False
-        await self.router.finished(
-            features,
-            placement,
-            usage.prompt if usage is not None else None,
-            usage.cached if usage is not None else None,
-            usage.completion if usage is not None else None,
-        )
-        return True
+            if not told:  # failed, or cancelled: the policy hears of it all the same
+                self.router.ended(features, placement, *_counts(outcome.usage))
 
     async def _stream(
         self,
@@ -514,6 +480,13 @@ class _Series:
             cells.counter(m.completion_tokens, model, worker),
         )
         return self.tokens
+
+
+def _counts(usage: Usage | None) -> tuple[int | None, int | None, int | None]:
+    """Prompt, cached and completion tokens (``None``: no usage)."""
+    if usage is None:
+        return None, None, None
+    return usage.prompt, usage.cached, usage.completion
 
 
 def _seen_usage(stripper: UsageStripper | None, tap: StreamTap | None) -> Usage | None:
