@@ -42,12 +42,20 @@ from rich.table import Table
 
 
 def run(
-    workload: str, seed: int, requests: int, kv: int, options: Sequence[str], *, as_peer: bool
+    workload: str,
+    seed: int,
+    requests: int,
+    kv: int,
+    options: Sequence[str],
+    *,
+    as_peer: bool,
+    profile: str = "h100-llama3-8b",
 ) -> dict[str, Any]:
     """One seed at one length: both policies' figures and the change."""
     kvgate = shutil.which("kvgate", path=str(Path(sys.executable).parent)) or "kvgate"
     command = [kvgate, "sim", "--workload", workload, "--requests", str(requests),
                "--kv-blocks", str(kv), "--block-size", "16", "--seed", str(seed),
+               "--profile", profile,
                "--policies", "default,cache_aware", "--no-progress",
                "--format", "json"]  # fmt: skip
     command += [arg for option in options for arg in ("--option", option)]
@@ -78,6 +86,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lengths", default="240,600")
     parser.add_argument("--kv-blocks", type=int, default=2000)
     parser.add_argument("--option", action="append", default=[], help="default's KEY=VALUE")
+    parser.add_argument(
+        "--profile",
+        default="h100-llama3-8b",
+        help="the workers' engine profiles, comma-separated, given out in turn (a mixed fleet)",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
         "--peer-in-gateway",
@@ -98,7 +111,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = list(
             pool.map(
                 lambda j: run(
-                    args.workload, *j, args.kv_blocks, args.option, as_peer=not args.peer_in_gateway
+                    args.workload,
+                    *j,
+                    args.kv_blocks,
+                    args.option,
+                    as_peer=not args.peer_in_gateway,
+                    profile=args.profile,
                 ),
                 jobs,
             )
@@ -116,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{r['p99_ratio']:.2f}x", str(r["shed"]), str(r["peer_shed"]),
             )  # fmt: skip
         Console().print(seeds_table)
-    table = Table(title=f"default - {peer}, {args.workload} {' '.join(args.option)}")
+    table = Table(title=f"default - {peer}, {args.workload} {args.profile} {' '.join(args.option)}")
     for column in (
         "requests",
         "mean hit points",
@@ -145,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "workload": args.workload,
             "peer_in_gateway": args.peer_in_gateway,
             "options": args.option,
+            "profile": args.profile,
             "rows": rows,
         }
         args.json.write_text(json.dumps(document, indent=1))
