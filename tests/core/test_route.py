@@ -12,11 +12,12 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot, Health, Pressure, WorkerState
 from kvgate.core.policies import default_registry
 from kvgate.core.policies.base import candidates
-from kvgate.core.policy import PolicyBase, RouteContext
+from kvgate.core.policy import Policy, PolicyBase, RouteContext
 from kvgate.core.pressure import PressureConfig
 from kvgate.core.route import (
     CONTINUATION,
     INVALID_DECISION,
+    KV_HOLD_MOVED,
     OVERFLOW,
     Hold,
     Place,
@@ -433,3 +434,119 @@ def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
         config=RouteConfig(AdmissionConfig()),
     )
     assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", OVERFLOW)
+
+
+class Worth(PolicyBase):
+    """Picks the first of ``order`` among the workers it is shown; says waiting for
+    KV room on its pick is worth ``worth`` seconds."""
+
+    name = "worth"
+
+    def __init__(self, order: str, worth: float | None) -> None:
+        self.order, self.worth = order, worth
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        shown = {x.id for x in ctx.fleet.workers}
+        wid = next(x for x in self.order if x in shown)
+        write = AffinityWrite("s", wid, "default", expected="a") if wid != "a" else None
+        return Decision(wid, "its_cache", affinity=write)
+
+    def hold_worth(self, request: RequestFeatures, worker: str, ctx: RouteContext) -> float | None:
+        return self.worth
+
+
+FULL_KV = {"in_flight": 1, "kv_in_flight": 800, "capacity": 1000}  # 200 more do not fit
+ROOM = {"in_flight": 1, "kv_in_flight": 100, "capacity": 1000}
+
+
+# The KV hold waits for the policy's pick only as long as the pick's cache is worth
+# (``Policy.hold_worth``); then the policy picks among the workers with room, and the
+# hold goes on only where none has (a wait up to 10 s, as before).
+@pytest.mark.parametrize(
+    ("b", "worth", "held", "expected", "wait"),
+    [
+        pytest.param(ROOM, None, None, ("hold", "a"), 10.0, id="no-measure-waits-for-its-pick"),
+        pytest.param(ROOM, 2.0, None, ("hold", "a"), 2.0, id="waits-what-its-cache-is-worth"),
+        pytest.param(ROOM, 2.0, 1.5, ("hold", "a"), 0.5, id="then-asks-again"),
+        pytest.param(ROOM, 2.0, 2.0, ("place", "b"), None, id="worth-spent-moves"),
+        pytest.param(ROOM, 0.0, None, ("place", "b"), None, id="worth-nothing-moves-at-once"),
+        pytest.param(FULL_KV, 0.0, None, ("hold", "a"), 10.0, id="no-room-elsewhere-waits"),
+        pytest.param(FULL_KV, 2.0, 2.0, ("hold", "a"), 8.0, id="spent-no-room-waits-the-rest"),
+        pytest.param(ROOM, 30.0, None, ("hold", "a"), 10.0, id="never-past-the-gates-wait"),
+        pytest.param(ROOM, 0.0, 10.0, ("place", "a"), None, id="ran-out-placed-at-its-pick"),
+    ],
+)
+def test_a_hold_waits_for_its_pick_what_its_cache_is_worth(
+    b: dict[str, int], worth: float | None, held: float | None, expected: tuple[str, str],
+    wait: float | None,
+) -> None:  # fmt: skip
+    workers = (w("a", **FULL_KV), w("b", **b))
+    request = RequestFeatures("r", "m", session_key="s", prompt_chars=100, max_tokens=100)
+    verdict = route(
+        request,
+        Affinity("s", "a", "default"),
+        FleetSnapshot(0.0, workers),
+        Worth("ab", worth),
+        random.Random(0),
+        queue_depth=0,
+        held_s=held,
+        config=CONFIG,
+    )
+    assert kind(verdict) == expected
+    if isinstance(verdict, Hold):
+        assert verdict.max_wait == pytest.approx(wait)
+    elif verdict.worker == "b":  # moved: the policy's own decision, said so, KV counted
+        write = AffinityWrite("s", "b", "default", expected="a")
+        assert verdict == Place("b", KV_HOLD_MOVED, None, write, kv_tokens=200)
+
+
+def test_defaults_bound_session_waits_at_home_only_while_its_history_is_there() -> None:
+    """a holds the session's 40-block history, b and c its 4-block opening; a's KV is full,
+    c has room. Waiting at a is worth recomputing the 36 blocks only a holds (at the
+    policy's rate) and what they would evict on c; once the history is gone from a (a
+    fresh policy knows nothing of it), nothing is worth waiting for, and the session
+    moves to c, bound there in place of a."""
+    history = tuple(range(40))
+    request = RequestFeatures(
+        "r", "m", session_key="s", prefix_hashes=(*history, 99), prompt_chars=41 * 256,
+        max_tokens=100,
+    )  # fmt: skip
+    workers = (
+        w("a", in_flight=1, kv_in_flight=9_000, capacity=10_000),
+        w("b", in_flight=1, kv_in_flight=9_000, capacity=10_000),
+        w("c", in_flight=1, capacity=10_000),
+    )
+    config = RouteConfig(AdmissionConfig(), PressureConfig(), kv_gate_max_wait_s=10.0)
+
+    def verdict(policy: Policy, held_s: float | None) -> Verdict:
+        return route(
+            request,
+            Affinity("s", "a", "default"),
+            FleetSnapshot(0.0, workers),
+            policy,
+            random.Random(0),
+            queue_depth=0,
+            held_s=held_s,
+            config=config,
+        )
+
+    warm = default_registry().build("default")
+    earlier = [(RequestFeatures("h", "m", prefix_hashes=history, prompt_chars=40 * 256), "a")]
+    for other in ("b", "c"):
+        opening = RequestFeatures(other, "m", prefix_hashes=history[:4], prompt_chars=4 * 256)
+        earlier.append((opening, other))
+    for done, where in earlier:  # routed and answered: cached there, nothing in flight
+        warm.on_routed(done, where, 0.0)
+        warm.on_usage(done, where, done.prompt_chars // 4, 0, 1.0)
+    ctx = RouteContext(FleetSnapshot(0.0, workers), None, random.Random(0))
+    worth = warm.hold_worth(request, "a", ctx)
+    recompute = 36 * 256 / 4 / 12_000  # the tokens only a holds, at the policy's rate
+    assert recompute <= worth < 1.05 * recompute  # and what they would evict on c
+    held = verdict(warm, None)
+    assert isinstance(held, Hold) and held.place.worker == "a"
+    assert held.max_wait == pytest.approx(worth)
+    assert kind(verdict(warm, worth)) == ("place", "c")
+    cold = default_registry().build("default")
+    moved = verdict(cold, None)
+    assert isinstance(moved, Place) and (moved.worker, moved.reason) == ("c", KV_HOLD_MOVED)
+    assert moved.affinity is not None and moved.affinity.expected == "a"

@@ -39,6 +39,12 @@ async def _send(
 
 async def _scraped_capacity(gw: GatewayHandle) -> None:
     (worker,) = list(gw.gateway.pool)
+    await _scraped_capacity_of(gw, worker.id)
+
+
+async def _scraped_capacity_of(gw: GatewayHandle, worker_id: str) -> None:
+    worker = gw.gateway.pool.get(worker_id)
+    assert worker is not None
     await wait_until(
         lambda: (
             worker.signals is not None
@@ -141,3 +147,32 @@ async def test_long_output_limits_do_not_mark_workers_pressured() -> None:
             finally:
                 for stream in streams:
                     stream.close()
+
+
+async def test_a_bound_session_with_nothing_cached_at_its_full_home_goes_where_there_is_room() -> (
+    None
+):
+    """Session ``s``'s first request fills its worker's KV (0.875 counted, the hard mark at
+    0.95); its next request sends another text, none of which that worker holds. Holding
+    it there is worth nothing (``Policy.hold_worth``), so it goes at once to the worker with
+    room, bound there: ``kv_hold_moved``, not a hold."""
+    async with (
+        pressure_fleet(2) as fleet,
+        running_gateway(pressure_config(fleet)) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        for worker in fleet:
+            await _scraped_capacity_of(gw, worker.url)
+        pool, router = gw.gateway.pool, gw.gateway.router
+        headers = {"X-Session-ID": "s"}
+        first = asyncio.create_task(_send(session, gw, BODY, headers))
+        await wait_until(lambda: sum(w.in_flight for w in pool) == 1, message="the first in flight")
+        (home,) = [w for w in pool if w.in_flight == 1]
+        url = gw.openai_base + "/completions"
+        async with session.post(url, json=OTHER, headers=headers) as resp:
+            await resp.read()
+            assert resp.status == 200
+            assert resp.headers["X-Kvgate-Route-Reason"] == "kv_hold_moved"
+            assert resp.headers["X-Kvgate-Worker"] != home.id
+        assert router.kv_holds == 0  # moved at once, never held
+        assert await first == 200

@@ -78,6 +78,15 @@ class Policy(Protocol):
         """``worker`` left the fleet: forget what is known about it."""
         ...
 
+    def hold_worth(
+        self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext
+    ) -> Seconds | None:
+        """How long, in the driver's clock, waiting for KV room on ``worker`` (this policy's
+        pick for ``request``) is worth: what its cache there saves over going elsewhere.
+        ``None``: no measure, and the KV hold waits for that worker as long as it may
+        (``core.route``)."""
+        ...
+
     def openers(self) -> Collection[str]:
         """Ids of requests a later ``warm_up`` may cut a prefix from (the driver keeps
         their bodies; ``core.warmup``)."""
@@ -132,6 +141,11 @@ class PolicyBase:
         return None
 
     def on_worker_removed(self, worker: WorkerId) -> None:
+        return None
+
+    def hold_worth(
+        self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext
+    ) -> Seconds | None:
         return None
 
     def openers(self) -> Collection[str]:

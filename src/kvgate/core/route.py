@@ -24,12 +24,21 @@ The steps, in order (each may end it):
    Any other refusal is the policy's own shed.
 6. The KV hold: a pick whose worker lacks KV headroom for the request's demand
    is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
-   past that it is placed anyway (the gate delays, never refuses).
+   past that it is placed anyway (the gate delays, never refuses). It waits for
+   that worker only as long as the policy says waiting is worth
+   (``Policy.hold_worth``: what the worker's cache saves the request over going
+   elsewhere); once held that long, the policy picks again among the workers
+   with room for it (``KV_HOLD_MOVED``), and the hold goes on only where none
+   has: wait as long as the alternative costs, then take it (the ski-rental
+   rule; the wait cannot be known up front). Without it a bound session whose
+   home had evicted its history was held there for seconds, only to recompute
+   it there all the same.
 
-A driver that waited and was woken calls ``route`` again with the fleet as it
-is then; one whose queue wait ran out answers ``queue_timeout``; one whose hold
-ran out carries out ``Hold.place``. After the affinity compare-and-set, a
-replica that lost the race asks ``follows_binding``.
+A driver that waited and was woken, or whose hold's ``max_wait`` ran out, calls
+``route`` again with the fleet as it is then (a hold past ``kv_gate_max_wait_s``
+is placed at once); one whose queue wait ran out answers ``queue_timeout``.
+After the affinity compare-and-set, a replica that lost the race asks
+``follows_binding``.
 
 A new admission rule is one more step here, with a row in the table tests
 (``tests/core/test_route.py``).
@@ -70,6 +79,7 @@ __all__ = [
     "CAPACITY_FULL",
     "CONTINUATION",
     "INVALID_DECISION",
+    "KV_HOLD_MOVED",
     "NO_HEALTHY_WORKER",
     "Hold",
     "Place",
@@ -88,6 +98,14 @@ OVERFLOW = "pressure_overflow"
 
 CONTINUATION = "continuation"
 """The reason of a ``Place`` that follows a continuation to the worker holding its state."""
+
+_HOLD_TICK_S = 0.001
+"""A hold within this of what waiting is worth has spent it: a shorter wait than a clock
+can tell from none would wake at the instant it was asked at, and ask again forever."""
+
+KV_HOLD_MOVED = "kv_hold_moved"
+"""The reason of a placement the KV hold sent elsewhere: its pick had no KV room for
+longer than waiting there was worth (``Policy.hold_worth``)."""
 
 INVALID_DECISION = "invalid_decision"
 """The shed reason when a policy picks a worker that is not in its snapshot (a policy bug)."""
@@ -221,9 +239,18 @@ def route(
     )
     if gate is None or kv_fits(state, demand, gate):
         return place
-    left = config.kv_gate_max_wait_s - (held_s or 0.0)
-    if left <= 0:
+    waited = held_s if held_s is not None else 0.0
+    left = config.kv_gate_max_wait_s - waited
+    if left < _HOLD_TICK_S:
         return place
+    worth = policy.hold_worth(request, place.worker, ctx)
+    if worth is not None:
+        if worth - waited < _HOLD_TICK_S:
+            moved = _with_room(request, ctx, policy, gate, place.worker)
+            if moved is not None:
+                return moved
+        elif worth - waited < left:
+            left = worth - waited  # then ask again: by then moving is worth it
     return Hold(place, left)
 
 
@@ -261,6 +288,29 @@ def _overflow(request: RequestFeatures, ctx: RouteContext, policy: Policy) -> De
     if decision.worker is None or view.get(decision.worker) is None:
         return overflow_decision(request, affinity, fleet)
     return replace(decision, reason=OVERFLOW)
+
+
+def _with_room(
+    request: RequestFeatures,
+    ctx: RouteContext,
+    policy: Policy,
+    gate: PressureConfig,
+    pick: WorkerId,
+) -> Place | None:
+    """The policy's pick among the workers other than ``pick`` with KV room for the whole
+    request (nothing of it counted as shared), or ``None`` where none has room or the
+    policy picks none of them."""
+    fleet = ctx.fleet
+    whole = kv_demand_tokens(request, gate)
+    lacking = frozenset(w.id for w in fleet.workers if w.id == pick or not kv_fits(w, whole, gate))
+    if len(lacking) == len(fleet.workers):
+        return None
+    view = fleet.without(lacking)
+    decision = policy.pick(request, RouteContext(view, ctx.affinity, ctx.rng, ctx.holders))
+    if decision.worker is None or view.get(decision.worker) is None:
+        return None
+    demand = kv_demand_tokens(request, gate, decision.shared_chars)
+    return Place(decision.worker, KV_HOLD_MOVED, decision.version, decision.affinity, demand)
 
 
 def _continuation(

@@ -59,6 +59,8 @@ from kvgate.workload.request import SimRequest
 Submit = Callable[[SimWorker, EngineRequest, Seconds], None]
 Ended = Callable[[str, Seconds], None]
 """``ended(request_id, now)``: a request was answered or refused at ``now``."""
+Timer = Callable[[Seconds], None]
+"""``timer(at)``: call ``SimGateway.timer_fired`` at ``at``."""
 
 
 @dataclass(slots=True)
@@ -84,6 +86,8 @@ class _Waiter:
     """When its queue wait runs out (it is refused then); set when it first queues."""
     held_since: Seconds | None = None
     """When it was first held for KV headroom (``None``: never)."""
+    wake_at: Seconds | None = None
+    """When its hold's ``max_wait`` runs out, as last asked of the driver's timer."""
 
 
 class SimGateway:
@@ -105,6 +109,7 @@ class SimGateway:
         max_sessions: int = 1_000_000,
         misses: Misses | None = None,
         ended: Ended | None = None,
+        timer: Timer | None = None,
     ) -> None:
         self.workers = workers
         self._by_id = {w.id: w for w in workers}
@@ -126,6 +131,9 @@ class SimGateway:
         """Where the run's cache misses went (``workload.misses``; ``None``: not followed)."""
         self.ended = ended
         """Told of every request's end, answered or refused (the clients' next turns)."""
+        self.timer = timer
+        """Asked to call ``timer_fired`` at a time: when a hold's ``max_wait`` runs out
+        (``None``: a hold is asked again only when a release or a scrape wakes it)."""
         self.flights: dict[str, Flight] = {}
         self.warm_flights: dict[str, tuple[RequestFeatures, SimWorker]] = {}
         """Warm-ups sent and not finished (``core.warmup``), by their request ids."""
@@ -208,6 +216,13 @@ class SimGateway:
             if waiter.held_since is None:
                 waiter.held_since = now
                 self.kv_holds += 1
+            # As the live router: when the hold's wait runs out, it asks again.
+            wake = now + verdict.max_wait
+            pending = waiter.wake_at
+            later = pending is None or pending <= now or wake < pending
+            if self.timer is not None and wake > now and later:
+                waiter.wake_at = wake
+                self.timer(wake)
         elif waiter.deadline is None:
             waiter.deadline = now + verdict.max_wait  # fixed when it first queues
 
@@ -417,6 +432,10 @@ class SimGateway:
                 break
         for entry in kept:
             heapq.heappush(queue, entry)
+
+    def timer_fired(self, now: Seconds) -> None:
+        """A hold's wait ran out at ``now`` (``timer``): the waiters ask again."""
+        self._wake(now, everyone=True)
 
     def expire_waiters(self, now: Seconds) -> None:
         """Once nothing else can happen: whoever still waits is refused (their wait ran out)."""

@@ -8,6 +8,8 @@ Each worker alternates ``engine.step(now, horizon)`` and the step's end. The
 horizon is the time to the next arrival (or, while requests wait in the
 gateway's queue, to the next event of any kind): nothing can reach the engine
 before then, so fusing decode-only iterations up to it changes no result.
+A request held for KV headroom asks again when its hold's wait runs out (a timer
+event), as the live router's does, not only when a release wakes it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from kvgate.workload.request import SimRequest
 
 _STEP = 0
 _SCRAPE = 1
+_TIMER = 2  # a hold's wait ran out (``SimGateway.timer``)
 _NO_ARRIVAL_HORIZON = 3600.0  # fuse freely once the workload is exhausted
 
 Progress = Callable[[int], None]
@@ -206,6 +209,7 @@ class Simulation:
             pressure=PressureTracker(config.pressure) if config.pressure is not None else None,
             misses=Misses(config.block_size) if misses else None,
             ended=self._ended,
+            timer=lambda at: self._push(at, _TIMER, -1),
         )
         self._arrivals = Arrivals(config.limited(requests), turns_wait=config.turns_wait)
         self._events: list[tuple[Seconds, int, int, int]] = []
@@ -241,6 +245,8 @@ class Simulation:
                 now, _, kind, index = heapq.heappop(events)
                 if kind == _STEP:
                     self._step(self.workers[index], now)
+                elif kind == _TIMER:
+                    gateway.timer_fired(now)
                 else:
                     self._scrape(now)
             elif upcoming is not None:

@@ -124,7 +124,7 @@ from collections.abc import Callable, Collection
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import WorkerState
+from kvgate.core.fleet import ROUTABLE_HEALTH, WorkerState
 from kvgate.core.hashing import bounded_load_cap
 from kvgate.core.policies.base import (
     affinity_status,
@@ -194,6 +194,8 @@ class DefaultPolicy(PrefixLearning):
         # whether ``_place`` runs for one of them (placed again) rather than a request.
         self._openers = Openers(cfg.warm_min_blocks)
         self._probing = False
+        # The last placement's costs, per worker scored (``_place``; ``hold_worth``).
+        self._scored: list[tuple[float, WorkerState]] = []
 
     # -- learning -----------------------------------------------------------------
 
@@ -335,6 +337,37 @@ class DefaultPolicy(PrefixLearning):
         chars = self.index.depth_chars(depth)
         return chars if chars < request.prompt_chars else request.prompt_chars
 
+    def hold_worth(self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext) -> Seconds:
+        """How much sooner ``request`` is expected to start on ``worker`` than on the best
+        other open worker by this policy's cost (``_place``: queue, prefill with its claims
+        judged, the cache a move would evict), the wait for KV room left out: how long the
+        KV hold waits there before the request goes where there is room (``core.route``).
+        A home that evicted a session's history is worth no wait; one that holds it, what
+        recomputing it elsewhere costs. A worker ``_place`` would skip (KV at ``kv_high``)
+        is worth none either."""
+        pool = [w for w in ctx.fleet.workers if w.health in ROUTABLE_HEALTH and not w.full]
+        if len(pool) < 2:
+            return 0.0
+        self._aside(request, pool, ctx, opening=False)
+        costs = {w.id: cost for cost, w in self._scored}
+        mine = costs.pop(worker, None)
+        other = min(costs.values(), default=0.0)
+        return other - mine if mine is not None and other > mine else 0.0
+
+    def _aside(
+        self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext, *, opening: bool
+    ) -> WorkerState:
+        """``_place`` for a question about ``request`` (a warm-up's probe, a hold's worth),
+        leaving what the last placement remembered for ``on_routed`` as it was."""
+        saved = (self._opened, self._tail, self._claims)
+        if opening:
+            self._opened = (request.request_id, None)
+        self._probing = True
+        try:
+            return self._place(request, pool, ctx)[0]
+        finally:
+            (self._opened, self._tail, self._claims), self._probing = saved, False
+
     def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
         hashes = request.prefix_hashes
@@ -434,6 +467,7 @@ class DefaultPolicy(PrefixLearning):
             if best is not None:
                 break
         assert best is not None  # ``pool`` is non-empty
+        self._scored = scored  # what ``hold_worth`` reads of the workers' costs
         if top and cfg.waste and backlog > 0.0 and held(best.id) < top:
             best = self._wasted(request, best, scored, matches, held, backlog=backlog, now=now)
         if not restorable:
@@ -461,14 +495,7 @@ class DefaultPolicy(PrefixLearning):
         def place(probe: RequestFeatures) -> WorkerState | None:
             kind, limit = cfg.threshold_kind, cfg.threshold
             pool = [w for w in candidates(probe, ctx) if under_threshold(w, kind, limit)]
-            if not pool:
-                return None
-            saved = (self._opened, self._tail, self._claims)
-            self._opened, self._probing = (probe.request_id, None), True
-            try:
-                return self._place(probe, pool, ctx)[0]
-            finally:
-                (self._opened, self._tail, self._claims), self._probing = saved, False
+            return self._aside(probe, pool, ctx, opening=True) if pool else None
 
         now = ctx.fleet.now
         index, queued = self.index, self._queues.queued_tokens

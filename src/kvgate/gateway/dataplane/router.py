@@ -195,6 +195,7 @@ class Router:
         queued_at: float | None = None
         deadline = 0.0
         held_at: float | None = None
+        held_for = 0.0  # how long the holds whose waits ran out lasted, at least
         split = self._split(features.model)
         key = features.affinity_key
         # Until a snapshot says otherwise, nothing may read the binding or the shared
@@ -227,7 +228,7 @@ class Router:
                     looked = affinity = await self._read(key)
                 keys, seen, holders = await self._holders(features, affinity)
                 continue  # the snapshot is stale after the awaits
-            held_s = None if held_at is None else self.mono() - held_at
+            held_s = None if held_at is None else max(self.mono() - held_at, held_for)
             verdict = route(
                 features,
                 affinity,
@@ -247,12 +248,12 @@ class Router:
                 if held_at is None:
                     held_at = self.mono()
                     self.kv_holds += 1
-                if await queue.wait(priority, verdict.max_wait):
-                    continue
-                if self.pool.get(verdict.place.worker) is None:
-                    continue  # the worker left the pool while the request was held
-                verdict = verdict.place  # the hold ran out: send it anyway
-                break
+                # Woken by a release, or its wait ran out: ask again either way (past
+                # the gate's longest wait ``route`` places it; before, it may move it).
+                # A wait that ran out lasted its whole ``max_wait`` whatever the clock says.
+                if not await queue.wait(priority, verdict.max_wait):
+                    held_for = (held_s or 0.0) + verdict.max_wait
+                continue
             if isinstance(verdict, Queue):
                 # Every routable worker is at its in-flight limit: wait for a slot.
                 now = self.mono()
