@@ -1,4 +1,5 @@
-"""The simulator's KV hold: a held request asks again when its hold's wait runs out."""
+"""The simulator's KV hold: a held request asks again when its wait runs out; a pick worth
+nothing is not waited for."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from kvgate.workload.request import SimRequest
 
 
 class FirstShown(PolicyBase):
-    """Picks ``w0`` when shown it, else the first worker shown; waiting is worth 0.5 s."""
+    """Picks ``w0`` when shown it, else the first worker shown; says waiting is worth ``worth``."""
 
     name = "first_shown"
+
+    def __init__(self, worth: float) -> None:
+        self.worth = worth
 
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         ids = [w.id for w in ctx.fleet.workers]
@@ -32,12 +36,11 @@ class FirstShown(PolicyBase):
     def hold_worth(
         self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext
     ) -> Seconds | None:
-        return 0.5
+        return self.worth
 
 
-def test_a_held_request_asks_again_when_its_hold_runs_out() -> None:
-    """w0's KV is committed, w1 has room: the request is held for w0 as long as waiting is
-    worth (0.5 s), a timer is set for then, and when it fires the request goes to w1."""
+def held_on_a_full_worker(worth: float) -> tuple[SimGateway, list[Seconds], list[str]]:
+    """w0's KV is committed, w1 has room; one request arrives at 0 and picks w0."""
     config = SimConfig(workers=2, kv_blocks=(100,), block_size=16)  # 1,600 tokens each
     workers = [
         SimWorker(
@@ -62,7 +65,7 @@ def test_a_held_request_asks_again_when_its_hold_runs_out() -> None:
 
     gateway = SimGateway(
         workers,
-        FirstShown(),
+        FirstShown(worth),
         PromptCodec(16, model=config.model),
         RunRecorder([w.id for w in workers]),
         submit,
@@ -72,7 +75,19 @@ def test_a_held_request_asks_again_when_its_hold_runs_out() -> None:
         timer=timers.append,
     )
     gateway.arrive(SimRequest.of(0.0, "r1", ((1, 200),), 10), 0.0)
-    assert (timers, sent, gateway.kv_holds, gateway.queue_depth) == ([0.5], [], 1, 1)
-    gateway.timer_fired(0.5)
-    assert (sent, gateway.queue_depth) == (["w1"], 0)
+    return gateway, timers, sent
+
+
+def test_a_held_request_asks_again_when_its_hold_runs_out() -> None:
+    """Held for w0 (worth waiting for), with a timer set for the end of its longest wait;
+    when it fires, the request is placed where it waited (as a live hold that runs out)."""
+    gateway, timers, sent = held_on_a_full_worker(0.5)
+    assert (timers, sent, gateway.kv_holds, gateway.queue_depth) == ([10.0], [], 1, 1)
+    gateway.timer_fired(10.0)
+    assert (sent, gateway.queue_depth) == (["w0"], 0)
+
+
+def test_a_pick_worth_nothing_is_not_waited_for() -> None:
+    gateway, timers, sent = held_on_a_full_worker(0.0)
+    assert (timers, sent, gateway.kv_holds) == ([], ["w1"], 0)
     assert gateway.recorder.reasons["kv_hold_moved"] == 1

@@ -81,9 +81,10 @@ class Policy(Protocol):
     def hold_worth(
         self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext
     ) -> Seconds | None:
-        """How long, in the driver's clock, waiting for KV room on ``worker`` (this policy's
-        pick for ``request``) is worth: what its cache there saves over going elsewhere.
-        ``None``: no measure, and the KV hold waits for that worker as long as it may
+        """How much waiting for KV room on ``worker`` (this policy's pick for ``request``)
+        is worth, in the driver's clock: how much sooner it would start there than on the
+        best other worker. 0: nothing, and the KV hold sends it where there is room;
+        ``None``: no measure, and the hold waits for that worker as long as it may
         (``core.route``)."""
         ...
 

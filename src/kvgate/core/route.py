@@ -24,15 +24,14 @@ The steps, in order (each may end it):
    Any other refusal is the policy's own shed.
 6. The KV hold: a pick whose worker lacks KV headroom for the request's demand
    is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
-   past that it is placed anyway (the gate delays, never refuses). It waits for
-   that worker only as long as the policy says waiting is worth
-   (``Policy.hold_worth``: what the worker's cache saves the request over going
-   elsewhere); once held that long, the policy picks again among the workers
-   with room for it (``KV_HOLD_MOVED``), and the hold goes on only where none
-   has: wait as long as the alternative costs, then take it (the ski-rental
-   rule; the wait cannot be known up front). Without it a bound session whose
-   home had evicted its history was held there for seconds, only to recompute
-   it there all the same.
+   past that it is placed anyway (the gate delays, never refuses). A pick the
+   policy says is worth nothing to the request (``Policy.hold_worth``: another
+   worker would serve it as soon) is not waited for: the policy picks again
+   among the workers with room for it (``KV_HOLD_MOVED``), and the hold goes on
+   only where none has. Without it a bound session whose home had evicted its
+   history was held there for seconds, only to recompute it there all the same.
+   (Moving a pick that is worth something once held that long, the ski-rental
+   rule, gave sessions' caches up for waits that would have ended: not done.)
 
 A driver that waited and was woken, or whose hold's ``max_wait`` ran out, calls
 ``route`` again with the fleet as it is then (a hold past ``kv_gate_max_wait_s``
@@ -100,12 +99,13 @@ CONTINUATION = "continuation"
 """The reason of a ``Place`` that follows a continuation to the worker holding its state."""
 
 _HOLD_TICK_S = 0.001
-"""A hold within this of what waiting is worth has spent it: a shorter wait than a clock
-can tell from none would wake at the instant it was asked at, and ask again forever."""
+"""Waits shorter than this are none: a pick worth less is worth nothing, and a hold with
+less left is placed (a shorter wait than a clock can tell from none would wake at the
+instant it was asked at, and ask again forever)."""
 
 KV_HOLD_MOVED = "kv_hold_moved"
-"""The reason of a placement the KV hold sent elsewhere: its pick had no KV room for
-longer than waiting there was worth (``Policy.hold_worth``)."""
+"""The reason of a placement the KV hold sent elsewhere: its pick had no KV room, and
+waiting for it was worth nothing (``Policy.hold_worth``)."""
 
 INVALID_DECISION = "invalid_decision"
 """The shed reason when a policy picks a worker that is not in its snapshot (a policy bug)."""
@@ -244,13 +244,10 @@ def route(
     if left < _HOLD_TICK_S:
         return place
     worth = policy.hold_worth(request, place.worker, ctx)
-    if worth is not None:
-        if worth - waited < _HOLD_TICK_S:
-            moved = _with_room(request, ctx, policy, gate, place.worker)
-            if moved is not None:
-                return moved
-        elif worth - waited < left:
-            left = worth - waited  # then ask again: by then moving is worth it
+    if worth is not None and worth < _HOLD_TICK_S:
+        moved = _with_room(request, ctx, policy, gate, place.worker)
+        if moved is not None:
+            return moved
     return Hold(place, left)
 
 

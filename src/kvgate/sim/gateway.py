@@ -434,8 +434,23 @@ class SimGateway:
             heapq.heappush(queue, entry)
 
     def timer_fired(self, now: Seconds) -> None:
-        """A hold's wait ran out at ``now`` (``timer``): the waiters ask again."""
-        self._wake(now, everyone=True)
+        """Holds whose waits ran out by ``now`` (``timer``) ask again, and only they: a live
+        request whose hold runs out wakes nobody else."""
+        queue = self._queue
+        due = [e for e in queue if e[2].wake_at is not None and e[2].wake_at <= now]
+        if not due:
+            return
+        queue[:] = [e for e in queue if not (e[2].wake_at is not None and e[2].wake_at <= now)]
+        heapq.heapify(queue)
+        for entry in sorted(due):
+            waiter = entry[2]
+            waiter.wake_at = None
+            verdict = self._route(waiter, now, len(queue))
+            if isinstance(verdict, Queue | Hold):
+                self._note_wait(waiter, verdict, now)
+                heapq.heappush(queue, entry)
+            else:
+                self._carry_out(waiter, verdict, now)
 
     def expire_waiters(self, now: Seconds) -> None:
         """Once nothing else can happen: whoever still waits is refused (their wait ran out)."""

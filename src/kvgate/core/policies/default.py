@@ -120,11 +120,11 @@ Example (every option is ``DefaultConfig``'s)::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
-from kvgate.core.fleet import ROUTABLE_HEALTH, WorkerState
+from kvgate.core.fleet import WorkerState
 from kvgate.core.hashing import bounded_load_cap
 from kvgate.core.policies.base import (
     affinity_status,
@@ -141,10 +141,9 @@ from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.conversations import Conversations
 from kvgate.core.policies.default_config import DefaultConfig
 from kvgate.core.policies.openers import Openers
-from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.warming import Warming
 from kvgate.core.policies.waste import Waste, rescore
 from kvgate.core.policy import RouteContext
-from kvgate.core.warmup import WarmUp
 from kvgate.types import Seconds, WorkerId
 
 __all__ = ["DefaultConfig", "DefaultPolicy"]
@@ -152,7 +151,7 @@ __all__ = ["DefaultConfig", "DefaultPolicy"]
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
 
 
-class DefaultPolicy(PrefixLearning):
+class DefaultPolicy(Warming):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
 
     name = "default"
@@ -340,19 +339,23 @@ class DefaultPolicy(PrefixLearning):
     def hold_worth(self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext) -> Seconds:
         """How much sooner ``request`` is expected to start on ``worker`` than on the best
         other open worker by this policy's cost (``_place``: queue, prefill with its claims
-        judged, the cache a move would evict), the wait for KV room left out: how long the
-        KV hold waits there before the request goes where there is room (``core.route``).
-        A home that evicted a session's history is worth no wait; one that holds it, what
-        recomputing it elsewhere costs. A worker ``_place`` would skip (KV at ``kv_high``)
-        is worth none either."""
-        pool = [w for w in ctx.fleet.workers if w.health in ROUTABLE_HEALTH and not w.full]
+        judged, the cache a move would evict), the wait for KV room left out. The KV hold
+        does not wait for a worker worth nothing (``core.route``): a home that evicted a
+        session's history, or one ``_place`` would skip (KV at ``kv_high``)."""
+        cfg, opened = self.config, self._opened  # ``pick`` looked the chain's end up
+        home = opened[1][0] if opened[0] == request.request_id and opened[1] else None
+        kind, limit = cfg.threshold_kind, cfg.threshold
+        cands = candidates(request, ctx, home)  # those ``pick`` may place it on, and its pick
+        pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
         if len(pool) < 2:
             return 0.0
-        self._aside(request, pool, ctx, opening=False)
+        if self._aside(request, pool, ctx, opening=False).id != worker:
+            return 0.0
         costs = {w.id: cost for cost, w in self._scored}
-        mine = costs.pop(worker, None)
-        other = min(costs.values(), default=0.0)
-        return other - mine if mine is not None and other > mine else 0.0
+        mine = costs.pop(worker, math.inf)
+        other = min(costs.values(), default=math.inf)
+        # Chosen against its scored cost (the waste or claims terms moved it): all the wait.
+        return other - mine if other >= mine else math.inf
 
     def _aside(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext, *, opening: bool
@@ -477,58 +480,6 @@ class DefaultPolicy(PrefixLearning):
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if held(best.id) == top else "least_ttft"
-
-    # -- warm-ups (``core.warmup``) ------------------------------------------------
-
-    def openers(self) -> Collection[str]:
-        """Ids of the openings whose shared prefixes a warm-up may copy (``Openers``)."""
-        return self._openers.ids()
-
-    def warm_up(self, worker: WorkerId, ctx: RouteContext) -> WarmUp | None:
-        """After a placement on ``worker``: if the next opening behind a shared prefix
-        it holds would now copy that prefix to an idle worker, warm that one ahead
-        (``Openers.next_copy``: each opening kept is placed again by ``_place``)."""
-        cfg = self.config
-        if not cfg.warm_min_blocks:
-            return None
-
-        def place(probe: RequestFeatures) -> WorkerState | None:
-            kind, limit = cfg.threshold_kind, cfg.threshold
-            pool = [w for w in candidates(probe, ctx) if under_threshold(w, kind, limit)]
-            return self._aside(probe, pool, ctx, opening=True) if pool else None
-
-        now = ctx.fleet.now
-        index, queued = self.index, self._queues.queued_tokens
-        return self._openers.next_copy(
-            ctx.fleet.workers,
-            holds=lambda probe: index.match_worker(probe.prefix_hashes, worker),
-            place=place,
-            held=lambda probe, w: self.matches(probe, ctx).get(w, 0),
-            idle=lambda w: not (w.in_flight + (w.waiting or 0) or queued(w.id, now)),
-            chars=index.depth_chars,
-        )
-
-    def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
-        """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
-        seconds = request.prompt_chars * self._tokens_per_char / self._rate
-        self._queues.routed(request.request_id, worker, seconds, request.prefix_hashes, now)
-        PrefixLearning.on_routed(self, request, worker, now)
-        self._queues.refill(worker, self.index.fill(worker))
-
-    def on_warm_done(
-        self,
-        request: RequestFeatures,
-        worker: WorkerId,
-        prompt_tokens: int,
-        cached_tokens: int,
-        now: Seconds,
-    ) -> None:
-        """The warm-up ended (``prompt_tokens`` 0: it failed): it leaves the queue, and its
-        usage corrects the index as a request's does."""
-        self._queues.reported(request.request_id)
-        if prompt_tokens:
-            PrefixLearning.on_usage(self, request, worker, prompt_tokens, cached_tokens, now)
-        self._queues.refill(worker, self.index.fill(worker))
 
     def _wasted(
         self,
