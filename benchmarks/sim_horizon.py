@@ -17,6 +17,13 @@ with the gateway's defaults, as ``benchmarks/peers.py`` compares them live;
 seeds of the shared-opening trace the difference is several points: there kvgate's
 pressure handling cost cache_aware 4-5 points, and the peers do not have it.
 
+``--compare EARLIER.json`` (an earlier ``--json`` of the same workload: another tree,
+other options) pairs the runs by seed and prints default's change: the mean change in
+hit points with its standard error over the seeds, p99 as the geometric mean of the
+seeds' ratios, and the seeds behind the peer before and after. Per seed, placement on
+full caches is chaotic (a point either way is common), so judge a change by the mean
+over many seeds, and a mean within two standard errors of zero as no change.
+
 The shared-opening trace's seed sweep (issue 11's one target not met in 2026-12-03's
 runs)::
 
@@ -79,10 +86,58 @@ def run(
     }
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``160-175,180,190-199``: seeds and inclusive ranges, in order."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
+def compared(rows: list[dict[str, Any]], before: list[dict[str, Any]], lengths: list[int]) -> Table:
+    """Default's change against an earlier run, paired by seed: the mean change in hit
+    points with its standard error over seeds (a change within two is noise at this
+    many seeds), p99 as a geometric mean of the seeds' ratios, and how many seeds were
+    behind the peer by more than half a point, before and after."""
+    old = {(r["seed"], r["requests"]): r for r in before}
+    table = Table(title="default's change against --compare, paired by seed")
+    for column in ("requests", "seeds", "hit points", "± s.e.", "p99 now/before",
+                   "behind before → now", "points vs peer before → now"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for n in lengths:
+        pairs = [
+            (old[r["seed"], n], r) for r in rows if r["requests"] == n and (r["seed"], n) in old
+        ]
+        if not pairs:
+            continue
+        change = [now["hit"] - then["hit"] for then, now in pairs]
+        mean = sum(change) / len(change)
+        spread = (
+            math.sqrt(sum((c - mean) ** 2 for c in change) / (len(change) - 1) / len(change))
+            if len(change) > 1
+            else 0.0
+        )
+        p99 = math.exp(
+            sum(math.log(now["p99_s"] / then["p99_s"]) for then, now in pairs) / len(pairs)
+        )
+        behind = [sum(r["hit_points"] < -0.5 for r in side) for side in zip(*pairs, strict=True)]
+        vs_peer = [
+            sum(r["hit_points"] for r in side) / len(pairs) for side in zip(*pairs, strict=True)
+        ]
+        table.add_row(
+            str(n), str(len(pairs)), f"{mean:+.2f}", f"{spread:.2f}", f"{p99:.3f}x",
+            f"{behind[0]} → {behind[1]}", f"{vs_peer[0]:+.2f} → {vs_peer[1]:+.2f}",
+        )  # fmt: skip
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="headerless-chat:vary=1.0")
-    parser.add_argument("--seeds", default="100-111", help="FIRST-LAST or a comma list")
+    parser.add_argument(
+        "--seeds", default="100-111", help="a comma list of seeds and FIRST-LAST ranges"
+    )
     parser.add_argument("--lengths", default="240,600")
     parser.add_argument("--kv-blocks", type=int, default=2000)
     parser.add_argument("--option", action="append", default=[], help="default's KEY=VALUE")
@@ -99,12 +154,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--per-seed", action="store_true", help="a row per seed and length")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="an earlier --json of the same workload (another tree, other options): "
+        "default's change seed by seed, with its standard error",
+    )
     args = parser.parse_args(argv)
-    if "-" in args.seeds:
-        first, last = (int(x) for x in args.seeds.split("-"))
-        seeds = list(range(first, last + 1))
-    else:
-        seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = parse_seeds(args.seeds)
     lengths = [int(x) for x in args.lengths.split(",")]
     jobs = [(s, n) for n in lengths for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -158,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{sum(r['warm_ups'] for r in mine)} ({sum(r['warm_up_tokens'] for r in mine)} tok)",
         )
     Console().print(table)
+    if args.compare is not None:
+        Console().print(compared(rows, json.loads(args.compare.read_text())["rows"], lengths))
     if args.json is not None:
         document = {
             "workload": args.workload,
