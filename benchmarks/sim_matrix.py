@@ -112,6 +112,9 @@ def unseen_cases() -> list[Case]:
         ("session-docs-12k", "session-docs:doc_tokens=12000,sessions=16", 300, 4000),
         ("sysprompt-tight", "system-prompt:prompts=64,rate=40", 800, 1000),
         ("rag-tight", "rag:rate=12", 600, 1500),
+        # SGLang's shared-prefix groups where each worker's KV (16k tokens) holds a quarter
+        # of the 16 group prompts (32k tokens): the twenty-fifth session's unseen loss.
+        ("groups-tight", "shared-prefix-groups", 128, 1000),
     )
     return [_shape(n, w, r, kv, s) for s in (0, 1) for n, w, r, kv in shapes]
 
