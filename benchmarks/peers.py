@@ -139,6 +139,24 @@ SHAPES: dict[str, Shape] = {
 }
 """The shapes of issue 11, in table order."""
 
+EXTRA_SHAPES: dict[str, Shape] = {
+    shape.name: shape
+    for shape in (
+        Shape(
+            name="shared-prefix-groups-tight",
+            workload="shared-prefix-groups:rate=2000",
+            requests=128,
+            quick_requests=128,
+            concurrency=128,
+            kv_blocks=1_000,
+            time_scale=4.0,
+            why="shared-prefix-groups all 128 in flight at once, on workers whose KV (16k "
+            "tokens) holds a quarter of the 16 group prompts: the gateway's KV handling",
+        ),
+    )
+}
+"""Shapes run only when named (``--shapes``): variants of issue 11's beyond its table."""
+
 
 QUICK_ROUTERS = ("kvgate-default", "sglang-router", "smg")
 """``--quick``'s routers: kvgate's default against the two cache_aware peers issue 11 judges by."""
@@ -782,7 +800,11 @@ def varied(shape: Shape, vary: float) -> Shape:
 def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namespace]:
     """The plan from the command line (unknown shape or router names are errors)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help=f"comma-separated shapes (also, when named: {', '.join(EXTRA_SHAPES)})",
+    )
     parser.add_argument(
         "--routers",
         default=None,
@@ -814,7 +836,8 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
                 parser.error(f"unknown {what} {name!r}; known: {', '.join(known)}")
         return chosen
 
-    shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
+    known = {**SHAPES, **EXTRA_SHAPES}
+    shapes = [known[n] for n in names(args.shapes, known, "shape")]
     if args.vary < 0:
         parser.error("--vary must be >= 0")
     if args.vary:

@@ -193,6 +193,9 @@ def test_unknown_names_are_refused() -> None:
     plan, _ = peers.parse_plan(["--quick"])
     assert list(plan.seeds) == [0] and plan.quick
     assert [s.name for s in plan.shapes] == list(peers.SHAPES)
+    # An extra shape runs only when named.
+    plan, _ = peers.parse_plan(["--shapes", "shared-prefix-groups-tight"])
+    assert [(s.name, s.kv_blocks) for s in plan.shapes] == [("shared-prefix-groups-tight", 1000)]
 
 
 @pytest.mark.timeout(600)  # two cold fleets of 4 processes: slow to start on a busy machine

@@ -287,3 +287,17 @@ def test_the_age_cut_follows_the_kv_capacity_not_the_miss_feedback(
     assert index.kv_blocks("a") == pytest.approx(50 if known else 100 * 0.7**misses / 2, rel=0.05)
     assert index.match_worker(chain(1, 10), "a") == 10
     assert index.resident_depth(chain(1, 10), "a", 10) == resident
+
+
+@given(
+    chars=st.integers(min_value=0, max_value=200_000),
+    fine=st.integers(min_value=1, max_value=64),
+    coarse=st.integers(min_value=1, max_value=8),
+)
+def test_depth_for_chars_is_the_fewest_blocks_that_cover_them(
+    chars: int, fine: int, coarse: int
+) -> None:
+    index = PrefixIndex(PrefixIndexConfig(fine_blocks=fine, coarse_factor=coarse))
+    depth = index.depth_for_chars(chars)
+    assert index.depth_chars(depth) >= chars
+    assert depth == 0 or index.depth_chars(depth - 1) < chars

@@ -341,6 +341,29 @@ def test_a_later_turn_may_come_back_to_its_pressured_home(
     assert [x.id for x in candidates(request, ctx, home)] == expected  # type: ignore[arg-type]
 
 
+# A worker holding most of a request's prompt (its policy says which) still takes it
+# under soft pressure, where it adds only the request's own part's KV; hard pressure
+# keeps it off all the same, and holding changes nothing on a normal worker.
+@pytest.mark.parametrize(
+    ("pressure", "holding", "expected"),
+    [
+        pytest.param(S, ("b",), ["a", "b"], id="soft-holder-takes-it"),
+        pytest.param(S, ("a",), ["a"], id="soft-holder-elsewhere"),
+        pytest.param(H, ("b",), ["a"], id="hard-holder-does-not"),
+        pytest.param(N, ("b",), ["a", "b"], id="normal"),
+        pytest.param(S, (), ["a"], id="soft-holds-nothing"),
+    ],
+)
+def test_a_soft_worker_takes_a_request_whose_prompt_it_holds(
+    pressure: Pressure, holding: tuple[str, ...], expected: list[str]
+) -> None:
+    request = RequestFeatures(request_id="r", model="m", prefix_hashes=tuple(range(10)))
+    fleet = FleetSnapshot(0.0, (w("a"), w("b", pressure=pressure)))
+    ctx = RouteContext(fleet, None, random.Random(0))
+    got = candidates(request, ctx, None, holding)  # type: ignore[arg-type]
+    assert [x.id for x in got] == expected
+
+
 class Prefers(PolicyBase):
     """Picks ``wanted`` when it is among the candidates it may use, else says full."""
 
@@ -409,7 +432,18 @@ def test_an_overflow_is_placed_by_the_policy(
     assert (verdict.worker, verdict.reason) == (expected, OVERFLOW)
 
 
-def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
+@pytest.mark.parametrize(
+    ("own", "reason"),
+    [
+        # Its own part longer than the system prompt: b takes no new conversation
+        # under soft pressure, so it goes by the overflow, and the policy picks b.
+        (40, OVERFLOW),
+        # A one-block question: b holds most of its prompt, so b may take it anyway
+        # (``candidates``' ``holding``), no overflow needed.
+        (1, "prefix_match"),
+    ],
+)
+def test_defaults_overflow_goes_to_the_worker_holding_its_prompt(own: int, reason: str) -> None:
     """Both workers SOFT; b holds the 32-block system prompt (an earlier request's, with
     its own question after it: this one is a new conversation, not that one's next
     turn), a is idle: the policy's expected TTFT (its cache against a's empty queue)
@@ -419,8 +453,9 @@ def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
     policy.on_routed(
         RequestFeatures("w", "m", prefix_hashes=(*prompt, 1007), prompt_chars=33 * 256), "b", -60.0
     )
+    hashes = (*prompt, *range(2000, 2000 + own))
     request = RequestFeatures(
-        "r", "m", priority=CRIT, prefix_hashes=(*prompt, 99), prompt_chars=33 * 256
+        "r", "m", priority=CRIT, prefix_hashes=hashes, prompt_chars=len(hashes) * 256
     )
     workers = (w("a", pressure=S), w("b", pressure=S, in_flight=1))
     verdict = route(
@@ -433,7 +468,7 @@ def test_defaults_overflow_goes_to_the_worker_holding_its_prompt() -> None:
         held_s=None,
         config=RouteConfig(AdmissionConfig()),
     )
-    assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", OVERFLOW)
+    assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", reason)
 
 
 class Worth(PolicyBase):

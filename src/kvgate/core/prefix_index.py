@@ -156,6 +156,14 @@ class PrefixIndex:
             return depth * cfg.block_chars
         return (fine + (depth - fine) * cfg.coarse_factor) * cfg.block_chars
 
+    def depth_for_chars(self, chars: int) -> int:
+        """The fewest leading blocks of a chain that cover ``chars`` characters."""
+        cfg = self.config
+        fine, size = cfg.fine_blocks, cfg.block_chars
+        if chars <= fine * size:
+            return -(-chars // size) if chars > 0 else 0
+        return fine + -(-(chars - fine * size) // (cfg.coarse_factor * size))
+
     def distinct_blocks(self) -> int:
         """Distinct block hashes held by at least one worker."""
         return len(self._holders)

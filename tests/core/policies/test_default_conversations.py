@@ -124,23 +124,29 @@ def test_an_agents_next_turn_goes_where_its_end_is_though_the_blocks_cannot_tell
 
 NEXT = (*FIRST, *chain(3, 2))  # the conversation's next turn: its home b holds its context
 STRANGER = (*PREAMBLE, *chain(4, 3))  # behind the same preamble: a new conversation
+FAR_STRANGER = (*PREAMBLE, *chain(4, 9))  # the same, the preamble less than half of it
 
 
 @pytest.mark.parametrize(
     ("pressure", "kv_usage", "hashes", "expected"),
     [
         (Pressure.SOFT, None, NEXT, "b"),
-        (Pressure.SOFT, None, STRANGER, "a"),
+        # A new conversation whose prompt b holds most of (8 of 11 blocks) adds only
+        # its own 3 blocks of KV there, where a would take all 11: soft pressure lets
+        # b have it (``candidates``' ``holding``); with less than half there it does not.
+        (Pressure.SOFT, None, STRANGER, "b"),
+        (Pressure.SOFT, None, FAR_STRANGER, "a"),
         # A scrape read b full (its turns running, this conversation's among them):
         # hard pressure keeps new conversations off b, not this one's next turn.
         (Pressure.HARD, 0.97, NEXT, "b"),
         (Pressure.HARD, 0.97, STRANGER, "a"),
+        (Pressure.HARD, 0.97, FAR_STRANGER, "a"),
         # At ``kv_high`` under the hard mark: the same.
         (Pressure.SOFT, 0.92, NEXT, "b"),
         (Pressure.SOFT, 0.92, STRANGER, "a"),
     ],
 )
-def test_a_later_turn_stays_on_its_pressured_worker_a_new_conversation_does_not(
+def test_a_later_turn_stays_on_its_pressured_worker_a_new_conversation_only_if_held_there(
     pressure: Pressure, kv_usage: float | None, hashes: tuple[int, ...], expected: str
 ) -> None:
     """b took the first turn and has since reached a pressure mark; a is idle and cold."""

@@ -80,7 +80,9 @@ Used when the config names no policy. In order:
    to its worker's queue, which drains at ``prefill_tokens_per_s`` and is never more than the
    uncached tokens of the requests still in flight there (so a wrong rate cannot make it drift;
    one that reports no usage leaves at its end). Workers at ``kv_high`` KV use are skipped
-   unless all are or one holds this turn's history.
+   unless all are or one holds this turn's history. A soft-pressured worker still takes a
+   headerless request whose prompt it holds at least half of (``_holding``; ``candidates``):
+   there the request adds only its own part's KV.
 
    The TTFT terms (queue estimate, own prefill) count a cache in full where it is younger than
    one KV turnover (``PrefixIndex.resident_depth``), and of the rest the share usage confirms
@@ -127,6 +129,7 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.hashing import bounded_load_cap
 from kvgate.core.policies.base import (
+    Holding,
     affinity_status,
     candidates,
     cheapest,
@@ -277,13 +280,15 @@ class DefaultPolicy(Warming):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
-        home = None
+        home, found, holding = None, None, None
         if request.session_key is None and request.prefix_hashes:
             # A later turn's home (``candidates``): where its earlier turn went.
             end = self._ends.through(request)
             self._opened = (request.request_id, end)
             home = end[0] if end is not None else None
-        cands = candidates(request, ctx, home)
+            found = self.matches(request, ctx)
+            holding = self._holding(request, found)
+        cands = candidates(request, ctx, home, holding or ())
         sticky_cap = None
         if ctx.affinity is not None and cands and cfg.sticky_load_factor is not None:
             total = sum([w.in_flight + (w.waiting or 0) for w in cands])  # ``load``, inlined
@@ -314,7 +319,7 @@ class DefaultPolicy(Warming):
             if not pool:
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
-        worker, reason = self._place(request, pool, ctx)
+        worker, reason = self._place(request, pool, ctx, found)
         shared = self._shared_chars(request, worker.id)
         if kept is not None and worker.id == kept.id:
             return route(worker, "affinity_hit", shared_chars=shared)
@@ -326,6 +331,11 @@ class DefaultPolicy(Warming):
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
         return route(worker, reason, request if keyed else None, old, shared)
+
+    def _holding(self, request: RequestFeatures, found: dict[WorkerId, int]) -> Holding:
+        """The workers whose cache claims cover at least half of ``request``'s prompt
+        (``found``: ``matches``): a soft-pressured one still takes it (``candidates``)."""
+        return Holding(found, self.index.depth_for_chars(-(-request.prompt_chars // 2)))
 
     def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
         """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
@@ -345,7 +355,10 @@ class DefaultPolicy(Warming):
         cfg, opened = self.config, self._opened  # ``pick`` looked the chain's end up
         home = opened[1][0] if opened[0] == request.request_id and opened[1] else None
         kind, limit = cfg.threshold_kind, cfg.threshold
-        cands = candidates(request, ctx, home)  # those ``pick`` may place it on, and its pick
+        holding: Holding | None = None
+        if request.session_key is None and request.prefix_hashes:
+            holding = self._holding(request, self.matches(request, ctx))
+        cands = candidates(request, ctx, home, holding or ())  # those ``pick`` may place it on
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
         if len(pool) < 2:
             return 0.0
@@ -381,11 +394,16 @@ class DefaultPolicy(Warming):
         return found
 
     def _place(
-        self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext
+        self,
+        request: RequestFeatures,
+        pool: list[WorkerState],
+        ctx: RouteContext,
+        found: dict[WorkerId, int] | None = None,
     ) -> tuple[WorkerState, str]:
-        """The worker of lowest cost (expected TTFT minus its cache's pull); see the module docs."""
+        """The worker of lowest cost (expected TTFT minus its cache's pull); see the module
+        docs. ``found``: ``matches`` for this request, if ``pick`` has looked them up."""
         cfg, now = self.config, ctx.fleet.now
-        own = matches = self.matches(request, ctx)
+        own = matches = found if found is not None else self.matches(request, ctx)
         restorable = int(request.restorable_blocks * cfg.restorable_credit)
         if restorable:
             # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
