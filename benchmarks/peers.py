@@ -78,6 +78,8 @@ class Shape:
     kv_blocks: int
     time_scale: float
     why: str
+    by_name: bool = False
+    """Run only when ``--shapes`` names it: a variant beyond issue 11's table."""
 
 
 SHAPES: dict[str, Shape] = {
@@ -135,13 +137,6 @@ SHAPES: dict[str, Shape] = {
             time_scale=15.0,
             why="X-Session-ID sessions with ~4k-token documents, 32 open at once",
         ),
-    )
-}
-"""The shapes of issue 11, in table order."""
-
-EXTRA_SHAPES: dict[str, Shape] = {
-    shape.name: shape
-    for shape in (
         Shape(
             name="shared-prefix-groups-tight",
             workload="shared-prefix-groups:rate=2000",
@@ -152,10 +147,11 @@ EXTRA_SHAPES: dict[str, Shape] = {
             time_scale=4.0,
             why="shared-prefix-groups all 128 in flight at once, on workers whose KV (16k "
             "tokens) holds a quarter of the 16 group prompts: the gateway's KV handling",
+            by_name=True,
         ),
     )
 }
-"""Shapes run only when named (``--shapes``): variants of issue 11's beyond its table."""
+"""The shapes of issue 11, in table order, then the variants run only when named."""
 
 
 QUICK_ROUTERS = ("kvgate-default", "sglang-router", "smg")
@@ -802,8 +798,10 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
         "--shapes",
-        default=",".join(SHAPES),
-        help=f"comma-separated shapes (also, when named: {', '.join(EXTRA_SHAPES)})",
+        default=",".join(n for n, shape in SHAPES.items() if not shape.by_name),
+        help="comma-separated shapes (default: all but those run only when named: "
+        + ", ".join(n for n, shape in SHAPES.items() if shape.by_name)
+        + ")",
     )
     parser.add_argument(
         "--routers",
@@ -836,8 +834,7 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
                 parser.error(f"unknown {what} {name!r}; known: {', '.join(known)}")
         return chosen
 
-    known = {**SHAPES, **EXTRA_SHAPES}
-    shapes = [known[n] for n in names(args.shapes, known, "shape")]
+    shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
     if args.vary < 0:
         parser.error("--vary must be >= 0")
     if args.vary:
