@@ -73,14 +73,11 @@ class Holding:
         return depth >= self.depth
 
 
-_NOBODY: Container[WorkerId] = ()
-
-
 def candidates(
     request: RequestFeatures,
     ctx: RouteContext,
     home: WorkerId | None = None,
-    holding: Container[WorkerId] = _NOBODY,
+    holding: Container[WorkerId] = (),
 ) -> list[WorkerState]:
     """The workers ``request`` may be sent to, in fleet order (see the module docs);
     ``home``: where its headerless conversation's earlier turn went, if known;

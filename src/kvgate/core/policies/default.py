@@ -122,7 +122,7 @@ Example (every option is ``DefaultConfig``'s)::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
@@ -280,15 +280,14 @@ class DefaultPolicy(Warming):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
-        home, found, holding = None, None, None
+        home, found = None, None
         if request.session_key is None and request.prefix_hashes:
             # A later turn's home (``candidates``): where its earlier turn went.
             end = self._ends.through(request)
             self._opened = (request.request_id, end)
             home = end[0] if end is not None else None
             found = self.matches(request, ctx)
-            holding = self._holding(request, found)
-        cands = candidates(request, ctx, home, holding or ())
+        cands = candidates(request, ctx, home, self._holding(request, ctx, found))
         sticky_cap = None
         if ctx.affinity is not None and cands and cfg.sticky_load_factor is not None:
             total = sum([w.in_flight + (w.waiting or 0) for w in cands])  # ``load``, inlined
@@ -332,9 +331,16 @@ class DefaultPolicy(Warming):
         keyed = request.session_key is not None
         return route(worker, reason, request if keyed else None, old, shared)
 
-    def _holding(self, request: RequestFeatures, found: dict[WorkerId, int]) -> Holding:
-        """The workers whose cache claims cover at least half of ``request``'s prompt
-        (``found``: ``matches``): a soft-pressured one still takes it (``candidates``)."""
+    def _holding(
+        self, request: RequestFeatures, ctx: RouteContext, found: dict[WorkerId, int] | None
+    ) -> Container[WorkerId]:
+        """For a headerless request, the workers whose cache claims cover at least half of
+        its prompt (``found``: ``matches``, looked up if ``None``): a soft-pressured one
+        still takes it (``candidates``). None for a session's request: soft pressure takes
+        no new sessions."""
+        if request.session_key is not None or not request.prefix_hashes:
+            return ()
+        found = found if found is not None else self.matches(request, ctx)
         return Holding(found, self.index.depth_for_chars(-(-request.prompt_chars // 2)))
 
     def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
@@ -355,10 +361,8 @@ class DefaultPolicy(Warming):
         cfg, opened = self.config, self._opened  # ``pick`` looked the chain's end up
         home = opened[1][0] if opened[0] == request.request_id and opened[1] else None
         kind, limit = cfg.threshold_kind, cfg.threshold
-        holding: Holding | None = None
-        if request.session_key is None and request.prefix_hashes:
-            holding = self._holding(request, self.matches(request, ctx))
-        cands = candidates(request, ctx, home, holding or ())  # those ``pick`` may place it on
+        holding = self._holding(request, ctx, None)
+        cands = candidates(request, ctx, home, holding)  # those ``pick`` may place it on
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
         if len(pool) < 2:
             return 0.0
