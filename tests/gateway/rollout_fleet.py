@@ -84,10 +84,12 @@ def spec(**overrides: Any) -> dict[str, Any]:
         "gates": {
             "min_samples": 5,
             "max_error_rate": 0.01,
-            # p99 of a few dozen samples is their maximum: a loose bound keeps a
-            # healthy canary from failing on one scheduling hiccup.
-            "latency_p99": {"max_factor": 10.0},
-            "ttft_p99": {"max_factor": 10.0},
+            # No latency gates unless a test asks for them: wall-clock p99 of a few
+            # samples through one shared event loop is their maximum, and one scheduling
+            # hiccup on a busy machine broke even a 10x bound (observed 23.57x, a
+            # restart test rolled back in about one run in six under two CPU hogs).
+            "latency_p99": None,
+            "ttft_p99": None,
         },
     }
     body.update(overrides)

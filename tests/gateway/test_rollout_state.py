@@ -128,5 +128,6 @@ async def test_a_restarted_gateway_resumes_the_rollout(backend: str) -> None:
                 assert versions.weights.share("v2") * 100 == resumed["weights"]["v2"]
                 async with Traffic(second.url).running():
                     done = await wait_state(session, second.url, ROLLOUT, "promoted", "rolled_back")
-                assert done["state"] == "promoted", done
+                # On failure, say which gate rolled it back (the message names it).
+                assert done["state"] == "promoted", (done["message"], done)
                 assert done["leader"] is True
