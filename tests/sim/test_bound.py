@@ -72,6 +72,22 @@ def test_capacity_reference_evicts_a_chain_tail_first() -> None:
     assert capacity_reference(requests, codec, 3).cached_tokens == 8
 
 
+def test_capacity_reference_counts_the_outputs_the_engines_cache() -> None:
+    codec = PromptCodec(4)
+    # a's 3 blocks, then b's 1-block prompt with an 8-token answer no one re-sends
+    # (2 more blocks): in a 4-block cache b evicts a's last two blocks, so a's
+    # repeat hits its first block only.
+    requests = [
+        SimRequest.of(0.0, "a", ((1, 12),), 1),
+        SimRequest.of(1.0, "b", ((2, 4),), 8),
+        SimRequest.of(2.0, "c", ((1, 12),), 1),
+    ]
+    assert capacity_reference(requests, codec, 4).cached_tokens == 4
+    # With one token of output b takes one block, and a's two hittable blocks stay.
+    short = [*requests[:1], SimRequest.of(1.0, "b", ((2, 4),), 1), requests[2]]
+    assert capacity_reference(short, codec, 4).cached_tokens == 8
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(

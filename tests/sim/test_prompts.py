@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 
 from kvgate.core.prefix import build_features
+from kvgate.workersim.options import WorkerOptions
+from kvgate.workersim.protocol import Prompt
+from kvgate.workersim.worker import Worker
 from kvgate.workload.payloads import PayloadBuilder
 from kvgate.workload.prompts import PromptCodec, segment_text
 from kvgate.workload.request import Segment, SimRequest
@@ -78,3 +81,35 @@ def test_memo_limit_does_not_change_results() -> None:
     tight = PromptCodec(8, memo_limit=3)
     for segments in prompts:
         assert tight.engine_blocks(segments) == roomy.engine_blocks(segments)
+
+
+def test_a_reply_less_output_takes_the_blocks_the_emulated_worker_caches() -> None:
+    """The simulator's engine caches a trace's answers as the emulated worker does.
+
+    The worker hashes its own output past the prompt (vLLM caches generated blocks);
+    nothing re-sends it, but it takes room, so the simulator must count it: without
+    it the simulated caches evicted less than the live ones on the trace.
+    """
+    block = 16
+    codec = PromptCodec(block)
+    worker = Worker(WorkerOptions(block_size=block))
+    rng = random.Random(4)
+    for i in range(20):
+        segments = random_prompt(rng)
+        max_tokens = rng.randint(1, 200)
+        request = SimRequest.of(0.0, f"r{i}", tuple(segments), max_tokens)
+        body = PayloadBuilder("demo").payload(request).body
+        live = worker.engine_request(f"r{i}", Prompt.of_text(body["prompt"]), max_tokens, None)
+        assert live.prompt_tokens == request.prompt_tokens
+        output = codec.engine_output(segments, None, max_tokens)
+        assert len(output) == len(live.output_block_hashes)
+        assert len(output) == (request.prompt_tokens % block + max_tokens) // block
+    # The output is the prompt's own: the same prompt, the same blocks; another, others.
+    a = codec.engine_output([(1, 40)], None, 100)
+    assert codec.engine_output([(1, 40)], None, 100) == a
+    assert not set(a) & set(codec.engine_output([(2, 40)], None, 100))
+    # With a reply, the engine's output is the reply a next turn re-sends.
+    assert (
+        codec.engine_output([(1, 40)], (5, 70), 100)
+        == codec.engine_blocks_with_reply([(1, 40)], (5, 70))[1]
+    )

@@ -7,7 +7,9 @@ fleet's KV is smaller than the working set it is out of reach for everyone.
 
 The *capacity-aware reference*: the same replay on one cache the size of the
 whole fleet's KV (total blocks, the engine's block size) with LRU eviction, the
-tail of a request's chain evicted before its head as the engine frees it. It is
+tail of a request's chain evicted before its head as the engine frees it, and
+the output the engines cache put in it too (the reply's blocks, or a reply-less
+request's own output, which nothing hits but which takes room). It is
 what perfect routing could keep if the fleet's memory were one pool, so a
 router within a few percent of it has little left to gain at that cache size.
 
@@ -60,8 +62,11 @@ def _replay(requests: Iterable[SimRequest], codec: PromptCodec, capacity: int | 
             cache.update(dict.fromkeys(chain))
             cache.update(dict.fromkeys(reply))
             continue
-        # Released tail first, as the engine frees a finished sequence: the head of
-        # the chain ends most recently used, so it is evicted last.
+        # The engines cache a reply-less request's own output too (nothing hits it,
+        # but it takes room). Released tail first, as the engine frees a finished
+        # sequence: the head of the chain ends most recently used, so it is evicted last.
+        if request.reply is None:
+            reply = codec.engine_output(request.segments, None, request.max_tokens)
         for block in reversed((*chain, *reply)):
             cache[block] = None
             cache.move_to_end(block)

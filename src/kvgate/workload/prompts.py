@@ -30,6 +30,12 @@ from kvgate.workload.text import CHARS_PER_TOKEN, segment_text
 __all__ = ["CHARS_PER_TOKEN", "PromptCodec", "segment_text"]
 
 _Piece = tuple[int, int, int]  # (segment id, first token, end token) inside one block
+OUTPUT_SEGMENT = -1
+"""The segment id of an output no later prompt re-sends (a request without a ``reply``).
+
+Its blocks continue the prompt's chain, so they are that prompt's own: the emulated
+worker's output is a filler decided by the prompt and ``max_tokens``, and vLLM caches
+generated blocks as it caches the prompt's. Workload segment ids are never negative."""
 _TokenState = tuple[int, tuple[_Piece, ...], int]  # (chain hash, partial pieces, fill)
 
 
@@ -132,6 +138,20 @@ class PromptCodec:
             return chain, []
         _, more = self._token_chain((reply,), state)
         return chain, more
+
+    def engine_output(
+        self, segments: Sequence[Segment], reply: Segment | None, output_tokens: int
+    ) -> list[BlockHash]:
+        """The blocks the engine caches past the prompt when the request finishes.
+
+        The reply's continuation (what ``engine_blocks_with_reply`` returns) when a
+        next turn re-sends it; otherwise ``output_tokens`` of the request's own output
+        (``OUTPUT_SEGMENT``), which nothing later hits but which takes the room in
+        the cache it takes live: a trace's answers evict others' history too.
+        """
+        state, _ = self._token_chain(segments)
+        segment = reply if reply is not None else (OUTPUT_SEGMENT, output_tokens)
+        return self._token_chain((segment,), state)[1] if segment[1] > 0 else []
 
     # -- gateway side ------------------------------------------------------------
 
