@@ -368,3 +368,26 @@ async def test_they_agree_on_headerless_sessions_with_a_shared_opening(policy: s
 @pytest.mark.parametrize("policy", ("default", "prefix_affinity", "round_robin"))
 async def test_they_agree_on_a_shared_opening_without_session_ids(policy: str) -> None:
     await agree(policy, SHARED_OPENING)
+
+
+LONG_ANSWERS = Scenario(
+    workload=(
+        "shared-opening-trace:rate=4,opening_tokens=256,block_tokens=128,first_blocks=4,"
+        "turn_blocks=1,turns_mean=4,think_s=3,output_tokens=300"
+    ),
+    kv_blocks=500,
+    pressure=False,
+)
+"""Long answers no later prompt re-sends, on KV where they decide what is evicted."""
+
+
+async def test_answers_no_one_re_sends_take_the_same_room_live_and_simulated() -> None:
+    """The engines cache a trace's answers in both runs, so round robin's hits agree closely.
+
+    Round robin places by arrival order alone, so both runs send the same requests to
+    the same workers and only the caches can differ. When the simulator left a
+    reply-less request's output out of its engine, it read 43.7% here against the
+    live 41.1%; with it, 41.3%.
+    """
+    live, sim = await both("round_robin", LONG_ANSWERS)
+    assert abs(live.hit_rate - sim.hit_rate) <= 0.01, (live, sim)
