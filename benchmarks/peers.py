@@ -51,6 +51,7 @@ from kvgate.engine.config import EngineConfig
 from kvgate.tables import causes_table
 from kvgate.testing import free_port, wait_until
 from kvgate.workload.synthetic import build_workload
+from kvgate.workload.traces import open_trace
 from peer_routers import KVGATE, MODEL, ROUTERS, Launch, Router, prepare
 
 WORKERS = 4
@@ -80,6 +81,9 @@ class Shape:
     why: str
     by_name: bool = False
     """Run only when ``--shapes`` names it: a variant beyond issue 11's table."""
+    trace: str | None = None
+    """A public trace replayed instead of the synthetic ``workload``: its path under
+    ``--traces`` (the same requests whatever the seed or ``--vary``)."""
 
 
 SHAPES: dict[str, Shape] = {
@@ -149,9 +153,25 @@ SHAPES: dict[str, Shape] = {
             "tokens) holds a quarter of the 16 group prompts: the gateway's KV handling",
             by_name=True,
         ),
+        Shape(
+            name="mooncake-trace",
+            workload="mooncake",
+            requests=600,
+            quick_requests=300,
+            concurrency=64,
+            kv_blocks=0,
+            time_scale=15.0,
+            why="Mooncake's public synthetic trace (FAST'25), its first requests: 15k-token "
+            "prompts on average that share 512-token blocks, no session ids, to /v1/completions",
+            by_name=True,
+            trace="mooncake/synthetic_trace.jsonl",
+        ),
     )
 }
 """The shapes of issue 11, in table order, then the variants run only when named."""
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+"""Where the public traces lie (``--traces``): ``../shared/traces`` beside the checkout."""
 
 
 QUICK_ROUTERS = ("kvgate-default", "sglang-router", "smg")
@@ -370,7 +390,7 @@ async def one_run(
     shape: Shape, router: Router, *, venv: Path | None, seed: int, requests: int, logs: Path
 ) -> dict[str, Any]:
     """One router on a fresh fleet, one shape and seed: the run's record."""
-    workload = build_workload(shape.workload, seed)
+    workload = open_trace(shape.trace) if shape.trace else build_workload(shape.workload, seed)
     started = time.monotonic()
     async with (
         fleet(shape, seed, logs) as urls,
@@ -788,7 +808,9 @@ def _progress_line(record: Mapping[str, Any]) -> str:
 
 
 def varied(shape: Shape, vary: float) -> Shape:
-    """``shape`` with ``vary=V`` added to its workload (``workload.synthetic``)."""
+    """``shape`` with ``vary=V`` added to its workload (``workload.synthetic``); traces as is."""
+    if shape.trace:
+        return shape
     sep = "," if ":" in shape.workload else ":"
     return replace(shape, workload=f"{shape.workload}{sep}vary={vary:g}")
 
@@ -825,6 +847,9 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
     )
     parser.add_argument("--json", type=Path, default=None, help="write every run and the summary")
     parser.add_argument("--logs", type=Path, default=None, help="keep the processes' logs here")
+    parser.add_argument(
+        "--traces", type=Path, default=TRACES, help="the public traces' folder (trace shapes)"
+    )
     args = parser.parse_args(argv)
 
     def names(text: str, known: Mapping[str, object], what: str) -> list[str]:
@@ -835,6 +860,12 @@ def parse_plan(argv: Sequence[str] | None = None) -> tuple[Plan, argparse.Namesp
         return chosen
 
     shapes = [SHAPES[n] for n in names(args.shapes, SHAPES, "shape")]
+    for i, shape in enumerate(shapes):
+        if shape.trace:
+            path = args.traces / shape.trace
+            if not path.is_file():
+                parser.error(f"shape {shape.name}: no trace at {path} (--traces)")
+            shapes[i] = replace(shape, trace=str(path))
     if args.vary < 0:
         parser.error("--vary must be >= 0")
     if args.vary:

@@ -235,6 +235,55 @@ def test_a_small_run_with_kvgate_and_haproxy_measures_every_figure(tmp_path: Pat
     assert "| kvgate-default |" in document["markdown"]
 
 
+def tiny_mooncake(folder: Path) -> Path:
+    """A Mooncake-format trace: two openings of three 512-token blocks, each asked again."""
+    path = folder / "mooncake" / "synthetic_trace.jsonl"
+    path.parent.mkdir(parents=True)
+    import json
+
+    lines = []
+    for i in range(12):
+        opening = [(i % 2) * 3 + k for k in range(3)]
+        record = {"timestamp": i * 400, "input_length": 1700, "output_length": 8,
+                  "hash_ids": [*opening, 100 + i]}  # fmt: skip
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_trace_shape_runs_only_when_named_and_reads_the_traces_folder(tmp_path: Path) -> None:
+    assert peers.SHAPES["mooncake-trace"].by_name
+    with pytest.raises(SystemExit):  # no trace there
+        peers.parse_plan(["--shapes", "mooncake-trace", "--traces", str(tmp_path)])
+    path = tiny_mooncake(tmp_path)
+    plan, _ = peers.parse_plan(
+        ["--shapes", "mooncake-trace", "--traces", str(tmp_path), "--vary", "0.5"]
+    )
+    (shape,) = plan.shapes
+    assert shape.trace == str(path) and shape.workload == "mooncake"  # --vary leaves a trace
+
+
+@pytest.mark.timeout(300)
+def test_a_trace_shape_replays_the_trace_through_kvgate(tmp_path: Path) -> None:
+    tiny_mooncake(tmp_path)
+    out = tmp_path / "peers.json"
+    peers.main(
+        [
+            "--shapes", "mooncake-trace", "--traces", str(tmp_path),
+            "--routers", "kvgate-default", "--seeds", "0", "--requests", "12",
+            "--json", str(out), "--logs", str(tmp_path / "logs"),
+        ]
+    )  # fmt: skip
+    import json
+
+    (run,) = json.loads(out.read_text())["runs"]
+    assert "error" not in run, run
+    assert run["finished"] == 12 and run["errors"] == 0
+    # Each opening (1,536 tokens) is asked six times: its five repeats can hit it whole.
+    assert run["bound"] == pytest.approx(10 * 1536 / (12 * 1700), abs=0.01)
+    assert 0 < run["hit_rate"] <= run["bound"] + 1e-9
+
+
 def test_vary_jitters_every_shape_by_the_seed() -> None:
     """``--vary`` runs shapes no one tuned on: each seed draws other options."""
     plan, _ = peers.parse_plan(["--vary", "0.5", "--shapes", "shared-prefix-groups,agent-preamble"])
