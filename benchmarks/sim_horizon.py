@@ -57,6 +57,7 @@ def run(
     *,
     as_peer: bool,
     profile: str = "h100-llama3-8b",
+    client_concurrency: int | None = None,
 ) -> dict[str, Any]:
     """One seed at one length: both policies' figures and the change."""
     kvgate = shutil.which("kvgate", path=str(Path(sys.executable).parent)) or "kvgate"
@@ -67,6 +68,8 @@ def run(
                "--format", "json"]  # fmt: skip
     command += [arg for option in options for arg in ("--option", option)]
     command += ["--as-peer", "cache_aware"] if as_peer else []
+    if client_concurrency is not None:
+        command += ["--client-concurrency", str(client_concurrency)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     runs = json.loads(done.stdout)["policies"]
     ours, theirs = runs["default"], runs["cache_aware"]
@@ -148,6 +151,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
+        "--client-concurrency",
+        type=int,
+        default=None,
+        help="the clients' cap on requests out at once (benchmarks/peers.py's shapes: 32-128)",
+    )
+    parser.add_argument(
         "--peer-in-gateway",
         action="store_true",
         help="run cache_aware inside kvgate's gateway (pressure handling, KV gate) too",
@@ -174,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     args.option,
                     as_peer=not args.peer_in_gateway,
                     profile=args.profile,
+                    client_concurrency=args.client_concurrency,
                 ),
                 jobs,
             )
@@ -223,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "peer_in_gateway": args.peer_in_gateway,
             "options": args.option,
             "profile": args.profile,
+            "client_concurrency": args.client_concurrency,
             "rows": rows,
         }
         args.json.write_text(json.dumps(document, indent=1))

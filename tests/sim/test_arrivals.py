@@ -91,3 +91,75 @@ def test_a_run_places_no_turn_before_its_previous_one_finished_unless_open(
     else:
         assert summary["turns_held"] == 0
         assert early > 0
+
+
+def _one_shot(rid: str, at: float) -> SimRequest:
+    return SimRequest.of(at, rid, ((hash(rid) % 1000 + 10, 10),), 8)
+
+
+def test_past_the_clients_concurrency_a_request_waits_for_a_slot_first_come_first_served() -> None:
+    a, b, c, d = (_one_shot(r, t) for r, t in (("a", 0.0), ("b", 0.1), ("c", 0.2), ("d", 0.3)))
+    arrivals = Arrivals(iter([a, b, c, d]), concurrency=2)
+    assert arrivals.take() == a
+    assert arrivals.take() == b
+    assert arrivals.take() is None  # c is due with two out: it waits
+    assert arrivals.take() is None  # and d behind it
+    assert (arrivals.queued, arrivals.upcoming) == (2, None)
+    arrivals.ended("b", 1.0)  # b's slot goes to c, sent at b's end
+    sent = arrivals.take()
+    assert sent is not None and (sent.request_id, sent.arrival) == ("c", 1.0)
+    assert arrivals.upcoming is None  # still two out: a and c
+    arrivals.ended("a", 2.0)
+    sent = arrivals.take()
+    assert sent is not None and (sent.request_id, sent.arrival) == ("d", 2.0)
+    arrivals.ended("c", 3.0)
+    arrivals.ended("d", 3.0)
+    e = _one_shot("e", 4.0)  # nobody out: a later request goes at once
+    arrivals = Arrivals(iter([a, e]), concurrency=1)
+    assert arrivals.take() == a
+    arrivals.ended("a", 3.0)
+    assert arrivals.take() == e
+
+
+def test_a_held_turn_released_by_its_previous_one_still_needs_a_slot() -> None:
+    # FIRST and STRANGER take both slots; SECOND, due meanwhile, waits for FIRST's end
+    # and then for a slot: FIRST's own, which it gets at once.
+    arrivals = Arrivals(iter([FIRST, SECOND, STRANGER]), concurrency=2)
+    assert arrivals.take() == FIRST
+    assert arrivals.take() is None  # SECOND held for FIRST
+    assert arrivals.take() == STRANGER
+    arrivals.ended("a1", 3.0)
+    second = arrivals.take()
+    assert second is not None and (second.request_id, second.arrival) == ("a2", 3.0)
+    assert arrivals.queued == 0
+    # With one slot, the released turn queues behind the stranger still out.
+    arrivals = Arrivals(iter([FIRST, SECOND, STRANGER]), concurrency=1)
+    assert arrivals.take() == FIRST
+    assert arrivals.take() is None  # SECOND held for FIRST
+    assert arrivals.take() is None  # STRANGER waits for a slot
+    arrivals.ended("a1", 3.0)  # FIRST's slot goes to STRANGER, first in line
+    taken = [arrivals.take(), arrivals.take()]
+    assert [r.request_id for r in taken if r is not None] == ["b1"]
+    arrivals.ended("b1", 4.0)
+    second = arrivals.take()
+    assert second is not None and (second.request_id, second.arrival) == ("a2", 4.0)
+
+
+def test_a_run_never_has_more_out_than_the_clients_concurrency() -> None:
+    config = SimConfig(workers=2, kv_blocks=(10_000,), block_size=16, seed=1, max_requests=200,
+                       client_concurrency=3)  # fmt: skip
+    workload = build_workload("shared-opening-trace:rate=20", seed=1)
+    sim = Simulation(config, workload.requests(), "round_robin")
+    most = 0
+    original = sim.gateway.arrive
+
+    def arrive(request: SimRequest, now: float) -> None:
+        nonlocal most
+        original(request, now)
+        most = max(most, len(sim.gateway.flights) + sim.gateway.queue_depth)
+
+    sim.gateway.arrive = arrive  # type: ignore[method-assign]
+    summary = sim.run().summary
+    assert summary["finished"] + summary["shed"] == 200
+    assert summary["client_queued"] > 0
+    assert most <= 3

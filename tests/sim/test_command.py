@@ -149,3 +149,18 @@ def test_a_sweep_in_csv_has_one_row_per_point_and_policy() -> None:
         ("2", "round_robin"),
         ("3", "round_robin"),
     ]
+
+
+def test_sim_caps_the_clients_requests_out_as_the_live_replay_does() -> None:
+    runner = CliRunner()
+    base = ["sim", "--workload", "shared-opening-trace:rate=20", "--workers", "2"]
+    base += ["--requests", "60", "--kv-blocks", "10000", "--block-size", "16"]
+    base += ["--policies", "round_robin", "--no-progress", "--format", "json"]
+    capped = runner.invoke(make_app(), [*base, "--client-concurrency", "2"])
+    assert capped.exit_code == 0, capped.output
+    summary = json.loads(capped.stdout)["policies"]["round_robin"]
+    assert summary["client_queued"] > 0 and summary["finished"] == 60
+    free = runner.invoke(make_app(), base)
+    assert json.loads(free.stdout)["policies"]["round_robin"]["client_queued"] == 0
+    zero = runner.invoke(make_app(), [*base, "--client-concurrency", "0"])
+    assert zero.exit_code != 0

@@ -105,6 +105,14 @@ def sim(
             "turn's reply exists (by default it waits for it, as clients and the live replay do)"
         ),
     ] = False,
+    client_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The most requests the clients have out at once, as `kvgate bench "
+            "--concurrency` and benchmarks/peers.py send them (default: no cap)",
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     wide: WideOption = False,
     output: FormatOption = OutputFormat.TABLE,
@@ -131,6 +139,7 @@ def sim(
             max_requests=limit,
             duration=duration,
             turns_wait=not open_loop,
+            client_concurrency=client_concurrency,
         )
         if max_in_flight is not None:
             admission = config.admission.model_copy(update={"worker_max_in_flight": max_in_flight})

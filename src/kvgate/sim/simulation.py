@@ -67,6 +67,8 @@ class SimConfig:
     With ``turns_wait`` (the default) a later turn that re-sends a reply waits for
     the request producing it to end, as a client and the live replay must
     (``sim.arrivals``); off, every request comes at its arrival (an open loop).
+    ``client_concurrency`` caps the requests the clients have out at once, as the live
+    replay's ``--concurrency`` does (``None``: no cap); a request due past it waits.
     ``worker_ids`` names the workers (default ``sim-w00``, ``sim-w01``, ...): a policy
     that hashes or breaks ties on a worker's id (``consistent_hash``'s rendezvous
     order) places a key where a live fleet of those ids would.
@@ -93,6 +95,7 @@ class SimConfig:
     model: str = "sim"
     turns_wait: bool = True
     worker_ids: tuple[str, ...] = ()
+    client_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -211,7 +214,11 @@ class Simulation:
             ended=self._ended,
             timer=lambda at: self._push(at, _TIMER, -1),
         )
-        self._arrivals = Arrivals(config.limited(requests), turns_wait=config.turns_wait)
+        self._arrivals = Arrivals(
+            config.limited(requests),
+            turns_wait=config.turns_wait,
+            concurrency=config.client_concurrency,
+        )
         self._events: list[tuple[Seconds, int, int, int]] = []
         self._counter = itertools.count()
         self._pending: list[StepResult | None] = [None] * len(self.workers)
@@ -268,6 +275,7 @@ class Simulation:
         if self.gateway.misses is not None:
             summary["misses"] = self.gateway.misses.summary()
         summary["turns_held"] = arrivals.held
+        summary["client_queued"] = arrivals.queued
         summary["warm_ups"] = self.gateway.warm_ups
         summary["warm_up_tokens"] = self.gateway.warm_up_tokens
         summary["warm_up_cached_tokens"] = self.gateway.warm_up_cached
