@@ -101,15 +101,15 @@ def test_a_reply_less_output_takes_the_blocks_the_emulated_worker_caches() -> No
         body = PayloadBuilder("demo").payload(request).body
         live = worker.engine_request(f"r{i}", Prompt.of_text(body["prompt"]), max_tokens, None)
         assert live.prompt_tokens == request.prompt_tokens
-        output = codec.engine_output(segments, None, max_tokens)
+        output = codec.engine_blocks_with_output(segments, None, max_tokens)[2]
         assert len(output) == len(live.output_block_hashes)
         assert len(output) == (request.prompt_tokens % block + max_tokens) // block
     # The output is the prompt's own: the same prompt, the same blocks; another, others.
-    a = codec.engine_output([(1, 40)], None, 100)
-    assert codec.engine_output([(1, 40)], None, 100) == a
-    assert not set(a) & set(codec.engine_output([(2, 40)], None, 100))
+    a = codec.engine_blocks_with_output([(1, 40)], None, 100)[2]
+    assert codec.engine_blocks_with_output([(1, 40)], None, 100)[2] == a
+    assert not set(a) & set(codec.engine_blocks_with_output([(2, 40)], None, 100)[2])
     # With a reply, the engine's output is the reply a next turn re-sends.
     assert (
-        codec.engine_output([(1, 40)], (5, 70), 100)
+        codec.engine_blocks_with_output([(1, 40)], (5, 70), 100)[2]
         == codec.engine_blocks_with_reply([(1, 40)], (5, 70))[1]
     )

@@ -270,7 +270,9 @@ class SimGateway:
         self.flights[request.request_id] = Flight(
             request, features, worker, wrote, queued, verdict.kv_tokens
         )
-        blocks, reply_blocks = self.codec.engine_blocks_with_reply(request.segments, request.reply)
+        blocks, reply_blocks, output_blocks = self.codec.engine_blocks_with_output(
+            request.segments, request.reply, request.max_tokens
+        )
         if self.misses is not None:
             self.misses.placed(
                 request.request_id,
@@ -287,9 +289,7 @@ class SimGateway:
             prompt_tokens=request.prompt_tokens,
             max_tokens=request.max_tokens,
             session_id=request.session_id,
-            output_block_hashes=reply_blocks
-            if request.reply is not None
-            else self.codec.engine_output(request.segments, None, request.max_tokens),
+            output_block_hashes=output_blocks,
         )
         self.submit(worker, engine_request, now)
         self._warm_up(request.request_id, blocks, worker, waiter.version, now)

@@ -50,7 +50,9 @@ def _replay(requests: Iterable[SimRequest], codec: PromptCodec, capacity: int | 
     prompt = 0
     cached = 0
     for request in requests:
-        chain, reply = codec.engine_blocks_with_reply(request.segments, request.reply)
+        chain, reply, output = codec.engine_blocks_with_output(
+            request.segments, request.reply, request.max_tokens
+        )
         limit = min(len(chain), (request.prompt_tokens - 1) // block_size)
         hits = 0
         while hits < limit and chain[hits] in cache:
@@ -65,9 +67,7 @@ def _replay(requests: Iterable[SimRequest], codec: PromptCodec, capacity: int | 
         # The engines cache a reply-less request's own output too (nothing hits it,
         # but it takes room). Released tail first, as the engine frees a finished
         # sequence: the head of the chain ends most recently used, so it is evicted last.
-        if request.reply is None:
-            reply = codec.engine_output(request.segments, None, request.max_tokens)
-        for block in reversed((*chain, *reply)):
+        for block in reversed((*chain, *output)):
             cache[block] = None
             cache.move_to_end(block)
         while len(cache) > capacity:

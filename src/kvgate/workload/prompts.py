@@ -133,25 +133,27 @@ class PromptCodec:
         The continuation starts with the block straddling prompt and reply, which is
         what ``EngineRequest.output_block_hashes`` expects.
         """
-        state, chain = self._token_chain(segments)
-        if reply is None:
-            return chain, []
-        _, more = self._token_chain((reply,), state)
+        chain, more, _ = self.engine_blocks_with_output(segments, reply, 0)
         return chain, more
 
-    def engine_output(
+    def engine_blocks_with_output(
         self, segments: Sequence[Segment], reply: Segment | None, output_tokens: int
-    ) -> list[BlockHash]:
-        """The blocks the engine caches past the prompt when the request finishes.
+    ) -> tuple[list[BlockHash], list[BlockHash], list[BlockHash]]:
+        """The prompt's chain, the reply's continuation, and the blocks the engine caches
+        past the prompt when the request finishes, from one walk of the prompt.
 
-        The reply's continuation (what ``engine_blocks_with_reply`` returns) when a
-        next turn re-sends it; otherwise ``output_tokens`` of the request's own output
-        (``OUTPUT_SEGMENT``), which nothing later hits but which takes the room in
-        the cache it takes live: a trace's answers evict others' history too.
+        The last is the reply's continuation when a next turn re-sends it; otherwise
+        ``output_tokens`` of the request's own output (``OUTPUT_SEGMENT``), which nothing
+        later hits but which takes the room in the cache it takes live: a trace's answers
+        evict others' history too. The reply's continuation is empty without a reply.
         """
-        state, _ = self._token_chain(segments)
-        segment = reply if reply is not None else (OUTPUT_SEGMENT, output_tokens)
-        return self._token_chain((segment,), state)[1] if segment[1] > 0 else []
+        state, chain = self._token_chain(segments)
+        if reply is not None:
+            more = self._token_chain((reply,), state)[1]
+            return chain, more, more
+        if output_tokens <= 0:
+            return chain, [], []
+        return chain, [], self._token_chain(((OUTPUT_SEGMENT, output_tokens),), state)[1]
 
     # -- gateway side ------------------------------------------------------------
 
