@@ -446,6 +446,9 @@ class DefaultPolicy(Warming):
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
         scored: list[tuple[float, WorkerState]] = []
+        # A worker's terms by the blocks of the chain it holds (most hold one of a few
+        # depths: none, a shared prompt's): (own prefill, evict weight, pull before fades).
+        terms: dict[int, tuple[float, float, float]] = {0: (fresh_all, evict_all, 0.0)}
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are (a later turn's home first).
         for admit_high in (False, True):
@@ -466,19 +469,23 @@ class DefaultPolicy(Warming):
                     elif queued > owed:
                         queued = owed
                 backlog = queued if queued < backlog else backlog
-                cost = (w.in_flight + (w.waiting or 0)) * decode_s
-                depth = get(wid)
-                if depth:
+                depth = get(wid, 0)
+                term = terms.get(depth) if wid != tail_worker else None
+                if term is None:
                     # ``PrefixIndex.depth_chars``, inlined; to its earlier turn's end there.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
                     cached = chars * block_chars if chars * block_chars < prompt else prompt
                     if wid == tail_worker and tail > cached:
                         cached = tail
                     fresh = fresh_all - cached * per_char
-                    cost += queued + fresh + evict * (fresh if fresh >= life else life) * fill
-                    cost -= stay * cached * (1.0 - fill) / (1.0 + queued / half)
-                else:
-                    cost += queued + fresh_all + evict_all * fill
+                    term = (fresh, evict * (fresh if fresh >= life else life), stay * cached)
+                    if wid != tail_worker:
+                        terms[depth] = term
+                fresh, weight, pull = term
+                cost = (w.in_flight + (w.waiting or 0)) * decode_s
+                cost += queued + fresh + weight * fill
+                if pull:
+                    cost -= pull * (1.0 - fill) / (1.0 + queued / half)
                 scored.append((cost, w))
                 if cost < best_cost:
                     best, best_cost, best_tie = w, cost, None

@@ -43,7 +43,11 @@ class Openers:
     def __init__(self, least_blocks: int, limit: int = OPENERS) -> None:
         self.least_blocks = least_blocks
         self.limit = limit
-        self._by_end: OrderedDict[BlockHash, RequestFeatures] = OrderedDict()
+        # Per prefix: its first opening, the prefix's blocks, and that opening cut to them
+        # once asked for (a copy of the features: made on the warm-up path, not on every
+        # placement).
+        self._by_end: OrderedDict[BlockHash, tuple[RequestFeatures, int, RequestFeatures | None]]
+        self._by_end = OrderedDict()
         self._matched: dict[BlockHash, int] = {}  # openings that matched each kept prefix
         self._given = 0
 
@@ -57,26 +61,35 @@ class Openers:
             by_end.move_to_end(end)
             self._matched[end] += 1
             return
-        by_end[end] = dataclasses.replace(
-            request,
-            prefix_hashes=request.prefix_hashes[:depth],
-            session_key=None,
-            restorable_blocks=0,
-        )
+        by_end[end] = (request, depth, None)
         self._matched[end] = 1
         if len(by_end) > self.limit:
             del self._matched[by_end.popitem(last=False)[0]]
 
     def ids(self) -> list[str]:
         """The request ids of the openings kept."""
-        return [opening.request_id for opening in self._by_end.values()]
+        return [opening.request_id for opening, _, _ in self._by_end.values()]
 
     def newest_first(self) -> Iterator[RequestFeatures]:
         """The openings kept whose prefixes are shared, cut to them, newest first (a
         copy: the caller may note more while it iterates)."""
         matched = self._matched
-        kept = [o for end, o in self._by_end.items() if matched[end] >= SHARED]
-        return reversed(kept)
+        shared = [end for end in self._by_end if matched[end] >= SHARED]
+        return reversed([self._cut(end) for end in shared])
+
+    def _cut(self, end: BlockHash) -> RequestFeatures:
+        """The first opening that matched the prefix ending at ``end``, cut to it: a
+        headerless opening of the prefix's blocks."""
+        opening, depth, cut = self._by_end[end]
+        if cut is None:
+            cut = dataclasses.replace(
+                opening,
+                prefix_hashes=opening.prefix_hashes[:depth],
+                session_key=None,
+                restorable_blocks=0,
+            )
+            self._by_end[end] = (opening, depth, cut)
+        return cut
 
     def next_copy(
         self,
