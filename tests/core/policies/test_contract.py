@@ -21,8 +21,35 @@ REGISTRY = default_registry()
 NAMES = sorted(REGISTRY)
 
 
-def check(decision: Decision, req: RequestFeatures, context: RouteContext) -> None:
-    """The invariants of one decision."""
+def earlier_there(
+    history: list[tuple[RequestFeatures, str]], req: RequestFeatures, worker: str
+) -> tuple[bool, bool]:
+    """What ``history`` sent ``worker`` of ``req``'s chain: whether an earlier request's
+    chain is a leading part of it (``req`` is a later turn, ``worker`` its home), and
+    whether one shares at least half of its blocks (``worker`` holds most of it)."""
+    hashes = req.prefix_hashes
+    half = -(-len(hashes) // 2)
+    extends = holds = False
+    for earlier, where in history:
+        if where != worker or not earlier.prefix_hashes:
+            continue
+        theirs = earlier.prefix_hashes
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(theirs, hashes, strict=False)) if a != b),
+            min(len(theirs), len(hashes)),
+        )
+        extends |= earlier.session_key is None and shared == len(theirs) <= len(hashes)
+        holds |= shared >= half > 0
+    return extends, holds
+
+
+def check(
+    decision: Decision,
+    req: RequestFeatures,
+    context: RouteContext,
+    history: list[tuple[RequestFeatures, str]] | None = None,
+) -> None:
+    """The invariants of one decision (``history``: the requests routed before it)."""
     assert decision.reason, "every decision says why"
     if decision.shed:
         assert decision.retry_after is not None and decision.retry_after > 0
@@ -37,8 +64,12 @@ def check(decision: Decision, req: RequestFeatures, context: RouteContext) -> No
     bound = context.affinity.worker if context.affinity is not None else None
     if chosen.id == bound:
         assert chosen.pressure is not Pressure.HARD
-    else:
-        assert chosen.accepts_new_sessions, "a new session never lands on a pressured worker"
+    elif not chosen.accepts_new_sessions:
+        # Only a headerless request may: on its conversation's home (a later turn keeps
+        # it), or on a soft-pressured worker that holds most of its prompt (``candidates``).
+        home, holds = earlier_there(history or [], req, chosen.id)
+        kept = home or (holds and chosen.pressure is Pressure.SOFT)
+        assert req.session_key is None and kept, "a new session never lands on a pressured worker"
     if decision.affinity is not None:
         assert decision.affinity.worker == chosen.id
         assert decision.affinity.session_key == req.affinity_key
@@ -203,6 +234,33 @@ def test_invariants_hold_on_random_fleets(
     decision, context = run(
         REGISTRY.build(name), workers, history, req, bound_to=bound_to, seed=seed
     )
-    check(decision, req, context)
+    check(decision, req, context, history)
     again, _ = run(REGISTRY.build(name), workers, history, req, bound_to=bound_to, seed=seed)
     assert again == decision, "same inputs and seed, same decision"
+
+
+@pytest.mark.parametrize(
+    ("session", "pressure", "history_hashes", "allowed"),
+    [
+        # Headerless, on a soft worker that was sent its whole chain: it holds most of it.
+        (None, Pressure.SOFT, chain(0, 4), True),
+        (None, Pressure.SOFT, chain(0, 2), True),  # or half of it (2 of 4 blocks)
+        (None, Pressure.SOFT, chain(0, 1), True),  # a leading part: its conversation's home
+        (None, Pressure.HARD, chain(0, 1), True),  # a home is kept under hard pressure too
+        (None, Pressure.HARD, chain(0, 6), False),  # more than it: not its home, and hard
+        (None, Pressure.SOFT, chain(1, 4), False),  # another group's chain: nothing held
+        ("s1", Pressure.SOFT, chain(0, 4), False),  # a new session never, whatever is held
+    ],
+)
+def test_the_check_lets_a_pressured_worker_take_only_what_it_holds(
+    session: str | None, pressure: Pressure, history_hashes: tuple[int, ...], allowed: bool
+) -> None:
+    snapshot = fleet(worker("w0", pressure=pressure), worker("w1"))
+    req = request("r1", session=session, hashes=chain(0, 4))
+    history = [(request("r0", hashes=history_hashes), "w0")]
+    decision = Decision("w0", "prefix_match", snapshot.workers[0].version)
+    if allowed:
+        check(decision, req, ctx(snapshot), history)
+    else:
+        with pytest.raises(AssertionError, match="never lands on a pressured worker"):
+            check(decision, req, ctx(snapshot), history)
