@@ -2,17 +2,15 @@
 
 Used when the config names no policy. In order:
 
-1. A request with the client's own session id (header or ``user``) whose
-   binding (``ctx.affinity``) names a worker that is routable, not under hard
-   pressure, under the sticky threshold and holding at most ``ceil(
-   sticky_load_factor × mean load) + sticky_slack`` requests stays there:
-   ``affinity_hit``. Past that cap (a request count) but under the threshold,
-   the bound worker is placed against the others by the cost below (with its
-   cache of the conversation), so the session leaves only where recomputing its
-   context elsewhere is quicker than queueing at home. Nothing else binds:
-   without a session id a request has no key, and is followed by its own prefix
-   chain (a conversation's later turns extend it), never by a key derived from
-   text strangers share.
+1. A request with the client's own session id (header or ``user``) whose binding
+   (``ctx.affinity``) names a worker that is routable, not under hard pressure, under the sticky
+   threshold and holding at most ``ceil(sticky_load_factor × mean load) + sticky_slack`` requests
+   stays there: ``affinity_hit``. Past that cap (a request count) but under the threshold, the
+   bound worker is placed against the others by the cost below (with its cache of the
+   conversation), so the session leaves only where recomputing its context elsewhere is quicker
+   than queueing at home. Nothing else binds: without a session id a request has no key, and is
+   followed by its own prefix chain (a conversation's later turns extend it), never by a key
+   derived from text strangers share.
 2. Everything else is *placed* on the worker with the lowest cost, where a
    worker's cost is its expected time to first token for this request::
 
@@ -20,41 +18,37 @@ Used when the config names no policy. In order:
               / prefill_tokens_per_s + requests on it × decode_s
        cost = ttft + evict × uncached seconds × fill − pull
 
-   ``fill`` is how full the worker's KV cache is with the chains recently sent
-   there (``PrefixIndex.fill``: the index's weight for it over its KV capacity,
-   capped at 1): new blocks on a full cache evict blocks that later requests
-   would have hit, so fresh content goes where there is room, and a cold-start
-   opening cannot pack every new conversation onto the two workers that computed
-   it first while the others' caches stay empty.
+   ``fill`` is how full the worker's KV cache is with the chains recently sent there
+   (``PrefixIndex.fill``: the index's weight for it over its KV capacity, capped at 1): new blocks
+   on a full cache evict blocks that later requests would have hit, so fresh content goes where
+   there is room, and a cold-start opening cannot pack every new conversation onto the two workers
+   that computed it first while the others' caches stay empty.
 
-   The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s``
-   (the longest match of the whole prompt's chain, from this replica's index or
-   the store's prefix state, ``ctx.holders``), decayed by ``1 / (1 + queued
-   seconds / busy_half_s)`` and by the room left, ``1 - fill``. It keeps work on
-   a warm worker a little past a tie (its cache will serve the next turns too),
-   and fades as the warm worker's queue grows, so a cache-rich but busy worker
-   cannot win forever, and as its cache fills: a full cache keeps new work only
-   by evicting others' (without that fade agent-preamble put 142 of 240 requests
-   on one worker while a cold one idled). That is herding prevention as its own
-   mechanism: work leaves a warm worker when its expected TTFT is clearly worse
-   than recomputing elsewhere, or when it has no room left, whatever the counts.
+   The ``pull`` of a cache is ``stay × cached tokens / prefill_tokens_per_s`` (the longest match of
+   the whole prompt's chain, from this replica's index or the store's prefix state,
+   ``ctx.holders``), decayed by ``1 / (1 + queued seconds / busy_half_s)`` and by the room left,
+   ``1 - fill``. It keeps work on a warm worker a little past a tie (its cache will serve the next
+   turns too), and fades as the warm worker's queue grows, so a cache-rich but busy worker cannot
+   win forever, and as its cache fills: a full cache keeps new work only by evicting others'
+   (without that fade agent-preamble put 142 of 240 requests on one worker while a cold one idled).
+   That is herding prevention as its own mechanism: work leaves a warm worker when its expected
+   TTFT is clearly worse than recomputing elsewhere, or when it has no room left, whatever the
+   counts.
 
    On a backlogged fleet, recomputing a prefix another candidate holds also takes
    capacity from the requests queued behind it: a worker's cost carries ``waste ×
    (held − cached)`` prefill seconds (``core.policies.waste``). Without it one-shot
    questions behind a group's system prompt left the group's worker 1-5 times a run.
 
-   A placement that *opens a conversation* decides where all of it goes, so
-   what it will put in that cache is not this turn's uncached tokens but the
-   conversation's whole life's: ``uncached seconds`` in the eviction term is
-   then at least the conversation's expected life, in prefill seconds. Two kinds
-   open one (counts halved every ``recent_half_life_s``):
+   A placement that *opens a conversation* decides where all of it goes, so what it will put in
+   that cache is not this turn's uncached tokens but the conversation's whole life's: ``uncached
+   seconds`` in the eviction term is then at least the conversation's expected life, in prefill
+   seconds. Two kinds open one (counts halved every ``recent_half_life_s``):
 
-   - a request with a session id placed by cost (a new session, or one
-     migrating): every later turn follows its binding (``session_life_s``:
-     prefill seconds routed with a session id over sessions placed). It has no
-     ``pull``: its next turns hit wherever it goes, so a cache there buys only
-     this turn's TTFT, which ``ttft`` already counts;
+   - a request with a session id placed by cost (a new session, or one migrating): every later
+     turn follows its binding (``session_life_s``: prefill seconds routed with a session id over
+     sessions placed). It has no ``pull``: its next turns hit wherever it goes, so a cache there
+     buys only this turn's TTFT, which ``ttft`` already counts;
    - a headerless request that extends no earlier chain (``opens``): its later
      turns follow its own chain (``chain_life_s``: an opening's prefill, and a
      later turn's times the turns a conversation has, ``Conversations``, which
@@ -446,8 +440,7 @@ class DefaultPolicy(Warming):
         best_cost = math.inf
         best_tie: tuple[int, float, float, str] | None = None
         scored: list[tuple[float, WorkerState]] = []
-        # A worker's terms by the blocks of the chain it holds (most hold one of a few
-        # depths: none, a shared prompt's): (own prefill, evict weight, pull before fades).
+        # Terms by chain depth held (most hold one of a few): own prefill, evict weight, pull.
         terms: dict[int, tuple[float, float, float]] = {0: (fresh_all, evict_all, 0.0)}
         # One pass over plain locals (this runs for every worker on every placement);
         # a second one admits workers at kv_high only when all are (a later turn's home first).
@@ -470,7 +463,8 @@ class DefaultPolicy(Warming):
                         queued = owed
                 backlog = queued if queued < backlog else backlog
                 depth = get(wid, 0)
-                term = terms.get(depth) if wid != tail_worker else None
+                key = depth if wid != tail_worker else ~depth  # the tail's worker: its own
+                term = terms.get(key)
                 if term is None:
                     # ``PrefixIndex.depth_chars``, inlined; to its earlier turn's end there.
                     chars = depth if depth <= fine else fine + (depth - fine) * coarse
@@ -478,9 +472,8 @@ class DefaultPolicy(Warming):
                     if wid == tail_worker and tail > cached:
                         cached = tail
                     fresh = fresh_all - cached * per_char
-                    term = (fresh, evict * (fresh if fresh >= life else life), stay * cached)
-                    if wid != tail_worker:
-                        terms[depth] = term
+                    weight = evict * (fresh if fresh >= life else life)
+                    terms[key] = term = (fresh, weight, stay * cached)
                 fresh, weight, pull = term
                 cost = (w.in_flight + (w.waiting or 0)) * decode_s
                 cost += queued + fresh + weight * fill
