@@ -7,11 +7,13 @@ from dataclasses import dataclass
 import pytest
 
 from kvgate.core.outlier import (
+    Blame,
     HealthCheckConfig,
     HealthTracker,
     OutlierConfig,
     OutlierDetector,
     Transition,
+    blame,
 )
 
 
@@ -212,3 +214,40 @@ def test_initially_unhealthy_needs_rise() -> None:
     assert tracker.record_probe("w", True, 0) is None
     assert tracker.record_probe("w", True, 2) is UP
     assert tracker.since("w") == 2
+
+
+@pytest.mark.parametrize(
+    ("statuses", "served", "expected"),
+    [
+        pytest.param([500], True, Blame.WORKER, id="another-worker-served"),
+        pytest.param([500, 503], True, Blame.WORKER, id="two-failed-then-served"),
+        pytest.param([500, 500], False, Blame.REQUEST, id="same-error-twice"),
+        pytest.param([502, 500, 500], False, Blame.REQUEST, id="same-error-repeated-later"),
+        pytest.param([500], False, Blame.UNKNOWN, id="no-second-opinion"),
+        pytest.param([500, 502], False, Blame.WORKER, id="different-errors"),
+    ],
+)
+def test_blame(statuses: list[int], served: bool, expected: Blame) -> None:
+    assert blame(statuses, served=served) is expected
+
+
+def test_share_cap_counts_each_pool() -> None:
+    """A fleet of two models: each model's pool may lose one worker, not the fleet one."""
+    detector = OutlierDetector(OutlierConfig(consecutive_failures=1))
+    pools = {"a1": "a", "a2": "a", "b1": "b", "b2": "b"}
+    detector.set_workers(pools, pools)
+    assert detector.record_failure("a1", 0)
+    assert detector.record_failure("b1", 0)  # the fleet cap would have refused this one
+    assert not detector.record_failure("a2", 0)  # a's last worker in service
+    assert detector.ejected(0) == frozenset({"a1", "b1"})
+
+
+@pytest.mark.parametrize("fraction", [0.1, 1.0])
+def test_a_models_last_worker_is_never_ejected(fraction: float) -> None:
+    detector = OutlierDetector(OutlierConfig(consecutive_failures=1, max_ejected_fraction=fraction))
+    pools = {"a1": "a", "a2": "a", "solo": "s"}
+    detector.set_workers(pools, pools)
+    assert not any(detector.record_failure("solo", t) for t in range(10))
+    assert detector.record_failure("a1", 0)
+    assert not detector.record_failure("a2", 1)
+    assert detector.ejected(1) == frozenset({"a1"})

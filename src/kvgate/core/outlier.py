@@ -12,12 +12,17 @@ calls ``record_success``/``record_failure`` on live responses and
   multiplier, raised by one per ejection), capped at ``max_ejection_s``. As in
   Envoy, the multiplier falls back by one for each ``max_ejection_s`` the worker
   then stays in service, so a flap last week does not cost five minutes today.
-- Share cap: an ejection that would put more than ``max_ejected_fraction`` of
-  the fleet out is refused, except that one worker may always be ejected when
-  the fleet has at least two (Envoy's ``always_eject_one_host``; with the 10%
-  default a fleet under ten could otherwise never eject anything). The last
-  remaining worker of a fleet of one is never ejected. A refused ejection keeps
-  the failure count, so the next failure tries again once there is room.
+- Share cap, per pool (the workers of one model, Envoy's cluster): an ejection
+  that would put more than ``max_ejected_fraction`` of the pool out is refused,
+  except that one worker may always be ejected when the pool has at least two
+  (Envoy's ``always_eject_one_host``; with the 10% default a pool under ten could
+  otherwise never eject anything). The last worker in service of a pool is never
+  ejected: its model would have nowhere left to go. A refused ejection keeps the
+  failure count, so the next failure tries again once there is room.
+- Only failures that are the worker's are counted (``blame``): an error answer
+  that another worker repeated for the same request is the request's, and one
+  that nobody else was asked about (no retry was possible) proves nothing, so
+  neither ejects a worker that serves everyone else.
 - Return: a worker comes back when its ejection time has run out (checked
   lazily, no interval timer), or earlier when an active probe passes after it
   has been out at least ``probe_readmit_after_s``. The floor keeps a worker
@@ -39,7 +44,7 @@ take a healthy worker down, ``rise`` passed probes in a row bring it back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -61,10 +66,39 @@ class OutlierConfig(BaseModel):
     probe_readmit_after_s: float = Field(default=10.0, ge=0)
 
 
+class Blame(StrEnum):
+    """Whose fault one request's failed attempts were, as far as a second opinion tells."""
+
+    WORKER = "worker"
+    """Another worker served it, or the workers failed it differently: charge them."""
+    REQUEST = "request"
+    """Two workers answered it with the same error: the request's doing, charge none."""
+    UNKNOWN = "unknown"
+    """One error answer and no second opinion (no retry was possible): charge none."""
+
+
+def blame(statuses: Sequence[int], *, served: bool) -> Blame:
+    """Who is at fault for a request's error answers (``statuses``, 5xx, in order).
+
+    ``served``: another worker then answered it without a server error. A worker is
+    charged only when the second opinion clears the request; without one the
+    failure cannot be told from a client's poison input sent many times at once
+    (each un-retried copy would otherwise eject a healthy worker).
+    """
+    if served:
+        return Blame.WORKER
+    if len(set(statuses)) < len(statuses):
+        return Blame.REQUEST
+    if len(statuses) < 2:
+        return Blame.UNKNOWN
+    return Blame.WORKER
+
+
 @dataclass(slots=True)
 class _OutlierState:
     """What the detector remembers about one worker."""
 
+    pool: str = ""
     failures: int = 0
     ejections: int = 0
     multiplier: int = 0
@@ -81,13 +115,21 @@ class OutlierDetector:
         self.config = config or OutlierConfig()
         self._workers: dict[WorkerId, _OutlierState] = {}
 
-    def set_workers(self, workers: Iterable[WorkerId]) -> None:
-        """Make the fleet exactly ``workers`` (the share cap counts them); forget others."""
+    def set_workers(
+        self, workers: Iterable[WorkerId], pools: Mapping[WorkerId, str] | None = None
+    ) -> None:
+        """Make the fleet exactly ``workers``; forget others.
+
+        ``pools`` names each worker's pool (its model): the share cap counts a pool.
+        Workers it leaves out keep the pool they had (new ones: the pool ``""``).
+        """
         wanted = set(workers)
         for gone in set(self._workers) - wanted:
             del self._workers[gone]
         for worker in wanted:
-            self._workers.setdefault(worker, _OutlierState())
+            state = self._workers.setdefault(worker, _OutlierState())
+            if pools is not None and worker in pools:
+                state.pool = pools[worker]
 
     def forget(self, worker: WorkerId) -> None:
         """``worker`` left the fleet."""
@@ -107,7 +149,9 @@ class OutlierDetector:
         if state.ejected_until is not None:
             return False  # already out; stragglers from before the ejection
         state.failures += 1
-        if state.failures < self.config.consecutive_failures or not self._room_to_eject(now):
+        if state.failures < self.config.consecutive_failures or not self._room_to_eject(
+            state.pool, now
+        ):
             return False
         self._decay(state, now)
         state.multiplier += 1
@@ -175,12 +219,13 @@ class OutlierDetector:
         if steps > 0:
             state.multiplier = max(0, state.multiplier - steps)
 
-    def _room_to_eject(self, now: Seconds) -> bool:
-        fleet = len(self._workers)
-        out = len(self.ejected(now))
-        if fleet < 2:
-            return False
-        if (out + 1) <= self.config.max_ejected_fraction * fleet:
+    def _room_to_eject(self, pool: str, now: Seconds) -> bool:
+        members = [w for w, s in self._workers.items() if s.pool == pool]
+        size = len(members)
+        out = sum(self.is_ejected(w, now) for w in members)
+        if out + 1 >= size:
+            return False  # never the pool's last worker in service
+        if (out + 1) <= self.config.max_ejected_fraction * size:
             return True
         return self.config.always_eject_one and out == 0
 

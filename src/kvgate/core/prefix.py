@@ -231,6 +231,32 @@ MAX_TOKEN_ID = 2**31 - 1
 """The largest token id an engine can take (vocabularies index with 32-bit integers)."""
 
 
+def check_embedding_input(value: object) -> None:
+    """Refuse an embeddings ``input`` OpenAI would refuse, before a worker sees it.
+
+    A string, a non-empty list of strings, of token ids or of non-empty lists of
+    token ids (integers 0..``MAX_TOKEN_ID``). An engine given a token id past its
+    integers answers 500, and every worker then looks broken for a client's input.
+    """
+    if isinstance(value, str):
+        _require_unicode(value, "input")
+        return
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            for v in value:
+                _require_unicode(v, "input")
+            return
+        if all(_is_token_id(v) for v in value):
+            return
+        if all(isinstance(v, list) and v and all(_is_token_id(t) for t in v) for v in value):
+            return
+    raise InvalidRequestError(
+        "'input' must be a string, a non-empty list of strings, token ids or lists of "
+        f"token ids (integers from 0 to {MAX_TOKEN_ID})",
+        "input",
+    )
+
+
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
 

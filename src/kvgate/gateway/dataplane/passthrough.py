@@ -26,7 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.prefix import FeatureConfig
+from kvgate.core.prefix import FeatureConfig, check_embedding_input
+from kvgate.core.prefix import InvalidRequestError as BadBody
 from kvgate.core.session import normalize_key, session_key_from
 from kvgate.gateway.dataplane.errors import InvalidRequestError
 from kvgate.gateway.dataplane.exchange import AiohttpExchange
@@ -86,7 +87,7 @@ class Passthrough:
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/embeddings``."""
-        return await self._forward(request, "/v1/embeddings")
+        return await self._forward(request, "/v1/embeddings", embeddings=True)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses``: continuations go to the worker that holds the conversation."""
@@ -105,17 +106,30 @@ class Passthrough:
         return await self._forward(request, request.path_qs)
 
     async def _forward(
-        self, request: web.Request, path: str, *, responses: bool = False
+        self,
+        request: web.Request,
+        path: str,
+        *,
+        responses: bool = False,
+        embeddings: bool = False,
     ) -> web.StreamResponse:
         def describe(body: bytes, request_id: str) -> Forward:
-            return self.describe(body, request, request_id, responses=responses)
+            return self.describe(
+                body, request, request_id, responses=responses, embeddings=embeddings
+            )
 
         exchange = AiohttpExchange(request)
         await self.proxy.handle(exchange, path, "completions", describe=describe)
         return exchange.result()
 
     def describe(
-        self, body: bytes, request: web.Request, request_id: str, *, responses: bool = False
+        self,
+        body: bytes,
+        request: web.Request,
+        request_id: str,
+        *,
+        responses: bool = False,
+        embeddings: bool = False,
     ) -> Forward:
         """The features and body to forward for one request (400/404/503 on a bad one)."""
         payload: dict[str, Any] | None = None
@@ -127,6 +141,8 @@ class Passthrough:
             if not isinstance(decoded, dict):
                 raise InvalidRequestError("the request body must be a JSON object")
             payload = decoded
+        if embeddings:
+            _check_embeddings(payload)
         model = self._model(payload, request)
         target = self.aliases.get(model, model)
         if payload is not None and target != model:
@@ -179,3 +195,13 @@ class Passthrough:
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
         return model
+
+
+def _check_embeddings(payload: dict[str, Any] | None) -> None:
+    """400 for an embeddings ``input`` no engine takes (as completions' ``prompt``)."""
+    if payload is None or "input" not in payload:
+        raise InvalidRequestError("'input' is required", param="input")
+    try:
+        check_embedding_input(payload["input"])
+    except BadBody as exc:
+        raise InvalidRequestError(exc.message, param=exc.param) from None

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
+from kvgate.core.outlier import Blame, blame
 from kvgate.core.prefix import Endpoint, FeatureConfig
 from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
@@ -315,7 +316,7 @@ class Proxy:
                         if forced is None and stable is not None and tried != stable:
                             forced = stable  # no other canary worker: the stable one
                             continue
-                        self._charge(unsettled, features)
+                        self._settle(unsettled, features, served=False)
                         raise self._client_error(last_failure, features) from None
                     raise
                 affinity = placement.affinity  # read by ``place`` if the fleet asked for it
@@ -360,7 +361,8 @@ class Proxy:
                         self.router.ended(features, placement)
                         last_failure = exc
                         if exc.status is not None and exc.status != 429:
-                            same = any(status == exc.status for _, _, status in unsettled)
+                            statuses = [status for _, _, status in unsettled] + [exc.status]
+                            same = blame(statuses, served=False) is Blame.REQUEST
                             on_canary = stable is not None and placement.version != stable
                             if same and on_canary and forced is None:
                                 forced = stable  # the canary may be at fault: ask the stable one
@@ -372,7 +374,7 @@ class Proxy:
                                 outcome.reported = True  # says nothing about the version
                                 raise self._request_fault(exc.status, outcome.retries + 1) from None
                         if not self._retry(exc, placement, features, outcome, unsettled):
-                            self._charge(unsettled, features)
+                            self._settle(unsettled, features, served=False)
                             raise self._client_error(exc, features) from None
                         excluded = excluded | {worker.id}
                         if placement.bound is not None:
@@ -383,7 +385,7 @@ class Proxy:
                         self.router.ended(features, placement)
                         raise
                     # Another worker served what these failed: that was the workers' fault.
-                    self._charge(unsettled, features)
+                    self._settle(unsettled, features, served=True)
                     if upstream.status < 500:
                         self.passive.success(worker)
                     await self.relay.respond(
@@ -433,6 +435,19 @@ class Proxy:
         outcome.retries += 1
         self.metrics.retries.labels(features.model).inc()
         return True
+
+    def _settle(
+        self, unsettled: list[tuple[Worker, str, int]], features: RequestFeatures, *, served: bool
+    ) -> None:
+        """Charge a request's error answers to their workers if the second opinion says so.
+
+        Not charged: the same error from two workers (the request's), or one error
+        no other worker was asked about (the retry budget was spent, no other worker
+        serves the model): many copies of a poison request would eject healthy workers.
+        """
+        if unsettled and blame([s for _, _, s in unsettled], served=served) is Blame.WORKER:
+            self._charge(unsettled, features)
+        unsettled.clear()
 
     def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
         """Count failed attempts against their workers (outlier detection) and versions."""

@@ -6,7 +6,8 @@ mapped through ``parse_worker_metrics`` into the worker's signals with their
 time. HAProxy-style ``fall``/``rise`` decides up and down; a worker whose very
 first probe fails is down at once. Live request outcomes feed Envoy-style
 outlier detection (``core.outlier``), which never ejects more than its
-configured share; a passing probe brings an ejected worker back.
+configured share of a model's workers, nor a model's last worker in service;
+a passing probe brings an ejected worker back.
 
 Workers configured without a model learn it (and their version, if advertised)
 from ``GET /v1/models``.
@@ -58,7 +59,7 @@ class HealthChecker:
         self.mono = mono
         self.tracker = HealthTracker(config.tracker_config())
         self.outlier = OutlierDetector(outlier)
-        self.outlier.set_workers(w.id for w in pool)
+        self._sync_pools()
         self._probed: set[str] = set()
         self._model_checked: set[str] = set()
         self.model_mismatch: dict[str, str] = {}
@@ -75,7 +76,8 @@ class HealthChecker:
         self.outlier.record_success(worker.id, self.mono())
 
     def failure(self, worker: Worker) -> None:
-        """A live request on ``worker`` failed; may eject it."""
+        """A live request on ``worker`` failed by its own fault; may eject it."""
+        self._sync_pools()  # a worker's model may have been learned or changed since
         if self.outlier.record_failure(worker.id, self.mono()):
             worker.update(ejected=True)
             log.warning(
@@ -84,6 +86,11 @@ class HealthChecker:
                 self.outlier.ejection_count(worker.id),
             )
             self.pool.changed()
+
+    def _sync_pools(self) -> None:
+        """The outlier share cap counts each model's workers: tell it who serves what."""
+        workers = list(self.pool)
+        self.outlier.set_workers((w.id for w in workers), {w.id: w.model or "" for w in workers})
 
     # -- active (probes) --------------------------------------------------------
 
