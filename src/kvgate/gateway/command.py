@@ -20,6 +20,7 @@ from kvgate.gateway.config import (
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to the ``kvgate`` CLI."""
     app.command("serve")(serve)
+    app.command("epp")(epp)
 
 
 def serve(
@@ -90,3 +91,41 @@ def serve(
         typer.echo(f"kvgate serve: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(status)
+
+
+def epp(
+    *,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="The gateway's YAML config file.")
+    ] = None,
+    worker: Annotated[
+        list[str] | None,
+        typer.Option("--worker", "-w", help="A worker's base URL (repeat for each worker)."),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="The ext_proc gRPC port (epp.port).")] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="The HTTP port: metrics, readiness, admin (listen.port).")
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Routing policy name.")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
+    ] = None,
+) -> None:
+    """Serve as the endpoint picker of an Envoy-based gateway (ext_proc over gRPC)."""
+    try:
+        base = load_config(config) if config is not None else GatewayConfig()
+        cfg = with_overrides(
+            base, workers=tuple(worker or ()), policy=policy, port=http_port, store=store
+        )
+        if port is not None:
+            cfg = cfg.model_copy(update={"epp": cfg.epp.model_copy(update={"port": port})})
+        from kvgate.core.policies import default_registry
+
+        default_registry().build(cfg.policy.name, cfg.policy.options)
+    except (ConfigError, UnknownPolicyError, ValueError) as exc:
+        typer.echo(f"kvgate epp: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    from kvgate.gateway.epp import run
+
+    raise typer.Exit(run(cfg))

@@ -308,6 +308,24 @@ class SlotSettings(_Model):
     action_timeout_s: float = Field(default=30.0, gt=0)
 
 
+class EppConfig(_Model):
+    """The endpoint picker (``kvgate epp``): Envoy's ext_proc over gRPC, beside the HTTP port.
+
+    ``request_body_mode`` is assumed only when Envoy does not say its mode on the
+    stream (``ProtocolConfiguration``, sent by recent Envoys); it must match the
+    gateway's ``processingMode``. ``fallbacks``: endpoints after the picked one in
+    the answer (same model and version), which the proxy tries in order. Example::
+
+        epp: {port: 9002, fallbacks: 2, request_body_mode: full_duplex_streamed}
+    """
+
+    host: str | None = None
+    """Address of the gRPC server (unset: ``listen.host``)."""
+    port: int = Field(default=9002, ge=0, le=65535)
+    fallbacks: int = Field(default=2, ge=0, le=16)
+    request_body_mode: Literal["full_duplex_streamed", "buffered"] = "full_duplex_streamed"
+
+
 class GatewayConfig(_Model):
     """The whole gateway configuration (the root of ``kvgate.yaml``)."""
 
@@ -357,6 +375,7 @@ class GatewayConfig(_Model):
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    epp: EppConfig = Field(default_factory=EppConfig)
 
     @field_validator("workers")
     @classmethod

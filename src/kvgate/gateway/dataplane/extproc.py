@@ -1,0 +1,547 @@
+"""The endpoint picker's protocol: Envoy's external processing (ext_proc) as the Gateway API
+Inference Extension uses it.
+
+One gRPC stream is one HTTP request. Envoy sends the request's headers and body;
+the picker decides with the same router (``core.route``, the store, the pool, the
+versions) as the built-in proxy and answers with the chosen endpoint: the
+``x-gateway-destination-endpoint`` header and the same value under ``envoy.lb`` in
+the dynamic metadata (``ip:port``, or an ordered fallback list ``ip:port,ip:port``).
+What the gateway refuses is an immediate response: 429 with ``Retry-After`` when
+shed, 503 when no endpoint is ready (or none of the proxy's subset hint is), 4xx
+for a request that is not one. Then Envoy sends the response's headers (with the
+endpoint that actually served under ``envoy.lb``), body and trailers, which become
+the events of the request's ``PickedRequest``.
+
+Body modes, as Envoy's ``ProtocolConfiguration`` on the first message says (else
+``epp.request_body_mode``): ``BUFFERED`` (headers answered at once, the decision
+on the whole body as a header mutation) and ``FULL_DUPLEX_STREAMED`` (nothing is
+answered until the body has ended; then the headers response carries the
+decision and the body goes back as streamed chunks, as the protocol requires).
+Response bodies in full-duplex mode are echoed chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorServicer
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+from multidict import CIMultiDict
+
+from kvgate.core import prefix
+from kvgate.core.features import RequestFeatures
+from kvgate.core.prefix import FeatureConfig
+from kvgate.core.session import session_key_from
+from kvgate.gateway.dataplane.errors import (
+    BodyTooLargeError,
+    DrainingError,
+    GatewayError,
+    InvalidRequestError,
+    NoHealthyWorkerError,
+    OverloadedError,
+)
+from kvgate.gateway.dataplane.models import unknown_model_error
+from kvgate.gateway.dataplane.picked import PickedRequest
+from kvgate.gateway.dataplane.relay import (
+    REASON_HEADER,
+    VERSION_HEADER,
+    WORKER_HEADER,
+    Outcome,
+    PassiveHealth,
+    Relay,
+    public_worker_name,
+)
+from kvgate.gateway.dataplane.router import Router
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+
+DESTINATION = "x-gateway-destination-endpoint"
+"""The header, and the ``envoy.lb`` metadata key, naming the picked endpoint(s)."""
+SERVED = "x-gateway-destination-endpoint-served"
+"""The ``envoy.lb`` metadata key, in the response's metadata context: who served."""
+SUBSET = "x-gateway-destination-endpoint-subset"
+"""The key, under ``envoy.lb.subset_hint``, of the endpoints the picker must pick from."""
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+REQUEST_ID = "x-request-id"
+
+_FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+_BUFFERED = ProcessingMode.BUFFERED
+_CHUNK = 62 * 1024
+"""Largest body chunk sent back in full-duplex mode (Envoy's gRPC messages stay small)."""
+_GENERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class PickerSettings:
+    """What the picker needs besides the router: the request path's own settings."""
+
+    features: FeatureConfig
+    aliases: Mapping[str, str]
+    draining: Callable[[], bool]
+    response_headers: bool = True
+    fallbacks: int = 2
+    """Endpoints after the picked one in the fallback list (same model and version)."""
+    full_duplex_default: bool = False
+    """The request body mode assumed when Envoy sends no ``ProtocolConfiguration``."""
+    max_body_bytes: int = 10 * 1024 * 1024
+
+
+def endpoint_of(worker: Worker) -> str:
+    """A worker's ``ip:port`` as the protocol names it (its URL's authority)."""
+    return urlsplit(worker.id).netloc
+
+
+def _header(key: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(header=HeaderValue(key=key, raw_value=value.encode()))
+
+
+def _metadata(value: str) -> Struct:
+    found = Struct()
+    found.update({LB_NAMESPACE: {DESTINATION: value}})
+    return found
+
+
+def immediate(error: GatewayError) -> pb.ProcessingResponse:
+    """``error`` as an immediate response: Envoy answers the client with it, no upstream."""
+    headers = [_header("content-type", "application/json")]
+    headers += [_header(name.lower(), value) for name, value in error.headers.items()]
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=HttpStatus(code=error.status),
+            headers=pb.HeaderMutation(set_headers=headers),
+            body=error.body(),
+            details=error.code or error.type,
+        )
+    )
+
+
+def _headers_of(message: pb.HttpHeaders) -> CIMultiDict[str]:
+    found: CIMultiDict[str] = CIMultiDict()
+    for h in message.headers.headers:
+        found.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+    return found
+
+
+def _filter_metadata(request: pb.ProcessingRequest, namespace: str) -> Mapping[str, Any] | None:
+    if not request.HasField("metadata_context"):
+        return None
+    found = request.metadata_context.filter_metadata.get(namespace)
+    return None if found is None else _plain(found)
+
+
+def _plain(struct: Struct) -> dict[str, Any]:
+    return {key: _value(value) for key, value in struct.fields.items()}
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "list_value":
+        return [_value(v) for v in value.list_value.values]
+    if kind == "struct_value":
+        return _plain(value.struct_value)
+    return None
+
+
+def _endpoints(raw: Any) -> list[str] | None:
+    """The endpoints a metadata value names (a list, or a comma-separated string)."""
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, list):
+        return [str(part).strip() for part in raw if isinstance(part, str)]
+    return None
+
+
+class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
+    """``envoy.service.ext_proc.v3.ExternalProcessor``: one stream per request."""
+
+    def __init__(
+        self,
+        router: Router,
+        pool: WorkerPool,
+        relay: Relay,
+        passive: PassiveHealth,
+        settings: PickerSettings,
+    ) -> None:
+        self.router = router
+        self.pool = pool
+        self.relay = relay
+        self.passive = passive
+        self.settings = settings
+        self.streams = 0
+        """Streams open now (a drain waits for none)."""
+        self.protocol_errors = 0
+        """Streams that broke the protocol's order (for tests and the soak)."""
+        self._endpoints: dict[str, str] = {}
+
+    def endpoint(self, worker: Worker) -> str:
+        """``ip:port`` of ``worker`` (kept per worker id)."""
+        found = self._endpoints.get(worker.id)
+        if found is None:
+            found = self._endpoints[worker.id] = endpoint_of(worker)
+        return found
+
+    def worker_at(self, endpoint: str) -> Worker | None:
+        """The pool's worker at ``endpoint`` (``None``: not one of ours)."""
+        for worker in self.pool:
+            if self.endpoint(worker) == endpoint:
+                return worker
+        return None
+
+    async def Process(  # noqa: N802 (the gRPC method's name)
+        self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        """Answer one request's messages in order; the request ends with the stream."""
+        stream = _Stream(self)
+        self.streams += 1
+        try:
+            async for message in requests:
+                for answer in await stream.on(message):
+                    yield answer
+                if stream.finished:
+                    return
+        finally:
+            self.streams -= 1
+            stream.close()
+
+
+class _Stream:
+    """The state of one request's ext_proc stream."""
+
+    def __init__(self, server: ExtProc) -> None:
+        self.server = server
+        self.started = time.monotonic()
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.body = bytearray()
+        self.full_duplex = server.settings.full_duplex_default
+        self.response_duplex = self.full_duplex
+        self.subset: list[str] | None = None
+        self.decided = False
+        self.finished = False
+        self.picked: PickedRequest | None = None
+        self.picked_endpoints: list[str] = []
+        self.headers_answered = False
+        self.body_seen = False
+        self.first = True
+        self.path = ""
+        self.features: RequestFeatures | None = None
+
+    async def on(self, request: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        """The answers to one message (none while a full-duplex body is still coming)."""
+        if self.first:
+            self.first = False
+            if request.HasField("protocol_config"):
+                config = request.protocol_config
+                self.full_duplex = config.request_body_mode == _FULL_DUPLEX
+                self.response_duplex = config.response_body_mode == _FULL_DUPLEX
+        kind = request.WhichOneof("request")
+        if kind == "request_headers":
+            return await self._request_headers(request)
+        if kind == "request_body":
+            return await self._request_body(request.request_body)
+        if kind == "request_trailers":
+            answers = [] if self.decided else await self._decide(body_ends=False)
+            if self.finished:
+                return answers
+            return [*answers, pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
+        if kind is not None and kind.startswith("response_") and not self.decided:
+            self._protocol_error()  # a response before any request was decided
+            return []
+        if kind == "response_headers":
+            return await self._response_headers(request)
+        if kind == "response_body":
+            return await self._response_body(request.response_body)
+        if kind == "response_trailers":
+            if self.picked is not None:
+                await self.picked.response_end()
+            self.finished = True
+            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+        self._protocol_error()
+        return []
+
+    def _protocol_error(self) -> None:
+        self.server.protocol_errors += 1
+        self.finished = True
+
+    async def _request_headers(
+        self, request: pb.ProcessingRequest
+    ) -> Sequence[pb.ProcessingResponse]:
+        if self.headers_answered or self.decided:
+            self._protocol_error()
+            return []
+        message = request.request_headers
+        self.headers = _headers_of(message)
+        hint = _filter_metadata(request, SUBSET_NAMESPACE)
+        if hint is not None and SUBSET in hint:
+            self.subset = _endpoints(hint[SUBSET]) or []
+        if message.end_of_stream:
+            return await self._decide(body_ends=True)
+        if self.full_duplex:
+            return []  # the decision waits for the body: the answer to these headers carries it
+        self.headers_answered = True
+        return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+
+    async def _request_body(self, message: pb.HttpBody) -> Sequence[pb.ProcessingResponse]:
+        if self.decided:
+            self._protocol_error()  # body after the decision: not in this protocol
+            return []
+        self.body_seen = True
+        self.body += message.body
+        if len(self.body) > self.server.settings.max_body_bytes:
+            self.finished = True
+            return [immediate(BodyTooLargeError("the request body is too large"))]
+        if message.end_of_stream or not self.full_duplex:
+            # Buffered: the one body message is the whole body (trailers may follow).
+            return await self._decide(body_ends=message.end_of_stream)
+        return []
+
+    async def _decide(self, *, body_ends: bool) -> list[pb.ProcessingResponse]:
+        """Place the request; the answers that carry the decision (or refuse it).
+
+        The decision rides on the answer to the headers when they are still
+        unanswered (no body, or full-duplex), else on the answer to the body.
+        In full-duplex mode the body held so far goes back as streamed chunks.
+        """
+        self.decided = True
+        try:
+            picked = await self._place()
+        except GatewayError as exc:
+            self.finished = True
+            self._refused(exc)
+            return [immediate(exc)]
+        self.picked = picked
+        value = ",".join(self.picked_endpoints)
+        common = pb.CommonResponse(
+            header_mutation=pb.HeaderMutation(set_headers=[_header(DESTINATION, value)]),
+            clear_route_cache=True,
+        )
+        metadata = _metadata(value)
+        picked.sent()
+        if self.headers_answered:
+            body = pb.BodyResponse(response=common)
+            return [pb.ProcessingResponse(request_body=body, dynamic_metadata=metadata)]
+        self.headers_answered = True
+        answers = [
+            pb.ProcessingResponse(
+                request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
+            )
+        ]
+        if self.full_duplex and self.body_seen:
+            data = bytes(self.body)
+            chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+            for i, chunk in enumerate(chunks):
+                last = body_ends and i == len(chunks) - 1
+                answers.append(_streamed_request(chunk, last))
+        return answers
+
+    async def _place(self) -> PickedRequest:
+        """Route the request: its features, then the same router as the built-in proxy."""
+        server = self.server
+        settings = server.settings
+        if settings.draining():
+            raise DrainingError("the picker is shutting down")
+        path = self.headers.get(":path", "/").split("?", 1)[0]
+        request_id = self.headers.get(REQUEST_ID) or f"epp-{id(self):x}-{time.monotonic_ns():x}"
+        self.path = path
+        features = self._features(path, request_id)
+        router = server.router
+        excluded: frozenset[str] = frozenset()
+        if self.subset is not None:
+            allowed = set(self.subset)
+            excluded = frozenset(w.id for w in server.pool if server.endpoint(w) not in allowed)
+            if len(excluded) == len(server.pool):
+                raise NoHealthyWorkerError("no endpoint of the proxy's subset is eligible")
+        self.features = features
+        looked = await router.lookup(features)
+        placement = await router.place(features, looked, excluded)
+        picked = PickedRequest(
+            router,
+            server.relay,
+            server.passive,
+            features,
+            placement,
+            started=self.started,
+            path=path,
+        )
+        self.picked_endpoints = [
+            server.endpoint(placement.worker),
+            *self._fallbacks(placement.worker, excluded),
+        ]
+        return picked
+
+    def _fallbacks(self, picked: Worker, excluded: frozenset[str]) -> list[str]:
+        """Up to ``fallbacks`` other routable endpoints of the picked one's model and version,
+        least loaded first: where the proxy goes if the picked one fails."""
+        count = self.server.settings.fallbacks
+        if count <= 0:
+            return []
+        pool = self.server.pool
+        snap = pool.snapshot(picked.model or "", time.time(), time.monotonic(), picked.version)
+        others = sorted(
+            (w for w in snap.workers if w.routable and w.id != picked.id and w.id not in excluded),
+            key=lambda w: (w.in_flight / max(w.max_in_flight, 1), w.id),
+        )
+        found = []
+        for state in others[:count]:
+            worker = pool.get(state.id)
+            if worker is not None:
+                found.append(self.server.endpoint(worker))
+        return found
+
+    def _features(self, path: str, request_id: str) -> RequestFeatures:
+        """The request's features (400 on a bad body, 404 on a model nobody serves)."""
+        settings = self.server.settings
+        payload: Any = {}
+        if self.body:
+            try:
+                payload = json.loads(self.body)
+            except ValueError:
+                raise InvalidRequestError("the request body is not valid JSON") from None
+            except RecursionError:
+                raise InvalidRequestError("the request body's JSON is nested too deeply") from None
+            if not isinstance(payload, dict):
+                raise InvalidRequestError("the request body must be a JSON object")
+        model = payload.get("model")
+        if isinstance(model, str) and model in settings.aliases:
+            payload["model"] = settings.aliases[model]
+        endpoint = _GENERATIONS.get(path)
+        if endpoint is not None:
+            try:
+                features = prefix.build_features(
+                    payload,
+                    self.headers,
+                    settings.features,
+                    request_id=request_id,
+                    endpoint=endpoint,  # type: ignore[arg-type]
+                )
+            except prefix.InvalidRequest as exc:
+                raise InvalidRequestError(exc.message, param=exc.param) from None
+            except (UnicodeEncodeError, RecursionError):
+                raise InvalidRequestError("the request is not valid text") from None
+        else:
+            features = self._other(payload, request_id)
+        pool = self.server.pool
+        if not pool.serves(features.model):
+            raise unknown_model_error(pool, features.model)
+        return features
+
+    def _other(self, payload: dict[str, Any], request_id: str) -> RequestFeatures:
+        """Features of a request that is not a generation: its model and session key only."""
+        model = payload.get("model")
+        if model is None:
+            served = list(self.server.pool.models())
+            if len(served) != 1:
+                raise InvalidRequestError(
+                    "'model' is required (the fleet serves several models)", param="model"
+                )
+            model = served[0]
+        if not isinstance(model, str) or not model:
+            raise InvalidRequestError("'model' must be a non-empty string", param="model")
+        cfg = self.server.settings.features
+        key, source = session_key_from(
+            self.headers,
+            payload,
+            header=cfg.session_header,
+            use_user_field=cfg.use_user_field,
+            max_chars=cfg.max_session_key_chars,
+        )
+        return RequestFeatures(
+            request_id=request_id,
+            model=model,
+            session_key=key,
+            session_source=source,
+            stream=payload.get("stream") is True,
+        )
+
+    def _refused(self, exc: GatewayError) -> None:
+        """Record a request the picker answered itself (shed, unavailable, invalid)."""
+        outcome = Outcome(status=exc.status)
+        if isinstance(exc, OverloadedError):
+            outcome.shed = exc.reason
+        outcome.refused = outcome.shed or exc.code
+        request_id = self.headers.get(REQUEST_ID, "")
+        self.server.relay.record(self.features, outcome, self.started, request_id, self.path)
+
+    async def _response_headers(
+        self, request: pb.ProcessingRequest
+    ) -> Sequence[pb.ProcessingResponse]:
+        message = request.response_headers
+        picked = self.picked
+        mutation: list[HeaderValueOption] = []
+        if picked is not None and not picked.ended:
+            headers = _headers_of(message)
+            lb = _filter_metadata(request, LB_NAMESPACE) or {}
+            served = lb.get(SERVED)
+            worker, skipped = None, []
+            if isinstance(served, str) and served:
+                worker = self.server.worker_at(served.split(",")[0].strip())
+                for endpoint in self.picked_endpoints:
+                    if endpoint == served:
+                        break
+                    found = self.server.worker_at(endpoint)
+                    if found is not None:
+                        skipped.append(found)
+            picked.served(worker, skipped)
+            try:
+                status = int(headers.get(":status", "200"))
+            except ValueError:
+                status = 502
+            picked.response_head(status, headers.get("content-type", ""))
+            if self.server.settings.response_headers:
+                placement = picked.placement
+                mutation = [
+                    _header(WORKER_HEADER.lower(), self._worker_name(placement.worker)),
+                    _header(VERSION_HEADER.lower(), placement.version),
+                    _header(REASON_HEADER.lower(), placement.reason),
+                ]
+            if message.end_of_stream:
+                await picked.response_end()
+                self.finished = True
+        common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=mutation))
+        return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))]
+
+    async def _response_body(self, message: pb.HttpBody) -> Sequence[pb.ProcessingResponse]:
+        picked = self.picked
+        if picked is not None:
+            picked.response_chunk(message.body)
+            if message.end_of_stream:
+                await picked.response_end()
+        if self.response_duplex:
+            answer = pb.ProcessingResponse(
+                response_body=_streamed_body(message.body, message.end_of_stream)
+            )
+        else:
+            answer = pb.ProcessingResponse(response_body=pb.BodyResponse())
+        if message.end_of_stream:
+            self.finished = True
+        return [answer]
+
+    def _worker_name(self, worker: Worker) -> str:
+        if self.server.relay.expose_worker_urls:
+            return worker.id
+        return public_worker_name(worker.id, worker.config.name)
+
+    def close(self) -> None:
+        """The stream is over: a request not ended yet broke off (client or proxy went)."""
+        if self.picked is not None and not self.picked.ended:
+            self.picked.broken()
+
+
+def _streamed_body(data: bytes, last: bool) -> pb.BodyResponse:
+    streamed = pb.StreamedBodyResponse(body=data, end_of_stream=last)
+    mutation = pb.BodyMutation(streamed_response=streamed)
+    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+
+
+def _streamed_request(data: bytes, last: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=_streamed_body(data, last))

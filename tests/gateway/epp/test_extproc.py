@@ -1,0 +1,175 @@
+"""The endpoint picker speaks Envoy's ext_proc as the Gateway API Inference Extension says."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvgate.gateway.epp import EXT_PROC_SERVICE
+from kvgate.testing import wait_until
+
+from ..conftest import gateway_config, worker_fleet
+from .conftest import chat, envoy, leases_released, running_picker
+from .envoy import ProtocolError
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.parametrize("mode", ["buffered", "full_duplex"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_is_picked_forwarded_and_its_usage_fed_back(
+    mode: str, stream: bool
+) -> None:
+    async with worker_fleet(2) as fleet, running_picker(gateway_config(fleet)) as picker:
+        async with envoy(picker, mode, chunk=16) as client:  # type: ignore[arg-type]
+            result = await client.request(chat("hello there", stream=stream))
+        assert result.status == 200
+        urls = {w.url.removeprefix("http://") for w in fleet}
+        assert result.endpoints[0] in urls
+        assert set(result.endpoints) == urls  # the picked one, then the other as fallback
+        assert result.served == result.endpoints[0]
+        assert result.headers["x-kvgate-worker"] == "http://" + result.served
+        if stream:
+            assert b"data: [DONE]" in result.body
+        else:
+            assert json.loads(result.body)["usage"]["prompt_tokens"] > 0
+        await wait_until(lambda: leases_released(picker), message="lease released")
+        tokens = picker.gateway.metrics.prompt_tokens
+        assert (
+            sum(s.value for m in tokens.collect() for s in m.samples if s.name.endswith("_total"))
+            > 0
+        )
+
+
+async def test_a_request_without_a_body_is_decided_on_its_headers() -> None:
+    async with worker_fleet(1) as fleet, running_picker(gateway_config(fleet)) as picker:
+        async with envoy(picker) as client:
+            result = await client.request(b"", path="/v1/models")
+        assert result.status == 200 and b"demo" in result.body
+        await wait_until(lambda: leases_released(picker), message="lease released")
+
+
+async def test_the_subset_hint_is_obeyed_and_an_ineligible_subset_is_a_503() -> None:
+    async with worker_fleet(3) as fleet, running_picker(gateway_config(fleet)) as picker:
+        only = fleet[2].url.removeprefix("http://")
+        async with envoy(picker) as client:
+            for n in range(6):
+                result = await client.request(chat(f"subset {n}"), subset=[only])
+                assert result.endpoints == [only]
+            refused = await client.request(chat("nowhere"), subset=["10.9.9.9:8000"])
+            empty = await client.request(chat("nowhere"), subset=[])
+        assert refused.immediate and refused.status == 503
+        assert empty.immediate and empty.status == 503
+        assert json.loads(refused.body)["error"]["code"] == "no_healthy_worker"
+
+
+async def test_no_ready_endpoint_is_an_immediate_503() -> None:
+    async with worker_fleet(1) as fleet:
+        config = gateway_config(fleet, health={"interval_s": 0.1, "timeout_s": 2.0})
+        async with running_picker(config) as picker:
+            await fleet[0].stop()
+            pool = picker.gateway.pool
+            await wait_until(lambda: not any(w.probe_ok for w in pool), message="worker down")
+            async with envoy(picker) as client:
+                result = await client.request(chat("anyone?"))
+    assert result.immediate and result.status == 503
+    assert json.loads(result.body)["error"]["type"] == "server_error"
+
+
+async def test_shedding_is_an_immediate_429_with_retry_after() -> None:
+    async with worker_fleet(1) as fleet:
+        # No queue and room for one request: the second one concurrently is shed.
+        config = gateway_config(fleet, admission={"worker_max_in_flight": 1, "queue_size": 0})
+        async with running_picker(config) as picker, envoy(picker) as client:
+            held = await client.request(chat("first"), cancel_at="response_headers")
+            assert held.cancelled
+            # cancelled: its slot is back, so the next one is placed again
+            await wait_until(lambda: leases_released(picker), message="released")
+            worker = next(iter(picker.gateway.pool))
+            lease = picker.gateway.pool.lease(worker, 0)  # one request in flight
+            try:
+                shed = await client.request(chat("second"))
+            finally:
+                lease.release()
+    assert shed.immediate and shed.status == 429
+    assert int(shed.headers["retry-after"]) >= 1
+    assert json.loads(shed.body)["error"]["type"] == "rate_limit_error"
+
+
+async def test_bad_requests_are_answered_by_the_picker() -> None:
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker, "buffered") as client,
+    ):
+        bad = await client.request(b"{not json")
+        unknown = await client.request(chat("hi", model="nobody"))
+    assert bad.immediate and bad.status == 400
+    assert unknown.immediate and unknown.status == 404
+    assert json.loads(unknown.body)["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("cancel_at", ["decision", "response_headers", "first_chunk"])
+async def test_a_stream_cancelled_mid_request_gives_its_lease_back(cancel_at: str) -> None:
+    async with worker_fleet(1) as fleet, running_picker(gateway_config(fleet)) as picker:
+        async with envoy(picker) as client:
+            result = await client.request(
+                chat("a long answer", stream=True, max_tokens=64),
+                cancel_at=cancel_at,  # type: ignore[arg-type]
+            )
+        assert result.cancelled
+        await wait_until(lambda: leases_released(picker), message="lease released")
+        await wait_until(lambda: picker.extproc.streams == 0, message="stream closed")
+
+
+async def test_the_endpoint_that_served_is_the_one_charged() -> None:
+    async with worker_fleet(2) as fleet:
+        config = gateway_config(fleet, outlier={"consecutive_failures": 1})
+        async with running_picker(config) as picker, envoy(picker) as client:
+            first = await client.request(chat("pick"), cancel_at="decision")
+            picked, fallback = first.endpoints
+            await wait_until(lambda: leases_released(picker), message="released")
+            # The picked worker goes away: the proxy falls back to the next endpoint.
+            dead = next(w for w in fleet if w.url.endswith(picked))
+            await dead.stop()
+            result = await client.request(chat("pick"))  # same prompt, same pick
+        assert result.status == 200
+        if result.endpoints[0] == picked:
+            assert result.served == fallback
+            worker = picker.gateway.pool.get("http://" + picked)
+            assert worker is not None and worker.ejected  # the skipped one was charged
+        await wait_until(lambda: leases_released(picker), message="released")
+
+
+async def test_grpc_health_answers_liveness_readiness_and_the_ext_proc_service() -> None:
+    async with worker_fleet(1) as fleet, running_picker(gateway_config(fleet)) as picker:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("liveness", "readiness", EXT_PROC_SERVICE):
+                answer = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+            await picker.drain(0.1)
+            ready = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
+            alive = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))
+            assert ready.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert alive.status == health_pb2.HealthCheckResponse.SERVING
+        async with envoy(picker) as client:
+            refused = await client.request(chat("late"))
+        assert refused.immediate and refused.status == 503
+
+
+async def test_a_message_out_of_order_ends_the_stream_without_a_decision() -> None:
+    async with worker_fleet(1) as fleet, running_picker(gateway_config(fleet)) as picker:
+        async with envoy(picker) as client:
+            with pytest.raises(ProtocolError):
+                # response headers before any request: not an ext_proc exchange
+                from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+                call = client.stub.Process()
+                await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=b"x")))
+                await call.done_writing()
+                await client._read(call)
+        assert leases_released(picker)
