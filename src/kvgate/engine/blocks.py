@@ -42,7 +42,16 @@ class BlockPool:
     when preemption is off) that nobody else may take.
     """
 
-    __slots__ = ("_evictable", "_on_evict", "capacity", "evictions", "private", "refs", "reserved")
+    __slots__ = (
+        "_evictable",
+        "_on_evict",
+        "capacity",
+        "evictions",
+        "journal",
+        "private",
+        "refs",
+        "reserved",
+    )
 
     def __init__(self, capacity: int, on_evict: Callable[[BlockHash], None] | None = None) -> None:
         self.capacity = capacity
@@ -52,6 +61,9 @@ class BlockPool:
         self.reserved = 0
         self.evictions = 0
         self._on_evict = on_evict
+        self.journal: list[tuple[bool, BlockHash]] | None = None
+        """When a list: every block that enters the cache ``(True, hash)`` or leaves it
+        ``(False, hash)``, in order (what an engine publishes as KV events)."""
 
     @property
     def num_free(self) -> int:
@@ -106,11 +118,14 @@ class BlockPool:
         evictable = self._evictable
         refs = self.refs
         on_evict = self._on_evict
+        journal = self.journal
         for _ in range(missing):
             block, _none = evictable.popitem(last=False)
             del refs[block]
             if on_evict is not None:
                 on_evict(block)
+            if journal is not None:
+                journal.append((False, block))
         self.evictions += missing
 
     def insert(self, block: BlockHash) -> None:
@@ -121,6 +136,8 @@ class BlockPool:
             self.ref(block)
         else:
             self.refs[block] = 1
+            if self.journal is not None:
+                self.journal.append((True, block))
 
     def promote(self, block: BlockHash) -> None:
         """A held private block just became full with hash ``block``: cache it (or share)."""
@@ -143,6 +160,8 @@ class BlockPool:
             return False
         del self._evictable[block]
         del self.refs[block]
+        if self.journal is not None:
+            self.journal.append((False, block))
         return True
 
     def clear_evictable(self) -> int:
@@ -150,5 +169,7 @@ class BlockPool:
         n = len(self._evictable)
         for block in self._evictable:
             del self.refs[block]
+        if self.journal is not None:
+            self.journal.extend((False, block) for block in self._evictable)
         self._evictable.clear()
         return n

@@ -208,6 +208,31 @@ class Engine:
         pool.release(adopted)
         return len(adopted)
 
+    def record_kv_events(self) -> None:
+        """From now on, journal every block entering or leaving the GPU cache
+        (``drain_kv_events``): what the engine publishes as KV events."""
+        pool = self._scheduler.pool
+        if pool.journal is None:
+            pool.journal = []
+
+    def drain_kv_events(self) -> list[tuple[bool, BlockHash]]:
+        """Blocks cached ``(True, hash)`` and evicted ``(False, hash)`` since the last
+        drain, in order (empty unless ``record_kv_events`` was called)."""
+        pool = self._scheduler.pool
+        journal = pool.journal
+        if not journal:
+            return []
+        pool.journal = []
+        return journal
+
+    def cached_blocks(self) -> set[BlockHash]:
+        """Every block in the GPU cache now (what its KV events must add up to)."""
+        return set(self._scheduler.pool.refs)
+
+    def holds(self, block: BlockHash) -> bool:
+        """Whether ``block`` is in the GPU cache now."""
+        return block in self._scheduler.pool.refs
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block no request holds (vLLM's reset); returns how many."""
         return self._scheduler.pool.clear_evictable()

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.engine import Engine
 from kvgate.workersim import admin, completions, responses_api, slotapi, tokens
+from kvgate.workersim.kvpublish import EnginePublisher
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError
 from kvgate.workersim.worker import WORKER_KEY, Worker
 
+if TYPE_CHECKING:
+    from kvgate.kvevents.publisher import KVEventPublisher
+
 logger = logging.getLogger(__name__)
+
+KV_PUBLISHER_KEY: web.AppKey[KVEventPublisher] = web.AppKey("kvgate.workersim.kv_publisher")
+"""The app's ``KVEventPublisher`` when it publishes KV events (the kvevents extra)."""
 
 _MAX_BODY_BYTES = 64 * 1024 * 1024
 """Long-context prompts are large; aiohttp's 1 MiB default would refuse them."""
@@ -55,11 +63,27 @@ def create_app(options: WorkerOptions, engine: Engine | None = None) -> web.Appl
 
 
 async def _start_engine(app: web.Application) -> None:
-    app[WORKER_KEY].driver.start()
+    worker = app[WORKER_KEY]
+    port = worker.options.kv_events_port
+    if port is not None:
+        from kvgate.kvevents.publisher import KVEventPublisher  # the kvevents extra
+
+        host = worker.options.host
+        publisher = KVEventPublisher(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
+        publisher.start()
+        app[KV_PUBLISHER_KEY] = publisher
+        worker.kv_publisher = EnginePublisher(
+            worker.engine, worker.options.block_size, publisher.publish
+        )
+        worker.driver.on_step = worker.kv_publisher.publish
+    worker.driver.start()
 
 
 async def _stop_engine(app: web.Application) -> None:
     await app[WORKER_KEY].driver.stop()
+    publisher = app.get(KV_PUBLISHER_KEY)
+    if publisher is not None:
+        await publisher.close()
 
 
 @web.middleware

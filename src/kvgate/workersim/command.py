@@ -63,6 +63,10 @@ def worker_sim(
     session_header: Annotated[
         str, typer.Option(help="Header naming a request's session.")
     ] = "X-Session-ID",
+    kv_events_port: Annotated[
+        int | None,
+        typer.Option(help="Publish KV events (vLLM format, ZeroMQ) here; replay on the next port."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
 ) -> None:
     """Run an emulated OpenAI-compatible worker driving kvgate's engine model in real time."""
@@ -88,6 +92,7 @@ def worker_sim(
             session_header=session_header,
             slots=slots,
             slot_save_path=slot_save_path,
+            kv_events_port=kv_events_port,
         )
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None

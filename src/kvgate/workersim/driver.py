@@ -25,6 +25,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.engine import Engine, EngineRequest, StepResult
@@ -108,6 +109,8 @@ class EngineDriver:
         """Model seconds those jumps skipped: time in which the engine computed nothing
         because the process did not get the CPU, which inflates model-clock latencies."""
         self.failed = False
+        self.on_step: Callable[[], None] | None = None
+        """Called after every engine step (the KV event publisher drains the journal)."""
 
     # -- clock ---------------------------------------------------------------
 
@@ -240,6 +243,8 @@ class EngineDriver:
                 for queue in self._queues.values():
                     queue.put_nowait(EngineFailed())
                 raise
+            if self.on_step is not None:
+                self.on_step()
             if result.steps == 0:
                 # Work that cannot be scheduled yet (or not arrived yet on the
                 # timeline): wait for a change or a moment.

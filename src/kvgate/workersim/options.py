@@ -76,6 +76,17 @@ class WorkerOptions(BaseModel):
         default=None, description="Folder of saved slots (llama.cpp's --slot-save-path)."
     )
 
+    # KV events (``workersim.kvpublish``), in vLLM's format.
+    kv_events_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65534,
+        description=(
+            "Publish KV events (vLLM's ZeroMQ format) on this port, replay on the next "
+            "one (None: no events)."
+        ),
+    )
+
     # Request routing hints.
     session_header: str = "X-Session-ID"
 

@@ -7,13 +7,17 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from kvgate.engine import Engine
-from kvgate.workersim.app import create_app
+from kvgate.workersim.app import KV_PUBLISHER_KEY, create_app
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.worker import WORKER_KEY, Worker
+
+if TYPE_CHECKING:
+    from kvgate.kvevents.publisher import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,11 @@ class WorkerHandle:
     def engine(self) -> Engine:
         """The engine the worker drives (tests may read its stats)."""
         return self.worker.engine
+
+    @property
+    def kv_publisher(self) -> KVEventPublisher | None:
+        """The KV event publisher, when the worker publishes (``--kv-events-port``)."""
+        return self._runner.app.get(KV_PUBLISHER_KEY)
 
     @property
     def stopped(self) -> bool:

@@ -20,6 +20,7 @@ from kvgate.engine.blocks import chain_hashes
 from kvgate.engine.config import EngineConfig
 from kvgate.workersim.driver import EngineDriver
 from kvgate.workersim.faults import FaultInjector, FaultSettings
+from kvgate.workersim.kvpublish import EnginePublisher
 from kvgate.workersim.metrics import WorkerCollector, build_registry
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError, Prompt
@@ -86,6 +87,8 @@ class Worker:
             else None
         )
         """llama.cpp's slots, when the worker emulates a llama.cpp server."""
+        self.kv_publisher: EnginePublisher | None = None
+        """Set when the app publishes KV events (``workersim.kvpublish``)."""
         self._rng = random.Random(options.seed)
         self._next_id = 0
         self._id_stem = self.gpu_uuid[4:12]
@@ -163,6 +166,10 @@ class Worker:
             full = chain_hashes(tokens + output, block_size)
             split = len(tokens) // block_size
             hashes, output_hashes = full[:split], full[split:]
+        if self.kv_publisher is not None:
+            self.kv_publisher.tokens.note(
+                tokens if output is None else tokens + output, hashes + output_hashes, block_size
+            )
         return EngineRequest(
             request_id=request_id,
             block_hashes=hashes,
