@@ -10,7 +10,7 @@ import pytest
 from kvgate.core.decision import Affinity
 from kvgate.gateway.testing import running_gateway
 from kvgate.store import RedisStore
-from kvgate.store.redis_store import cluster_nodes, cluster_prefix
+from kvgate.store.cluster import cluster_nodes, cluster_prefix
 from kvgate.testing import wait_until, wait_until_sync
 from kvgate.testing_redis import RedisClusterServers, find_redis_server
 from kvgate.workersim import WorkerOptions, running_worker

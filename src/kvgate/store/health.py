@@ -12,7 +12,8 @@ class StoreHealth:
     ``errors_total``: failed backend round trips (probes included); ``degraded``:
     calls are answered from the local fallback map; ``fallbacks_total``: calls so
     answered; ``resyncs_total``: outages recovered from; ``degraded_total``: outages
-    entered; ``dirty_dropped_total``: local writes dropped from the resync backlog.
+    entered; ``dirty_dropped_total``: local writes dropped from the resync backlog;
+    ``data_lost_total``: times the backend was found to have lost its data (a FLUSHALL).
     """
 
     errors_total: int = 0
@@ -21,3 +22,4 @@ class StoreHealth:
     resyncs_total: int = 0
     degraded_total: int = 0
     dirty_dropped_total: int = 0
+    data_lost_total: int = 0

@@ -15,6 +15,11 @@ whose first try landed finds its own binding in force and returns it; set, touch
 blob writes and lease renewals write the same values again. Only the replies of a
 retried ``delete`` or ``release_lease`` may say False when the first try did it.
 
+Lost data is seen, not only outages: every ``epoch_check_s`` (1 s) the store checks
+its epoch key (``store.epoch``); when it is gone (a ``FLUSHALL``, Redis restarted
+without persistence, the key evicted) or was rewritten by another replica that found
+it gone, the loss is logged once and counted (``kvgate_store_data_lost_total``).
+
 Degraded is the availability side of a trade-off, not a silent one: while Redis is
 unreachable a replica routes on its own (a misplaced request costs a cache miss; a
 refused one would cost the client its answer), it says so (a warning, and the
@@ -43,10 +48,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import unquote
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -55,6 +58,8 @@ from kvgate.core.decision import Affinity
 from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
+from kvgate.store.cluster import cluster_nodes, cluster_prefix, is_cluster_url
+from kvgate.store.epoch import Epoch
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.scripts import Scripts
@@ -83,46 +88,6 @@ _ATTEMPTS = 2
 """Tries of one call before the store turns degraded (see the module docstring)."""
 
 
-def is_cluster_url(url: str) -> bool:
-    """True for ``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster)."""
-    return url.startswith(("redis+cluster://", "rediss+cluster://"))
-
-
-def cluster_nodes(url: str) -> dict[str, Any]:
-    """``RedisCluster`` arguments from ``redis+cluster://[user:pass@]h1:p1[,h2:p2...]``.
-
-    Several startup nodes, so a client started while one of them is down (a failed
-    master) still finds the cluster; the rest of the nodes are discovered.
-    """
-    scheme, _, rest = url.partition("://")
-    netloc = rest.split("/", 1)[0]
-    userinfo, _, hosts = netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    nodes = []
-    for part in hosts.split(","):
-        host, _, port = part.rpartition(":")
-        nodes.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port or 6379)))
-    return {
-        "startup_nodes": nodes,
-        "username": unquote(user) or None,
-        "password": unquote(password) or None,
-        "ssl": scheme.startswith("rediss"),
-    }
-
-
-def cluster_prefix(prefix: str) -> str:
-    """``prefix`` with a hash tag, so every key of the store lands in one cluster slot.
-
-    The Lua scripts touch a binding and its worker's indexes together, and Redis
-    Cluster runs a script only over keys of one slot: ``kvgate:`` becomes
-    ``{kvgate}:``; a prefix that already has a tag is kept.
-    """
-    if "{" in prefix and "}" in prefix.split("{", 1)[1]:
-        return prefix
-    stem = prefix.rstrip(":")
-    return f"{{{stem}}}:" if stem else "{kvgate}:"
-
-
 class RedisStore(AffinityStore):
     """An ``AffinityStore`` in Redis, with a local fallback map for outages.
 
@@ -149,6 +114,7 @@ class RedisStore(AffinityStore):
         fallback_max_sessions: int = 1_000_000,
         max_dirty: int = 100_000,
         max_connections: int = 32,
+        epoch_check_s: Seconds = 1.0,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
@@ -200,6 +166,10 @@ class RedisStore(AffinityStore):
         self._recovery: asyncio.Task[None] | None = None
         self._recovering = asyncio.Lock()
         self._closed = False
+        self._epoch = Epoch()
+        self._epoch_check_s = epoch_check_s
+        self._epoch_watch: asyncio.Task[None] | None = None
+        self.data_lost_total = 0
 
     @property
     def degraded(self) -> bool:
@@ -220,6 +190,7 @@ class RedisStore(AffinityStore):
             resyncs_total=self.resyncs_total,
             degraded_total=self.degraded_total,
             dirty_dropped_total=self.dirty_dropped_total,
+            data_lost_total=self.data_lost_total,
         )
 
     @property
@@ -393,13 +364,34 @@ class RedisStore(AffinityStore):
         local = await self.local.release_lease(name, holder)
         return local if reply is _DOWN else reply
 
+    async def check_epoch(self) -> bool:
+        """Check now whether the store lost its data (see ``store.epoch``); True if it did."""
+        reply = await self._remote(lambda: self._scripts.epoch(self._epoch.token))
+        if reply is _DOWN or not self._epoch.observe(reply):
+            return False
+        self.data_lost_total += 1
+        logger.warning(
+            "affinity store lost its data: the epoch key at redis %s was gone (FLUSHALL, a "
+            "restart without persistence, or eviction); sessions bound before are re-placed "
+            "on their next request",
+            self._url_for_logs,
+        )
+        return True
+
+    async def _watch_epoch(self) -> None:
+        while not self._closed:
+            # Sleep first: the call that started the watch has Redis to itself.
+            await asyncio.sleep(self._epoch_check_s)
+            await self.check_epoch()
+
     async def close(self) -> None:
         """Stop probing, close connections, forget the local map."""
         self._closed = True
-        if self._recovery is not None:
-            self._recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery
+        for task in (self._recovery, self._epoch_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._redis.aclose()
         await self.local.close()
 
@@ -407,6 +399,9 @@ class RedisStore(AffinityStore):
 
     async def _remote(self, call: Callable[[], Awaitable[T]]) -> T | Literal[_Down.DOWN]:
         """Run ``call`` against Redis (tried twice), or say it is down (and turn degraded)."""
+        if self._epoch_watch is None and not self._closed:
+            # Started by the first call, so the store can be made outside an event loop.
+            self._epoch_watch = asyncio.get_running_loop().create_task(self._watch_epoch())
         for attempt in range(_ATTEMPTS):
             if self._degraded:  # also when another call degraded it during our first try
                 self.fallbacks_total += 1

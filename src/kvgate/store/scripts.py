@@ -9,12 +9,13 @@ Key layout under a prefix ``P`` (default ``kvgate:``):
 - ``P we:<worker>``: the same sessions scored by expiry (Redis server ms), so
   expired sessions are pruned from both indexes without scanning;
 - ``P workers``: set of workers that may have sessions (for ``counts``);
-- ``P blob:<name>`` and ``P lease:<name>``: rollout state and leases.
+- ``P blob:<name>`` and ``P lease:<name>``: rollout state and leases;
+- ``P epoch``: a token that says the data is still there (``store.epoch``).
 
 Every write that touches a binding runs as one Lua script, so the binding and both
 indexes change together and compare-and-set is atomic across gateway replicas.
 Scripts derive index keys from the prefix, so on Redis Cluster the prefix carries
-a hash tag (``{kvgate}:``, see ``redis_store.cluster_prefix``) to keep every key in
+a hash tag (``{kvgate}:``, see ``cluster.cluster_prefix``) to keep every key in
 one slot; scripts without a key of their own pass ``P workers`` as KEYS[1] so the
 cluster client routes them to that slot.
 """
@@ -139,6 +140,14 @@ end
 return out
 """
 
+# KEYS[1] epoch; ARGV: this replica's token. Replies what was there (nil: it was gone,
+# and the token is there now). See ``store.epoch``.
+_EPOCH = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then redis.call('SET', KEYS[1], ARGV[1]) end
+return cur
+"""
+
 # KEYS[1] lease; ARGV: holder, ttl_ms
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
@@ -195,6 +204,7 @@ class Scripts:
         self._counts = register(_COUNTS)
         self._acquire = register(_ACQUIRE)
         self._release = register(_RELEASE)
+        self._epoch = redis.register_script(_EPOCH)
 
     def session_key(self, key: SessionKey) -> str:
         """The Redis key holding ``key``'s binding."""
@@ -296,6 +306,11 @@ class Scripts:
         """Take or renew lease ``name``; True if ``holder`` holds it afterwards."""
         reply = await self._acquire([self.lease_key(name)], [holder, ttl_ms(ttl)])
         return bool(int(reply))
+
+    async def epoch(self, token: str) -> str | None:
+        """The epoch key's value, or ``None`` when it was gone (then ``token`` is set)."""
+        reply = await self._epoch([f"{self.prefix}epoch"], [token])
+        return None if reply is None else _text(reply)
 
     async def release_lease(self, name: str, holder: str) -> bool:
         """Drop lease ``name`` if ``holder`` holds it."""

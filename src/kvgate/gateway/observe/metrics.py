@@ -416,6 +416,24 @@ class GatewayMetrics:
         return generate_latest(_WithoutCreated(self.registry))
 
 
+_STORE_COUNTERS = (
+    ("kvgate_store_backend_errors", "errors_total",
+     "Failed round trips to the store's backend (Redis), probes included."),
+    ("kvgate_store_degraded_episodes", "degraded_total",
+     "Times the store entered degraded mode (backend outages seen)."),
+    ("kvgate_store_fallbacks", "fallbacks_total",
+     "Store calls answered from the local fallback map during outages."),
+    ("kvgate_store_resyncs", "resyncs_total",
+     "Outages recovered from: local writes pushed back to the backend."),
+    ("kvgate_store_dirty_dropped", "dirty_dropped_total",
+     "Local writes dropped from the resync backlog (over its bound) during outages."),
+    ("kvgate_store_data_lost", "data_lost_total",
+     "Times the store's backend was found to have lost its data (FLUSHALL, a restart "
+     "without persistence): bindings made before were forgotten."),
+)  # fmt: skip
+"""The store's counters: exported name, ``StoreHealth`` field, help."""
+
+
 class _StoreCollector(Collector):
     """The store's own counters (a Redis outage is answered locally, so no request fails
     and ``kvgate_store_errors_total`` alone would not show it)."""
@@ -425,36 +443,13 @@ class _StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         h = self._health()
-        yield CounterMetricFamily(
-            "kvgate_store_backend_errors",
-            "Failed round trips to the store's backend (Redis), probes included.",
-            value=h.errors_total,
-        )
         yield GaugeMetricFamily(
             "kvgate_store_degraded",
             "1 while the store's backend is unreachable and calls are answered locally.",
             value=1.0 if h.degraded else 0.0,
         )
-        yield CounterMetricFamily(
-            "kvgate_store_degraded_episodes",
-            "Times the store entered degraded mode (backend outages seen).",
-            value=h.degraded_total,
-        )
-        yield CounterMetricFamily(
-            "kvgate_store_fallbacks",
-            "Store calls answered from the local fallback map during outages.",
-            value=h.fallbacks_total,
-        )
-        yield CounterMetricFamily(
-            "kvgate_store_resyncs",
-            "Outages recovered from: local writes pushed back to the backend.",
-            value=h.resyncs_total,
-        )
-        yield CounterMetricFamily(
-            "kvgate_store_dirty_dropped",
-            "Local writes dropped from the resync backlog (over its bound) during outages.",
-            value=h.dirty_dropped_total,
-        )
+        for name, field, text in _STORE_COUNTERS:
+            yield CounterMetricFamily(name, text, value=getattr(h, field))
 
 
 class SlotMetrics:
