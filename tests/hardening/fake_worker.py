@@ -85,6 +85,8 @@ class FakeWorker:
     port: int = 0
     metrics_page: bytes = b"vllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.0\n"
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
+    heads: list[bytes] = field(default_factory=list)
+    """Every request's head as it arrived (the target, each header line in its case)."""
     streaming: int = 0
     """Slow streams being written now (one the gateway dropped ends at its next write)."""
     flooded: int = 0
@@ -107,6 +109,7 @@ class FakeWorker:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
                 lines = head.decode("latin-1").split("\r\n")
                 method, target, _ = lines[0].split(" ", 2)
                 headers = {}

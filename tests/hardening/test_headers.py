@@ -59,3 +59,62 @@ async def test_a_header_value_sent_in_pieces_without_end_is_refused_431(
         answer = await raw_exchange(gateway_port(gw), pieces, gap_s=0.01)
     assert answer.status == 431, answer
     assert answer.error()["code"] == "headers_too_large"
+
+
+CREDENTIAL_LINES = [
+    b"Authorization: Bearer client-key",
+    b"AUTHORIZATION: Bearer client-key",
+    b"AuThOrIzAtIoN: Bearer client-key",
+    b"authorization: Bearer client-key",
+    b"X-API-KEY: client-secret",
+    b"x-api-key: client-secret",
+    b"Api-Key: client-secret",
+    b"PROXY-AUTHORIZATION: Basic Y2xpZW50OnNlY3JldA==",
+    b"Cookie: session=client-secret",
+]
+
+
+def _with_credentials(extra: list[bytes]) -> bytes:
+    body = b'{"model":"demo","prompt":"x"}'
+    lines = [b"POST /v1/completions HTTP/1.1", b"Host: x", b"Content-Type: application/json"]
+    # The gateway's own check reads ``Authorization`` in any case; the key is valid.
+    lines += extra
+    lines.append(f"Content-Length: {len(body)}".encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("line", CREDENTIAL_LINES)
+async def test_no_client_credential_reaches_a_worker_in_any_header_case(
+    line: bytes, no_tracebacks: object
+) -> None:
+    """With client API keys, the client's credentials stay at the gateway: every
+    credential header is matched whatever the case of its name."""
+    async with fake_fleet(api_keys=["client-key"]) as (gw, fakes):
+        auth = (
+            []
+            if line.lower().startswith(b"authorization:")
+            else [b"Authorization: Bearer client-key"]
+        )
+        answer = await raw_exchange(gateway_port(gw), _with_credentials([*auth, line]))
+    assert answer.status == 200, answer
+    heads = [head for fake in fakes for head in fake.heads if head.startswith(b"POST")]
+    assert len(heads) == 1
+    assert b"client-key" not in heads[0] and b"client-secret" not in heads[0], heads[0]
+    assert b"Y2xpZW50OnNlY3JldA==" not in heads[0], heads[0]
+
+
+@pytest.mark.parametrize("line", CREDENTIAL_LINES)
+async def test_a_worker_with_its_own_key_gets_only_that_key(
+    line: bytes, no_tracebacks: object
+) -> None:
+    """A worker with ``api_key`` gets one ``Authorization``, the gateway's, and none of
+    the client's credential headers, whatever their case (no client keys configured)."""
+    async with fake_fleet(worker={"api_key": "worker-key"}) as (gw, fakes):
+        answer = await raw_exchange(gateway_port(gw), _with_credentials([line]))
+    assert answer.status == 200, answer
+    head = next(head for fake in fakes for head in fake.heads if head.startswith(b"POST"))
+    lines = [h.lower() for h in head.split(b"\r\n")]
+    assert [h for h in lines if h.startswith(b"authorization:")] == [
+        b"authorization: bearer worker-key"
+    ], head
+    assert b"client-key" not in head and b"client-secret" not in head, head

@@ -261,6 +261,7 @@ def build_app(gateway: Gateway) -> web.Application:
     config = gateway.config
     stack: list[Middleware] = [
         middleware.errors,
+        middleware.paths,
         middleware.header_limit(config.limits.max_header_bytes, config.limits.max_headers),
         middleware.body_limit(config.limits.max_body_bytes),
     ]

@@ -71,6 +71,12 @@ class InvalidRequestError(GatewayError):
     code = "invalid_request"
 
 
+class InvalidPathError(InvalidRequestError):
+    """400: a request target the gateway never forwards (a dot segment, an encoded slash)."""
+
+    code = "invalid_path"
+
+
 class UnauthorizedError(GatewayError):
     """401: missing or wrong client API key."""
 

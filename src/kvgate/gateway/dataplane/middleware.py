@@ -21,11 +21,13 @@ from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     GatewayError,
     HeadersTooLargeError,
+    InvalidPathError,
     InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
     error_body,
 )
+from kvgate.gateway.upstream.transport import unsafe_path
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -84,6 +86,20 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             content_type="application/json",
         )
         return _with_request_id(request, response)
+
+
+@web.middleware
+async def paths(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a request target that is not a normalized path (400), before any route.
+
+    Read from the target as the client sent it: a dot segment or an encoded slash
+    must never reach a worker, nor match a route or a path-prefix check after
+    something resolves it.
+    """
+    why = unsafe_path(request.raw_path)
+    if why is not None:
+        raise InvalidPathError(f"{why}: only normalized paths are served")
+    return await handler(request)
 
 
 def header_limit(max_bytes: int, max_count: int) -> Middleware:

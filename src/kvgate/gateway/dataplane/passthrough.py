@@ -24,12 +24,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig, check_embedding_input
 from kvgate.core.prefix import InvalidRequestError as BadBody
 from kvgate.core.session import normalize_key, session_key_from
-from kvgate.gateway.dataplane.errors import InvalidRequestError
+from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
 from kvgate.gateway.dataplane.exchange import AiohttpExchange
 from kvgate.gateway.dataplane.models import check_model
 from kvgate.gateway.dataplane.proxy import Forward, Proxy
@@ -40,7 +41,33 @@ RESPONSE_TAG = "response:"
 """Affinity keys of stored responses: ``response:<id>`` never equals a client's key."""
 
 FORWARDED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-"""Methods forwarded on ``/v1/{path}``; HEAD and OPTIONS are not."""
+"""Methods forwarded on ``/v1/{path}``; HEAD and OPTIONS are not (405, never upstream)."""
+
+POST_ONLY = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+)
+"""Endpoints that exist only for ``POST``: any other method is a 405 the gateway answers."""
+
+
+def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
+    """A handler answering 405 with ``Allow: allowed`` (HEAD too: never sent upstream,
+    where a bodiless answer would hold a worker's slot until a timeout)."""
+    allow = ", ".join(allowed)
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise GatewayError(
+            f"{request.method} is not allowed on {request.path}; use {allow}",
+            status=405,
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": allow},
+        )
+
+    return refuse
 
 
 class Passthrough:
@@ -60,13 +87,18 @@ class Passthrough:
 
     def routes(self) -> list[web.AbstractRouteDef]:
         """The routes, to add after the specific ``/v1/`` ones."""
+        post_only = method_not_allowed(("POST",))
         return [
             web.get("/v1/models/{model:.+}", self.model_card),
             web.post("/v1/embeddings", self.embeddings),
             web.post("/v1/responses", self.responses),
             web.post("/tokenize", self.tokenize),
             web.post("/detokenize", self.detokenize),
-            *(web.route(m, "/v1/{path:.*}", self.any_v1) for m in FORWARDED_METHODS),
+            # After each path's POST route: every other method there is a 405.
+            *(web.route("*", path, post_only) for path in POST_ONLY),
+            web.get("/v1/{path:.*}", self.any_v1, allow_head=False),
+            *(web.route(m, "/v1/{path:.*}", self.any_v1) for m in FORWARDED_METHODS[1:]),
+            web.route("*", "/v1/{path:.*}", method_not_allowed(FORWARDED_METHODS)),
         ]
 
     async def model_card(self, request: web.Request) -> web.Response:
@@ -102,8 +134,12 @@ class Passthrough:
         return await self._forward(request, "/detokenize")
 
     async def any_v1(self, request: web.Request) -> web.StreamResponse:
-        """Any other ``/v1/`` path: forwarded to a worker of the requested model."""
-        return await self._forward(request, request.path_qs)
+        """Any other ``/v1/`` path: forwarded to a worker of the requested model, as the
+        client sent it (``middleware.paths`` refused it unless it is a normalized path)."""
+        target = request.raw_path
+        if not target.startswith("/v1/"):
+            raise NotFoundError(f"no route for {request.method} {request.path}")
+        return await self._forward(request, target)
 
     async def _forward(
         self,

@@ -72,6 +72,10 @@ _NOT_FORWARDED = HOP_BY_HOP | {"content-encoding"}
 """Request headers not passed to the worker: the server already decoded the body (gzip,
 deflate), so the bytes forwarded are not in the encoding the client named."""
 
+CREDENTIALS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"})
+"""Headers (lower case) that carry a client's credentials: with client API keys, or a
+worker key of the gateway's own, none of them is forwarded, whatever its case."""
+
 
 @dataclass(frozen=True, slots=True)
 class Forward:
@@ -144,6 +148,10 @@ class Proxy:
         self.features = features
         self.max_retries = max_retries
         self.strip_client_auth = strip_client_auth
+        self._not_forwarded_keyed = _NOT_FORWARDED | CREDENTIALS
+        """Not forwarded to a worker with a key of its own: the client's credentials."""
+        self._not_forwarded = self._not_forwarded_keyed if strip_client_auth else _NOT_FORWARDED
+        """Not forwarded to other workers (with client API keys: the credentials too)."""
         self.draining = draining
         self.rng = rng
         self.stream_usage = stream_usage
@@ -198,7 +206,7 @@ class Proxy:
             raise DrainingError("the gateway is shutting down")
         self.in_flight += 1
         self.idle.clear()
-        outcome = Outcome()
+        outcome = Outcome(method=request.method)
         features: RequestFeatures | None = None
         try:
             body = await request.read()
@@ -491,17 +499,14 @@ class Proxy:
     ) -> dict[str, str]:
         headers: dict[str, str] = {}
         connection = request.headers.get("Connection")
-        drop = _NOT_FORWARDED
+        api_key = worker.config.api_key
+        drop = self._not_forwarded if api_key is None else self._not_forwarded_keyed
         if connection:
             drop = drop | {t.strip().lower() for t in connection.split(",")}
         for name, value in request.headers.items():
-            if name.lower() not in drop:
+            if name.lower() not in drop:  # every case of a name: AUTHORIZATION too
                 headers[name] = value
         headers[REQUEST_ID] = request_id
-        api_key = worker.config.api_key
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
-        elif self.strip_client_auth:
-            headers.pop("Authorization", None)
-            headers.pop("authorization", None)
         return headers

@@ -382,6 +382,7 @@ class Relay:
                     ttft=outcome.ttft,
                     duration=duration,
                     retries=outcome.retries,
+                    method=outcome.method,
                     path=path,
                     session=features.session_source.value if features is not None else "none",
                     stream=features.stream if features is not None else False,

@@ -14,12 +14,14 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import aiohttp
 from multidict import CIMultiDictProxy
 from yarl import URL
 
 from kvgate.gateway.dataplane.errors import (
+    InvalidPathError,
     UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
@@ -30,6 +32,37 @@ from kvgate.gateway.upstream import http1
 
 _MAX_CACHED_TARGETS = 64
 """Request targets remembered per worker (the fixed OpenAI paths; not every client path)."""
+
+_DECODINGS = 3
+"""Percent-decodings ``unsafe_path`` looks through (``%252e`` is ``%2e`` once decoded)."""
+
+
+def unsafe_path(target: str) -> str | None:
+    """Why a request target (path and query, as the client sent it) must not reach a
+    worker, or ``None`` when it may.
+
+    A dot segment (``.``/``..``, literal or percent-encoded in any case, once or
+    more), an encoded slash or backslash, a backslash or a NUL could let a client
+    climb out of the paths the gateway serves to a worker's own endpoints, once a
+    URL library or the worker resolves it. The query is not a path and is not read.
+    """
+    path = target.partition("?")[0]
+    if "." not in path and "%" not in path and "\\" not in path:
+        return None  # the common case: nothing to resolve
+    for _ in range(_DECODINGS):
+        lowered = path.lower()
+        if "\\" in path or "%5c" in lowered:
+            return "a backslash in the path"
+        if "%2f" in lowered:
+            return "an encoded slash in the path"
+        if "\x00" in path or "%00" in lowered:
+            return "a NUL in the path"
+        if any(segment in (".", "..") for segment in path.split("/")):
+            return "a dot segment in the path"
+        if "%" not in path:
+            return None
+        path = unquote(path, errors="surrogateescape")
+    return "a path encoded too many times"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +195,10 @@ class Upstream:
         self._pool: http1.ConnectionPool | None = None
         self._targets: dict[str, tuple[str, str]] = {}
         """(request target, Host header) per API path (a handful), not built per request."""
+        base = URL(base_url)
+        self._base_path = base.raw_path.rstrip("/")
+        """The worker URL's own path (usually none): every target starts with it."""
+        self._host = base.host_port_subcomponent or ""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -204,8 +241,12 @@ class Upstream:
     def _target(self, path: str) -> tuple[str, str]:
         found = self._targets.get(path)
         if found is None:
-            url = URL(self.base_url + path)
-            found = (url.raw_path_qs, url.host_port_subcomponent or "")
+            # Joined as text, never through a URL library: one would resolve dot
+            # segments (``/v1/%2e%2e/admin``) into a path outside the ones served.
+            why = unsafe_path(path) if path.startswith("/") else "a path not starting with /"
+            if why is not None:
+                raise InvalidPathError(f"the path is not forwarded: {why}")
+            found = (self._base_path + path, self._host)
             if len(self._targets) < _MAX_CACHED_TARGETS:  # forwarded paths come from clients
                 self._targets[path] = found
         return found
