@@ -40,9 +40,7 @@ async def test_the_canary_split_is_a_pick_among_its_versions_endpoints_and_sessi
                 assert all((e in canary) == (version == "v2") for e in result.endpoints)
                 first[session["x-session-id"]] = result.served or ""
             for session_id, served in first.items():
-                again = await client.request(
-                    chat("turn two"), headers={"x-session-id": session_id}
-                )
+                again = await client.request(chat("turn two"), headers={"x-session-id": session_id})
                 assert again.served == served, session_id  # stickiness
             await wait_until(lambda: leases_released(picker), message="released")
         share = versions["v2"] / sum(versions.values())

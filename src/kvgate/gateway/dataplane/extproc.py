@@ -491,7 +491,7 @@ class _Stream:
                     found = self.server.worker_at(endpoint)
                     if found is not None:
                         skipped.append(found)
-            picked.served(worker, skipped)
+            await picked.served(worker, skipped)
             try:
                 status = int(headers.get(":status", "200"))
             except ValueError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.dataplane.relay import Outcome, PassiveHealth, Relay
 from kvgate.gateway.dataplane.router import Placement, Router
@@ -78,20 +79,34 @@ class PickedRequest:
         """The decision went back to the proxy: the request is on its way to its worker."""
         self.router.share(self.placement)
 
-    def served(self, worker: Worker | None, skipped: Sequence[Worker]) -> None:
+    async def served(self, worker: Worker | None, skipped: Sequence[Worker]) -> None:
         """The proxy says which endpoint served (``None``: it did not say).
 
         The endpoints of the fallback list before the one that served were tried
         and failed (the proxy goes down the list in order): each counts as a
         failure for outlier detection. The lease follows the serving worker, so
-        the one doing the work is the one counted in flight and charged.
+        the one doing the work is the one counted in flight and charged, and the
+        session's binding follows it too (compare-and-set from the picked worker:
+        where its KV now is), as a retry's does in the built-in proxy.
         """
         for failed in skipped:
             self.passive.failure(failed)
-        if worker is not None and worker is not self.placement.worker:
-            self.placement.lease.move(worker)
-            self.placement.reason = "fallback"
-            self.placement.version = worker.version
+        placement = self.placement
+        if worker is None or worker is placement.worker:
+            return
+        picked = placement.worker.id
+        placement.lease.move(worker)
+        placement.reason = "fallback"
+        placement.version = worker.version
+        key = self.features.affinity_key
+        if key is None:
+            return
+        router = self.router
+        bound = Affinity(key, worker.id, worker.version, router.wall())
+        try:
+            await router.store.compare_and_set(key, picked, bound, router.ttl)
+        except Exception:
+            router.metrics.store_errors.labels("compare_and_set").inc()
 
     def response_head(self, status: int, content_type: str) -> None:
         """The worker's response headers arrived (through the proxy)."""
