@@ -40,3 +40,14 @@ def test_h100_is_faster_than_a100() -> None:
 def test_unknown_profile_is_an_error() -> None:
     with pytest.raises(ValueError, match="h100-llama3-8b"):
         get_profile("tpu-v9")
+
+
+def test_a_scaled_profile_takes_one_over_speed_as_long_for_every_step() -> None:
+    h100 = get_profile("h100-llama3-8b")
+    half = h100.scaled(0.5)
+    for step in ((2048, 0, 0), (0, 32, 40_000), (512, 8, 9_000)):
+        assert half.step_time(*step) == pytest.approx(2 * h100.step_time(*step))
+    assert half.gpu_total_mib == h100.gpu_total_mib  # memory is the device's, unchanged
+    assert h100.scaled(1.0) is h100
+    with pytest.raises(ValueError):
+        h100.scaled(0.0)

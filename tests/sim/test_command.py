@@ -164,3 +164,18 @@ def test_sim_caps_the_clients_requests_out_as_the_live_replay_does() -> None:
     assert json.loads(free.stdout)["policies"]["round_robin"]["client_queued"] == 0
     zero = runner.invoke(make_app(), [*base, "--client-concurrency", "0"])
     assert zero.exit_code != 0
+
+
+def test_sim_slows_a_worker_mid_run_and_refuses_a_bad_slowdown() -> None:
+    runner = CliRunner()
+    base = ["sim", "--workload", "uniform:rate=40", "--workers", "2", "--requests", "200"]
+    base += ["--block-size", "16", "--client-concurrency", "16", "--policies", "round_robin"]
+    base += ["--no-progress", "--format", "json"]
+    fast = runner.invoke(make_app(), base)
+    slow = runner.invoke(make_app(), [*base, "--slowdown", "2:0:0.25"])
+    assert fast.exit_code == 0 and slow.exit_code == 0, slow.output
+    before, after = (json.loads(r.stdout)["policies"]["round_robin"] for r in (fast, slow))
+    assert after["ttft_p99"] > before["ttft_p99"]
+    for bad in ("2:5:0.5", "2:0:0", "soon"):
+        refused = runner.invoke(make_app(), [*base, "--slowdown", bad])
+        assert refused.exit_code != 0, bad

@@ -18,8 +18,17 @@ SHAPES = (
     "headerless-chat",
     "agent-preamble",
     "session-docs",
+    "uniform",
+    "shared-prefix-groups-24x10",
 )
-HEADERLESS = ("shared-opening-trace", "shared-prefix-groups", "headerless-chat", "agent-preamble")
+HEADERLESS = (
+    "shared-opening-trace",
+    "shared-prefix-groups",
+    "headerless-chat",
+    "agent-preamble",
+    "uniform",
+    "shared-prefix-groups-24x10",
+)
 
 
 def take(spec: str, n: int, seed: int = 3, **overrides: object) -> list[SimRequest]:
@@ -168,3 +177,27 @@ def test_vary_draws_unset_options_from_a_seeded_band_and_keeps_explicit_ones() -
     assert asdict(build_workload("chat:vary=1", seed=5).config)["doc_tokens"] == 0
     with pytest.raises(ValueError, match="vary"):
         build_workload("chat:vary=-1")
+
+
+def test_uniform_shares_nothing_not_even_a_first_block() -> None:
+    requests = take("uniform", 2000)
+    segments = [s for r in requests for s in r.segments]
+    assert all(len(r.segments) == 1 for r in requests)
+    assert len({sid for sid, _ in segments}) == len(requests)  # every prompt its own text
+    sizes = [r.prompt_tokens for r in requests]
+    assert min(sizes) >= 512 and max(sizes) <= 1536  # about 1,024 tokens
+    assert 950 < sum(sizes) / len(sizes) < 1100
+    assert all(64 <= r.max_tokens <= 192 for r in requests)
+    # Nothing for a cache to find: no prefix block repeats.
+    builder = PayloadBuilder("m")
+    firsts = [builder.payload(r).body["messages"][0]["content"][:64] for r in requests[:200]]
+    assert len(set(firsts)) == len(firsts)
+
+
+def test_shared_prefix_groups_at_sglangs_second_size() -> None:
+    requests = take("shared-prefix-groups-24x10", 10_000)
+    assert len(requests) == 240
+    groups = Counter(r.segments[0] for r in requests)
+    assert len(groups) == 24 and set(groups.values()) == {10}
+    assert {tokens for _, tokens in groups} == {2048}
+    assert all(50 <= r.segments[1][1] <= 200 for r in requests)  # short questions

@@ -164,3 +164,24 @@ def test_named_workers_take_the_keys_a_live_fleet_of_those_ids_would() -> None:
 def test_worker_ids_must_name_every_worker_once(ids: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SimConfig(workers=4, worker_ids=ids)
+
+
+def test_a_worker_slowed_mid_run_gets_slower_and_a_load_aware_policy_sends_it_less() -> None:
+    workload = build_workload("uniform:rate=40,prompt_tokens=1024,output_tokens=32", seed=1)
+    base = SimConfig(workers=2, block_size=16, max_requests=400, client_concurrency=16)
+    slowed = dataclasses.replace(base, slowdowns=((4.0, 0, 0.25),))
+    runs = {}
+    for name, config in (("base", base), ("slowed", slowed)):
+        sim = Simulation(config, workload.requests(), "least_request")
+        runs[name] = sim.run()
+        assert [w.engine.speed for w in sim.workers] == (
+            [1.0, 1.0] if name == "base" else [0.25, 1.0]
+        )
+    base_shares, slowed_shares = (runs[n].recorder.shares(6.0) for n in ("base", "slowed"))
+    assert base_shares[0] == pytest.approx(0.5, abs=0.05)
+    assert slowed_shares[0] < 0.35  # a quarter the speed: fewer requests fit there
+    before = runs["slowed"].recorder.shares(0.0, 4.0)
+    assert before[0] == pytest.approx(0.5, abs=0.05)  # the same before the slowdown
+    assert runs["slowed"].summary["ttft_p99"] > runs["base"].summary["ttft_p99"]
+    with pytest.raises(ValueError, match="slowdown"):
+        SimConfig(workers=2, slowdowns=((1.0, 2, 0.5),))

@@ -10,6 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from kvgate.engine import Engine
 from kvgate.testing import wait_until
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 
@@ -143,3 +144,18 @@ async def test_faults_from_options() -> None:
         status, answer = await post(handle.url + "/v1/chat/completions", CHAT)
         assert status == 500
         assert_openai_error(answer)
+
+
+async def test_speed_slows_the_engine_from_the_moment_it_is_set(worker: WorkerHandle) -> None:
+    assert worker.engine.speed == 1.0
+    after = await _set(worker, speed=0.5)
+    assert after["speed"] == 0.5
+    assert worker.engine.speed == 0.5
+    assert worker.engine.alone_ttft(2048, 0) == pytest.approx(
+        2 * Engine(worker.engine.config).alone_ttft(2048, 0)
+    )
+    status, _ = await post(worker.url + "/admin/faults", {"speed": 0})
+    assert status == 400
+    assert worker.engine.speed == 0.5
+    async with running_worker(FAST.model_copy(update={"speed": 0.25})) as slow:
+        assert slow.engine.speed == 0.25

@@ -49,6 +49,7 @@ class Engine:
         self._sessions: OrderedDict[str, EngineRequest] = OrderedDict()
         self._busy_until: Seconds = float("-inf")
         self._busy_utilisation = 0.0
+        self._speed = 1.0
 
     # -- requests ---------------------------------------------------------------------
 
@@ -74,6 +75,20 @@ class Engine:
             seconds += profile.step_time(n, 0, 0)
             left -= n
         return seconds
+
+    @property
+    def speed(self) -> float:
+        """The engine's speed as a share of its profile's (1.0 unless ``set_speed`` changed it)."""
+        return self._speed
+
+    def set_speed(self, speed: float) -> None:
+        """Run every later step at ``speed`` times the profile's rate (0.5: half speed).
+
+        The driver calls it at the time the device changes (a worker slowed mid-run);
+        a step already running keeps the duration it was given.
+        """
+        self._scheduler.profile = self.config.latency.scaled(speed)
+        self._speed = speed
 
     def submit(self, request: EngineRequest, now: Seconds) -> None:
         """Queue ``request`` (arrival time ``now``) at the tail of the waiting queue.

@@ -10,7 +10,7 @@ memory and thermal figures of the device, so the GPU model can be derived from i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 MIB = 1024 * 1024
@@ -32,6 +32,21 @@ class LatencyProfile:
     max_temp_c: float = 78.0
     thermal_time_constant_s: float = 60.0
     description: str = ""
+
+    def scaled(self, speed: float) -> LatencyProfile:
+        """This profile running at ``speed`` times its rate (0.5: every step takes twice
+        as long, as a throttled GPU or a noisy neighbour makes it); memory is unchanged."""
+        if speed <= 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        if speed == 1.0:
+            return self
+        return replace(
+            self,
+            prefill_tokens_per_s=self.prefill_tokens_per_s * speed,
+            step_base_s=self.step_base_s / speed,
+            decode_per_seq_s=self.decode_per_seq_s / speed,
+            attention_per_ctx_token_s=self.attention_per_ctx_token_s / speed,
+        )
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         """Model seconds of one step computing ``prefill_tokens`` and ``decode_seqs`` tokens."""

@@ -41,6 +41,14 @@ def _parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
     return param.strip().replace("-", "_"), _split(values)
 
 
+def _parse_slowdown(text: str) -> tuple[float, int, float]:
+    at, worker, speed = [*text.split(":"), "", ""][:3]
+    try:
+        return float(at), int(worker), float(speed)
+    except ValueError:
+        raise ValueError(f"--slowdown expects AT:WORKER:SPEED, got {text!r}") from None
+
+
 def sim(
     *,
     workload: WorkloadOption = None,
@@ -113,6 +121,13 @@ def sim(
             "--concurrency` and benchmarks/peers.py send them (default: no cap)",
         ),
     ] = None,
+    slowdown: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="AT:WORKER:SPEED: from model second AT, worker index WORKER runs at SPEED "
+            "times its profile's rate (0.5: half speed mid-run; repeatable)"
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     wide: WideOption = False,
     output: FormatOption = OutputFormat.TABLE,
@@ -140,6 +155,7 @@ def sim(
             duration=duration,
             turns_wait=not open_loop,
             client_concurrency=client_concurrency,
+            slowdowns=tuple(_parse_slowdown(item) for item in slowdown or ()),
         )
         if max_in_flight is not None:
             admission = config.admission.model_copy(update={"worker_max_in_flight": max_in_flight})

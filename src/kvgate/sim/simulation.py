@@ -42,6 +42,7 @@ from kvgate.workload.request import SimRequest
 _STEP = 0
 _SCRAPE = 1
 _TIMER = 2  # a hold's wait ran out (``SimGateway.timer``)
+_SPEED = 3  # a worker's device changes speed (``SimConfig.slowdowns``)
 _NO_ARRIVAL_HORIZON = 3600.0  # fuse freely once the workload is exhausted
 
 Progress = Callable[[int], None]
@@ -72,6 +73,9 @@ class SimConfig:
     ``worker_ids`` names the workers (default ``sim-w00``, ``sim-w01``, ...): a policy
     that hashes or breaks ties on a worker's id (``consistent_hash``'s rendezvous
     order) places a key where a live fleet of those ids would.
+    ``slowdowns`` are ``(at, worker index, speed)``: from model second ``at`` that
+    worker's engine runs at ``speed`` times its profile's rate (0.5: a GPU throttled to
+    half speed mid-run), as ``POST /admin/faults {"speed": 0.5}`` does to a live one.
     """
 
     workers: int = 4
@@ -96,6 +100,7 @@ class SimConfig:
     turns_wait: bool = True
     worker_ids: tuple[str, ...] = ()
     client_concurrency: int | None = None
+    slowdowns: tuple[tuple[Seconds, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -110,6 +115,9 @@ class SimConfig:
             raise ValueError("scrape_interval must be positive")
         if not self.versions:
             raise ValueError("versions needs at least one value")
+        for at, index, speed in self.slowdowns:
+            if not (0 <= index < self.workers and at >= 0 and speed > 0):
+                raise ValueError(f"slowdown ({at}, {index}, {speed}): bad time, worker or speed")
         unknown = {name for name, _ in self.version_weights} - set(self.versions)
         if unknown:
             raise ValueError(f"no worker serves version(s) {', '.join(sorted(unknown))}")
@@ -223,6 +231,7 @@ class Simulation:
         self._counter = itertools.count()
         self._pending: list[StepResult | None] = [None] * len(self.workers)
         self._next_scrape: Seconds = 0.0
+        self._next_speed_change = math.inf
         self.step_calls = 0  # engine.step calls that ran something (a cost measure)
 
     def _push(self, at: Seconds, kind: int, worker: int) -> None:
@@ -244,6 +253,9 @@ class Simulation:
         gateway = self.gateway
         arrivals = self._arrivals
         self._push(0.0, _SCRAPE, -1)
+        for n, (at, _, _) in enumerate(self.config.slowdowns):
+            self._push(at, _SPEED, n)
+            self._next_speed_change = min(self._next_speed_change, at)
         arrived = 0
         now = 0.0
         while True:
@@ -254,6 +266,8 @@ class Simulation:
                     self._step(self.workers[index], now)
                 elif kind == _TIMER:
                     gateway.timer_fired(now)
+                elif kind == _SPEED:
+                    self._change_speed(index, now)
                 else:
                     self._scrape(now)
             elif upcoming is not None:
@@ -282,12 +296,19 @@ class Simulation:
         wall = time.perf_counter() - started
         return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
 
+    def _change_speed(self, n: int, now: Seconds) -> None:
+        """Slowdown ``n`` takes effect: later steps of its worker run at its speed."""
+        _, index, speed = self.config.slowdowns[n]
+        self.workers[index].engine.set_speed(speed)
+        later = [at for at, _, _ in self.config.slowdowns if at > now]
+        self._next_speed_change = min(later, default=math.inf)
+
     def _horizon(self, now: Seconds) -> Seconds:
         """How far this worker may fuse decode steps: until anything could reach it."""
         upcoming = self._arrivals.upcoming
         horizon = upcoming.arrival - now if upcoming is not None else _NO_ARRIVAL_HORIZON
         # The next scrape must read the engine as it is then, not after a fused step.
-        horizon = min(horizon, self._next_scrape - now)
+        horizon = min(horizon, self._next_scrape - now, self._next_speed_change - now)
         if self.gateway.queue_depth and self._events:
             # A finish elsewhere would hand a waiter to any worker, this one included.
             horizon = min(horizon, self._events[0][0] - now)

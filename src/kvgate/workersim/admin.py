@@ -103,9 +103,9 @@ async def get_faults(request: web.Request) -> web.Response:
 
 async def set_faults(request: web.Request) -> web.Response:
     """``POST /admin/faults``: change some faults; answers the faults now in force."""
-    faults = request.app[WORKER_KEY].faults
+    worker = request.app[WORKER_KEY]
     update = await read_body(request, FaultUpdate)
-    return web.json_response(faults.update(update).model_dump())
+    return web.json_response(worker.set_faults(update).model_dump())
 
 
 def _fields(result: Any) -> dict[str, Any]:

@@ -38,6 +38,13 @@ def worker_sim(
     extra_latency_ms: Annotated[
         float, typer.Option(help="Added before the first byte of every answer.")
     ] = 0.0,
+    speed: Annotated[
+        float,
+        typer.Option(
+            help="Engine speed as a share of the profile's (0.5: half; "
+            'POST /admin/faults {"speed": x} changes it mid-run).'
+        ),
+    ] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed for output lengths and faults.")] = 0,
     max_num_seqs: Annotated[
         int | None, typer.Option(help="Most requests running at once (default: the engine's).")
@@ -82,6 +89,7 @@ def worker_sim(
             time_scale=time_scale,
             error_rate=error_rate,
             extra_latency_ms=extra_latency_ms,
+            speed=speed,
             seed=seed,
             max_num_seqs=max_num_seqs,
             max_batched_tokens=max_batched_tokens,

@@ -26,6 +26,8 @@ class FaultSettings(BaseModel):
       chunks (``None``: never).
     - ``refuse_connections``: close every connection as soon as it sends a request,
       without an answer.
+    - ``speed``: the engine's speed as a share of its profile's (0.5: every step takes
+      twice as long, a GPU throttled or shared with a noisy neighbour).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -35,6 +37,7 @@ class FaultSettings(BaseModel):
     hang: bool = False
     close_mid_stream_after: int | None = Field(default=None, ge=0)
     refuse_connections: bool = False
+    speed: float = Field(default=1.0, gt=0.0, le=100.0)
 
 
 class FaultUpdate(BaseModel):
@@ -47,6 +50,7 @@ class FaultUpdate(BaseModel):
     hang: bool | None = None
     close_mid_stream_after: int | None = Field(default=None, ge=0)
     refuse_connections: bool | None = None
+    speed: float | None = Field(default=None, gt=0.0, le=100.0)
 
 
 class FaultInjector:

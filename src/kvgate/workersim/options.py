@@ -93,6 +93,9 @@ class WorkerOptions(BaseModel):
     # Faults at start-up (see ``faults.FaultSettings``).
     error_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     extra_latency_ms: float = Field(default=0.0, ge=0.0)
+    speed: float = Field(
+        default=1.0, gt=0.0, le=100.0, description="The engine's speed as a share of its profile's."
+    )
 
     # What the DCGM exporter series are labelled with.
     gpu_index: int = Field(default=0, ge=0)

@@ -19,7 +19,7 @@ from kvgate.engine import Engine, EngineRequest
 from kvgate.engine.blocks import chain_hashes
 from kvgate.engine.config import EngineConfig
 from kvgate.workersim.driver import EngineDriver
-from kvgate.workersim.faults import FaultInjector, FaultSettings
+from kvgate.workersim.faults import FaultInjector, FaultSettings, FaultUpdate
 from kvgate.workersim.kvpublish import EnginePublisher
 from kvgate.workersim.metrics import WorkerCollector, build_registry
 from kvgate.workersim.options import WorkerOptions
@@ -60,9 +60,14 @@ class Worker:
             self.engine, options.time_scale, horizon_s=options.step_horizon_ms / 1000.0
         )
         self.faults = FaultInjector(
-            FaultSettings(error_rate=options.error_rate, extra_latency_ms=options.extra_latency_ms),
+            FaultSettings(
+                error_rate=options.error_rate,
+                extra_latency_ms=options.extra_latency_ms,
+                speed=options.speed,
+            ),
             seed=options.seed,
         )
+        self.engine.set_speed(options.speed)
         # A device's identity, not part of the model: random unless configured.
         self.gpu_uuid = options.gpu_uuid or f"GPU-{uuid.uuid4()}"
         self.finished: Counter[str] = Counter()
@@ -92,6 +97,12 @@ class Worker:
         self._rng = random.Random(options.seed)
         self._next_id = 0
         self._id_stem = self.gpu_uuid[4:12]
+
+    def set_faults(self, update: FaultUpdate) -> FaultSettings:
+        """Apply a partial fault update (``POST /admin/faults``); the engine takes its speed."""
+        settings = self.faults.update(update)
+        self.engine.set_speed(settings.speed)
+        return settings
 
     @property
     def requests_started(self) -> int:

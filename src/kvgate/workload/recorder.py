@@ -84,6 +84,9 @@ class RunRecorder:
         self.sheds: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.served = [0] * len(worker_ids)
+        # Per finished request, when it arrived and where it was served (``shares``).
+        self.arrivals: array[float] = array("d")
+        self.placed: array[int] = array("l")
         self.first_arrival: Seconds | None = None
         self.last_finish: Seconds = 0.0
         self.load = LoadSeries(len(worker_ids), max_samples)
@@ -129,7 +132,19 @@ class RunRecorder:
         self.cached_tokens += cached_tokens
         self.output_tokens += output_tokens
         self.served[worker] += 1
+        self.arrivals.append(now - e2e)
+        self.placed.append(worker)
         self.last_finish = max(self.last_finish, now)
+
+    def shares(self, start: Seconds, end: Seconds = math.inf) -> list[float]:
+        """Each worker's share of the finished requests that arrived in ``[start, end)``
+        (all zero when none did): where a policy sent the work over a window of the run."""
+        counts = [0] * len(self.worker_ids)
+        for at, worker in zip(self.arrivals, self.placed, strict=True):
+            if start <= at < end:
+                counts[worker] += 1
+        total = sum(counts)
+        return [c / total if total else 0.0 for c in counts]
 
     @property
     def hit_rate(self) -> float:

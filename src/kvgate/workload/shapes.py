@@ -1,11 +1,12 @@
-"""Workload shapes that share text across strangers: what cache-aware routers meet in the wild.
+"""Workload shapes that test a cache-aware router at its edges.
 
 The synthetic workloads of ``kvgate.workload.synthetic`` give every conversation
-an opening of its own. These do not, and that is the point (issue 11): a
+an opening of its own. Two of these do not, and that is the point (issue 11): a
 prompt-block trace in which every prompt opens with the same block, and
 SGLang's "generated shared prefix" groups. Both send no session id, so a router
 can follow a conversation only by its own prefix chain, never by a key derived
-from the text everyone shares.
+from the text everyone shares. The third shares nothing at all (issue 46):
+uniform one-shot prompts, where a router can win only by balancing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 
 from kvgate.workload.arrivals import ArrivalSpec, RatedArrivals
 from kvgate.workload.request import Segment, SimRequest
-from kvgate.workload.streams import Ids, Session, around, session_stream, turns
+from kvgate.workload.streams import (
+    Ids,
+    Session,
+    around,
+    session_stream,
+    single_turn_stream,
+    turns,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +128,31 @@ class PrefixGroupsConfig(RatedArrivals):
                 around(rng, self.output_tokens),
                 opening=2,  # a system message and one user message
             )
+
+
+@dataclass(frozen=True, slots=True)
+class UniformConfig(RatedArrivals):
+    """One-shot requests that share no prefix at all: nothing to hit, only load to balance.
+
+    Each request is a single user message of its own text (about ``prompt_tokens``)
+    and asks for about ``output_tokens``; none shares even a first block with
+    another. With a rate above what the fleet serves and a client concurrency cap
+    (the judge's scenario keeps 48 in flight), the clients always have that many
+    out, as a throughput benchmark does: the shape where a KV-aware router must not
+    lose to round robin, above all on a fleet of unequal workers. Example:
+    ``--workload uniform:rate=60,prompt_tokens=1024``.
+    """
+
+    rate: float = 60.0
+    arrival: str = "poisson"
+    prompt_tokens: int = 1024
+    output_tokens: int = 128
+
+    def stream(self, name: str, seed: int, arrival: ArrivalSpec) -> Iterator[SimRequest]:
+        """The request stream (see the class docstring)."""
+
+        def build(rng: random.Random, ids: Ids) -> tuple[list[Segment], int]:
+            own: Segment = (ids.take(), around(rng, self.prompt_tokens))
+            return [own], around(rng, self.output_tokens)
+
+        return single_turn_stream(name, seed, arrival, build, reserved=0)

@@ -1,4 +1,4 @@
-"""Synthetic workloads: chat, shared system prompts, RAG, agent loops, and shared openings.
+"""Synthetic workloads: chat, shared system prompts, RAG, agent loops, shared openings, uniform.
 
 Each workload is a config dataclass (defaults that mean something) that knows
 its arrival process and builds a fresh, endless-or-bounded iterator of
@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 
 from kvgate.workload.arrivals import ArrivalSpec, RatedArrivals
 from kvgate.workload.request import Segment, SimRequest
-from kvgate.workload.shapes import PrefixGroupsConfig, SharedOpeningTraceConfig
+from kvgate.workload.shapes import PrefixGroupsConfig, SharedOpeningTraceConfig, UniformConfig
 from kvgate.workload.streams import (
     Ids,
     Session,
@@ -46,6 +46,7 @@ __all__ = [
     "SharedOpeningTraceConfig",
     "SyntheticWorkload",
     "SystemPromptConfig",
+    "UniformConfig",
     "Workload",
     "WorkloadConfig",
     "ZipfSampler",
@@ -310,6 +311,10 @@ WORKLOADS: dict[str, WorkloadConfig] = {
     # The shapes of issue 11: text shared by strangers, mostly without session ids.
     "shared-opening-trace": SharedOpeningTraceConfig(),
     "shared-prefix-groups": PrefixGroupsConfig(),
+    # Issue 46: no reuse at all (only balance counts), and SGLang's groups at its
+    # second size (24 groups of 10 prompts; the 16 x 8 default is above).
+    "uniform": UniformConfig(),
+    "shared-prefix-groups-24x10": PrefixGroupsConfig(groups=24, prompts=10),
     # Multi-turn chat with neither a session header nor ``user``: only the turns'
     # own prefix chain ties a conversation together, behind 4 shared system prompts.
     "headerless-chat": ChatConfig(

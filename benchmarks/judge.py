@@ -1,0 +1,82 @@
+"""Judge ``default`` against the peers by a fixed protocol (issue 46): every shape, many seeds.
+
+Per scenario (``kvgate.judge.scenarios``: a registered workload, its fleet and its
+bars), ``default``, the peers' modelled rule (``cache_aware``) and round robin run
+in the simulator on every seed; ``--live`` adds runs with the real peers
+(sglang-router, smg from PyPI) in front of emulated workers. Per metric, the ratio
+to the best peer with its 95% interval over the seeds (paired by seed); a shape is
+a LOSS only where an interval lies wholly past one of its bars.
+
+    .venv/bin/python benchmarks/judge.py                                  # 8 seeds, sim
+    .venv/bin/python benchmarks/judge.py --scenarios uniform-mixed --seeds 1-8 --jobs 2
+    .venv/bin/python benchmarks/judge.py --own default --option warm_min_blocks=0
+    .venv/bin/python benchmarks/judge.py --rows docs/runs/judge_sim.json  # re-judge, no runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from kvgate.judge.protocol import Routers, document, judge, parse_seeds
+from kvgate.judge.report import markdown, tables
+from kvgate.judge.scenarios import by_names, judged
+from kvgate.judge.simulated import SIM_ROUTERS, run_all
+from kvgate.workload.synthetic import parse_options
+
+SIM_SEEDS = "500-507"
+"""Held-out seeds: tune on others, judge on these."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run (or reload) the runs, print the judgment, write ``--json``/``--markdown``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--scenarios", default=None, help="comma-separated (default: every judged scenario)"
+    )
+    parser.add_argument("--seeds", default=SIM_SEEDS, help="simulator seeds, e.g. 500-507,600")
+    parser.add_argument("--own", default=SIM_ROUTERS.own, help="the judged policy (simulator)")
+    parser.add_argument(
+        "--option", action="append", default=[], help="KEY=VALUE option of the judged policy"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="simulations run at once")
+    parser.add_argument("--rows", type=Path, default=None, help="re-judge a saved --json's runs")
+    parser.add_argument("--json", type=Path, default=None, help="write plan, runs and verdicts")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the tables")
+    args = parser.parse_args(argv)
+    try:
+        scenarios = by_names(args.scenarios.split(",")) if args.scenarios else judged()
+        seeds = parse_seeds(args.seeds)
+    except ValueError as exc:
+        parser.error(str(exc))
+    console = Console(width=200)
+    started = time.monotonic()
+    if args.rows is not None:
+        saved = json.loads(args.rows.read_text(encoding="utf-8"))
+        runs = saved["runs"]
+        plan = saved.get("plan", {})
+    else:
+        options: dict[str, object] = {}
+        for item in args.option:
+            options.update(parse_options(item))
+        routers = Routers(args.own, SIM_ROUTERS.peers, SIM_ROUTERS.baseline, options)
+        runs = run_all(scenarios, seeds, routers, jobs=args.jobs, progress=console.print)
+        plan = {"sim_seeds": seeds, "own": args.own, "own_options": options}
+    judgments = judge(scenarios, runs)
+    for table in tables(judgments, f"{plan.get('own', 'default')} against the best peer"):
+        console.print(table)
+    console.print(f"{len(runs)} runs in {time.monotonic() - started:.0f} s")
+    if args.json is not None:
+        doc = document(scenarios, runs, judgments, **plan)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(judgments), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
