@@ -49,6 +49,7 @@ from kvgate.gateway.control.config import (
     RolloutsConfig,
     is_loopback,
 )
+from kvgate.redaction import redact, without_userinfo
 
 STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
 """URL schemes of the shared store (``+cluster``: Redis Cluster)."""
@@ -72,22 +73,22 @@ def _check_url(value: str) -> str:
     alone, ``http://:80`` or ``http://h:99999`` would only fail later, per request.
     """
     if not value.startswith(("http://", "https://")):
-        raise ValueError(f"must be an http(s) URL, got {value!r}")
+        raise ValueError(f"must be an http(s) URL, got {redact(value)!r}")
     if any(c.isspace() or ord(c) < 0x20 for c in value):
         raise ValueError(
-            f"must be an http(s) URL without spaces or control characters, got {value!r}"
+            f"must be an http(s) URL without spaces or control characters, got {redact(value)!r}"
         )
     try:
         url = URL(value)
         port = url.port
     except (ValueError, TypeError):
-        raise ValueError(f"not a valid URL: {value!r}") from None
+        raise ValueError(f"not a valid URL: {redact(value)!r}") from None
     if not url.host:
-        raise ValueError(f"must name a host, got {value!r}")
+        raise ValueError(f"must name a host, got {redact(value)!r}")
     if port is None or not 0 < port < 65536:
-        raise ValueError(f"must have a port from 1 to 65535, got {value!r}")
+        raise ValueError(f"must have a port from 1 to 65535, got {redact(value)!r}")
     if url.query_string or url.fragment:
-        raise ValueError(f"must have no query or fragment, got {value!r}")
+        raise ValueError(f"must have no query or fragment, got {redact(value)!r}")
     return value.rstrip("/")
 
 
@@ -116,6 +117,12 @@ class WorkerConfig(_Model):
     @classmethod
     def _optional_url(cls, value: str | None) -> str | None:
         return None if value is None else _check_url(value)
+
+    @property
+    def id(self) -> str:
+        """The worker's id: its URL without user information. Metrics labels, logs,
+        admin views, the dashboard and ``X-Kvgate-Worker`` show this, never a password."""
+        return without_userinfo(self.url)
 
     @property
     def scrape_url(self) -> str:
@@ -382,9 +389,9 @@ class GatewayConfig(_Model):
     def _unique_workers(cls, value: list[WorkerConfig]) -> list[WorkerConfig]:
         seen: set[str] = set()
         for worker in value:
-            if worker.url in seen:
-                raise ValueError(f"worker {worker.url} listed twice")
-            seen.add(worker.url)
+            if worker.id in seen:
+                raise ValueError(f"worker {worker.id} listed twice")
+            seen.add(worker.id)
         return value
 
     @field_validator("model_aliases")

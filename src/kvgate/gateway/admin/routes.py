@@ -49,6 +49,7 @@ from kvgate.gateway.dataplane.errors import (
     NotFoundError,
     UnauthorizedError,
 )
+from kvgate.redaction import without_userinfo
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -255,7 +256,7 @@ async def delete_worker(request: web.Request) -> web.Response:
     if not url:
         raise InvalidRequestError("give the worker's url as ?url=", param="url")
     wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
-    worker = await control.remove_worker(url.rstrip("/"), wait=wait)
+    worker = await control.remove_worker(without_userinfo(url.rstrip("/")), wait=wait)
     return _json({"url": worker.id, "removed": True, "in_flight": worker.in_flight})
 
 

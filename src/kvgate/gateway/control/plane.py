@@ -107,7 +107,7 @@ class ControlPlane:
         """Add a worker for the admin API and save it, so it survives a restart."""
         added = await self.membership.add(worker)
         saved = await self._saved_workers()
-        saved[worker.url] = worker.model_dump(mode="json", exclude_defaults=True)
+        saved[worker.id] = worker.model_dump(mode="json", exclude_defaults=True)
         await self.blobs.put_blob(self._workers_blob, json.dumps(saved).encode())
         return added
 

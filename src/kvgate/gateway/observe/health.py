@@ -139,7 +139,7 @@ class HealthChecker:
     async def _health_ok(self, worker: Worker) -> bool:
         try:
             status, _ = await worker.upstream.get(
-                f"{worker.id}/health", self.config.timeout_s, self._auth(worker)
+                f"{worker.config.url}/health", self.config.timeout_s, self._auth(worker)
             )
         except UpstreamError:
             return False
@@ -153,7 +153,7 @@ class HealthChecker:
         """
         try:
             status, body = await worker.upstream.get(
-                f"{worker.id}/v1/models", self.config.timeout_s, self._auth(worker)
+                f"{worker.config.url}/v1/models", self.config.timeout_s, self._auth(worker)
             )
             cards = json.loads(body).get("data") if status == 200 else None
         except (UpstreamError, ValueError, AttributeError):
@@ -185,7 +185,7 @@ class HealthChecker:
     async def _discover(self, worker: Worker) -> None:
         try:
             status, body = await worker.upstream.get(
-                f"{worker.id}/v1/models", self.config.timeout_s, self._auth(worker)
+                f"{worker.config.url}/v1/models", self.config.timeout_s, self._auth(worker)
             )
             cards = json.loads(body).get("data") if status == 200 else None
         except (UpstreamError, ValueError, AttributeError):

@@ -59,11 +59,11 @@ class Worker:
         self, config: WorkerConfig, upstream: Upstream, default_max_in_flight: int = 256
     ) -> None:
         self._listener: ChangeListener | None = None
-        self.id: WorkerId = config.url
+        self.id: WorkerId = config.id  # never the URL's user information
         self.config = config
         self.upstream = upstream
         self._routed = Routed(
-            id=config.url,
+            id=self.id,
             model=config.model,
             version=config.version or "default",
             max_in_flight=config.max_in_flight or default_max_in_flight,
