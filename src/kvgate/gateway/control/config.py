@@ -169,6 +169,34 @@ class DnsTarget(_Model):
         return self
 
 
+class InferencePoolTarget(_Model):
+    """One ``InferencePool`` (``inference.networking.k8s.io/v1``) whose pods are workers.
+
+    Its ``spec.selector.matchLabels`` pick the pods and ``spec.targetPorts[0]`` is
+    their port; a pod running, ready and with an IP is a worker, watched through
+    the Kubernetes API. ``namespace`` unset: the pod's own (service account);
+    ``api_server`` unset: the in-cluster one. The worker fields apply to every
+    pod found. Example::
+
+        discovery:
+          inference_pools: [{name: vllm-llama3-8b, model: llama-3-8b}]
+    """
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    api_server: str | None = None
+    token_path: str | None = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_path: str | None = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    timeout_s: float = Field(default=10.0, gt=0)
+    retry_s: float = Field(default=2.0, gt=0)
+    """How long to wait after an API error before listing again."""
+    model: str | None = None
+    version: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_in_flight: int | None = Field(default=None, ge=1)
+
+
 class DiscoveryConfig(_Model):
     """Workers found in DNS, re-resolved every ``interval_s``.
 
@@ -178,6 +206,7 @@ class DiscoveryConfig(_Model):
     exists or has no records removes its workers. ``nameservers`` (``host`` or
     ``host:port``) replace the system resolver's (``/etc/resolv.conf``).
     Static ``workers`` and those added through the admin API are never touched.
+    ``inference_pools`` are watched rather than polled (``InferencePoolTarget``).
     Example::
 
         discovery:
@@ -188,6 +217,8 @@ class DiscoveryConfig(_Model):
     """
 
     dns: list[DnsTarget] = Field(default_factory=list)
+    inference_pools: list[InferencePoolTarget] = Field(default_factory=list)
+    """Pods of ``InferencePool`` resources, list-and-watched (``control.kube``)."""
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
     nameservers: list[str] = Field(default_factory=list)

@@ -1,4 +1,5 @@
-"""Service discovery: workers found in DNS, joining and leaving without a restart.
+"""Service discovery: workers found in DNS (or an ``InferencePool``, ``control.kube``),
+joining and leaving without a restart.
 
 Every ``discovery.interval_s`` each configured name is resolved (A and AAAA
 records of a headless Service, or SRV records) and the result compared with the
@@ -32,6 +33,7 @@ import dns.resolver
 
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.config import DiscoveryConfig, DnsTarget, split_host_port
+from kvgate.gateway.control.kube import PoolWatch
 from kvgate.gateway.control.membership import Membership
 from kvgate.gateway.dataplane.errors import GatewayError
 
@@ -151,6 +153,8 @@ class Discovery:
         self.rounds = 0
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
+        self.pools = [PoolWatch(target, membership) for target in config.inference_pools]
+        """One list-and-watch per ``InferencePool`` (``control.kube``)."""
 
     async def resolve_once(self) -> Plan:
         """One round: resolve every name, add what appeared, drain what left."""
@@ -188,9 +192,11 @@ class Discovery:
         return change
 
     def start(self) -> None:
-        """Resolve now and then every ``interval_s`` in the background."""
+        """Resolve now and then every ``interval_s`` in the background; watch the pools."""
         if self.config.dns and self._task is None:
             self._task = asyncio.create_task(self._loop(), name="kvgate-discovery")
+        for pool in self.pools:
+            pool.start()
 
     async def _loop(self) -> None:
         while True:
@@ -205,10 +211,13 @@ class Discovery:
         await self.stop()
         self.config = config
         self.resolver = DnsResolver(config)
+        self.pools = [PoolWatch(target, self.membership) for target in config.inference_pools]
         self.start()
 
     async def stop(self) -> None:
         """Stop resolving (the workers found stay in the pool until it closes)."""
+        for pool in self.pools:
+            await pool.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
