@@ -44,6 +44,8 @@ class SessionSource(StrEnum):
     """Where a request's session key came from."""
 
     HEADER = "header"
+    AGENT = "agent"
+    """An agent CLI's own session header (``x-claude-code-session-id``, Codex's ``session_id``)."""
     USER = "user"
     PREFIX = "prefix"
     CONTINUATION = "continuation"

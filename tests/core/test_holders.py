@@ -10,6 +10,7 @@ from kvgate.core.holders import (
     holder_writes,
     holders_from,
     lookup_keys,
+    with_parent,
 )
 from kvgate.core.prefix import build_features
 
@@ -62,3 +63,12 @@ def test_bound_requests_look_nothing_up_and_writes_skip_what_already_names_the_w
     assert holder_writes([1, 3], ["a", None], "a") == [(3, "a")]
     assert holders_from((0, 2), ["a", "b"]) == {"a": 1, "b": 3}
     assert not continues(0, {})
+
+
+def test_a_subagents_parent_holds_as_deep_as_any_holder() -> None:
+    holders = {"a": 8, "b": 4}
+    assert with_parent(holders, "b") == {"a": 8, "b": 8}
+    assert with_parent(holders, "c") == {"a": 8, "b": 4, "c": 8}
+    assert with_parent(holders, "a") is holders  # already the deepest
+    assert with_parent(holders, None) is holders
+    assert with_parent({}, "a") == {}  # nothing shared is known: no credit

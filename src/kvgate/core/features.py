@@ -40,6 +40,10 @@ class RequestFeatures:
     restorable_blocks: int = 0
     """Prefix blocks whose KV any worker can restore from disk (a llama.cpp slot the
     gateway saved in the folder every worker reads): worth almost as much everywhere."""
+    parent_key: SessionKey | None = None
+    """The parent session a subagent's request names (``core.session.PARENT_SESSION_HEADERS``):
+    until the subagent has a binding of its own, its parent's worker counts as holding the
+    prefix they share."""
 
     @property
     def has_session(self) -> bool:
@@ -74,10 +78,11 @@ def request_features(
     max_tokens: int | None = None,
     checkpoints: tuple[int, ...] = (),
     restorable_blocks: int = 0,
+    parent_key: SessionKey | None = None,
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 
-    That ``__init__`` sets each of the 13 fields through ``object.__setattr__``
+    That ``__init__`` sets each of the 14 fields through ``object.__setattr__``
     (about 1 us, some 1% of a plain request's instructions); this fills the new
     instance's dict in one update. ``tests/core/test_features.py`` checks that the
     parameters and defaults are the fields'.
@@ -97,5 +102,6 @@ def request_features(
         max_tokens=max_tokens,
         checkpoints=checkpoints,
         restorable_blocks=restorable_blocks,
+        parent_key=parent_key,
     )
     return made

@@ -95,3 +95,20 @@ def continues(blocks: int, holders: Mapping[WorkerId, int]) -> bool:
     matches only the opening, a small part of its chain.
     """
     return bool(blocks) and bool(holders) and 2 * max(holders.values()) >= blocks
+
+
+def with_parent(holders: Mapping[WorkerId, int], parent: WorkerId | None) -> Mapping[WorkerId, int]:
+    """``holders`` with a subagent's parent's worker holding as deep as any worker does.
+
+    A subagent's prompt opens with what its parent's does (the tool preamble, the task
+    it was handed), and the parent's worker holds that and the parent's own context: of
+    the workers holding the shared prefix, the parent's is at least as deep. The policy
+    then weighs it like any holder, by the prefill it saves, so the subagent goes there
+    unless that worker is the slower choice.
+    """
+    if parent is None or not holders:
+        return holders
+    deepest = max(holders.values())
+    if holders.get(parent, 0) >= deepest:
+        return holders
+    return {**holders, parent: deepest}

@@ -37,10 +37,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvgate.core.chain import pieces_chain_hashes, token_chain_hashes
 from kvgate.core.features import RequestFeatures, request_features
 from kvgate.core.holders import checkpoint_indices
-from kvgate.core.session import header_value, session_key_from
+from kvgate.core.messages import MessagesShapeError, as_chat, canonical_json, user_id
+from kvgate.core.session import (
+    AGENT_SESSION_HEADERS,
+    PARENT_SESSION_HEADERS,
+    header_value,
+    parent_key_from,
+    session_key_from,
+)
 from kvgate.types import BlockHash, Priority
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "messages"]
 Tokenizer = Callable[[str], Sequence[int]]
 
 ROLE_SEP = "\x1f"  # between a message's role and its text
@@ -91,6 +98,11 @@ class FeatureConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     session_header: str = "X-Session-ID"
+    agent_session_headers: tuple[str, ...] = AGENT_SESSION_HEADERS
+    """Identity headers agent CLIs send, read as the session id when ``session_header`` is
+    absent (case-insensitive; first found wins; empty: none read)."""
+    parent_session_headers: tuple[str, ...] = PARENT_SESSION_HEADERS
+    """Headers naming a subagent's parent session (case-insensitive; empty: none read)."""
     use_user_field: bool = True
     priority_header: str = "X-Priority"
     version_header: str = "X-Model-Version"
@@ -146,35 +158,55 @@ def _tool_calls_text(calls: object) -> str:
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
-            pieces.append(f"{OBJECT_MARK}{fn.get('name', '')}{ROLE_SEP}{fn.get('arguments', '')}")
+            # Canonical JSON: a Messages ``tool_use`` input (an object) hashes alike.
+            arguments = canonical_json(fn.get("arguments", ""))
+            pieces.append(f"{OBJECT_MARK}{fn.get('name', '')}{ROLE_SEP}{arguments}")
     return "".join(pieces)
 
 
-def chat_canonical_text(messages: object) -> tuple[str, int]:
+def tools_text(tools: object) -> str:
+    """The canonical text of chat ``tools``: each function's name, then its description and
+    parameters as canonical JSON ("" for none). The engine's template puts them in the
+    prompt, ahead of the conversation, so they are the start of its chain."""
+    if not isinstance(tools, list) or not tools:
+        return ""
+    pieces = ["tools", ROLE_SEP]
+    for tool in tools:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        spec = {"description": fn.get("description"), "parameters": fn.get("parameters")}
+        pieces += (OBJECT_MARK, str(fn.get("name", "")), ROLE_SEP, canonical_json(spec))
+    pieces.append(MESSAGE_SEP)
+    return "".join(pieces)
+
+
+def chat_canonical_text(messages: object, tools: object = None) -> tuple[str, int]:
     """The canonical text of chat ``messages`` and where the conversation's opening ends.
 
     The opening is every message up to and including the first one that is not a
     system (or developer) message: it names the conversation, and it does not
     change as later turns are appended.
     """
-    parts, opening_end = chat_canonical_pieces(messages)
+    parts, opening_end = chat_canonical_pieces(messages, tools)
     return "".join(parts), opening_end
 
 
-def chat_canonical_pieces(messages: object) -> tuple[list[str], int]:
+def chat_canonical_pieces(messages: object, tools: object = None) -> tuple[list[str], int]:
     """``chat_canonical_text`` in pieces: runs of short texts joined, each long one apart.
 
     Routing hashes the pieces as they are (``pieces_chain_hashes``), so a long
     message is not copied into a joined text first. A run of short pieces is cut
-    once it reaches ``SEGMENT_CHARS``, so no joined piece is long either.
+    once it reaches ``SEGMENT_CHARS``, so no joined piece is long either. ``tools``
+    (chat's, ``tools_text``) come first, as Anthropic's prompt caching orders them.
     """
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("'messages' must be a non-empty list", "messages")
     pieces: list[str] = []
-    run: list[str] = []
-    run_chars = 0
     opening_end = -1
-    length = 0
+    tools_part = tools_text(tools) if tools else ""
+    run: list[str] = [tools_part] if tools_part else []
+    run_chars = length = len(tools_part)
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -314,8 +346,18 @@ def build_features(
     kind = endpoint if endpoint is not None else _infer_endpoint(body)
     pieces: Sequence[str]
     token_ids: list[int] | None = None
+    user_field: Mapping[str, Any] = body
     if kind == "chat":
-        pieces, _ = chat_canonical_pieces(body.get("messages"))
+        pieces, _ = chat_canonical_pieces(body.get("messages"), body.get("tools"))
+    elif kind == "messages":
+        # The same canonical text as the conversation sent as chat (``core.messages``).
+        try:
+            chat, tools = as_chat(body)
+        except MessagesShapeError as exc:
+            raise InvalidRequestError(exc.message, exc.param) from None
+        pieces, _ = chat_canonical_pieces(chat, tools)
+        user = user_id(body)
+        user_field = {"user": user} if user is not None else {}
     else:
         if "prompt" not in body:
             raise InvalidRequestError("'prompt' is required", "prompt")
@@ -330,10 +372,11 @@ def build_features(
 
     session_key, source = session_key_from(
         headers,
-        body,
+        user_field,
         header=cfg.session_header,
         use_user_field=cfg.use_user_field,
         max_chars=cfg.max_session_key_chars,
+        agent_headers=cfg.agent_session_headers,
     )
     _require_unicode(session_key, "session key")
     pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
@@ -352,6 +395,7 @@ def build_features(
         stream=stream,
         max_tokens=_max_tokens(body),
         checkpoints=checkpoint_indices(len(hashes), cfg.max_blocks, cfg.checkpoint_stride),
+        parent_key=parent_key_from(headers, cfg.parent_session_headers, cfg.max_session_key_chars),
     )
 
 

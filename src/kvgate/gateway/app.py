@@ -4,7 +4,8 @@
 so an unknown name fails here, at start-up), the store, the router, the health
 checker and the metrics. ``build_app`` puts it behind the HTTP endpoints:
 
-- ``POST /v1/chat/completions``, ``POST /v1/completions``: routed and forwarded
+- ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+  (Anthropic's Messages API): routed and forwarded
 - ``GET /v1/models``: the models the fleet serves
 - ``GET /healthz``: the process is alive
 - ``GET /readyz``: a routable worker exists and the gateway is not draining
@@ -274,6 +275,7 @@ def build_app(gateway: Gateway) -> web.Application:
     proxy = gateway.proxy
     app.router.add_post("/v1/chat/completions", proxy.chat_completions)
     app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_post("/v1/messages", proxy.messages)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

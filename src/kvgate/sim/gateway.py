@@ -26,14 +26,20 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.core.admission import Queue, wait_order
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
-from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
+from kvgate.core.holders import (
+    HOLDER_TTL_S,
+    holder_writes,
+    holders_from,
+    lookup_keys,
+    with_parent,
+)
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.pressure import PressureTracker
 from kvgate.core.route import (
@@ -50,7 +56,7 @@ from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
-from kvgate.types import BlockHash, Seconds
+from kvgate.types import BlockHash, Seconds, WorkerId
 from kvgate.workload.misses import Misses
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.recorder import RunRecorder
@@ -192,7 +198,13 @@ class SimGateway:
         keys = self._holder_keys(waiter)
         # The store's prefix holders, as the live router reads them before routing.
         seen = self.holders.get_many(keys, now) if keys else []
-        holders = holders_from(waiter.features.checkpoints, seen) if keys else {}
+        holders: Mapping[WorkerId, int] = (
+            holders_from(waiter.features.checkpoints, seen) if keys else {}
+        )
+        parent = waiter.features.parent_key
+        if parent is not None and waiter.affinity is None and holders:
+            bound = self.table.get(parent, now)  # a subagent's parent's worker
+            holders = with_parent(holders, bound.worker if bound is not None else None)
         return route(
             waiter.features,
             waiter.affinity,

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.engine import Engine
-from kvgate.workersim import admin, completions, responses_api, slotapi, tokens
+from kvgate.workersim import admin, completions, messages_api, responses_api, slotapi, tokens
 from kvgate.workersim.kvpublish import EnginePublisher
 from kvgate.workersim.options import WorkerOptions
 from kvgate.workersim.protocol import ApiError
@@ -46,6 +46,7 @@ def create_app(options: WorkerOptions, engine: Engine | None = None) -> web.Appl
     app.router.add_get("/v1/models/{model:.+}", admin.model)
     app.router.add_post("/v1/embeddings", tokens.embeddings_endpoint)
     app.router.add_post("/v1/responses", responses_api.responses_endpoint)
+    app.router.add_post("/v1/messages", messages_api.messages_endpoint)
     app.router.add_post("/tokenize", tokens.tokenize_endpoint)
     app.router.add_post("/detokenize", tokens.detokenize_endpoint)
     app[tokens.VOCABULARY_KEY] = tokens.Vocabulary()

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvgate.core.messages import canonical_json
 from kvgate.engine.tokenizer import tokenize
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -36,6 +37,19 @@ class ApiError(Exception):
         self.type = type_
         self.code = code
         self.param = param
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The JSON body Anthropic's Messages API sends with this error."""
+        kind = self.type
+        if self.status == 404:
+            kind = "not_found_error"
+        elif self.status == 429:
+            kind = "rate_limit_error"
+        elif self.status == 503:
+            kind = "overloaded_error"
+        elif self.status >= 500:
+            kind = "api_error"
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def body(self) -> dict[str, Any]:
         """The JSON body OpenAI sends with this error."""
@@ -135,7 +149,13 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def parsed_prompt(self) -> Prompt:
         """The prompt as the engine sees it: the messages through the chat template."""
-        return Prompt.of_text(render_chat(self.messages))
+        extra = self.model_extra or {}
+        return Prompt.of_text(render_chat(self.messages, extra.get("tools")))
+
+    def forces_tool_call(self) -> str | None:
+        """The tool this turn must call (``tool_choice`` required or named), if any."""
+        extra = self.model_extra or {}
+        return forced_tool(extra.get("tools"), extra.get("tool_choice"))
 
 
 class CompletionRequest(_GenerationRequest):
@@ -155,15 +175,52 @@ class CompletionRequest(_GenerationRequest):
         return Prompt.of_text(str(prompt[0]))
 
 
-def render_chat(messages: list[ChatMessage]) -> str:
+def render_chat(messages: list[ChatMessage], tools: object = None) -> str:
     """Messages through a fixed chat template, ending with the assistant's turn.
 
     Fixed separators make a conversation's earlier turns a textual prefix of its
-    later requests, so their KV blocks are shared as in a real engine.
+    later requests, so their KV blocks are shared as in a real engine. The tools come
+    first and an assistant's tool calls after its text, as canonical JSON, so the same
+    conversation sent through the Messages API renders to the same tokens.
     """
-    parts = [f"<|{m.role}|>\n{m.text()}<|end|>\n" for m in messages]
+    parts = [f"<|tools|>\n{canonical_json(tools)}<|end|>\n"] if tools else []
+    for m in messages:
+        calls = (m.model_extra or {}).get("tool_calls")
+        called = "".join(_call_text(call) for call in calls) if isinstance(calls, list) else ""
+        parts.append(f"<|{m.role}|>\n{m.text()}{called}<|end|>\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def _call_text(call: object) -> str:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        return ""
+    return f"<|call|>{fn.get('name', '')}{canonical_json(fn.get('arguments', ''))}"
+
+
+def forced_tool(tools: object, choice: object) -> str | None:
+    """The name of the tool a request's ``tool_choice`` makes it call, if it forces one.
+
+    Chat's ``"required"`` or ``{"type": "function", "function": {"name"}}``, and the
+    Messages API's ``{"type": "any"}`` or ``{"type": "tool", "name"}``: the emulated model
+    then ends its turn calling that tool (the first one for "any tool").
+    """
+    if not isinstance(tools, list) or not tools:
+        return None
+    first = tools[0] if isinstance(tools[0], dict) else {}
+    first_name = str(first.get("function", first).get("name", "tool"))
+    if choice == "required":
+        return first_name
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "any":
+            return first_name
+        if kind == "tool":
+            return str(choice.get("name", first_name))
+        if kind == "function" and isinstance(choice.get("function"), dict):
+            return str(choice["function"].get("name", first_name))
+    return None
 
 
 async def read_body(request: web.Request, model: type[_Model]) -> _Model:

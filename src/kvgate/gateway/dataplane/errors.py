@@ -218,3 +218,50 @@ class UpstreamTooLarge(UpstreamBroken):
     """A short call's answer (a metrics page) is over the size the gateway reads."""
 
     kind = "too_large"
+
+
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic's Messages API: errors on this path leave in Anthropic's shape."""
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(message: str, status: int) -> bytes:
+    """``{"type": "error", "error": {"type", "message"}}``, the type named for the status."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+class AnthropicShapedError(GatewayError):
+    """A gateway error answered in Anthropic's error shape (the Messages API's clients
+    raise on it by its status, as they do on Anthropic's own)."""
+
+    def __init__(self, inner: GatewayError) -> None:
+        super().__init__(
+            inner.message,
+            status=inner.status,
+            type=inner.type,
+            code=inner.code,
+            param=inner.param,
+            headers=inner.headers,
+        )
+        self.inner = inner
+
+    def body(self) -> bytes:
+        return anthropic_error_body(self.message, self.status)
+
+
+def shaped_for(path: str, exc: GatewayError) -> GatewayError:
+    """``exc`` in the error shape of the API at ``path`` (Anthropic's on ``/v1/messages``)."""
+    if path == MESSAGES_PATH and not isinstance(exc, AnthropicShapedError):
+        return AnthropicShapedError(exc)
+    return exc

@@ -32,7 +32,6 @@ What a client connection gets here, as on aiohttp's (``connection.py``):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -51,9 +50,11 @@ from kvgate.gateway.dataplane.errors import (
     RequestTimeoutError,
     UnauthorizedError,
     error_body,
+    shaped_for,
 )
 from kvgate.gateway.dataplane.exchange import reason_of
 from kvgate.gateway.dataplane.http_answer import ServerExchange, raw_answer
+from kvgate.gateway.dataplane.middleware import key_presented
 from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.timers import LazyTimer
 
@@ -62,6 +63,7 @@ log = logging.getLogger("kvgate.gateway.listener")
 ROUTES: dict[bytes, tuple[str, Endpoint]] = {
     b"/v1/chat/completions": ("/v1/chat/completions", "chat"),
     b"/v1/completions": ("/v1/completions", "completions"),
+    b"/v1/messages": ("/v1/messages", "messages"),
 }
 """The paths served here (``POST`` only): the proxy's path and endpoint for each."""
 
@@ -397,17 +399,23 @@ class DataPlaneConnection(asyncio.Protocol):
     async def _serve(self, exchange: ServerExchange) -> None:
         keys = self._limits.api_keys
         try:
-            if keys and not _key_ok(exchange.headers.get("Authorization", ""), keys):
+            headers = exchange.headers
+            if keys and not key_presented(
+                headers.get("Authorization", ""), headers.get("x-api-key"), keys
+            ):
                 raise UnauthorizedError(
                     "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
                 )
             path, endpoint = exchange.route
             await self._plane.proxy.handle(exchange, path, endpoint)
         except GatewayError as exc:
-            await exchange.fail(exc)
+            await exchange.fail(shaped_for(exchange.route[0], exc))
         except (RecursionError, UnicodeError):
             await exchange.fail(
-                InvalidRequestError("the request is nested too deeply or is not valid Unicode")
+                shaped_for(
+                    exchange.route[0],
+                    InvalidRequestError("the request is nested too deeply or is not valid Unicode"),
+                )
             )
         except ConnectionResetError:
             self.close()
@@ -416,7 +424,10 @@ class DataPlaneConnection(asyncio.Protocol):
         except Exception:
             log.exception("unexpected error handling POST %s", exchange.route[0])
             await exchange.fail(
-                GatewayError("internal gateway error", status=500, code="internal_error")
+                shaped_for(
+                    exchange.route[0],
+                    GatewayError("internal gateway error", status=500, code="internal_error"),
+                )
             )
         finally:
             # In the task, not a done callback a loop turn later: a keep-alive client's
@@ -506,9 +517,3 @@ class DataPlaneConnection(asyncio.Protocol):
 
     def _late(self, message: str) -> None:
         self._refuse(RequestTimeoutError(message))
-
-
-def _key_ok(authorization: str, keys: tuple[bytes, ...]) -> bool:
-    scheme, _, token = authorization.partition(" ")
-    given = token.strip().encode()
-    return scheme.lower() == "bearer" and any(hmac.compare_digest(given, key) for key in keys)

@@ -25,7 +25,7 @@ from kvgate.gateway.dataplane.errors import (
     InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
-    error_body,
+    shaped_for,
 )
 from kvgate.gateway.upstream.transport import unsafe_path
 
@@ -45,47 +45,50 @@ def _with_request_id(request: web.Request, response: web.StreamResponse) -> web.
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error into an OpenAI-shaped response; log the unexpected ones."""
+    """Turn every error into an OpenAI-shaped response (on the Messages API's path,
+    Anthropic's shape); log the unexpected ones."""
     try:
         return await handler(request)
-    except GatewayError as exc:
-        return _with_request_id(request, exc.response())
-    except web.HTTPException as exc:
-        if exc.status == 413:
-            return _with_request_id(
-                request, BodyTooLargeError(exc.text or "body too large").response()
-            )
-        if exc.status == 404:
-            return NotFoundError(f"no route for {request.method} {request.path}").response()
-        if exc.status < 400:
-            raise
-        err = GatewayError(
-            exc.reason or "request failed",
-            status=exc.status,
-            type="invalid_request_error" if exc.status < 500 else "server_error",
-            code=str(exc.status),
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        )
-        return _with_request_id(request, err.response())
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except (HttpProcessingError, RequestPayloadError) as exc:
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = _http_error(request, exc)
+    except Exception as exc:
+        error = _error_of(request, exc)
+    response = shaped_for(request.path, error).response()
+    return response if error.status == 404 else _with_request_id(request, response)
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> GatewayError:
+    """aiohttp's own refusal (413, 404, 405, ...) as the gateway's error."""
+    if exc.status == 413:
+        return BodyTooLargeError(exc.text or "body too large")
+    if exc.status == 404:
+        return NotFoundError(f"no route for {request.method} {request.path}")
+    return GatewayError(
+        exc.reason or "request failed",
+        status=exc.status,
+        type="invalid_request_error" if exc.status < 500 else "server_error",
+        code=str(exc.status),
+        headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+    )
+
+
+def _error_of(request: web.Request, exc: Exception) -> GatewayError:
+    """Any other exception a handler raised, as the gateway's error (logged if unexpected)."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
         # The body could not be read (bad framing or Content-Encoding): the client's doing.
         text = str(getattr(exc, "message", "") or exc).strip()
         reason = (text.splitlines()[0] if text else type(exc).__name__)[:200]
-        err = InvalidRequestError(f"the request body cannot be read: {reason}")
-        return _with_request_id(request, err.response())
-    except (RecursionError, UnicodeError):
-        err = InvalidRequestError("the request is nested too deeply or is not valid Unicode")
-        return _with_request_id(request, err.response())
-    except Exception:
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        response = web.Response(
-            status=500,
-            body=error_body("internal gateway error", "server_error", "internal_error"),
-            content_type="application/json",
-        )
-        return _with_request_id(request, response)
+        return InvalidRequestError(f"the request body cannot be read: {reason}")
+    if isinstance(exc, (RecursionError, UnicodeError)):
+        return InvalidRequestError("the request is nested too deeply or is not valid Unicode")
+    log.exception("unexpected error handling %s %s", request.method, request.path)
+    return GatewayError("internal gateway error", status=500, code="internal_error")
 
 
 @web.middleware
@@ -152,14 +155,24 @@ def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
         path = request.path
         if path == protected_prefix if exact else path.startswith(protected_prefix):
             auth = request.headers.get("Authorization", "")
-            scheme, _, token = auth.partition(" ")
-            given = token.strip().encode()
-            if scheme.lower() != "bearer" or not any(
-                hmac.compare_digest(given, key) for key in allowed
-            ):
+            if not key_presented(auth, request.headers.get("x-api-key"), allowed):
                 raise UnauthorizedError(
                     "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
                 )
         return await handler(request)
 
     return check
+
+
+def key_presented(authorization: str, x_api_key: str | None, keys: Iterable[bytes]) -> bool:
+    """True when ``Authorization: Bearer <key>`` (OpenAI's clients) or ``x-api-key: <key>``
+    (Anthropic's) holds one of ``keys``."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer":
+        given = token.strip().encode()
+        if any(hmac.compare_digest(given, key) for key in keys):
+            return True
+    if x_api_key is not None:
+        given = x_api_key.strip().encode()
+        return any(hmac.compare_digest(given, key) for key in keys)
+    return False

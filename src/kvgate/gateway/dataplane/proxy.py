@@ -110,7 +110,7 @@ class _RequestIds:
 
 
 class Proxy:
-    """Handles ``/v1/chat/completions`` and ``/v1/completions`` end to end."""
+    """Handles ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/messages`` end to end."""
 
     def __init__(
         self,
@@ -186,6 +186,12 @@ class Proxy:
         await self.handle(exchange, "/v1/completions", "completions")
         return exchange.result()
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/messages`` (Anthropic's Messages API) on aiohttp's server."""
+        exchange = AiohttpExchange(request)
+        await self.handle(exchange, "/v1/messages", "messages")
+        return exchange.result()
+
     async def handle(
         self,
         request: Exchange,
@@ -228,7 +234,13 @@ class Proxy:
                 raise unknown_model_error(self.pool, outcome.asked_model)  # 404, or 503
             if self.slots is not None:
                 features = self.slots.annotate(features)  # KV that can follow the session
-            if self.stream_usage and features.stream and not client_wants_stream_usage(payload):
+            outcome.messages = endpoint == "messages"  # its stream carries usage anyway
+            if (
+                self.stream_usage
+                and features.stream
+                and not outcome.messages
+                and not client_wants_stream_usage(payload)
+            ):
                 # Ask for usage anyway: it is the policy's only cache feedback on streams.
                 body = with_stream_usage(body, payload)
                 outcome.strip_usage = True

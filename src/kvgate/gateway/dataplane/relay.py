@@ -18,10 +18,21 @@ import xxhash
 
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.control.outcomes import OutcomeRecorder
-from kvgate.gateway.dataplane.errors import BadGatewayError, UpstreamBroken, UpstreamError
+from kvgate.gateway.dataplane.errors import (
+    AnthropicShapedError,
+    BadGatewayError,
+    UpstreamBroken,
+    UpstreamError,
+)
 from kvgate.gateway.dataplane.exchange import Exchange
 from kvgate.gateway.dataplane.router import Placement, Router
-from kvgate.gateway.dataplane.usage import StreamTap, Usage, UsageStripper, usage_from_body
+from kvgate.gateway.dataplane.usage import (
+    MessagesTap,
+    StreamTap,
+    Usage,
+    UsageStripper,
+    usage_from_body,
+)
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
 from kvgate.gateway.observe.metrics import CounterCell, GatewayMetrics, HistogramCell
 from kvgate.gateway.observe.pool import Worker
@@ -109,6 +120,8 @@ class Outcome:
     """When a stream's last chunk arrived (seconds after the start): inter-token latency."""
     asked_model: str = ""
     """The model a refused request named when no worker serves it (access log only)."""
+    messages: bool = False
+    """Anthropic's Messages API: its stream's usage and errors are in Anthropic's events."""
 
 
 class Relay:
@@ -234,7 +247,7 @@ class Relay:
         stripper = UsageStripper() if outcome.strip_usage else None
         # A stripper reads the usage itself and forwards whole events only (so the
         # stream is always at an event boundary): no tail to keep per chunk then.
-        tap = StreamTap() if stripper is None else None
+        tap = (MessagesTap() if outcome.messages else StreamTap()) if stripper is None else None
         clock = time.monotonic
         last = 0.0
         # When the latest chunk arrived (0: none yet); noted in ``outcome`` once, at the end.
@@ -281,13 +294,13 @@ class Relay:
             self.passive.failure(outcome.placement.worker)
             outcome.status = 502
             event = b"" if tap is None or tap.at_event_boundary else b"\n\n"
-            event += (
-                b"data: "
-                + BadGatewayError(
-                    f"the stream broke off: {public_failure(exc)}", code="stream_broken"
-                ).body()
-                + b"\n\n"
+            error = BadGatewayError(
+                f"the stream broke off: {public_failure(exc)}", code="stream_broken"
             )
+            if outcome.messages:  # an Anthropic ``error`` event, as its clients raise on
+                event += b"event: error\ndata: " + AnthropicShapedError(error).body() + b"\n\n"
+            else:
+                event += b"data: " + error.body() + b"\n\n"
             try:
                 await request.write(event)
                 await request.end()

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from kvgate.core.admission import Shed
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
-from kvgate.core.holders import HOLDER_TTL_S, holder_writes, holders_from, lookup_keys
+from kvgate.core.holders import (
+    HOLDER_TTL_S,
+    holder_writes,
+    holders_from,
+    lookup_keys,
+    with_parent,
+)
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.route import (
     Hold,
@@ -217,6 +223,7 @@ class Router:
             holders: Mapping[WorkerId, int] = {}
         else:
             keys, seen, holders = await self._holders(features, affinity)
+            holders = await self._parent(features, affinity, holders)
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
@@ -227,6 +234,7 @@ class Router:
                 if isinstance(looked, Unread) and key is not None:
                     looked = affinity = await self._read(key)
                 keys, seen, holders = await self._holders(features, affinity)
+                holders = await self._parent(features, affinity, holders)
                 continue  # the snapshot is stale after the awaits
             held_s = None if held_at is None else max(self.mono() - held_at, held_for)
             verdict = route(
@@ -291,6 +299,20 @@ class Router:
             self._store_failed("get_holders")
             return keys, [None] * len(keys), {}
         return keys, seen, holders_from(features.checkpoints, seen)
+
+    async def _parent(
+        self, features: RequestFeatures, affinity: Affinity | None, holders: Mapping[WorkerId, int]
+    ) -> Mapping[WorkerId, int]:
+        """A new subagent's holders, its parent's worker counted (``core.holders.with_parent``)."""
+        parent = features.parent_key
+        if parent is None or affinity is not None or not holders:
+            return holders
+        try:
+            bound = await self.store.get(parent)
+        except Exception:
+            self._store_failed("get")
+            return holders
+        return with_parent(holders, bound.worker if bound is not None else None)
 
     def share(self, placement: Placement) -> None:
         """Tell other replicas where this attempt's checkpoint blocks went (once).

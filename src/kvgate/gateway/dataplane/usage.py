@@ -31,7 +31,9 @@ class Usage:
 
 
 def usage_from(payload: object) -> Usage | None:
-    """The ``usage`` of a decoded OpenAI response object, if it has a valid one."""
+    """The ``usage`` of a decoded response object, if it has a valid one: OpenAI's chat and
+    completions, its Responses API's, or Anthropic's Messages API's (``input_tokens`` past
+    the cache, ``cache_read_input_tokens`` read from it)."""
     if not isinstance(payload, dict):
         return None
     usage = payload.get("usage")
@@ -40,10 +42,19 @@ def usage_from(payload: object) -> Usage | None:
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens", 0)
     details: Any = usage.get("prompt_tokens_details")
-    if prompt is None and "input_tokens" in usage:  # the Responses API's names
+    if prompt is None and "input_tokens" in usage:
         prompt = usage.get("input_tokens")
         completion = usage.get("output_tokens", 0)
-        details = usage.get("input_tokens_details")
+        if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+            # Anthropic's Messages API: ``input_tokens`` are those past the cache.
+            read = usage.get("cache_read_input_tokens") or 0
+            made = usage.get("cache_creation_input_tokens") or 0
+            if not isinstance(prompt, int) or not isinstance(read, int):
+                return None
+            if not isinstance(completion, int) or not isinstance(made, int):
+                return None
+            return Usage(prompt + read + made, completion, read)
+        details = usage.get("input_tokens_details")  # the Responses API's names
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -122,6 +133,70 @@ class StreamTap:
                 if found is not None:
                     return found
         return None
+
+
+class MessagesTap(StreamTap):
+    """A Messages API stream's usage: ``message_start`` holds the input's (``input_tokens``,
+    ``cache_read_input_tokens``), the last ``message_delta`` the output's.
+
+    The start event is read as it passes (it opens the stream, before any kept tail is
+    cut); ``usage`` is known once a ``message_delta`` carrying usage arrived, as an OpenAI
+    stream's is once its final event did.
+    """
+
+    __slots__ = ("_head", "_start")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._head: bytearray | None = bytearray()
+        self._start: dict[str, Any] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        """Remember ``chunk``; read ``message_start``'s usage while it is in the head."""
+        super().feed(chunk)
+        head = self._head
+        if head is None:
+            return
+        head += chunk
+        end = _event_end(head)
+        if end < 0 and len(head) <= _TAIL_KEEP:
+            return
+        for payload in _event_payloads(bytes(head[: end if end >= 0 else len(head)])):
+            message = payload.get("message") if payload.get("type") == "message_start" else None
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self._start = usage
+        self._head = None  # the start is the first event: one look
+
+    def usage(self) -> Usage | None:
+        """The stream's usage once a ``message_delta`` with usage arrived (``None`` before)."""
+        tail = bytes(self._tail)
+        if b"message_delta" not in tail:
+            return None
+        for event in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):
+            if b"message_delta" not in event:
+                continue
+            for payload in _event_payloads(event):
+                delta = payload.get("usage")
+                if payload.get("type") == "message_delta" and isinstance(delta, dict):
+                    merged = {**self._start, **{k: v for k, v in delta.items() if v is not None}}
+                    merged.setdefault("cache_read_input_tokens", 0)  # Anthropic's counting
+                    return usage_from({"usage": merged})
+        return None
+
+
+def _event_payloads(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects on the ``data:`` lines of SSE bytes (others skipped)."""
+    found: list[dict[str, Any]] = []
+    for line in data.replace(b"\r\n", b"\n").split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                payload = json.loads(line[5:])
+            except ValueError:
+                continue
+            if isinstance(payload, dict):
+                found.append(payload)
+    return found
 
 
 _NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,?')
