@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -188,3 +189,18 @@ def test_a_session_being_saved_waits_for_the_save_then_restores() -> None:
     m.release_cell(again.evict_cell)
     after = m.acquire(W1, lost, 9)
     assert after is not None and after.tier is KvTier.RECOMPUTE
+
+
+def test_a_replica_pins_only_its_share_of_the_slots() -> None:
+    slots = SlotMap(SlotBounds())
+    slots.add_worker("w", 4, owned=[1, 3])
+    plans = [slots.acquire("w", f"s{i}", 0.0) for i in range(3)]
+    assert [p.place.slot for p in plans if p is not None] == [1, 3]
+    assert plans[2] is None  # both of its slots are busy: wait, never take another's
+
+
+def test_a_worker_with_no_slot_of_ours_is_refused() -> None:
+    slots = SlotMap(SlotBounds())
+    with pytest.raises(ValueError, match="none of the 1 slots"):
+        slots.add_worker("w", 1, owned=[])
+    assert not slots.manages("w")

@@ -38,14 +38,16 @@ class Turn:
 
 
 @contextlib.asynccontextmanager
-async def emulated_fleet(folder: Path, count: int) -> AsyncIterator[list[WorkerHandle]]:
-    """``count`` emulated llama.cpp workers of one slot, saving into ``folder``."""
+async def emulated_fleet(
+    folder: Path, count: int, slots: int = 1
+) -> AsyncIterator[list[WorkerHandle]]:
+    """``count`` emulated llama.cpp workers of ``slots`` slots, saving into ``folder``."""
     options = WorkerOptions(
         port=0,
         profile="cpu-small",
         time_scale=200.0,
         seed=3,
-        slots=1,
+        slots=slots,
         slot_save_path=str(folder),
     )
     async with contextlib.AsyncExitStack() as stack:

@@ -23,6 +23,7 @@ Pure and synchronous: times are passed in.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -119,14 +120,23 @@ class SlotMap:
         self._saving: dict[SessionKey, int] = {}
         """Sessions whose slot is being saved right now, and the cell it goes to."""
         self.saved_bytes = 0
+        self._owned: dict[WorkerId, list[int]] = {}
 
     # -- workers ------------------------------------------------------------------
 
-    def add_worker(self, worker: WorkerId, slots: int) -> None:
-        """Manage ``worker`` with ``slots`` slots (all empty: their KV is unknown)."""
+    def add_worker(self, worker: WorkerId, slots: int, owned: Sequence[int] | None = None) -> None:
+        """Manage ``worker`` with ``slots`` slots (all empty: their KV is unknown).
+
+        ``owned``: the slots this gateway may pin (its replica's share); the others
+        are left to the replicas that own them. Default: all.
+        """
         if slots < 1:
             raise ValueError(f"a worker needs at least one slot, got {slots}")
+        mine = list(range(slots)) if owned is None else [i for i in owned if 0 <= i < slots]
+        if not mine:
+            raise ValueError(f"none of the {slots} slots of {worker} is this gateway's to pin")
         self._slots[worker] = [Slot() for _ in range(slots)]
+        self._owned[worker] = mine
 
     def manages(self, worker: WorkerId) -> bool:
         """True once ``worker``'s slots are known."""
@@ -134,6 +144,7 @@ class SlotMap:
 
     def forget_worker(self, worker: WorkerId) -> None:
         """``worker`` restarted or left: its slots' KV is gone (saved files stay)."""
+        self._owned.pop(worker, None)
         for slot in self._slots.pop(worker, []):
             if slot.holder is not None:
                 self._resident.pop(slot.holder, None)
@@ -236,7 +247,7 @@ class SlotMap:
             place = self._resident.get(key)
             if place is not None and place.worker == worker and not slots[place.slot].busy:
                 return place.slot
-        idle = [i for i, s in enumerate(slots) if not s.busy]
+        idle = [i for i in self._owned[worker] if not slots[i].busy]
         if not idle:
             return None
         empty = [i for i in idle if slots[i].holder is None]

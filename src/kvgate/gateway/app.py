@@ -101,7 +101,9 @@ class Gateway:
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
         self.metrics.watch_store(self.store.health)
-        self.slots = SlotPlane(config.slots, self.metrics.slots, wait_limit_s=t.total_s)
+        self.slots = SlotPlane(
+            config.slots, self.metrics.slots, wait_limit_s=t.total_s, store=self.store
+        )
         self.pressure = PressureDriver(
             self.pool,
             self.store,
@@ -135,7 +137,7 @@ class Gateway:
             affinity_ttl=config.store.affinity_ttl_s,
             rng=self.rng,
             versions=self.control.versions,
-            usage_listeners=[self.pressure.record_usage],
+            usage_listeners=[self.pressure.record_usage, self.slots.verify],
         )
         self.warm_ups = WarmUps(
             self.pool,
@@ -184,6 +186,8 @@ class Gateway:
 
     async def start(self) -> None:
         """Probe every worker once (learning models), then keep probing in the background."""
+        if self.config.slots.enabled and any(w.config.engine == "llamacpp" for w in self.pool):
+            await self.slots.start()  # refuses to start without a share of the slots
         await self.health.probe_all()
         for worker in self.pool:
             if worker.model is None:
@@ -209,6 +213,7 @@ class Gateway:
         await self.control.stop()
         await self.health.stop()
         await self.pressure.stop()
+        await self.slots.stop()
         for worker in self.pool:
             await worker.upstream.close()
         if self._owns_store:

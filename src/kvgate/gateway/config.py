@@ -297,7 +297,11 @@ class SlotSettings(_Model):
     llama.cpp worker's ``--slot-save-path`` must be that one folder). Saved slots
     reuse ``max_saved`` file names, so disk use stays bounded; ``dir`` (the folder as
     the gateway sees it) lets the gateway delete files it no longer needs too.
-    ``file_prefix`` must differ between gateway replicas sharing the folder.
+    Gateway replicas sharing the workers and the folder through one store set
+    ``replicas`` to their number: each claims an index in the store, pins only its
+    share of every worker's slots (``slot % replicas == index``) and names its files
+    ``<file_prefix>-r<index>-<cell>.bin``; a replica finding no index free refuses to
+    start (or give each replica its own ``file_prefix``).
 
     Example::
 
@@ -309,6 +313,8 @@ class SlotSettings(_Model):
     enabled: bool = True
     dir: str | None = None
     file_prefix: str = Field(default="kvgate", pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    replicas: int = Field(default=1, ge=1)
+    """Gateway replicas sharing these workers' slots and save folder (one store)."""
     max_saved: int = Field(default=64, ge=1)
     max_bytes: int = Field(default=4 * 1024**3, ge=1)
     max_age_s: float = Field(default=3600.0, gt=0)

@@ -12,6 +12,13 @@ migration erases the slot and the turn is recomputed: never an error for the
 client. The response carries ``X-Kvgate-KV-Tier`` (slot, disk, migrated,
 recompute, fallback), and ``kvgate_slot_*`` metrics count each step.
 
+Replicas sharing workers and their folder each pin only their share of the slots
+and write their own files (``slotclaim``, claimed in the shared store). What the
+worker then reports cached checks every turn the map promised KV for: a slot or a
+restore that turns out empty (another writer, a restarted worker) is counted
+(``kvgate_slot_restores_total{result="empty"}``, ``kvgate_slot_fallbacks_total{step="verify"}``),
+never reported as served from it, and the worker's slot map is rebuilt.
+
 Migration needs nothing of its own: when the router places a session on another
 worker than the one holding its KV (pressure moved its affinity, its worker is
 draining, or the policy chose so), the lease on the new worker moves the KV.
@@ -25,6 +32,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -34,17 +42,21 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from kvgate.core.features import RequestFeatures
 from kvgate.core.slotmap import KvTier, SlotBounds, SlotMap, SlotPlan
 from kvgate.gateway.config import SlotSettings
+from kvgate.gateway.control.slotclaim import SlotClaim, SlotClaimError
 from kvgate.gateway.dataplane.errors import UpstreamTimeout
 from kvgate.gateway.observe.metrics import SlotMetrics
 from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.upstream.slots import SlotActions, SlotCallError
 from kvgate.gateway.upstream.transport import UpstreamResponse
+from kvgate.store.base import AffinityStore
 from kvgate.types import SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.offload")
 
 TIER_HEADER = "X-Kvgate-KV-Tier"
 _DISCOVERY_RETRY_S = 5.0
+_EXPECT_MAX = 4096
+"""Turns awaiting their usage to check a promised slot or restore (oldest dropped)."""
 
 
 class SlotPlane:
@@ -56,9 +68,15 @@ class SlotPlane:
         metrics: SlotMetrics,
         *,
         wait_limit_s: float,
+        store: AffinityStore | None = None,
         mono: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
+        self.claim = (
+            SlotClaim(store, settings.file_prefix, settings.replicas) if store is not None else None
+        )
+        """This replica's share of the slots and its file names (``None``: all, unprefixed)."""
+        self._expect: OrderedDict[SessionKey, tuple[WorkerId, KvTier]] = OrderedDict()
         self.metrics = metrics
         self.wait_limit_s = wait_limit_s
         self.mono = mono
@@ -107,7 +125,46 @@ class SlotPlane:
 
     def filename(self, cell: int) -> str:
         """The file a cell's slot is saved in (relative to the slot save path)."""
+        if self.claim is not None:
+            return self.claim.filename(cell)
         return f"{self.settings.file_prefix}-{cell}.bin"
+
+    async def start(self, *, wait: bool = True) -> None:
+        """Claim this replica's share of the slots; ``SlotClaimError`` when none is free
+        (``wait``: after one lease time, for a replica that died holding one)."""
+        if self.claim is not None and self.claim.index is None:
+            await self.claim.acquire(wait_s=None if wait else 0.0)
+
+    async def stop(self) -> None:
+        """Give the claim back, so a restarted replica need not wait for it to lapse."""
+        if self.claim is not None:
+            await self.claim.release()
+
+    def verify(
+        self, key: SessionKey, worker: WorkerId, prompt_tokens: int, cached: int | None
+    ) -> None:
+        """A turn's usage: did the slot or restore it was promised hold its KV?
+
+        Nothing cached where the map promised a slot or a restore means another
+        writer took it or the worker restarted: counted, and the worker's slots are
+        learned again (``GET /slots``) instead of trusted.
+        """
+        expected = self._expect.pop(key, None)
+        if expected is None or cached is None or expected[0] != worker:
+            return
+        tier = expected[1]
+        if cached > 0 or prompt_tokens <= 0:
+            return
+        if tier in (KvTier.DISK, KvTier.MIGRATED):
+            self.metrics.restores.labels(worker, "empty").inc()
+        self.metrics.fallbacks.labels(worker, "verify").inc()
+        log.warning(
+            "worker %s: a turn served from its %s tier had nothing cached (another writer, "
+            "or the worker restarted): relearning its slots",
+            worker,
+            tier.value,
+        )
+        self.map.forget_worker(worker)
 
     # -- the request path ---------------------------------------------------------
 
@@ -132,6 +189,11 @@ class SlotPlane:
             self._release(plan, served=False)
             raise
         self.metrics.turns.labels(worker.id, tier.value).inc()
+        if key is not None and tier in (KvTier.SLOT, KvTier.DISK, KvTier.MIGRATED):
+            self._expect.pop(key, None)
+            self._expect[key] = (worker.id, tier)
+            if len(self._expect) > _EXPECT_MAX:
+                self._expect.popitem(last=False)
         extra = CIMultiDict(response.headers)
         extra[TIER_HEADER] = tier.value
         response.headers = CIMultiDictProxy(extra)
@@ -173,13 +235,15 @@ class SlotPlane:
             if self.map.manages(worker.id):
                 return True
             try:
+                await self.start(wait=False)  # a worker added later: no wait on requests
                 count = await self._actions_of(worker).count()
-            except SlotCallError as exc:
+                owned = [s for s in range(count) if self.claim is None or self.claim.owns(s)]
+                self.map.add_worker(worker.id, count, owned)
+            except (SlotCallError, SlotClaimError, ValueError) as exc:
                 self._failed_at[worker.id] = self.mono()
-                log.warning("cannot list slots of %s, not pinning: %s", worker.id, exc)
+                log.warning("cannot pin the slots of %s, not pinning: %s", worker.id, exc)
                 return False
-            self.map.add_worker(worker.id, count)
-            log.info("worker %s: %d llama.cpp slots managed", worker.id, count)
+            log.info("worker %s: %d llama.cpp slots, %d pinned here", worker.id, count, len(owned))
             return True
 
     def _actions_of(self, worker: Worker) -> SlotActions:

@@ -172,7 +172,9 @@ class PressureDriver:
         if reading.level is Pressure.HARD:
             self._maybe_relieve(worker, now)
 
-    def record_usage(self, key: SessionKey, prompt_tokens: int) -> None:
+    def record_usage(
+        self, key: SessionKey, worker: WorkerId, prompt_tokens: int, cached: int | None
+    ) -> None:
         """A response's usage: ``key``'s context is now about ``prompt_tokens``."""
         self.contexts.record(key, prompt_tokens)
 

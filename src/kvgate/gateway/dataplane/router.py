@@ -86,7 +86,8 @@ UNREAD = Unread()
 Looked = Affinity | None | Unread
 """A binding as looked up: found, missing (``None``), or not read (``UNREAD``)."""
 
-UsageListener = Callable[[SessionKey, int], None]
+UsageListener = Callable[[SessionKey, WorkerId, int, int | None], None]
+"""Told of each answered request's usage: its session, worker, prompt and cached tokens."""
 """Told each finished session's prompt tokens (the pressure driver's context sizes)."""
 
 
@@ -464,7 +465,7 @@ class Router:
         key = features.affinity_key
         if key is not None and prompt_tokens is not None:
             for listener in self.usage_listeners:
-                listener(key, prompt_tokens)
+                listener(key, placement.worker.id, prompt_tokens, cached_tokens)
         if (
             key is not None
             and not placement.wrote_affinity
