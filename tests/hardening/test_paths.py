@@ -95,3 +95,21 @@ def test_unsafe_path_names_every_traversal(target: str) -> None:
 )
 def test_unsafe_path_lets_ordinary_paths_through(target: str) -> None:
     assert unsafe_path(target) is None
+
+
+async def test_the_gateways_own_paths_may_carry_an_encoded_slash(no_tracebacks: object) -> None:
+    """A model ``org/name`` in one segment is answered by the gateway, not refused;
+    only a path it forwards must have no encoded slash."""
+    async with fake_fleet() as (gw, fakes):
+        port = gateway_port(gw)
+        card = await raw_exchange(port, _request("GET", "/v1/models/org%2Fname", b""))
+        forwarded = await raw_exchange(port, _request("GET", "/v1/files/org%2Fname", b""))
+    assert card.status == 404 and card.error()["code"] == "model_not_found", card
+    assert forwarded.status == 400 and forwarded.error()["code"] == "invalid_path", forwarded
+    assert _forwarded(fakes) == []
+
+
+def test_unsafe_path_lets_encoded_slashes_by_only_when_asked() -> None:
+    assert unsafe_path("/admin/workers/http%3A%2F%2Fw%3A8000/drain") is not None
+    assert unsafe_path("/admin/workers/http%3A%2F%2Fw%3A8000/drain", slashes=False) is None
+    assert unsafe_path("/admin/%2e%2e/v1/x", slashes=False) is not None

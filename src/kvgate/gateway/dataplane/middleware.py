@@ -95,11 +95,12 @@ def _error_of(request: web.Request, exc: Exception) -> GatewayError:
 async def paths(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse a request target that is not a normalized path (400), before any route.
 
-    Read from the target as the client sent it: a dot segment or an encoded slash
-    must never reach a worker, nor match a route or a path-prefix check after
-    something resolves it.
+    Read from the target as the client sent it: a dot segment must never reach a
+    worker, nor match a route or a path-prefix check after something resolves it.
+    Encoded slashes are refused where a path is forwarded (``passthrough``): the
+    gateway's own paths may carry one (a worker's URL, a model ``org/name``).
     """
-    why = unsafe_path(request.raw_path)
+    why = unsafe_path(request.raw_path, slashes=False)
     if why is not None:
         raise InvalidPathError(f"{why}: only normalized paths are served")
     return await handler(request)

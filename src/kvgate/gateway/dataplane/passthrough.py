@@ -30,11 +30,17 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig, check_embedding_input
 from kvgate.core.prefix import InvalidRequestError as BadBody
 from kvgate.core.session import normalize_key, session_key_from
-from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
+from kvgate.gateway.dataplane.errors import (
+    GatewayError,
+    InvalidPathError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from kvgate.gateway.dataplane.exchange import AiohttpExchange
 from kvgate.gateway.dataplane.models import check_model
 from kvgate.gateway.dataplane.proxy import Forward, Proxy
 from kvgate.gateway.observe.pool import WorkerPool
+from kvgate.gateway.upstream.transport import unsafe_path
 from kvgate.types import SessionSource
 
 RESPONSE_TAG = "response:"
@@ -139,6 +145,9 @@ class Passthrough:
         target = request.raw_path
         if not target.startswith("/v1/"):
             raise NotFoundError(f"no route for {request.method} {request.path}")
+        why = unsafe_path(target)
+        if why is not None:
+            raise InvalidPathError(f"{why}: only normalized paths are forwarded")
         return await self._forward(request, target)
 
     async def _forward(

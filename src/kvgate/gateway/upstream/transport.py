@@ -37,7 +37,7 @@ _DECODINGS = 3
 """Percent-decodings ``unsafe_path`` looks through (``%252e`` is ``%2e`` once decoded)."""
 
 
-def unsafe_path(target: str) -> str | None:
+def unsafe_path(target: str, *, slashes: bool = True) -> str | None:
     """Why a request target (path and query, as the client sent it) must not reach a
     worker, or ``None`` when it may.
 
@@ -45,6 +45,8 @@ def unsafe_path(target: str) -> str | None:
     more), an encoded slash or backslash, a backslash or a NUL could let a client
     climb out of the paths the gateway serves to a worker's own endpoints, once a
     URL library or the worker resolves it. The query is not a path and is not read.
+    ``slashes=False`` lets encoded slashes by (a path the gateway answers itself may
+    name a worker's URL or a model ``org/name`` in one segment); never for a forward.
     """
     path = target.partition("?")[0]
     if "." not in path and "%" not in path and "\\" not in path:
@@ -53,7 +55,7 @@ def unsafe_path(target: str) -> str | None:
         lowered = path.lower()
         if "\\" in path or "%5c" in lowered:
             return "a backslash in the path"
-        if "%2f" in lowered:
+        if slashes and "%2f" in lowered:
             return "an encoded slash in the path"
         if "\x00" in path or "%00" in lowered:
             return "a NUL in the path"
