@@ -105,6 +105,30 @@ async def test_state_needs_the_admin_token_when_one_is_set(workers: list[WorkerH
         assert status == 200 and len(body["workers"]) == 2
 
 
+async def test_the_dashboard_is_mounted_with_the_admin_api_or_not_at_all(
+    workers: list[WorkerHandle],
+) -> None:
+    """One mount: with the admin API disabled, neither the page nor its state exists
+    (the state is the admin API's data, behind its guard)."""
+    config = gateway_config(workers, admin={"enabled": False})
+    async with running_gateway(config) as gw:
+        for path in ("/", "/dashboard", "/dashboard/static/dashboard.js", "/dashboard/state.json"):
+            status, body, _ = await get(gw, path)
+            assert status == 404, path
+            assert body["error"]["code"] == "not_found", path
+
+
+async def test_the_state_has_the_admin_apis_guard(workers: list[WorkerHandle]) -> None:
+    """The same guard as every admin route: the same token, the same refusal."""
+    async with running_gateway(gateway_config(workers, admin_token="t0k")) as gw:
+        for path in ("/dashboard/state.json", "/admin/workers"):
+            status, body, _ = await get(gw, path, token="wrong")
+            assert (status, body["error"]["message"]) == (
+                401,
+                "the admin API needs 'Authorization: Bearer <admin_token>'",
+            ), path
+
+
 async def test_state_counts_sheds_and_where_traffic_went() -> None:
     async with worker_fleet(1, extra_latency_ms=300) as fleet:
         config = gateway_config(

@@ -10,7 +10,8 @@ checker and the metrics. ``build_app`` puts it behind the HTTP endpoints:
 - ``GET /healthz``: the process is alive
 - ``GET /readyz``: a routable worker exists and the gateway is not draining
 - ``GET /metrics``: the gateway's own Prometheus metrics
-- ``GET /dashboard`` (and ``/``): the operator's page (``admin/dashboard.py``)
+- ``GET /dashboard`` (and ``/``): the operator's page (``admin/dashboard.py``), mounted
+  with the admin API and behind its guard
 """
 
 from __future__ import annotations
@@ -285,10 +286,15 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    app.add_routes(Dashboard(gateway).routes())
     if config.admin.enabled:
         drain = DrainApi(gateway.pool, gateway.pressure)
-        setup_admin(app, gateway.control, [*drain.routes(), ("POST", "/admin/reload", _reload)])
+        dashboard = Dashboard(gateway)
+        setup_admin(
+            app,
+            gateway.control,
+            [*drain.routes(), ("POST", "/admin/reload", _reload), *dashboard.admin_routes()],
+            pages=dashboard.pages(),
+        )
     app.add_routes(gateway.passthrough.routes())  # last: it ends with a /v1/ catch-all
 
     async def _start(app: web.Application) -> None:

@@ -5,9 +5,13 @@
   ``/dashboard/static/``) shipped as package data: no build step, nothing fetched
   from the internet. It holds no data of its own.
 - ``GET /dashboard/state.json``: everything the page shows, as one JSON object.
-  It needs ``Authorization: Bearer <admin_token>`` when ``admin_token`` is set
-  (the page asks for the token once and keeps it in the tab's sessionStorage),
-  and otherwise answers on the loopback interface only, like the drain API.
+  An admin route like any other: behind the admin API's one guard
+  (``routes.check_admin``: ``Authorization: Bearer <admin_token>`` when
+  ``admin_token`` is set, which the page asks for once and keeps in the tab's
+  sessionStorage; else loopback only).
+
+The dashboard is part of the admin API and mounted with it (``routes.setup_admin``):
+with ``admin.enabled: false`` none of its paths exists (404).
 
 The page refreshes itself by polling the state. The state is built from the
 same sources as ``/metrics`` (the pool's gauge rows and the metric registry's
@@ -17,9 +21,7 @@ traffic comes from the gateway's ``TrafficWindow``.
 
 from __future__ import annotations
 
-import hmac
 import importlib.resources
-import ipaddress
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -28,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from kvgate.core.pressure import PressureConfig
-from kvgate.gateway.dataplane.errors import GatewayError, NotFoundError, UnauthorizedError
+from kvgate.gateway.admin.routes import AdminRoute
+from kvgate.gateway.dataplane.errors import NotFoundError
 from kvgate.gateway.observe.metrics import WorkerGaugeRow
 
 if TYPE_CHECKING:
@@ -99,14 +102,17 @@ class Dashboard:
         self.gateway = gateway
         self.started_at = time.time()
 
-    def routes(self) -> list[web.RouteDef]:
-        """The route table (``/``, ``/dashboard``, its assets and its state)."""
+    def pages(self) -> list[web.RouteDef]:
+        """The page, its assets and ``/``: no data of the gateway's in them."""
         return [
             web.get("/", self.root),
             web.get("/dashboard", self.page),
             web.get("/dashboard/static/{name}", self.static),
-            web.get("/dashboard/state.json", self.state),
         ]
+
+    def admin_routes(self) -> list[AdminRoute]:
+        """The page's data: an admin route, behind the admin API's guard."""
+        return [("GET", "/dashboard/state.json", self.state)]
 
     async def root(self, request: web.Request) -> web.StreamResponse:
         """``GET /``: the dashboard."""
@@ -136,28 +142,7 @@ class Dashboard:
 
     async def state(self, request: web.Request) -> web.Response:
         """``GET /dashboard/state.json``: everything the page shows."""
-        self._check(request)
         return web.json_response(await self.snapshot(), headers={"Cache-Control": "no-store"})
-
-    def _check(self, request: web.Request) -> None:
-        token = self.gateway.config.admin_token
-        if token is None:
-            if not _loopback(request.remote):
-                raise GatewayError(
-                    "the dashboard answers only on loopback unless admin_token is set",
-                    status=403,
-                    type="permission_error",
-                    code="forbidden",
-                )
-            return
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
-            raise UnauthorizedError(
-                "the dashboard needs 'Authorization: Bearer <admin_token>'",
-                code="invalid_admin_token",
-            )
 
     async def snapshot(self) -> dict[str, Any]:
         """The dashboard's state: fleet, traffic, sessions, shedding, migrations, rollouts."""
@@ -262,12 +247,3 @@ class Dashboard:
         except Exception:
             return None
         return {str(k): int(v) for k, v in found.items()}
-
-
-def _loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        return ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False

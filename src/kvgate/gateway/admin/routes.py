@@ -294,10 +294,16 @@ async def post_action(request: web.Request) -> web.Response:
 
 
 def setup_admin(
-    app: web.Application, control: ControlPlane, extra: Sequence[AdminRoute] = ()
+    app: web.Application,
+    control: ControlPlane,
+    extra: Sequence[AdminRoute] = (),
+    pages: Sequence[web.RouteDef] = (),
 ) -> None:
-    """Enable the admin API on ``app``: its routes and ``extra`` ones, all behind one guard."""
+    """Enable the admin API on ``app``: its routes and ``extra`` ones, all behind one guard,
+    and ``pages`` (the dashboard's page and assets, which hold no data) beside them: one
+    mount, so with the admin API disabled none of them exists."""
     app[ADMIN_KEY] = control
+    app.add_routes(pages)
     actions = "|".join(ACTIONS)
     routes: list[AdminRoute] = [
         ("GET", "/admin/models", get_models),
