@@ -16,13 +16,17 @@ a LOSS only where an interval lies wholly past one of its bars.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 
+from kvgate.judge.live import LIVE_ROUTERS, run_all_live
 from kvgate.judge.protocol import Routers, document, judge, parse_seeds
 from kvgate.judge.report import markdown, tables
 from kvgate.judge.scenarios import by_names, judged
@@ -31,6 +35,7 @@ from kvgate.workload.synthetic import parse_options
 
 SIM_SEEDS = "500-507"
 """Held-out seeds: tune on others, judge on these."""
+LIVE_SEEDS = "500-502"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -45,6 +50,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--option", action="append", default=[], help="KEY=VALUE option of the judged policy"
     )
     parser.add_argument("--jobs", type=int, default=1, help="simulations run at once")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="also run live: kvgate, sglang-router and smg in front of emulated workers",
+    )
+    parser.add_argument("--live-seeds", default=LIVE_SEEDS, help="seeds of the live runs")
+    parser.add_argument(
+        "--live-scenarios", default=None, help="scenarios run live (default: --scenarios)"
+    )
+    parser.add_argument("--no-sim", action="store_true", help="only the live runs")
+    parser.add_argument("--logs", type=Path, default=None, help="keep the live runs' logs here")
     parser.add_argument("--rows", type=Path, default=None, help="re-judge a saved --json's runs")
     parser.add_argument("--json", type=Path, default=None, help="write plan, runs and verdicts")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables")
@@ -52,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         scenarios = by_names(args.scenarios.split(",")) if args.scenarios else judged()
         seeds = parse_seeds(args.seeds)
+        live_seeds = parse_seeds(args.live_seeds)
+        live = by_names(args.live_scenarios.split(",")) if args.live_scenarios else scenarios
     except ValueError as exc:
         parser.error(str(exc))
     console = Console(width=200)
@@ -65,8 +83,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         for item in args.option:
             options.update(parse_options(item))
         routers = Routers(args.own, SIM_ROUTERS.peers, SIM_ROUTERS.baseline, options)
-        runs = run_all(scenarios, seeds, routers, jobs=args.jobs, progress=console.print)
-        plan = {"sim_seeds": seeds, "own": args.own, "own_options": options}
+        runs = [] if args.no_sim else run_all(scenarios, seeds, routers, jobs=args.jobs,
+                                               progress=console.print)  # fmt: skip
+        plan: dict[str, object] = {"sim_seeds": [] if args.no_sim else seeds, "own": args.own,
+                                   "own_options": options}  # fmt: skip
+        if args.live:
+            with contextlib.ExitStack() as stack:
+                logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                runs += asyncio.run(run_all_live(live, live_seeds, logs, progress=console.print))
+            plan.update(live_seeds=live_seeds, live_routers=list(LIVE_ROUTERS.all))
     judgments = judge(scenarios, runs)
     for table in tables(judgments, f"{plan.get('own', 'default')} against the best peer"):
         console.print(table)

@@ -14,9 +14,10 @@ reference (the fleet's KV used as one LRU cache), and the TTFT floor's p99: each
 request's TTFT alone on an idle worker at the cache it got (the workers' own
 latency model, ``Engine.alone_ttft``), what no placement can cut at those hits.
 
-Peers are installed into throwaway virtualenvs on first use (see
-``peer_routers.py``); a router that cannot be installed or started is reported
-with its error and the others go on.
+Peers are installed into throwaway virtualenvs on first use
+(``kvgate.bench.routers``; the fleet and the router in front of it are
+``kvgate.bench.fleet``); a router that cannot be installed or started is
+reported with its error and the others go on.
 
     .venv/bin/python benchmarks/peers.py --json /tmp/peers.json          # ~20 min
     .venv/bin/python benchmarks/peers.py --quick                         # ~4 min
@@ -29,9 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -40,26 +39,28 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kvgate.bench import run_bench
+from kvgate.bench.fleet import (
+    FleetSpec,
+    emulated_fleet,
+    router_in_front,
+    worker_counters,
+)
+from kvgate.bench.routers import MODEL, ROUTERS, Router, prepare
 from kvgate.engine import Engine
 from kvgate.engine.config import EngineConfig
 from kvgate.tables import causes_table
-from kvgate.testing import free_port, wait_until
 from kvgate.workload.synthetic import build_workload
 from kvgate.workload.traces import open_trace
-from peer_routers import KVGATE, MODEL, ROUTERS, Launch, Router, prepare
 
 WORKERS = 4
 PROFILE = "h100-llama3-8b"
 BLOCK_SIZE = 16
 ALONE_TTFT = Engine(EngineConfig(block_size=BLOCK_SIZE, profile=PROFILE)).alone_ttft
 """A request's TTFT alone on one of the emulated workers (the floor column): their model."""
-MAX_MODEL_LEN = 262_144  # long-context prompts must not be refused by the workers
 
 
 @dataclass(frozen=True)
@@ -190,193 +191,12 @@ class Plan:
     quick: bool
 
 
-class Child:
-    """A child process of the benchmark, stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, name: str, log: Path) -> None:
-        self.proc = proc
-        self.name = name
-        self.log = log
-
-    async def stop(self, timeout_s: float = 20.0) -> int:
-        """Terminate and wait; the exit status."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        return self.proc.returncode or 0
-
-    def check(self) -> None:
-        """Raise if the process has exited (with the end of its log)."""
-        if self.proc.returncode is not None:
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(
-                f"{self.name} exited with {self.proc.returncode}: {' | '.join(tail)}"
-            )
-
-
-async def spawn(argv: Sequence[str], name: str, log: Path) -> Child:
-    """Start ``argv`` with its output to ``log``."""
-    with log.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
-        )
-    return Child(proc, name, log)
-
-
 @contextlib.asynccontextmanager
 async def fleet(shape: Shape, seed: int, logs: Path) -> AsyncIterator[list[str]]:
     """Fresh emulated workers (cold caches) for the block; their URLs."""
-    children: list[Child] = []
-    try:
-        urls = []
-        ports: set[int] = set()
-        for i in range(WORKERS):
-            # A worker binds its port only once started: until then the OS may hand the
-            # same free port out again (it did, and kvgate refused a fleet naming a
-            # worker twice).
-            port = free_port()
-            while port in ports:
-                port = free_port()
-            ports.add(port)
-            argv = [
-                KVGATE, "worker-sim", "--port", str(port), "--profile", PROFILE,
-                "--block-size", str(BLOCK_SIZE), "--time-scale", str(shape.time_scale),
-                "--seed", str(seed * 100 + i), "--max-model-len", str(MAX_MODEL_LEN),
-                "--log-level", "warning",
-            ]  # fmt: skip
-            if shape.kv_blocks:
-                argv += ["--kv-blocks", str(shape.kv_blocks)]
-            children.append(await spawn(argv, f"worker {i}", logs / f"worker-{i}.log"))
-            urls.append(f"http://127.0.0.1:{port}")
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-
-            async def healthy() -> bool:
-                for child in children:
-                    child.check()
-                return all(await asyncio.gather(*(_ok(session, u + "/health") for u in urls)))
-
-            await wait_until(healthy, timeout=90, interval=0.1, message="workers healthy")
+    spec = FleetSpec((PROFILE,) * WORKERS, BLOCK_SIZE, shape.kv_blocks, shape.time_scale, seed)
+    async with emulated_fleet(spec, logs) as urls:
         yield urls
-    finally:
-        await asyncio.gather(*(child.stop() for child in children))
-
-
-async def _ok(session: aiohttp.ClientSession, url: str) -> bool:
-    try:
-        async with session.get(url) as resp:
-            return resp.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-
-
-async def _probe(session: aiohttp.ClientSession, base: str) -> bool:
-    """A one-token completion naming the model: answered means the router routes.
-
-    The prompt is shorter than one KV block, so it caches nothing.
-    """
-    body = {"model": MODEL, "prompt": "ping", "max_tokens": 1}
-    try:
-        async with session.post(base + "/v1/completions", json=body) as resp:
-            await resp.read()
-            return resp.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-
-
-async def _models(session: aiohttp.ClientSession, base: str) -> list[str]:
-    try:
-        async with session.get(base + "/v1/models") as resp:
-            data = await resp.json(content_type=None)
-            return [str(m.get("id")) for m in data.get("data", [])]
-    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
-        return []
-
-
-@contextlib.asynccontextmanager
-async def router_in_front(
-    router: Router,
-    venv: Path | None,
-    urls: Sequence[str],
-    seed: int,
-    logs: Path,
-    *,
-    time_scale: float = 1.0,
-) -> AsyncIterator[tuple[str, list[str]]]:
-    """``router`` started in front of ``urls``; its URL and the models it lists.
-
-    Ready when it lists the model, or (sglang-router lists emulated workers as
-    ``unknown``) when a probe naming the model is answered.
-    """
-    launch = Launch(urls, free_port(), free_port(), logs, seed, venv, time_scale)
-    child = await spawn(router.argv(launch), router.name, logs / f"{router.name}.log")
-    base = f"http://127.0.0.1:{launch.port}"
-    listed: list[str] = []
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
-
-            async def ready() -> bool:
-                nonlocal listed
-                child.check()
-                listed = await _models(session, base)
-                return MODEL in listed or await _probe(session, base)
-
-            await wait_until(ready, timeout=120, interval=0.2, message=f"{router.name} ready")
-        yield base, listed
-    finally:
-        await child.stop()
-
-
-async def worker_counters(urls: Sequence[str]) -> list[tuple[int, float, float]]:
-    """Each worker's finished requests, the model seconds its timeline lost and the
-    prompt tokens it computed so far."""
-    counts = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        for url in urls:
-            async with session.get(url + "/metrics") as resp:
-                text = await resp.text()
-            counts.append((requests_served(text), lost_model_seconds(text), prefilled(text)))
-    return counts
-
-
-def _total(metrics_text: str, sample_name: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(metrics_text)
-        for sample in family.samples
-        if sample.name == sample_name
-    )
-
-
-def requests_served(metrics_text: str) -> int:
-    """The sum of ``vllm:request_success_total`` over its labels in a /metrics page."""
-    return int(_total(metrics_text, "vllm:request_success_total"))
-
-
-def prefilled(metrics_text: str) -> float:
-    """Prompt tokens a worker computed rather than found cached (vLLM's prefix-cache
-    counters: tokens queried less tokens hit, both counted at each admission).
-
-    Summed over the fleet it is the prefill every router made it do, whatever sent
-    it: the clients' requests, kvgate's warm-ups (``core.warmup``), and a preempted
-    request's recompute. (Prompt tokens less hits would not be: an engine counts a
-    prompt once, at its first token, but its hits again at every admission, and a
-    fleet that preempted read negative.)
-    """
-    queried = _total(metrics_text, "vllm:prefix_cache_queries_total")
-    return queried - _total(metrics_text, "vllm:prefix_cache_hits_total")
-
-
-def lost_model_seconds(metrics_text: str) -> float:
-    """Model seconds a worker's timeline skipped because its process fell behind.
-
-    Time the engine computed nothing while requests waited: it inflates model-clock
-    latencies, so a run where it is large measured the machine, not the router.
-    """
-    return _total(metrics_text, "kvgate_workersim_timeline_lost_model_seconds_total")
 
 
 def worker_kv_blocks(shape: Shape) -> int:

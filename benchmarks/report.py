@@ -4,6 +4,10 @@
 
 Runs, with fixed seeds:
 
+0. the judge's protocol in the simulator (``kvgate.judge``, what ``benchmarks/judge.py``
+   runs: every shape, 8 held-out seeds, ``default`` against the best peer), saved to
+   ``docs/runs/judge_sim.json``, and the live judge's saved ``docs/runs/judge_live.json``
+   (``benchmarks/judge.py --live --no-sim``, too slow to rerun here) when present;
 1. ``kvgate sim`` on the Mooncake synthetic trace and two generated workloads
    (chat, system-prompt), every registered policy, and keeps each experiment's
    ``results.json`` figures and plots;
@@ -12,8 +16,9 @@ Runs, with fixed seeds:
 3. the sim-vs-live agreement check of ``tests/sim/test_agreement.py`` for every
    policy (same workload and fleet, live through the real gateway).
 
-``--skip-live`` leaves out 2 and 3 (and says so in the doc). The whole run takes
-a few minutes on two cores.
+``--skip-live`` leaves out 2 and 3 (and says so in the doc); ``--judge-from FILE``
+reuses a saved judge run instead of 0. The whole run takes about ten minutes on two
+cores.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ from typing import Any
 from kvgate.bench import run_bench
 from kvgate.core.policies import default_registry, with_time_scale
 from kvgate.gateway.testing import running_gateway
+from kvgate.judge.protocol import document, judge
+from kvgate.judge.report import section
+from kvgate.judge.scenarios import judged
+from kvgate.judge.simulated import run_all
 from kvgate.sim.simulation import SimConfig, Simulation
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 from kvgate.workload.synthetic import build_workload
@@ -57,6 +66,25 @@ KEPT_SECTIONS = (
 """Sections other scripts write into the doc (``benchmarks/real_engine.py``,
 ``benchmarks/real_offload.py``): a rerun
 keeps them as they are, after the generated ones."""
+
+
+JUDGE_SIM = ROOT / "docs" / "runs" / "judge_sim.json"
+JUDGE_LIVE = ROOT / "docs" / "runs" / "judge_live.json"
+JUDGE_SEEDS = tuple(range(500, 508))
+"""The judge's held-out seeds (``benchmarks/judge.py``'s default)."""
+JUDGE_COMMANDS = (
+    ".venv/bin/python benchmarks/judge.py --json docs/runs/judge_sim.json        # simulator",
+    ".venv/bin/python benchmarks/judge.py --live --no-sim "
+    "--json docs/runs/judge_live.json   # live peers",
+)
+
+
+def run_judge() -> dict[str, Any]:
+    """The judge's protocol in the simulator on every shape and the held-out seeds."""
+    scenarios = judged()
+    runs = run_all(scenarios, JUDGE_SEEDS)
+    plan = {"sim_seeds": list(JUDGE_SEEDS), "own": "default", "own_options": {}}
+    return document(scenarios, runs, judge(scenarios, runs), **plan)
 
 
 @dataclass(frozen=True)
@@ -285,6 +313,7 @@ def render(
     demo: tuple[str, dict[str, Any]] | None,
     agree: dict[str, dict[str, dict[str, float]]] | None,
     elapsed_s: float,
+    judge_documents: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The whole Markdown document."""
     out = [
@@ -309,6 +338,8 @@ def render(
         "model seconds of Llama-3-8B on H100 (`h100-llama3-8b` profile).",
         "",
     ]
+    if judge_documents:
+        out += [section(judge_documents, JUDGE_COMMANDS)]
     for exp, results in sims:
         out += [
             f"## {exp.title}",
@@ -415,10 +446,23 @@ def main() -> None:
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--skip-live", action="store_true", help="only the simulator runs")
+    parser.add_argument(
+        "--judge-from", type=Path, default=None, help="a saved benchmarks/judge.py --json"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     img = args.doc.parent / "img"
     img.mkdir(parents=True, exist_ok=True)
+    if args.judge_from is not None:
+        judged_sim = json.loads(args.judge_from.read_text())
+    else:
+        print("the judge, simulator", file=sys.stderr, flush=True)
+        judged_sim = run_judge()
+    if args.judge_from != JUDGE_SIM:
+        JUDGE_SIM.write_text(json.dumps(judged_sim, indent=1) + "\n")
+    judge_documents = [judged_sim]
+    if JUDGE_LIVE.exists():
+        judge_documents.append(json.loads(JUDGE_LIVE.read_text()))
     policies = list(default_registry())
     sims = []
     for exp in experiments(args.trace):
@@ -431,7 +475,7 @@ def main() -> None:
         print("sim vs live", file=sys.stderr, flush=True)
         agree = run_agreement(policies)
     kept = kept_sections(args.doc.read_text()) if args.doc.exists() else ""
-    doc = render(sims, demo, agree, time.perf_counter() - started) + "\n"
+    doc = render(sims, demo, agree, time.perf_counter() - started, judge_documents) + "\n"
     args.doc.write_text(doc + ("\n" + kept if kept else ""))
     print(f"wrote {args.doc}", file=sys.stderr)
 

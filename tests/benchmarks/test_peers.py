@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from kvgate.bench import fleet, routers
 from kvgate.workload.synthetic import build_workload
 
 from .loading import load_benchmark
 
 peers = load_benchmark("peers")
-peer_routers = load_benchmark("peer_routers")
 
 
 def run_record(
@@ -119,8 +119,8 @@ def test_prefilled_is_the_prompt_tokens_a_worker_did_not_find_cached() -> None:
         "# TYPE vllm:prefix_cache_hits counter\n"
         'vllm:prefix_cache_hits_total{model_name="demo"} 6500.0\n'
     )
-    assert peers.prefilled(text) == 2500.0
-    assert peers.prefilled("") == 0.0
+    assert fleet.prefilled(text) == 2500.0
+    assert fleet.prefilled("") == 0.0
 
 
 def test_targets_put_the_fleets_prefill_beside_the_best_peers() -> None:
@@ -148,15 +148,15 @@ def test_requests_served_reads_the_workers_own_counter() -> None:
         'vllm:request_success_created{finished_reason="stop",model_name="demo"} 1.7e9\n'
         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\n"
     )
-    assert peers.requests_served(text) == 7
+    assert fleet.requests_served(text) == 7
     lost = "# TYPE kvgate_workersim_timeline_lost_model_seconds counter\n"
     lost += "kvgate_workersim_timeline_lost_model_seconds_total 2.5\n"
-    assert peers.lost_model_seconds(text + lost) == 2.5
-    assert peers.lost_model_seconds(text) == 0.0
+    assert fleet.lost_model_seconds(text + lost) == 2.5
+    assert fleet.lost_model_seconds(text) == 0.0
 
 
 def test_haproxy_config_balances_round_robin_over_every_worker() -> None:
-    config = peer_routers.haproxy_config(8080, ["http://127.0.0.1:1", "http://127.0.0.1:2/"])
+    config = routers.haproxy_config(8080, ["http://127.0.0.1:1", "http://127.0.0.1:2/"])
     assert "bind 127.0.0.1:8080" in config
     assert "balance roundrobin" in config
     assert "server w0 127.0.0.1:1\n" in config and "server w1 127.0.0.1:2\n" in config
@@ -164,25 +164,25 @@ def test_haproxy_config_balances_round_robin_over_every_worker() -> None:
 
 
 def test_peer_command_lines_name_the_policy_workers_and_a_metrics_port(tmp_path: Path) -> None:
-    launch = peer_routers.Launch(["http://a", "http://b"], 7000, 7001, tmp_path, 0, tmp_path)
+    launch = routers.Launch(["http://a", "http://b"], 7000, 7001, tmp_path, 0, tmp_path)
     for name in ("sglang-router", "smg", "vllm-router"):
-        argv = peer_routers.ROUTERS[name].argv(launch)
+        argv = routers.ROUTERS[name].argv(launch)
         assert argv[0].startswith(str(tmp_path / "bin"))
         assert argv[argv.index("--policy") + 1] == "cache_aware"
         assert argv[argv.index("--port") + 1] == "7000"
         assert argv[argv.index("--prometheus-port") + 1] == "7001"
         start = argv.index("--worker-urls") + 1
         assert argv[start : start + 2] == ["http://a", "http://b"]
-    assert peer_routers.ROUTERS["smg"].argv(launch)[1] == "launch"
-    no_venv = peer_routers.Launch(["http://a"], 7000, 7001, tmp_path)
+    assert routers.ROUTERS["smg"].argv(launch)[1] == "launch"
+    no_venv = routers.Launch(["http://a"], 7000, 7001, tmp_path)
     with pytest.raises(RuntimeError, match="virtualenv"):
-        peer_routers.ROUTERS["smg"].argv(no_venv)
+        routers.ROUTERS["smg"].argv(no_venv)
 
 
 def test_cached_virtualenv_is_reused_when_it_holds_the_pinned_version() -> None:
-    assert peer_routers._wanted("sglang-router==0.3.2", "0.3.2")
-    assert not peer_routers._wanted("sglang-router==0.3.2", "0.3.1")
-    assert peer_routers._wanted("smg", "1.13.0")
+    assert routers._wanted("sglang-router==0.3.2", "0.3.2")
+    assert not routers._wanted("sglang-router==0.3.2", "0.3.1")
+    assert routers._wanted("smg", "1.13.0")
 
 
 def test_unknown_names_are_refused() -> None:

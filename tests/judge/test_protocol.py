@@ -140,3 +140,24 @@ def test_a_simulated_scenario_runs_every_router_on_the_seed() -> None:
     assert [r["role"] for r in records] == ["own", "peer", "baseline"]
     assert all(r["finished"] == 12 and r["hit_rate"] > 0 for r in records)
     assert records == run_simulated(small, 3)  # a pure function of scenario and seed
+
+
+def test_the_section_and_tables_say_what_was_judged() -> None:
+    from kvgate.judge.protocol import document, judge
+    from kvgate.judge.report import SECTION_TITLE, markdown, section
+
+    rows = {
+        "mine": [(0.5, 1.0, 4.0), (0.6, 2.0, 8.0)],
+        "peer-a": [(0.5, 2.0, 2.0), (0.6, 4.0, 4.0)],
+        "rr": [(0.1, 3.0, 2.0), (0.1, 3.0, 4.0)],
+    }
+    runs = _runs(rows, share=1 / 7)
+    judgments = judge([SHAPE], runs)
+    text = markdown(judgments)
+    assert "| toy | sim | 2 |" in text
+    assert "TTFT p99 <= 1x round robin | rr | 2.00x [2.00, 2.00] | LOSS |" in text
+    doc = document([SHAPE], runs, judgments, sim_seeds=[0, 1], own="default")
+    page = section([doc], ["benchmarks/judge.py"])
+    assert page.startswith(f"## {SECTION_TITLE}")
+    assert "simulator seeds 0, 1" in page
+    assert "4 x h100-llama3-8b, the GPU's KV, 64 in flight; worker 0 at 0.5x speed" in page

@@ -118,15 +118,14 @@ def _estimate(
     scenario: Scenario,
     own: Mapping[int, float],
     others: Mapping[str, Mapping[int, float]],
-    best: str | None,
+    name: str | None,
 ) -> tuple[str | None, Estimate | None]:
-    """The estimate a criterion is judged on, and whom it was against."""
+    """The estimate a criterion is judged on against router ``name``, and ``name``."""
     if criterion.against == "speed":
         expected = scenario.expected_share()
         if expected is None or not own:
             return None, None
         return "speed", paired_ratio(list(own.values()), [expected] * len(own))
-    name = best if criterion.against == "best_peer" else criterion.against
     if name is None or name not in others:
         return name, None
     if criterion.metric == "hit_rate":
@@ -178,9 +177,10 @@ def judge_scenario(
     for criterion in scenario.criteria:
         own = values[criterion.metric][""]
         others = {k: v for k, v in values[criterion.metric].items() if k}
-        if criterion.against == "round_robin" and baseline_names:
-            others = {"round_robin": others[baseline_names[0]], **others}
-        against, e = _estimate(criterion, scenario, own, others, best_of.get(criterion.metric))
+        target = best_of.get(criterion.metric)
+        if criterion.against == "round_robin":
+            target = baseline_names[0] if baseline_names else None
+        against, e = _estimate(criterion, scenario, own, others, target)
         bars.append(
             {
                 "bar": criterion.describe(),
@@ -202,6 +202,9 @@ def judge_scenario(
         "slowed_share": {n or "own": _mean(v.values()) for n, v in shares.items() if v} or None,
         "bars": bars,
         "verdict": overall,
+        # Live: the most model time any worker lost to a busy machine (it inflates TTFT).
+        "lost_model_share": max((r.get("lost_model_share") or 0.0 for r in mine), default=0.0),
+        "failed": sum(1 for r in mine if "error" in r),
     }
 
 

@@ -62,9 +62,14 @@ def summary_cells(j: Mapping[str, Any]) -> list[str]:
     """One scenario's row of the summary table."""
     c = j["comparisons"]
     base = [_interval(c[m].get("baseline_ratio")) for m in ("ttft_p50", "ttft_p99") if m in c]
+    mode = j["mode"]
+    if j.get("lost_model_share"):
+        mode += f" (lost {j['lost_model_share']:.0%})"
+    if j.get("failed"):
+        mode += f" ({j['failed']} failed)"
     return [
         j["scenario"],
-        j["mode"],
+        mode,
         str(len(j["seeds"])),
         _hit(c["hit_rate"]),
         _latency(c["ttft_p50"]),
@@ -119,3 +124,80 @@ def markdown(judgments: Sequence[Mapping[str, Any]]) -> str:
     lines = _markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])
     lines += ["", *_markdown_table(BAR_COLUMNS, bar_rows(judgments))]
     return "\n".join(lines) + "\n"
+
+
+SECTION_TITLE = "Against the peers: the judge (issue 46)"
+
+
+def _fleet(s: Mapping[str, Any]) -> str:
+    profiles = s["profiles"]
+    counts = {p: sum(1 for i in range(s["workers"]) if profiles[i % len(profiles)] == p)
+              for p in profiles}  # fmt: skip
+    fleet = " + ".join(f"{n} x {p}" for p, n in counts.items())
+    kv = f"{s['kv_blocks']:,} KV blocks" if s["kv_blocks"] else "the GPU's KV"
+    slow = s.get("slowdown")
+    slowed = (
+        f"; worker {slow['worker']} at {slow['speed']:g}x speed from {slow['at_s']:g} s, its "
+        f"share judged from {slow['at_s'] + slow['settle_s']:g} s"
+        if slow
+        else ""
+    )
+    return f"{fleet}, {kv}, {s['concurrency']} in flight{slowed}"
+
+
+def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> str:
+    """The judge's section of ``docs/benchmarks.md`` from saved ``benchmarks/judge.py`` JSON
+    documents (simulated, then live): how it judges, the scenarios, the tables."""
+    judgments = [j for d in documents for j in d["judgments"]]
+    scenarios: dict[str, Any] = {}
+    for d in documents:
+        scenarios.update(d["scenarios"])
+    plans = [d.get("plan", {}) for d in documents]
+    sim_seeds: list[int] = next((p["sim_seeds"] for p in plans if p.get("sim_seeds")), [])
+    live_seeds: list[int] = next((p["live_seeds"] for p in plans if p.get("live_seeds")), [])
+    own = next((p["own"] for p in plans if p.get("own")), "default")
+    seeds = f"simulator seeds {_span(sim_seeds)}" if sim_seeds else "no simulator runs"
+    if live_seeds:
+        seeds += f", live seeds {_span(live_seeds)}"
+    lines = [
+        f"## {SECTION_TITLE}",
+        "",
+        "```",
+        *commands,
+        "```",
+        "",
+        "One fixed protocol (`kvgate.judge`) decides whether `default` is as good as the peers. "
+        "Per shape, `default`, the peers and round robin run on the same seeds: in the "
+        "simulator the peers are `cache_aware` (sglang-router's and smg's rule, run as they "
+        "run it: no pressure handling, no KV gate) and `round_robin` stands for HAProxy; live "
+        "they are sglang-router 0.3.2 and smg in front of emulated workers, beside kvgate's "
+        "round robin. For each metric the **best peer** is the one with the best mean; the "
+        "table gives `default`'s value over it as the geometric mean of the per-seed ratios "
+        "with a 95% t interval (hit rate: the mean difference in points), paired by seed. "
+        "Each shape has bars from issue 46 (below); a bar is *met* where its whole interval "
+        "is on the good side, a **LOSS** only where its whole interval is past the bar, and "
+        "*open* where the interval holds it. A shape is a LOSS where any bar is. "
+        f"This run: {seeds}; the judged policy `{own}`.",
+        "",
+        *(_markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])),
+        "",
+        *(_markdown_table(BAR_COLUMNS, bar_rows(judgments))),
+        "",
+        "The shapes (`kvgate.judge.scenarios`; every registered workload is judged, a new one on "
+        "4 H100s with 2,000 KV blocks and the default bars: hit within half a point, TTFT p50 "
+        "and p99 within 5% of the best peer):",
+        "",
+        "| shape | workload | requests | fleet | why |",
+        "|---|---|--:|---|---|",
+    ]
+    for name, s in scenarios.items():
+        lines.append(f"| {name} | `{s['workload']}` | {s['requests']} | {_fleet(s)} | {s['why']} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _span(seeds: Sequence[int]) -> str:
+    items = sorted(seeds)
+    if items == list(range(items[0], items[-1] + 1)) and len(items) > 2:
+        return f"{items[0]}-{items[-1]}"
+    return ", ".join(str(s) for s in items)

@@ -1,4 +1,4 @@
-"""The routers ``benchmarks/peers.py`` puts in front of the fleet, and how to get each one.
+"""The routers the peers benchmark and the live judge put in front of a fleet, and how to get each.
 
 kvgate itself (``default``, and ``round_robin`` for reference) runs from this
 checkout. The peers are installed from PyPI into throwaway virtualenvs under
