@@ -9,6 +9,8 @@ the public async API, measured as RSS growth and as tracemalloc's live bytes.
 Throughput: get and compare-and-set on MemoryStore, and on a redis-server started
 on a free port and on a Redis Cluster (3 masters + 3 replicas) started on loopback:
 one await at a time, 64 in flight, and in batches; median and range over repeats.
+On the cluster, the share of commands the busiest master served (a figure a busy
+machine cannot fake: 1.00 when every key sits on one master, 0.33 evenly over three).
 """
 
 from __future__ import annotations
@@ -153,14 +155,15 @@ async def memory_ops(n: int) -> list[dict[str, Any]]:
 async def redis_ops(n: int, url: str, backend: str) -> list[dict[str, Any]]:
     """get/CAS throughput on one Redis or a Redis Cluster: sequential, concurrent, batched.
 
-    On a cluster every key sits in one slot (one hash tag: the Lua scripts need it),
-    so its figures are one master's; "batched" there is ``asyncio.gather`` of direct
-    calls, as ``RedisStore`` does on a cluster, not a pipeline.
+    On a cluster the sessions are spread over shard tags (``store.cluster``), each
+    script on one slot; "batched" there is ``asyncio.gather`` of direct calls, as
+    ``RedisStore`` does on a cluster, not a pipeline.
     """
     store = RedisStore(
         url, socket_timeout=2.0, connect_timeout=2.0, max_connections=IN_FLIGHT, prefix="bench:"
     )
-    scripts = Scripts(store._redis, "{bench}:pipe:" if store.cluster else "bench-pipe:")
+    shards = [p.replace("bench", "bench-pipe", 1) for p in store._scripts.shards]
+    scripts = Scripts(store._redis, "{bench}:pipe:" if store.cluster else "bench-pipe:", shards)
 
     async def cas_batched(indexes: range) -> None:
         if store.cluster:  # in slices the connection limit allows, as get_many does
@@ -211,10 +214,15 @@ async def backend_ops(n: int, repeats: int, cluster: bool) -> list[dict[str, Any
         if cluster:
             nodes = stack.enter_context(RedisClusterServers())
             targets.append((nodes.url, "cluster"))
+        shares: list[float] = []
         for _ in range(repeats):
             for url, backend in targets:
+                before = _master_commands(nodes) if backend == "cluster" else []
                 for row in await redis_ops(n, url, backend):
                     runs.setdefault((backend, row["op"]), []).append(row)
+                if backend == "cluster":
+                    served = [a - b for a, b in zip(_master_commands(nodes), before, strict=True)]
+                    shares.append(max(served) / max(1, sum(served)))
                 await flush(url)
     rows = []
     for (backend, op), found in runs.items():
@@ -230,10 +238,22 @@ async def backend_ops(n: int, repeats: int, cluster: bool) -> list[dict[str, Any
     single_rates = {r["op"]: r["ops_per_s"] for r in rows if r["backend"] == "redis"}
     for row in rows:
         if row["backend"] == "cluster":
+            row["busiest_master_share"] = statistics.median(shares)
             twin = row["op"].replace("gathered", "pipelined")
             if twin in single_rates:
                 row["vs_single"] = row["ops_per_s"] / single_rates[twin]
     return rows
+
+
+def _master_commands(nodes: RedisClusterServers) -> list[int]:
+    """Commands each master has processed so far (``INFO stats``), masters in node order."""
+    counts = []
+    for node in nodes.nodes:
+        if node.running and nodes.info(node, "role").startswith("master"):
+            stats = nodes.info(node, "info", "stats")
+            line = next(x for x in stats.splitlines() if x.startswith("total_commands_processed"))
+            counts.append(int(line.split(":")[1]))
+    return counts
 
 
 async def flush(url: str) -> None:
@@ -280,6 +300,9 @@ def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -
         table.add_row(row["backend"], row["op"], f"{row['ops_per_s']:,.0f}", spread, ratio,
                       f"{row['p50_us']:,.1f}", f"{row['p99_us']:,.1f}")  # fmt: skip
     console.print(table)
+    share = next((r["busiest_master_share"] for r in ops if "busiest_master_share" in r), None)
+    if share is not None:
+        console.print(f"cluster: the busiest master served {share:.2f} of the commands")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

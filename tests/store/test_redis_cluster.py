@@ -1,4 +1,4 @@
-"""The store on a real Redis Cluster: one slot for every key, failover under traffic."""
+"""The store on a real Redis Cluster: keys spread over every master, failover under traffic."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import asyncio
 
 import aiohttp
 import pytest
+from redis.crc import key_slot
 
 from kvgate.core.decision import Affinity
 from kvgate.gateway.testing import running_gateway
 from kvgate.store import RedisStore
-from kvgate.store.cluster import cluster_nodes, cluster_prefix
+from kvgate.store.cluster import cluster_nodes, cluster_prefix, shard_prefixes
 from kvgate.testing import wait_until, wait_until_sync
 from kvgate.testing_redis import RedisClusterServers, find_redis_server
 from kvgate.workersim import WorkerOptions, running_worker
@@ -31,6 +32,38 @@ def test_cluster_prefixes_carry_one_hash_tag() -> None:
     assert cluster_prefix("kvgate:") == "{kvgate}:"
     assert cluster_prefix("team-a:") == "{team-a}:"
     assert cluster_prefix("x:{aff}:") == "x:{aff}:"
+
+
+def test_shard_tags_fall_in_evenly_spaced_slots() -> None:
+    prefixes = shard_prefixes("{kvgate}:", 16)
+    assert prefixes == shard_prefixes("kvgate:", 16)  # every replica computes the same
+    slots = [key_slot(p.encode()) for p in prefixes]
+    assert [slot * 16 // 16384 for slot in slots] == list(range(16))
+
+
+async def test_keys_land_on_every_master_and_scripts_stay_on_one_slot(
+    redis_cluster: RedisClusterServers, cluster_url: str
+) -> None:
+    store = RedisStore(cluster_url, socket_timeout=1.0, connect_timeout=1.0)
+    try:
+        for i in range(300):
+            bound = Affinity(f"user-{i}", f"w{i % 4}", "v1", float(i))
+            assert await store.compare_and_set(bound.session_key, None, bound, 60) == bound
+        await store.set_holders([(i * 7919, f"w{i % 4}") for i in range(300)], 60)
+        assert not store.degraded and store.errors_total == 0  # no CROSSSLOT anywhere
+        assert await store.counts() == {f"w{n}": 75 for n in range(4)}
+        oldest = await store.sessions_of("w1", limit=3)
+        assert [a.session_key for a in oldest] == ["user-1", "user-5", "user-9"]
+        assert (await store.get_holders([0, 7919]))[1] == "w1"
+        masters = [
+            node
+            for node in redis_cluster.nodes
+            if node.running and redis_cluster.info(node, "role").startswith("master")
+        ]
+        keys = [int(redis_cluster.info(node, "dbsize").strip()) for node in masters]
+        assert len(keys) == 3 and all(k > 0.15 * sum(keys) for k in keys), keys
+    finally:
+        await store.close()
 
 
 async def test_a_master_fails_over_under_traffic_without_a_lost_request() -> None:

@@ -1,4 +1,12 @@
-"""Redis Cluster URLs and key prefixes for ``RedisStore``."""
+"""Redis Cluster URLs and key prefixes for ``RedisStore``.
+
+On a cluster the store's keys are spread over ``shards`` hash tags chosen so that
+their slots are evenly spaced over the 16,384 (shard ``i`` in the ``i``-th
+sixteenth, for 16): every master of an evenly split cluster of up to 16 masters
+holds some. A session's binding and the per-worker indexes its scripts touch
+share its shard's tag, so every script still runs on one slot; blobs, leases and
+the epoch stay under the store's own tag.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from redis.asyncio.cluster import ClusterNode
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 
 def is_cluster_url(url: str) -> bool:
@@ -42,7 +51,26 @@ def cluster_prefix(prefix: str) -> str:
     Cluster runs a script only over keys of one slot: ``kvgate:`` becomes
     ``{kvgate}:``; a prefix that already has a tag is kept.
     """
-    if "{" in prefix and "}" in prefix.split("{", 1)[1]:
+    if has_tag(prefix):
         return prefix
     stem = prefix.rstrip(":")
     return f"{{{stem}}}:" if stem else "{kvgate}:"
+
+
+def has_tag(prefix: str) -> bool:
+    """True when ``prefix`` carries a hash tag of its own (then it is kept: one slot)."""
+    return "{" in prefix and "}" in prefix.split("{", 1)[1]
+
+
+def shard_prefixes(prefix: str, shards: int) -> list[str]:
+    """``shards`` prefixes, each with a hash tag whose slot falls in its own share of the
+    slots (deterministic: every replica computes the same ones)."""
+    stem = prefix.strip("{}:") or "kvgate"
+    width = REDIS_CLUSTER_HASH_SLOTS / shards
+    out = []
+    for i in range(shards):
+        n = 0
+        while int(key_slot(f"{stem}:{i}.{n}".encode()) // width) != i:
+            n += 1
+        out.append(f"{{{stem}:{i}.{n}}}:")
+    return out

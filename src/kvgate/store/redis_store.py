@@ -58,7 +58,13 @@ from kvgate.core.decision import Affinity
 from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
-from kvgate.store.cluster import cluster_nodes, cluster_prefix, is_cluster_url
+from kvgate.store.cluster import (
+    cluster_nodes,
+    cluster_prefix,
+    has_tag,
+    is_cluster_url,
+    shard_prefixes,
+)
 from kvgate.store.epoch import Epoch
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
@@ -115,13 +121,18 @@ class RedisStore(AffinityStore):
         max_dirty: int = 100_000,
         max_connections: int = 32,
         epoch_check_s: Seconds = 1.0,
+        cluster_shards: int = 16,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
         self.url = url
         self._url_for_logs = redact(url)
         self.cluster = is_cluster_url(url) or isinstance(client, RedisCluster)
+        shards: list[str] = []
         if self.cluster:
+            # Spread over the masters, unless the operator's prefix pins one tag.
+            if not has_tag(prefix) and cluster_shards > 1:
+                shards = shard_prefixes(prefix, cluster_shards)
             prefix = cluster_prefix(prefix)
         if client is None and self.cluster:
             client = RedisCluster(
@@ -149,7 +160,7 @@ class RedisStore(AffinityStore):
         # half for the parallel reads of get_many, which holds one call slot.
         self._batch = max(1, max_connections // 2)
         self._calls = asyncio.Semaphore(self._batch) if self.cluster else None
-        self._scripts = Scripts(self._redis, prefix)
+        self._scripts = Scripts(self._redis, prefix, shards)
         self.local = MemoryStore(fallback_max_sessions, clock)
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
@@ -239,7 +250,9 @@ class RedisStore(AffinityStore):
         if not blocks:
             return []
         keys = [self._holder_key(block) for block in blocks]
-        reply = await self._remote(lambda: self._redis.mget(keys))
+        # On a cluster the keys are spread over slots: one MGET per slot, in parallel.
+        mget = self._redis.mget_nonatomic if self.cluster else self._redis.mget
+        reply = await self._remote(lambda: mget(keys))
         if reply is _DOWN:
             return await self.local.get_holders(blocks)
         return [None if v is None else (v.decode() if isinstance(v, bytes) else v) for v in reply]
@@ -264,7 +277,8 @@ class RedisStore(AffinityStore):
         await self.local.set_holders(entries, ttl)
 
     def _holder_key(self, block: BlockHash) -> str:
-        return f"{self.prefix}{HOLDER_TAG}{block & 0xFFFFFFFFFFFFFFFF:016x}"
+        name = f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
+        return f"{self._scripts.shard(name)}{HOLDER_TAG}{name}"
 
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""

@@ -14,17 +14,21 @@ Key layout under a prefix ``P`` (default ``kvgate:``):
 
 Every write that touches a binding runs as one Lua script, so the binding and both
 indexes change together and compare-and-set is atomic across gateway replicas.
-Scripts derive index keys from the prefix, so on Redis Cluster the prefix carries
-a hash tag (``{kvgate}:``, see ``cluster.cluster_prefix``) to keep every key in
-one slot; scripts without a key of their own pass ``P workers`` as KEYS[1] so the
-cluster client routes them to that slot.
+Scripts derive index keys from the prefix they are given. On Redis Cluster the
+sessions are spread over shards (``cluster.shard_prefixes``), each prefix with a
+hash tag of its own: a session, and the indexes of its shard, share a slot, so
+each script runs on one slot; ``sessions_of`` and ``counts`` visit every shard.
+Scripts without a key of their own pass ``P workers`` as KEYS[1] so the cluster
+client routes them to that slot.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
+import xxhash
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
@@ -189,8 +193,13 @@ class Scripts:
     pipeline returns) or runs at once; ``decode_*`` turn raw replies into values.
     """
 
-    def __init__(self, redis: Redis | RedisCluster, prefix: str) -> None:
+    def __init__(
+        self, redis: Redis | RedisCluster, prefix: str, shards: Sequence[str] = ()
+    ) -> None:
         self.prefix = prefix
+        """Blobs, leases and the epoch live under it (and, unsharded, everything)."""
+        self.shards = list(shards) or [prefix]
+        """The prefixes sessions and holders are spread over (one: ``prefix``)."""
 
         def register(body: str) -> AsyncScript:
             return redis.register_script(_COMMON + body)
@@ -206,9 +215,16 @@ class Scripts:
         self._release = register(_RELEASE)
         self._epoch = redis.register_script(_EPOCH)
 
+    def shard(self, key: str) -> str:
+        """The prefix ``key``'s binding (and its indexes) live under."""
+        shards = self.shards
+        if len(shards) == 1:
+            return shards[0]
+        return shards[xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass")) % len(shards)]
+
     def session_key(self, key: SessionKey) -> str:
         """The Redis key holding ``key``'s binding."""
-        return f"{self.prefix}s:{key}"
+        return f"{self.shard(key)}s:{key}"
 
     def blob_key(self, name: str) -> str:
         """The Redis key holding blob ``name``."""
@@ -220,7 +236,7 @@ class Scripts:
 
     async def get(self, key: SessionKey, client: Client | None = None) -> Any:
         """Queue or run a read of ``key``: reply is fields and PTTL, or nil."""
-        return await self._get([self.session_key(key)], [self.prefix, key], client)
+        return await self._get([self.session_key(key)], [self.shard(key), key], client)
 
     @staticmethod
     def decode_get(key: SessionKey, reply: Any) -> tuple[Affinity, Seconds] | None:
@@ -236,7 +252,7 @@ class Scripts:
         key = affinity.session_key
         return await self._set(
             [self.session_key(key)],
-            [self.prefix, key, affinity.worker, affinity.version, repr(affinity.last_active),
+            [self.shard(key), key, affinity.worker, affinity.version, repr(affinity.last_active),
              ttl_ms(ttl)],
             client,
         )  # fmt: skip
@@ -251,7 +267,7 @@ class Scripts:
     ) -> Any:
         """Queue or run a compare-and-set; decode with ``decode_cas``."""
         args = [
-            self.prefix,
+            self.shard(key),
             key,
             "0" if expected is None else "1",
             expected or "",
@@ -273,7 +289,7 @@ class Scripts:
     ) -> Any:
         """Queue or run a touch; reply 1 if the binding existed."""
         return await self._touch(
-            [self.session_key(key)], [self.prefix, key, repr(now), ttl_ms(ttl)], client
+            [self.session_key(key)], [self.shard(key), key, repr(now), ttl_ms(ttl)], client
         )
 
     async def delete(
@@ -281,7 +297,7 @@ class Scripts:
     ) -> Any:
         """Queue or run a delete (only if bound to ``only_if_worker``, when given)."""
         return await self._delete(
-            [self.session_key(key)], [self.prefix, key, only_if_worker], client
+            [self.session_key(key)], [self.shard(key), key, only_if_worker], client
         )
 
     async def sessions_of(self, worker: WorkerId, limit: int | None) -> list[Affinity]:
@@ -289,18 +305,30 @@ class Scripts:
         stop = -1 if limit is None else limit - 1
         if stop < -1 or limit == 0:
             return []
-        # KEYS[1] is not read: it routes the call to the slot's node on Redis Cluster.
-        index = [f"{self.prefix}workers"]
-        reply: Sequence[Any] = await self._sessions_of(index, [self.prefix, worker, stop])
-        return [
-            decode_affinity(_text(reply[i]), worker, reply[i + 1], reply[i + 2])
-            for i in range(0, len(reply), 3)
-        ]
+        found: list[list[Affinity]] = []
+        for shard in self.shards:  # one at a time: a rare call, and one connection
+            # KEYS[1] is not read: it routes the call to the slot's node on Redis Cluster.
+            reply: Sequence[Any] = await self._sessions_of(
+                [f"{shard}workers"], [shard, worker, stop]
+            )
+            found.append(
+                [
+                    decode_affinity(_text(reply[i]), worker, reply[i + 1], reply[i + 2])
+                    for i in range(0, len(reply), 3)
+                ]
+            )
+        merged = list(heapq.merge(*found, key=lambda a: a.last_active))
+        return merged if limit is None else merged[:limit]
 
     async def counts(self) -> dict[WorkerId, int]:
         """Live sessions per worker (pruning expired ones as it goes)."""
-        reply: Sequence[Any] = await self._counts([f"{self.prefix}workers"], [self.prefix])
-        return {_text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+        counts: dict[WorkerId, int] = {}
+        for shard in self.shards:
+            reply: Sequence[Any] = await self._counts([f"{shard}workers"], [shard])
+            for i in range(0, len(reply), 2):
+                worker = _text(reply[i])
+                counts[worker] = counts.get(worker, 0) + int(reply[i + 1])
+        return counts
 
     async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
         """Take or renew lease ``name``; True if ``holder`` holds it afterwards."""
