@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import grpc
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -200,16 +201,21 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
 
     async def Process(  # noqa: N802 (the gRPC method's name)
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        """Answer one request's messages in order; the request ends with the stream."""
+    ) -> None:
+        """Answer one request's messages in order; the request ends with the stream.
+
+        ``context.read``/``write``: each answer goes out before the next message is read.
+        """
         stream = _Stream(self)
         self.streams += 1
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
-            async for message in requests:
-                for answer in await stream.on(message):
-                    yield answer
-                if stream.finished:
+            while not stream.finished:
+                message = await read()
+                if message is eof:
                     return
+                for answer in await stream.on(message):
+                    await write(answer)
         finally:
             self.streams -= 1
             stream.close()

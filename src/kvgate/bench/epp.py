@@ -1,0 +1,314 @@
+"""What the endpoint picker costs: CPU per decision and the latency it adds, over loopback gRPC.
+
+Starts two emulated workers (``kvgate worker-sim``; they only see the picker's
+probes and scrapes), the picker (``kvgate epp``) and, for comparison, the
+built-in proxy (``kvgate serve``) on the same workers, each in its own process.
+A client then plays Envoy's ext_proc filter in full-duplex mode for each request
+(the headers and body, the decision with the body streamed back, the response
+headers with the endpoint that served, one response body chunk holding the
+usage, the end), without moving the bytes itself: the picker's own work only.
+
+- **CPU per decision**: the picker process's CPU time (``/proc/<pid>/stat``) over
+  the concurrent phase, divided by the requests: each one's whole stream, not
+  only its decision (the response messages feed the same accounting).
+- **Added latency**: from the first request message to the decision, one request
+  at a time (p50, p99): what Envoy waits before it can forward. The response
+  messages' round trips are given too (in full-duplex mode Envoy waits for each).
+- **The built-in proxy's CPU per request**: the same number of small
+  non-streaming requests through ``kvgate serve``, concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kvgate.waiting import wait_until_sync
+
+KVGATE = str(Path(sys.executable).parent / "kvgate")
+_TICKS = os.sysconf("SC_CLK_TCK")
+_USAGE_BODY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {
+            "prompt_tokens": 40,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 32},
+        },
+    }
+).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class EppBenchResult:
+    """The measured figures (milliseconds)."""
+
+    requests: int
+    concurrency: int
+    picker_cpu_ms_per_request: float
+    decisions_per_cpu_second: float
+    decision_p50_ms: float
+    decision_p99_ms: float
+    response_round_trips_p50_ms: float
+    proxy_cpu_ms_per_request: float
+    errors: int
+
+    def table(self) -> str:
+        """The figures as the lines ``epp_bench.py`` prints."""
+        rows = [
+            ("picker CPU per request (decision + response feed)", self.picker_cpu_ms_per_request),
+            ("picker decisions per CPU-second", self.decisions_per_cpu_second),
+            ("added latency p50 (to the decision)", self.decision_p50_ms),
+            ("added latency p99 (to the decision)", self.decision_p99_ms),
+            (
+                "response messages' round trips p50 (headers + 1 chunk)",
+                self.response_round_trips_p50_ms,
+            ),
+            ("built-in proxy CPU per request", self.proxy_cpu_ms_per_request),
+        ]
+        lines = [f"{name:<58}{value:>10.3f}" for name, value in rows]
+        counts = f"{self.requests} {self.concurrency} {self.errors}"
+        lines.append(f"{'requests, concurrency, errors':<58}{counts:>10}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _answers(url: str) -> bool:
+    async def probe() -> bool:
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url) as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    return asyncio.run(probe())
+
+
+@contextlib.contextmanager
+def _process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_sync(lambda: _answers(ready_url), timeout=60, interval=0.2, message=ready_url)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _body(n: int) -> bytes:
+    system = "You are a helpful assistant. " * 8
+    return json.dumps(
+        {
+            "model": "demo",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"question number {n}: what is {n} plus {n}?"},
+            ],
+            "max_tokens": 4,
+        }
+    ).encode()
+
+
+class _Client:
+    """Plays Envoy's ext_proc filter (full-duplex) against the picker; times each step."""
+
+    def __init__(self, target: str) -> None:
+        import grpc
+        from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
+
+        self.grpc = grpc
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = ExternalProcessorStub(self.channel)
+        self.errors = 0
+
+    async def one(self, n: int) -> tuple[float, float]:
+        """One request's stream: (seconds to the decision, seconds of the response messages)."""
+        from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
+        from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+        from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+        from google.protobuf.struct_pb2 import Struct
+
+        def headers(pairs: dict[str, str], end: bool) -> pb.HttpHeaders:
+            values = [HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+            return pb.HttpHeaders(headers=HeaderMap(headers=values), end_of_stream=end)
+
+        duplex = ProcessingMode.FULL_DUPLEX_STREAMED
+        call = self.stub.Process()
+        started = time.perf_counter()
+        await call.write(
+            pb.ProcessingRequest(
+                request_headers=headers(
+                    {
+                        ":method": "POST",
+                        ":path": "/v1/chat/completions",
+                        "x-session-id": f"u{n % 64}",
+                    },
+                    False,
+                ),
+                protocol_config=pb.ProtocolConfiguration(
+                    request_body_mode=duplex, response_body_mode=duplex
+                ),
+            )
+        )
+        await call.write(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=_body(n), end_of_stream=True))
+        )
+        decision = await call.read()
+        decided = time.perf_counter()
+        if decision.HasField("immediate_response"):
+            self.errors += 1
+            call.cancel()
+            return decided - started, 0.0
+        await call.read()  # the body, streamed back
+        endpoint = (
+            decision.dynamic_metadata.fields["envoy.lb"]
+            .struct_value.fields["x-gateway-destination-endpoint"]
+            .string_value.split(",")[0]
+        )
+        served = Struct()
+        served.update({"x-gateway-destination-endpoint-served": endpoint})
+        begun = time.perf_counter()
+        await call.write(
+            pb.ProcessingRequest(
+                response_headers=headers(
+                    {":status": "200", "content-type": "application/json"}, False
+                ),
+                metadata_context=Metadata(filter_metadata={"envoy.lb": served}),
+            )
+        )
+        await call.read()
+        await call.write(
+            pb.ProcessingRequest(response_body=pb.HttpBody(body=_USAGE_BODY, end_of_stream=True))
+        )
+        await call.read()
+        await call.done_writing()
+        await call.read()
+        return decided - started, time.perf_counter() - begun
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+async def _drive_picker(
+    target: str, pid: int, requests: int, concurrency: int, sequential: int
+) -> tuple[list[float], list[float], float, int]:
+    client = _Client(target)
+    try:
+        for n in range(50):  # warm up: connections, caches, the first scrapes
+            await client.one(n)
+        decisions, responses = [], []
+        for n in range(sequential):
+            decision, response = await client.one(1000 + n)
+            decisions.append(decision)
+            responses.append(response)
+        queue = list(range(requests))
+
+        async def loop() -> None:
+            while queue:
+                await client.one(100_000 + queue.pop())
+
+        before = cpu_seconds(pid)
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        cpu = cpu_seconds(pid) - before
+        return decisions, responses, cpu, client.errors
+    finally:
+        await client.close()
+
+
+async def _drive_proxy(url: str, pid: int, requests: int, concurrency: int) -> float:
+    async with aiohttp.ClientSession() as session:
+
+        async def one(n: int) -> None:
+            async with session.post(url + "/v1/chat/completions", data=_body(n)) as resp:
+                await resp.read()
+
+        for n in range(50):
+            await one(n)
+        queue = list(range(requests))
+
+        async def loop() -> None:
+            while queue:
+                await one(100_000 + queue.pop())
+
+        before = cpu_seconds(pid)
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        return cpu_seconds(pid) - before
+
+
+def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> EppBenchResult:
+    """Start the workers, the picker and the proxy; measure both (see the module docs)."""
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for seed in range(2):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            args = [KVGATE, "worker-sim", "--port", str(port), "--model", "demo"]
+            args += ["--profile", "fast", "--time-scale", "1000", "--seed", str(seed)]
+            stack.enter_context(_process(args, url + "/health"))
+            urls.append(url)
+        workers = [a for url in urls for a in ("--worker", url)]
+        grpc_port, http_port = free_port(), free_port()
+        picker = stack.enter_context(
+            _process(
+                [KVGATE, "epp", *workers, "--port", str(grpc_port), "--http-port", str(http_port)],
+                f"http://127.0.0.1:{http_port}/readyz",
+            )
+        )
+        decisions, responses, cpu, errors = asyncio.run(
+            _drive_picker(f"127.0.0.1:{grpc_port}", picker.pid, requests, concurrency, sequential)
+        )
+        proxy_port = free_port()
+        proxy = stack.enter_context(
+            _process(
+                [KVGATE, "serve", *workers, "--port", str(proxy_port)],
+                f"http://127.0.0.1:{proxy_port}/readyz",
+            )
+        )
+        proxy_cpu = asyncio.run(
+            _drive_proxy(f"http://127.0.0.1:{proxy_port}", proxy.pid, requests, concurrency)
+        )
+    decisions.sort()
+    return EppBenchResult(
+        requests=requests,
+        concurrency=concurrency,
+        picker_cpu_ms_per_request=1000 * cpu / requests,
+        decisions_per_cpu_second=requests / max(cpu, 1e-9),
+        decision_p50_ms=1000 * statistics.median(decisions),
+        decision_p99_ms=1000 * decisions[int(0.99 * (len(decisions) - 1))],
+        response_round_trips_p50_ms=1000 * statistics.median(responses),
+        proxy_cpu_ms_per_request=1000 * proxy_cpu / requests,
+        errors=errors,
+    )
