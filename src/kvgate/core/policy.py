@@ -20,6 +20,22 @@ from kvgate.types import Seconds, WorkerId
 
 
 @dataclass(frozen=True, slots=True)
+class Resident:
+    """What the engines that publish KV events hold of one request's prompt.
+
+    Read from the exact index (``core.exact_index``) by the driver before routing:
+    ``chars`` is, per worker, how many leading characters of the prompt its cache
+    holds (its tokens held, in the prompt's characters); ``exact`` the workers whose
+    cache is known this way. A worker in ``exact`` but not in ``chars`` holds none
+    of the prompt, whatever was sent there. Workers outside ``exact`` publish no
+    events: a policy reads their caches from its own approximate index.
+    """
+
+    chars: Mapping[WorkerId, int]
+    exact: Collection[WorkerId]
+
+
+@dataclass(frozen=True, slots=True)
 class RouteContext:
     """What the driver looked up before asking a policy.
 
@@ -29,13 +45,15 @@ class RouteContext:
     ``holders`` is the shared store's prefix state (``core.holders``): for each
     worker, the depth in blocks of the request's chain that some gateway replica
     sent there lately, so replica B knows where replica A sent a conversation's
-    earlier turn.
+    earlier turn. ``resident`` is what workers that publish KV events hold of the
+    request's prompt, exactly (``None``: no worker publishes them).
     """
 
     fleet: FleetSnapshot
     affinity: Affinity | None
     rng: random.Random
     holders: Mapping[WorkerId, int] = field(default_factory=dict)
+    resident: Resident | None = None
 
 
 @runtime_checkable

@@ -164,6 +164,14 @@ class PrefixIndex:
             return -(-chars // size) if chars > 0 else 0
         return fine + -(-(chars - fine * size) // (cfg.coarse_factor * size))
 
+    def depth_within(self, chars: int) -> int:
+        """The most leading blocks of a chain that ``chars`` characters cover whole."""
+        cfg = self.config
+        fine, size = cfg.fine_blocks, cfg.block_chars
+        if chars <= fine * size:
+            return max(chars, 0) // size
+        return fine + (chars - fine * size) // (cfg.coarse_factor * size)
+
     def distinct_blocks(self) -> int:
         """Distinct block hashes held by at least one worker."""
         return len(self._holders)

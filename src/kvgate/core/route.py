@@ -62,7 +62,7 @@ from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decisio
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues
-from kvgate.core.policy import Policy, RouteContext
+from kvgate.core.policy import Policy, Resident, RouteContext
 from kvgate.core.pressure import (
     PressureConfig,
     fleet_pressure,
@@ -184,6 +184,7 @@ def route(
     held_s: Seconds | None,
     config: RouteConfig,
     holders: Mapping[WorkerId, int] | None = None,
+    resident: Resident | None = None,
 ) -> Verdict:
     """The verdict for ``request`` on ``fleet`` (see the module docs for the steps).
 
@@ -193,6 +194,7 @@ def route(
     ``held_s`` how long it has been held for KV headroom (``None``: never).
     ``holders`` is the shared store's prefix state for the request
     (``core.holders``); a headerless later turn it shows resident is not new work.
+    ``resident`` is what the engines that publish KV events hold of the prompt.
     """
     holders = holders if holders is not None else {}
     # ``routable`` inlined, without a generator: this runs on every request.
@@ -215,7 +217,7 @@ def route(
     held = _continuation(request, affinity, fleet)
     if held is not None:
         return held
-    ctx = RouteContext(fleet, affinity, rng, holders)
+    ctx = RouteContext(fleet, affinity, rng, holders, resident)
     decision = policy.pick(request, ctx)
     if decision.reason == CAPACITY_FULL:
         decision = _overflow(request, ctx, policy) or decision
@@ -281,7 +283,7 @@ def _overflow(request: RequestFeatures, ctx: RouteContext, policy: Policy) -> De
     view = overflow_fleet(fleet)
     if view is None:
         return None
-    decision = policy.pick(request, RouteContext(view, affinity, ctx.rng, ctx.holders))
+    decision = policy.pick(request, replace(ctx, fleet=view))
     if decision.worker is None or view.get(decision.worker) is None:
         return overflow_decision(request, affinity, fleet)
     return replace(decision, reason=OVERFLOW)
@@ -303,7 +305,7 @@ def _with_room(
     if len(lacking) == len(fleet.workers):
         return None
     view = fleet.without(lacking)
-    decision = policy.pick(request, RouteContext(view, ctx.affinity, ctx.rng, ctx.holders))
+    decision = policy.pick(request, replace(ctx, fleet=view))
     if decision.worker is None or view.get(decision.worker) is None:
         return None
     demand = kv_demand_tokens(request, gate, decision.shared_chars)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvgate.core.admission import AdmissionConfig
 from kvgate.core.policies import default_registry
+from kvgate.sim.kvfeed import split_policy
 from kvgate.sim.simulation import Progress, RunResult, SimConfig, Simulation
 from kvgate.workload.bound import Bound, capacity_reference, infinite_cache_bound
 from kvgate.workload.options import RATE_PARAMS, WorkloadFactory
@@ -73,7 +74,7 @@ class Experiment:
     def __post_init__(self) -> None:
         registry = default_registry()
         for name in self.policies:
-            registry[name]  # an unknown name fails here, before any run
+            registry[split_policy(name)[0]]  # an unknown name fails here, before any run
         if not self.as_peers <= set(self.policies):
             unknown = ", ".join(sorted(self.as_peers - set(self.policies)))
             raise ValueError(f"run as peers but not among the policies: {unknown}")
@@ -81,7 +82,7 @@ class Experiment:
             raise ValueError("a sweep needs at least one value")
 
     def _options_for(self, policy: str, extra: Mapping[str, object]) -> dict[str, Any]:
-        fields = default_registry()[policy].config.model_fields
+        fields = default_registry()[split_policy(policy)[0]].config.model_fields
         merged = {**self.policy_options, **extra}
         return {k: v for k, v in merged.items() if k in fields}
 
@@ -106,7 +107,7 @@ class Experiment:
         if param in workload_options(probe.name):
             return config, {param: value}, {}
         registry = default_registry()
-        if any(param in registry[p].config.model_fields for p in self.policies):
+        if any(param in registry[split_policy(p)[0]].config.model_fields for p in self.policies):
             return config, {}, {param: value}
         raise ValueError(
             f"cannot sweep {param!r}: not a fleet setting, admission limit, workload option "

@@ -40,7 +40,7 @@ from kvgate.core.holders import (
     lookup_keys,
     with_parent,
 )
-from kvgate.core.policy import Policy, RouteContext
+from kvgate.core.policy import Policy, Resident, RouteContext
 from kvgate.core.pressure import PressureTracker
 from kvgate.core.route import (
     Hold,
@@ -53,6 +53,7 @@ from kvgate.core.route import (
 )
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
+from kvgate.sim.kvfeed import KVFeed
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
@@ -94,6 +95,8 @@ class _Waiter:
     """When it was first held for KV headroom (``None``: never)."""
     wake_at: Seconds | None = None
     """When its hold's ``max_wait`` runs out, as last asked of the driver's timer."""
+    blocks: list[BlockHash] | None = None
+    """Its prompt's engine blocks, once looked up in the exact index."""
 
 
 class SimGateway:
@@ -116,6 +119,7 @@ class SimGateway:
         misses: Misses | None = None,
         ended: Ended | None = None,
         timer: Timer | None = None,
+        feed: KVFeed | None = None,
     ) -> None:
         self.workers = workers
         self._by_id = {w.id: w for w in workers}
@@ -140,6 +144,8 @@ class SimGateway:
         self.timer = timer
         """Asked to call ``timer_fired`` at a time: when a hold's ``max_wait`` runs out
         (``None``: a hold is asked again only when a release or a scrape wakes it)."""
+        self.feed = feed
+        """The engines' KV events and the exact index (``None``: the policy infers caches)."""
         self.flights: dict[str, Flight] = {}
         self.warm_flights: dict[str, tuple[RequestFeatures, SimWorker]] = {}
         """Warm-ups sent and not finished (``core.warmup``), by their request ids."""
@@ -215,7 +221,25 @@ class SimGateway:
             held_s=held_s,
             config=self.config,
             holders=holders,
+            resident=self._resident(waiter, now),
         )
+
+    def _resident(self, waiter: _Waiter, now: Seconds) -> Resident | None:
+        """What the engines hold of the request's prompt, by their KV events."""
+        feed = self.feed
+        if feed is None:
+            return None
+        feed.pump(now)  # idle probes
+        if waiter.blocks is None:
+            waiter.blocks = self.codec.engine_blocks(waiter.request.segments)
+        request, features = waiter.request, waiter.features
+        per_token = features.prompt_chars / request.prompt_tokens if request.prompt_tokens else 0.0
+        size = self.codec.block_size
+        chars = {
+            w: min(features.prompt_chars, int(depth * size * per_token))
+            for w, depth in feed.index.match(waiter.blocks).items()
+        }
+        return Resident(chars, frozenset(feed.index.workers()))
 
     def _enqueue(self, waiter: _Waiter, verdict: Queue | Hold, now: Seconds) -> None:
         self._note_wait(waiter, verdict, now)
@@ -285,6 +309,8 @@ class SimGateway:
         blocks, reply_blocks, output_blocks = self.codec.engine_blocks_with_output(
             request.segments, request.reply, request.max_tokens
         )
+        if self.feed is not None:
+            self.feed.note_placement(worker.id, blocks)
         if self.misses is not None:
             self.misses.placed(
                 request.request_id,

@@ -32,6 +32,7 @@ from kvgate.core.versions import ModelVersions, VersionWeights
 from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.arrivals import Arrivals
 from kvgate.sim.gateway import SimGateway
+from kvgate.sim.kvfeed import KVFeed, split_policy
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
 from kvgate.workload.misses import Misses
@@ -101,6 +102,12 @@ class SimConfig:
     worker_ids: tuple[str, ...] = ()
     client_concurrency: int | None = None
     slowdowns: tuple[tuple[Seconds, int, float], ...] = ()
+    kv_event_drop: float = 0.0
+    """With a ``+kv_events`` policy: the share of event batches the link loses (``sim.kvfeed``)."""
+    subscriber_restarts: tuple[Seconds, ...] = ()
+    """With a ``+kv_events`` policy: when the event subscriber is killed and restarted."""
+    worker_restarts: tuple[tuple[Seconds, int], ...] = ()
+    """With a ``+kv_events`` policy: (when, worker index) a worker restarts, its cache cleared."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -205,11 +212,25 @@ class Simulation:
         ]
         self.recorder = RunRecorder([w.id for w in self.workers])
         registry = default_registry()
+        base, exact = split_policy(policy)
         # As the live gateway does: the prefix index counts the features' blocks.
-        options = with_feature_blocks(registry, policy, self.options, config.features)
+        options = with_feature_blocks(registry, base, self.options, config.features)
+        self.feed = (
+            KVFeed(
+                {w.id: w.engine for w in self.workers},
+                config.block_size,
+                drop=config.kv_event_drop,
+                seed=config.seed,
+            )
+            if exact
+            else None
+        )
+        self._faults = sorted(
+            [(at, -1) for at in config.subscriber_restarts] + list(config.worker_restarts)
+        )
         self.gateway = SimGateway(
             self.workers,
-            registry.build(policy, options),
+            registry.build(base, options),
             self.codec,
             self.recorder,
             self._submit,
@@ -221,6 +242,7 @@ class Simulation:
             misses=Misses(config.block_size) if misses else None,
             ended=self._ended,
             timer=lambda at: self._push(at, _TIMER, -1),
+            feed=self.feed,
         )
         self._arrivals = Arrivals(
             config.limited(requests),
@@ -275,6 +297,8 @@ class Simulation:
                 if request is None:
                     continue  # a later turn, held until its previous turn ends
                 now = request.arrival
+                if self._faults and self._faults[0][0] <= now:
+                    self._fault(self._faults.pop(0)[1])
                 gateway.arrive(request, now)
                 arrived += 1
                 if progress is not None and arrived % every == 0:
@@ -293,6 +317,8 @@ class Simulation:
         summary["warm_ups"] = self.gateway.warm_ups
         summary["warm_up_tokens"] = self.gateway.warm_up_tokens
         summary["warm_up_cached_tokens"] = self.gateway.warm_up_cached
+        if self.feed is not None:
+            summary["kv_events"] = self.feed.summary()
         wall = time.perf_counter() - started
         return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
 
@@ -302,6 +328,15 @@ class Simulation:
         self.workers[index].engine.set_speed(speed)
         later = [at for at, _, _ in self.config.slowdowns if at > now]
         self._next_speed_change = min(later, default=math.inf)
+
+    def _fault(self, worker: int) -> None:
+        """A fault of the KV event feed: the subscriber restarts (-1), or a worker does."""
+        if self.feed is None:
+            return
+        if worker < 0:
+            self.feed.restart_subscriber()
+        else:
+            self.feed.restart_worker(self.workers[worker].id)
 
     def _horizon(self, now: Seconds) -> Seconds:
         """How far this worker may fuse decode steps: until anything could reach it."""
@@ -331,6 +366,8 @@ class Simulation:
             if not engine.has_work():
                 break
             result = engine.step(now, self._horizon(now))
+            if self.feed is not None:
+                self.feed.pump(now, worker.id)
             if not result.steps:
                 break
             self.step_calls += 1

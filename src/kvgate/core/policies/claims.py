@@ -17,7 +17,9 @@ much of the claimed part was there. The trust is the running share confirmed
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
+from kvgate.core.policy import Resident
 from kvgate.types import WorkerId
 
 
@@ -110,3 +112,22 @@ class ClaimShares:
         """Move both shares toward what the worker's report confirms."""
         self.band.note_usage(request_id, worker, prompt_chars, prompt_tokens, cached_tokens)
         self.past.note_usage(request_id, worker, prompt_chars, prompt_tokens, cached_tokens)
+
+
+def exact_matches(
+    found: dict[WorkerId, int],
+    resident: Resident,
+    depth_within: Callable[[int], int],
+    blocks: int,
+) -> dict[WorkerId, int]:
+    """``found`` (blocks of a chain each worker is claimed to hold) with every claim on a
+    worker that publishes KV events replaced by what its engine holds (``resident``):
+    none where it holds none, whatever was sent there. ``depth_within`` turns held
+    characters into the whole blocks they cover; no claim exceeds ``blocks``."""
+    exact = resident.exact
+    matches = {w: d for w, d in found.items() if w not in exact}
+    for worker, chars in resident.chars.items():
+        depth = depth_within(chars)
+        if depth:
+            matches[worker] = depth if depth < blocks else blocks
+    return matches

@@ -100,6 +100,7 @@ Used when the config names no policy. In order:
 
 Bursts of siblings (sharing a long new prefix) land together: a routed chain is
 in the index at once, and the queue estimate says when its worker is done with it.
+Claims on caches come from ``Residency``: where a worker publishes KV events, its engine's word.
 
 Example (every option is ``DefaultConfig``'s)::
 
@@ -382,15 +383,6 @@ class DefaultPolicy(Warming):
         finally:
             (self._opened, self._tail, self._claims), self._probing = saved, False
 
-    def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
-        """Blocks of the request's chain each worker holds: the index's or the store's, deeper."""
-        hashes = request.prefix_hashes
-        found = self.index.match(hashes) if hashes else {}
-        for worker, depth in ctx.holders.items():
-            if depth > found.get(worker, 0):
-                found[worker] = min(depth, len(hashes))
-        return found
-
     def _place(
         self,
         request: RequestFeatures,
@@ -576,6 +568,8 @@ class DefaultPolicy(Warming):
 
     def _cuts(self, request: RequestFeatures, worker: WorkerId, depth: int) -> tuple[int, int]:
         """Blocks of a claim younger than the KV turnover, and those judged resident."""
+        if self.told(request, worker):
+            return depth, depth  # the engine's word (``Residency``): resident, as good as young
         hashes, index = request.prefix_hashes, self.index
         resident = index.resident_depth(hashes, worker, depth)
         if resident <= 0:

@@ -20,12 +20,13 @@ from kvgate.core.policies.books import Queues
 from kvgate.core.policies.default_config import DefaultConfig
 from kvgate.core.policies.openers import Openers
 from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.residency import Residency
 from kvgate.core.policy import RouteContext
 from kvgate.core.warmup import WarmUp
 from kvgate.types import Seconds, WorkerId
 
 
-class Warming(PrefixLearning):
+class Warming(Residency):
     """Warm-ups for a policy that places by ``_aside`` and keeps a ``Queues`` estimate."""
 
     config: DefaultConfig
@@ -33,10 +34,6 @@ class Warming(PrefixLearning):
     _queues: Queues
     _tokens_per_char: float
     _rate: float  # prefill tokens a second, in the driver's clock
-
-    def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
-        """Blocks of the request's chain each worker holds."""
-        raise NotImplementedError
 
     def _aside(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext, *, opening: bool
