@@ -24,7 +24,19 @@ import yaml
 from kvgate.gateway.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
-KUSTOMIZATIONS = ["deploy/base", "deploy/overlays/redis", "deploy/examples/vllm"]
+KUSTOMIZATIONS = [
+    "deploy/base",
+    "deploy/overlays/redis",
+    "deploy/overlays/inference-pool",
+    "deploy/examples/vllm",
+]
+CRD_GROUPS = (
+    "monitoring.coreos.com/",
+    "inference.networking.k8s.io/",
+    "gateway.networking.k8s.io/",
+)
+"""Custom resources: no schema in kubernetes-validate's (offline) set; each is checked below
+against what it refers to, and the InferencePool against its published v1 field rules."""
 K8S_VERSION = "1.30.0"
 
 
@@ -66,7 +78,7 @@ def test_every_resource_validates_against_the_kubernetes_schemas(
 ) -> None:
     checked = 0
     for doc in rendered:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if doc["apiVersion"].startswith(CRD_GROUPS):
             continue  # a CRD: checked below against what it selects
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         checked += 1
@@ -79,8 +91,14 @@ def test_the_gateway_pod_probes_drains_and_runs_unprivileged(
     deployment = _find(rendered, "Deployment", "kvgate")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = (c for c in pod["containers"] if c["name"] == "kvgate")
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+    if "grpc" in ready:  # the endpoint picker: gRPC health, the services it answers for
+        assert (ready["grpc"]["service"], live["grpc"]["service"]) == ("readiness", "liveness")
+        ports = {p["containerPort"] for p in container["ports"]}
+        assert ready["grpc"]["port"] in ports and live["grpc"]["port"] in ports
+    else:
+        assert ready["httpGet"]["path"] == "/readyz"
+        assert live["httpGet"]["path"] == "/healthz"
     pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     config = _gateway_config(rendered, tmp_path)
     assert pod["terminationGracePeriodSeconds"] > pause + config.drain_timeout_s
@@ -124,7 +142,8 @@ def test_the_configmaps_hold_valid_gateway_configs(
     config = _gateway_config(rendered, tmp_path)
     assert config.listen.host == "0.0.0.0"
     assert config.admin_token == "t"
-    assert config.discovery.dns, "the gateway finds its workers through DNS"
+    found = config.discovery.dns or config.discovery.inference_pools
+    assert found, "the gateway finds its workers through DNS or an InferencePool"
 
 
 def test_the_vllm_example_discovers_the_headless_vllm_service(tmp_path: Path) -> None:
@@ -144,6 +163,57 @@ def test_the_vllm_example_discovers_the_headless_vllm_service(tmp_path: Path) ->
     store = {e["name"]: e.get("value") for e in gateway["env"]}["KVGATE_STORE_URL"]
     assert store == "redis://kvgate-redis:6379/0"
     _find(docs, "Service", "kvgate-redis")
+
+
+def test_the_inference_pool_overlay_routes_through_the_picker(tmp_path: Path) -> None:
+    docs = render("deploy/overlays/inference-pool")
+    pool = _find(docs, "InferencePool", "vllm-llama3-8b")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    # The v1 API's field rules (its CRD is not available offline; these are its published ones)
+    assert set(spec) <= {"selector", "targetPorts", "endpointPickerRef"}
+    labels = spec["selector"]["matchLabels"]
+    assert 1 <= len(labels) <= 64 and set(spec["selector"]) == {"matchLabels"}
+    (port,) = spec["targetPorts"]  # exactly one
+    assert set(port) == {"number"} and 1 <= port["number"] <= 65535
+    ref = spec["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service" and ref.get("group", "") == ""
+    assert ref.get("failureMode", "FailClose") in ("FailOpen", "FailClose")
+    # ... naming the picker's Service on its gRPC port, which reaches the container's
+    service = _find(docs, "Service", ref["name"])
+    (grpc_port,) = (p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"])
+    deployment = _find(docs, "Deployment", "kvgate")
+    pod = deployment["spec"]["template"]
+    (container,) = (c for c in pod["spec"]["containers"] if c["name"] == "kvgate")
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[grpc_port["targetPort"]] == ref["port"]["number"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert not labels.items() <= pod["metadata"]["labels"].items()  # the pool is not the picker
+    assert container["command"] == ["kvgate", "epp"]
+    # The route's backend is the pool
+    route = _find(docs, "HTTPRoute", "llm")
+    backends = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+    assert backends == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "vllm-llama3-8b"}
+    ]
+    assert route["spec"]["parentRefs"]
+    # The picker's config listens where the pool says, and watches this pool's pods ...
+    config = _gateway_config(docs, tmp_path)
+    assert config.epp.port == ref["port"]["number"]
+    assert [p.name for p in config.discovery.inference_pools] == ["vllm-llama3-8b"]
+    assert config.store.url.startswith("redis://")  # replicas are active-active over Redis
+    # ... with a service account allowed to read exactly that
+    assert pod["spec"]["serviceAccountName"] == "kvgate-epp"
+    role = _find(docs, "Role", "kvgate-epp")
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    assert {
+        ("inference.networking.k8s.io", "inferencepools", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    } == grants
+    binding = _find(docs, "RoleBinding", "kvgate-epp")
+    assert binding["subjects"][0]["name"] == "kvgate-epp"
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
