@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
 from openai import AsyncOpenAI
 
 from kvgate.engine.tokenizer import tokenize
@@ -100,6 +102,37 @@ async def test_streamed_chat_matches_the_unstreamed_answer(client: AsyncOpenAI) 
     assert last.usage.completion_tokens == 20
     assert last.usage.prompt_tokens == _prompt_tokens(messages)
     assert all(c.usage is None for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_continuous_usage_stats_put_the_counts_so_far_on_every_chunk(
+    client: AsyncOpenAI, endpoint: str
+) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats``: every chunk carries usage, its
+    completion tokens growing to the total; the usage-only chunk still ends the stream."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    if endpoint == "chat":
+        messages = _messages(("user", "count the pages of the cache"))
+        stream: Any = await client.chat.completions.create(
+            model=FAST.model, messages=messages, max_tokens=12, stream=True, stream_options=options
+        )
+    else:
+        stream = await client.completions.create(
+            model=FAST.model, prompt="count the pages", max_tokens=12, stream=True,
+            stream_options=options,
+        )  # fmt: skip
+    chunks = [chunk async for chunk in stream]
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 12
+    assert counts[0] < counts[-1]  # counted as the stream went, not once at the end
+    prompt = {c.usage.prompt_tokens for c in chunks}
+    assert len(prompt) == 1 and prompt.pop() > 0
+    assert chunks[-1].choices == []
+    assert all(
+        c.usage.total_tokens == c.usage.prompt_tokens + n
+        for c, n in zip(chunks, counts, strict=True)
+    )
 
 
 async def test_text_completion_streamed_and_not(client: AsyncOpenAI) -> None:

@@ -8,7 +8,8 @@ checker and the metrics. ``build_app`` puts it behind the HTTP endpoints:
   (Anthropic's Messages API): routed and forwarded
 - ``GET /v1/models``: the models the fleet serves
 - ``GET /healthz``: the process is alive
-- ``GET /readyz``: a routable worker exists and the gateway is not draining
+- ``GET /readyz`` (and ``/health``, as vLLM names it): a routable worker exists and the
+  gateway is not draining
 - ``GET /metrics``: the gateway's own Prometheus metrics
 - ``GET /dashboard`` (and ``/``): the operator's page (``admin/dashboard.py``), mounted
   with the admin API and behind its guard
@@ -285,6 +286,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    # vLLM's name for it, which clients of vLLM (guidellm) probe before a run.
+    app.router.add_get("/health", _readyz)
     app.router.add_get("/metrics", _metrics)
     if config.admin.enabled:
         drain = DrainApi(gateway.pool, gateway.pressure)

@@ -159,7 +159,13 @@ async def _run(
     try:
         if body.stream:
             return await _stream(
-                request, worker, run, header, finish_reason=finish_reason, usage=body.include_usage
+                request,
+                worker,
+                run,
+                header,
+                finish_reason=finish_reason,
+                usage=body.include_usage,
+                continuous=body.continuous_usage,
             )
         return await _complete(run, header, finish_reason)
     finally:
@@ -191,8 +197,16 @@ async def _stream(
     *,
     finish_reason: str,
     usage: bool,
+    continuous: bool = False,
 ) -> web.StreamResponse:
     include_usage = usage
+
+    def counted(chunk: dict[str, Any]) -> dict[str, Any]:
+        # vLLM's continuous_usage_stats: every chunk carries the counts so far.
+        if continuous:
+            chunk["usage"] = run.usage().body()
+        return chunk
+
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -201,19 +215,19 @@ async def _stream(
     try:
         sent_tokens = 0
         if header.endpoint == "chat":
-            await sender.send(header.chunk("", role=True, with_usage_field=include_usage))
+            await sender.send(counted(header.chunk("", role=True, with_usage_field=include_usage)))
         while not run.finished:
             event = await run.next()
             if isinstance(event, Tokens):
                 text = filler(sent_tokens, event.count)
                 sent_tokens += event.count
-                await sender.send(header.chunk(text, with_usage_field=include_usage))
+                await sender.send(counted(header.chunk(text, with_usage_field=include_usage)))
         final = header.chunk(
             None if header.endpoint == "chat" else "",
             finish_reason=finish_reason,
             with_usage_field=include_usage,
         )
-        await sender.send(final)
+        await sender.send(counted(final))
         if include_usage:
             await sender.send(header.usage_chunk(run.usage()))
         await sender.write(SSE_DONE)

@@ -108,11 +108,13 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: whether the final chunk carries ``usage``."""
+    """``stream_options``: whether the final chunk carries ``usage`` (and, as vLLM's
+    ``continuous_usage_stats`` asks, every chunk: the counts so far)."""
 
     model_config = ConfigDict(extra="allow")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _GenerationRequest(BaseModel):
@@ -131,6 +133,13 @@ class _GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         """True when a streamed answer ends with a usage-only chunk."""
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every chunk carries the usage so far (vLLM's
+        ``continuous_usage_stats``, honoured with ``include_usage`` as vLLM does)."""
+        options = self.stream_options
+        return self.include_usage and options is not None and options.continuous_usage_stats
 
     def requested_output(self) -> int | None:
         """The output length the client asked for, if any."""

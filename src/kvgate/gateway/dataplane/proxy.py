@@ -478,9 +478,10 @@ class Proxy:
         failed.clear()
 
     def _request_fault(self, status: int, attempts: int) -> GatewayError:
+        # Only what is known: the same answer from each may be the request's doing, or
+        # the workers' own (faults of their own that happen to match).
         return BadGatewayError(
-            f"{attempts} workers answered this request with the same error ({status}): "
-            "the request itself is the likely cause; it was not retried further"
+            f"{attempts} workers each answered this request {status}; it was not retried further"
         )
 
     async def _drain_error(self, upstream: UpstreamResponse) -> None:
