@@ -77,6 +77,31 @@ def test_every_command_is_exercised_by_a_named_test() -> None:
     assert set(NEEDS_OUTSIDE) <= set(commands)
 
 
+PICKER_SECTION = "## Behind an Envoy-based gateway: kvgate as the endpoint picker"
+PICKER_EXERCISED_BY = {
+    ".venv/bin/kvgate epp --worker http://127.0.0.1:8001 --port 9002": "tests/gateway/epp/"
+    "test_command.py::test_kvgate_epp_serves_health_and_picks_then_drains_on_sigterm",
+    "kubectl kustomize deploy/overlays/inference-pool":
+        "tests/test_deploy.py::test_the_inference_pool_overlay_routes_through_the_picker",
+}  # fmt: skip
+
+
+def test_the_endpoint_picker_sections_commands_are_exercised_by_named_tests() -> None:
+    text = (ROOT / "README.md").read_text()
+    body = text.split(PICKER_SECTION, 1)[1].split("\n## ", 1)[0]
+    commands = [
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", body, re.S)
+        for line in block.splitlines()
+        if line.strip()
+    ]
+    assert sorted(commands) == sorted(PICKER_EXERCISED_BY)
+    for command in commands:
+        path, _, name = PICKER_EXERCISED_BY[command].partition("::")
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{path} has no {name}"
+
+
 def test_step_5_renders_the_vllm_example() -> None:
     (command,) = [c for c in section_commands() if c.startswith("kubectl kustomize")]
     kubectl = shutil.which("kubectl")

@@ -78,7 +78,11 @@ _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _CHUNK = 62 * 1024
 """Largest body chunk sent back in full-duplex mode (Envoy's gRPC messages stay small)."""
-_GENERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_GENERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/messages": "messages",
+}
 
 
 @dataclass(frozen=True, slots=True)
