@@ -16,6 +16,8 @@ usage, the end), without moving the bytes itself: the picker's own work only.
   messages' round trips are given too (in full-duplex mode Envoy waits for each).
 - **The built-in proxy's CPU per request**: the same number of small
   non-streaming requests through ``kvgate serve``, concurrently.
+- **The floor**: the same streams against a grpc.aio server that answers with fixed
+  messages (``bench.extproc_floor``): what the transport costs before any decision.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class EppBenchResult:
     decision_p99_ms: float
     response_round_trips_p50_ms: float
     proxy_cpu_ms_per_request: float
+    floor_cpu_ms_per_request: float
+    """The same streams against a server that decides nothing (``bench.extproc_floor``)."""
+    floor_decision_p50_ms: float
     errors: int
 
     def table(self) -> str:
@@ -80,6 +85,8 @@ class EppBenchResult:
                 self.response_round_trips_p50_ms,
             ),
             ("built-in proxy CPU per request", self.proxy_cpu_ms_per_request),
+            ("floor: gRPC server deciding nothing, CPU per request", self.floor_cpu_ms_per_request),
+            ("floor: its latency p50 to the 'decision'", self.floor_decision_p50_ms),
         ]
         lines = [f"{name:<58}{value:>10.3f}" for name, value in rows]
         counts = f"{self.requests} {self.concurrency} {self.errors}"
@@ -126,6 +133,19 @@ def _process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def _floor(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    args = [sys.executable, "-m", "kvgate.bench.extproc_floor", str(port)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "up"
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _body(n: int) -> bytes:
@@ -300,6 +320,11 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
         proxy_cpu = asyncio.run(
             _drive_proxy(f"http://127.0.0.1:{proxy_port}", proxy.pid, requests, concurrency)
         )
+        floor_port = free_port()
+        floor = stack.enter_context(_floor(floor_port))
+        floor_decisions, _, floor_cpu, _ = asyncio.run(
+            _drive_picker(f"127.0.0.1:{floor_port}", floor.pid, requests, concurrency, sequential)
+        )
     decisions.sort()
     return EppBenchResult(
         requests=requests,
@@ -310,5 +335,7 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
         decision_p99_ms=1000 * decisions[int(0.99 * (len(decisions) - 1))],
         response_round_trips_p50_ms=1000 * statistics.median(responses),
         proxy_cpu_ms_per_request=1000 * proxy_cpu / requests,
+        floor_cpu_ms_per_request=1000 * floor_cpu / requests,
+        floor_decision_p50_ms=1000 * statistics.median(floor_decisions),
         errors=errors,
     )
