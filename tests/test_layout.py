@@ -25,7 +25,7 @@ GATEWAY_PLANES = ("dataplane", "upstream", "observe", "control", "admin")
 
 INTERFACES: dict[str, frozenset[str]] = {
     # What each plane offers the others. Everything else in a plane is its own.
-    "dataplane": frozenset({"errors", "queue"}),
+    "dataplane": frozenset({"errors", "queue", "attempt"}),
     "upstream": frozenset({"transport", "slots"}),
     "observe": frozenset({"pool", "metrics", "health", "logs", "scrape", "traffic"}),
     "control": frozenset(
@@ -110,3 +110,29 @@ def test_product_code_never_imports_test_helpers_or_the_simulator_from_live_part
         assert not [t for t in found if t.startswith(TESTING)], name
         if name.startswith(("kvgate.bench", "kvgate.demo", "kvgate.realengine")):
             assert not [t for t in found if t.startswith("kvgate.sim")], name
+
+
+def test_the_data_plane_never_calls_back_into_the_router() -> None:
+    """The proxy and the relay report an attempt's events to its ``Attempt``
+    (``dataplane.attempt``); only the router places, and they import nothing of it."""
+    router = "kvgate.gateway.dataplane.router"
+    for name in ("kvgate.gateway.dataplane.proxy", "kvgate.gateway.dataplane.relay"):
+        found = [t for t in imports(modules()[name]) if t == router or t.startswith(router + ".")]
+        assert found == [], name
+
+
+def test_one_module_takes_a_request_attempts_lease() -> None:
+    """``pool.lease(...)`` is called by the ``Attempt`` (a request's attempts) and by
+    the warm-ups (the policy's own requests), nowhere else."""
+    takers = set()
+    for name, path in modules().items():
+        if not name.startswith("kvgate.gateway"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "lease"
+            ):
+                takers.add(name)
+    assert takers == {"kvgate.gateway.dataplane.attempt", "kvgate.gateway.dataplane.warmups"}

@@ -157,11 +157,13 @@ async def serve(router: Router, request: RequestFeatures) -> str:
     The proxy shares the prefix state once the request is written to the worker.
     """
     looked = await router.lookup(request)
-    placement = await router.place(request, looked)
-    async with placement.lease:
-        router.share(placement)
-    await router.finished(request, placement, 10, 0)
-    return placement.worker.id
+    attempt = await router.place(request, looked)
+    async with attempt:
+        attempt.sent()
+        attempt.usage(10, 0, 0)
+        attempt.completed()
+    await attempt.refresh()
+    return attempt.worker.id
 
 
 async def test_a_policy_that_ignores_bindings_on_a_quiet_fleet_never_reads_the_store() -> None:
@@ -205,9 +207,9 @@ async def test_a_split_model_reads_the_binding_so_a_session_keeps_its_version() 
     )
     versions = set()
     for i in range(6):
-        placement = await router.place(features(rid=f"r{i}"), UNREAD)
-        placement.lease.release()
-        versions.add(placement.version)
+        attempt = await router.place(features(rid=f"r{i}"), UNREAD)
+        attempt.cancelled()
+        versions.add(attempt.version)
     assert versions == {"v2"}
     assert store.gets == 6  # ``place`` reads what ``lookup`` left unread once a split exists
 
@@ -241,13 +243,13 @@ async def test_the_prefix_state_is_written_by_share_once_not_by_place() -> None:
     store = CountingStore()
     router = make_router(store, "round_robin")
     request = turn("t1", 3)
-    placement = await router.place(request, UNREAD)
-    assert store.holder_writes == 0 and len(placement.shares) == 3
-    router.share(placement)
-    router.share(placement)
-    assert store.holder_writes == 1 and placement.shares == ()
-    assert await store.get_holders(list(request.prefix_hashes)) == [placement.worker.id] * 3
-    placement.lease.release()
+    attempt = await router.place(request, UNREAD)
+    assert store.holder_writes == 0 and len(attempt.shares) == 3
+    attempt.sent()
+    attempt.sent()
+    assert store.holder_writes == 1 and attempt.shares == ()
+    assert await store.get_holders(list(request.prefix_hashes)) == [attempt.worker.id] * 3
+    attempt.cancelled()
 
 
 class _FailingWrites(MemoryStore):
@@ -269,8 +271,8 @@ class _FailingWrites(MemoryStore):
 
 async def test_a_failed_background_prefix_write_is_counted_never_raised() -> None:
     router = make_router(_FailingWrites(), "round_robin")
-    placement = await router.place(turn("t1", 2), UNREAD)
-    router.share(placement)  # returns at once; the write fails in its task
+    attempt = await router.place(turn("t1", 2), UNREAD)
+    attempt.sent()  # returns at once; the write fails in its task
     errors = router.metrics.store_errors.labels("set_holders")
     await wait_until(lambda: errors._value.get() == 1, timeout=5.0)
-    placement.lease.release()
+    attempt.cancelled()

@@ -31,9 +31,10 @@ from kvgate.core.policies import default_registry
 from kvgate.core.pressure import PressureConfig
 from kvgate.core.route import RouteConfig
 from kvgate.gateway.config import WorkerConfig
+from kvgate.gateway.dataplane.attempt import Attempt
 from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.dataplane.queue import AdmissionQueue
-from kvgate.gateway.dataplane.router import Placement, Router
+from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
@@ -133,7 +134,7 @@ def counts(pool: WorkerPool) -> tuple[int, int]:
 
 
 async def sweep(
-    attempt: Callable[[], Awaitable[Placement]], pool: WorkerPool, baseline: tuple[int, int]
+    attempt: Callable[[], Awaitable[Attempt]], pool: WorkerPool, baseline: tuple[int, int]
 ) -> int:
     """Cancel ``attempt`` after 0, 1, 2, ... loop turns until it completes, checking counts.
 
@@ -149,9 +150,9 @@ async def sweep(
             await asyncio.sleep(0)
         if task.done():
             with contextlib.suppress(GatewayError):
-                placement = task.result()
+                attempt = task.result()
                 assert counts(pool) > baseline
-                placement.lease.release()
+                attempt.cancelled()
             assert counts(pool) == baseline
             return turns
         task.cancel()
@@ -162,7 +163,7 @@ async def sweep(
         else:
             # A cancellation swallowed below (the Redis store guards against
             # redis-py doing so): the placement is the caller's, with its lease.
-            late.lease.release()
+            late.cancelled()
         assert counts(pool) == baseline, f"leaked after a cancel at turn {turns}"
         if turns >= 50:
             turns += turns // 5  # past the first awaits only waits remain: go faster

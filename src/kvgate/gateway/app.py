@@ -140,6 +140,8 @@ class Gateway:
             rng=self.rng,
             versions=self.control.versions,
             usage_listeners=[self.pressure.record_usage, self.slots.verify],
+            passive=self.health,
+            outcomes=self.control.recorder,
         )
         self.warm_ups = WarmUps(
             self.pool,
@@ -158,7 +160,6 @@ class Gateway:
             self.router,
             budget=self.budget,
             metrics=self.metrics,
-            passive=self.health,
             access_log=AccessLog(config.access_log, json_lines=config.json_logs),
             features=config.features,
             max_retries=r.count,

@@ -14,8 +14,12 @@ and its verdict carried out:
   wait is refused (``queue_timeout``); a held one past its hold is placed.
 - ``Shed`` / ``Unavailable``: refused, counted by reason.
 
-When the response ends: ``policy.on_usage`` and, unless the decision wrote it,
-the affinity's TTL is refreshed. After each scrape, pressure levels follow the
+Each placement is an attempt (``core.attempt.AttemptState``), stepped as the live
+``Attempt`` is, in virtual time: routed and sent at placement, its first token and
+usage when the engine finishes it, completed then; its one end frees the slot,
+tells the policy (``core.attempt.tell_policy``: ``on_usage``) and goes to
+``attempt_ended`` (a speed estimator learns from it), and, unless the decision
+wrote it, the affinity's TTL is refreshed. After each scrape, pressure levels follow the
 workers' KV and GPU readings (``core.pressure.PressureTracker``), as the live
 pressure driver sets them; migration of sessions off ``HARD`` workers is not
 simulated. The affinity store is ``kvgate.store``'s own ``SessionTable`` (what
@@ -30,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.core.admission import Queue, wait_order
+from kvgate.core.attempt import AttemptEnd, AttemptState, tell_policy
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
@@ -68,6 +73,8 @@ Ended = Callable[[str, Seconds], None]
 """``ended(request_id, now)``: a request was answered or refused at ``now``."""
 Timer = Callable[[Seconds], None]
 """``timer(at)``: call ``SimGateway.timer_fired`` at ``at``."""
+AttemptEnded = Callable[[RequestFeatures, AttemptEnd], None]
+"""Told every attempt's end, as the live gateway's end listeners are."""
 
 
 @dataclass(slots=True)
@@ -79,6 +86,7 @@ class Flight:
     worker: SimWorker
     wrote_affinity: bool
     queued: Seconds
+    attempt: AttemptState
     kv_tokens: int = 0
 
 
@@ -120,6 +128,7 @@ class SimGateway:
         ended: Ended | None = None,
         timer: Timer | None = None,
         feed: KVFeed | None = None,
+        attempt_ended: AttemptEnded | None = None,
     ) -> None:
         self.workers = workers
         self._by_id = {w.id: w for w in workers}
@@ -146,6 +155,8 @@ class SimGateway:
         (``None``: a hold is asked again only when a release or a scrape wakes it)."""
         self.feed = feed
         """The engines' KV events and the exact index (``None``: the policy infers caches)."""
+        self.attempt_ended = attempt_ended
+        """Told every attempt's end (``None``: nobody)."""
         self.flights: dict[str, Flight] = {}
         self.warm_flights: dict[str, tuple[RequestFeatures, SimWorker]] = {}
         """Warm-ups sent and not finished (``core.warmup``), by their request ids."""
@@ -293,8 +304,16 @@ class SimGateway:
             other = self._by_id.get(bound.worker) if bound.worker != worker.id else None
             if other is not None and follows_binding(features, worker.id, bound, other.state(now)):
                 worker, reason, migrated = other, "affinity_race", False
+        attempt = AttemptState(
+            worker.id,
+            worker.version,
+            now,
+            ahead_requests=worker.routed.in_flight,
+            ahead_kv_tokens=worker.routed.kv_in_flight_tokens,
+        )
         worker.load(1, verdict.kv_tokens)
         self.policy.on_routed(features, worker.id, now)
+        attempt.routed(now)
         keys = self._holder_keys(waiter)
         if keys:
             # As the live router does: other replicas learn where the checkpoints went.
@@ -304,7 +323,7 @@ class SimGateway:
         self.recorder.routed(reason, migrated)
         queued = now - waiter.since
         self.flights[request.request_id] = Flight(
-            request, features, worker, wrote, queued, verdict.kv_tokens
+            request, features, worker, wrote, queued, attempt, verdict.kv_tokens
         )
         blocks, reply_blocks, output_blocks = self.codec.engine_blocks_with_output(
             request.segments, request.reply, request.max_tokens
@@ -330,6 +349,7 @@ class SimGateway:
             output_block_hashes=output_blocks,
         )
         self.submit(worker, engine_request, now)
+        attempt.sent(now)
         self._warm_up(request.request_id, blocks, worker, waiter.version, now)
 
     def _warm_up(
@@ -393,16 +413,18 @@ class SimGateway:
             return
         flight = self.flights.pop(done.request_id)
         worker = flight.worker
+        attempt = flight.attempt
+        attempt.token(done.first_token_time)
+        if done.finish_time > done.first_token_time:
+            attempt.token(done.finish_time)
+        attempt.usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+        end = attempt.completed(now)
+        assert end is not None  # a flight ends once: it left ``flights`` above
         worker.load(-1, -flight.kv_tokens)
         features = flight.features
-        self.policy.on_usage(
-            features,
-            worker.id,
-            done.prompt_tokens,
-            done.cached_tokens,
-            now,
-            completion_tokens=done.output_tokens,
-        )
+        tell_policy(self.policy, features, end, now)
+        if self.attempt_ended is not None:
+            self.attempt_ended(features, end)
         if self.misses is not None:
             self.misses.finished(done.request_id, done.cached_tokens)
         key = features.affinity_key

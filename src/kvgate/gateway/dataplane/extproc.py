@@ -42,6 +42,7 @@ from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.session import session_key_from
+from kvgate.gateway.dataplane.attempt import PassiveHealth, Placer
 from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     DrainingError,
@@ -57,11 +58,9 @@ from kvgate.gateway.dataplane.relay import (
     VERSION_HEADER,
     WORKER_HEADER,
     Outcome,
-    PassiveHealth,
     Relay,
     public_worker_name,
 )
-from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 
 DESTINATION = "x-gateway-destination-endpoint"
@@ -172,7 +171,7 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
 
     def __init__(
         self,
-        router: Router,
+        router: Placer,
         pool: WorkerPool,
         relay: Relay,
         passive: PassiveHealth,
@@ -373,19 +372,18 @@ class _Stream:
                 raise NoHealthyWorkerError("no endpoint of the proxy's subset is eligible")
         self.features = features
         looked = await router.lookup(features)
-        placement = await router.place(features, looked, excluded)
+        attempt = await router.place(features, looked, excluded, started=self.started)
         picked = PickedRequest(
-            router,
             server.relay,
             server.passive,
             features,
-            placement,
+            attempt,
             started=self.started,
             path=path,
         )
         self.picked_endpoints = [
-            server.endpoint(placement.worker),
-            *self._fallbacks(placement.worker, excluded),
+            server.endpoint(attempt.worker),
+            *self._fallbacks(attempt.worker, excluded),
         ]
         return picked
 
@@ -508,11 +506,11 @@ class _Stream:
                 status = 502
             picked.response_head(status, headers.get("content-type", ""))
             if self.server.settings.response_headers:
-                placement = picked.placement
+                attempt = picked.attempt
                 mutation = [
-                    _header(WORKER_HEADER.lower(), self._worker_name(placement.worker)),
-                    _header(VERSION_HEADER.lower(), placement.version),
-                    _header(REASON_HEADER.lower(), placement.reason),
+                    _header(WORKER_HEADER.lower(), self._worker_name(attempt.worker)),
+                    _header(VERSION_HEADER.lower(), attempt.version),
+                    _header(REASON_HEADER.lower(), attempt.reason),
                 ]
             if message.end_of_stream:
                 await picked.response_end()

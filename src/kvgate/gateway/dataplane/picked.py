@@ -1,13 +1,13 @@
-"""One request the endpoint picker placed, from its decision to its end: the one owner.
+"""One request the endpoint picker placed, from its decision to its end.
 
 A native proxy (Envoy) moves the bytes; the picker only hears of them, as ext_proc
-messages. Whatever the stream tells (the endpoint that served, the response's
-status, its first body chunk, the chunks carrying ``usage``, the end, or the
-stream breaking off) arrives here as one event, and this object alone releases
-the placement's lease, tells the policy, updates passive health (outlier
-detection) and records the outcome: once, on every path, as ``Relay`` does for
-the built-in proxy. ``extproc`` only translates protocol messages into these
-events, so moving the ownership into a shared attempt object is a change here.
+messages. ``extproc`` translates the messages, this object translates what they
+say (the endpoint that served, the response's status, its body chunks carrying
+``usage``, the end, or the stream breaking off) into the events of the request's
+``Attempt`` (``dataplane.attempt``), the one owner that releases the lease, tells
+the policy, updates passive health and records the version's outcome, once, on
+every path, exactly as it does for the built-in proxy. The request's own record
+(metrics, access log) is the relay's ``record``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
-from kvgate.gateway.dataplane.relay import Outcome, PassiveHealth, Relay
-from kvgate.gateway.dataplane.router import Placement, Router
+from kvgate.gateway.dataplane.attempt import Attempt, PassiveHealth
+from kvgate.gateway.dataplane.relay import Outcome, Relay
 from kvgate.gateway.dataplane.usage import StreamTap, Usage, usage_from_body
 from kvgate.gateway.observe.pool import Worker
 
@@ -27,45 +26,42 @@ _BODY_KEEP = 1 << 20
 
 
 class PickedRequest:
-    """The events of one placed request, and what each changes (released exactly once)."""
+    """The events of one placed request, handed to its ``Attempt`` (which ends once)."""
 
     __slots__ = (
         "_body",
-        "_ended",
+        "_recorded",
         "_stream",
         "_tap",
+        "attempt",
         "features",
         "outcome",
         "passive",
         "path",
-        "placement",
         "relay",
         "request_id",
-        "router",
         "started",
     )
 
     def __init__(
         self,
-        router: Router,
         relay: Relay,
         passive: PassiveHealth,
         features: RequestFeatures,
-        placement: Placement,
+        attempt: Attempt,
         *,
         started: float,
         path: str,
     ) -> None:
-        self.router = router
         self.relay = relay
         self.passive = passive
         self.features = features
-        self.placement = placement
+        self.attempt = attempt
         self.started = started
         self.path = path
         self.request_id = features.request_id
-        self.outcome = Outcome(placement=placement)
-        self._ended = False
+        self.outcome = Outcome(attempt=attempt)
+        self._recorded = False
         self._stream = False
         self._tap: StreamTap | None = None
         self._body = bytearray()
@@ -73,62 +69,45 @@ class PickedRequest:
     @property
     def ended(self) -> bool:
         """True once the request's end (or its breaking off) was recorded."""
-        return self._ended
+        return self._recorded
 
     def sent(self) -> None:
         """The decision went back to the proxy: the request is on its way to its worker."""
-        self.router.share(self.placement)
+        self.attempt.sent()
 
     async def served(self, worker: Worker | None, skipped: Sequence[Worker]) -> None:
         """The proxy says which endpoint served (``None``: it did not say).
 
         The endpoints of the fallback list before the one that served were tried
         and failed (the proxy goes down the list in order): each counts as a
-        failure for outlier detection. The lease follows the serving worker, so
-        the one doing the work is the one counted in flight and charged, and the
-        session's binding follows it too (compare-and-set from the picked worker:
-        where its KV now is), as a retry's does in the built-in proxy.
+        failure for outlier detection. The attempt follows the serving worker
+        (``Attempt.serve_on``: its lease, the policy's books and the session's
+        binding), so the one doing the work is the one counted and charged.
         """
         for failed in skipped:
             self.passive.failure(failed)
-        placement = self.placement
-        if worker is None or worker is placement.worker:
-            return
-        picked = placement.worker.id
-        placement.lease.move(worker)
-        placement.reason = "fallback"
-        placement.version = worker.version
-        key = self.features.affinity_key
-        if key is None:
-            return
-        router = self.router
-        bound = Affinity(key, worker.id, worker.version, router.wall())
-        try:
-            await router.store.compare_and_set(key, picked, bound, router.ttl)
-        except Exception:
-            router.metrics.store_errors.labels("compare_and_set").inc()
+        if worker is not None and worker is not self.attempt.worker:
+            await self.attempt.serve_on(worker, "fallback")
 
     def response_head(self, status: int, content_type: str) -> None:
         """The worker's response headers arrived (through the proxy)."""
         self.outcome.status = status
+        self.attempt.answered(status)
         self._stream = content_type.startswith("text/event-stream")
         if self._stream:
             self._tap = StreamTap()
-        worker = self.placement.worker
-        if status >= 500:
-            self.passive.failure(worker)
-        elif status != 429:
-            self.passive.success(worker)
 
     def response_chunk(self, data: bytes) -> None:
         """A piece of the response body; the first one is the time to first token."""
         if not data:
             return
+        now = time.monotonic()
+        self.attempt.token(now)
         outcome = self.outcome
         if outcome.ttft is None:
-            outcome.ttft = time.monotonic() - self.started
+            outcome.ttft = now - self.started
         if self._stream:
-            outcome.last_chunk = time.monotonic() - self.started
+            outcome.last_chunk = now - self.started
             assert self._tap is not None
             self._tap.feed(data)
         else:
@@ -138,42 +117,36 @@ class PickedRequest:
                 del body[: -_BODY_KEEP // 2]
 
     async def response_end(self) -> None:
-        """The response ended (its last body chunk, its trailers or a header-only answer).
-
-        The policy hears of it and the outcome is recorded before the one await
-        (the binding's TTL refreshed in the store), so a cancellation there loses nothing.
-        """
-        if self._ended:
+        """The response ended (its last body chunk, its trailers or a header-only answer):
+        the attempt completed (judged by its status). The record is made before the one
+        await (the binding's TTL renewed), so a cancellation there loses nothing."""
+        if self._recorded:
             return
         outcome = self.outcome
         if outcome.ttft is None:
             outcome.ttft = time.monotonic() - self.started
         usage = outcome.usage = self._usage()
         outcome.answered = outcome.status < 400
-        self._release()
-        if usage is None:
-            self.router.ended(self.features, self.placement)
-            return
-        await self.router.finished(
-            self.features, self.placement, usage.prompt, usage.cached, usage.completion
-        )
+        if usage is not None:
+            self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+        self.attempt.completed()
+        self._record()
+        if usage is not None:
+            await self.attempt.refresh()
 
     def broken(self, status: int = 499) -> None:
         """The stream ended before the response did: the client or the proxy went away."""
-        if self._ended:
+        if self._recorded:
             return
         outcome = self.outcome
         usage = outcome.usage = self._usage()
         if usage is None:
             outcome.status = status
             self.relay.metrics.client_disconnects.labels(self.features.model).inc()
-        self._release()
-        if usage is None:
-            self.router.ended(self.features, self.placement)
         else:
-            self.router.ended(
-                self.features, self.placement, usage.prompt, usage.cached, usage.completion
-            )
+            self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+        self.attempt.cancelled()
+        self._record()
 
     def _usage(self) -> Usage | None:
         if self._tap is not None:
@@ -182,8 +155,7 @@ class PickedRequest:
             return usage_from_body(bytes(self._body))
         return None
 
-    def _release(self) -> None:
-        """Give the slot back and record the outcome: the one place, run once."""
-        self._ended = True
-        self.placement.lease.release()
+    def _record(self) -> None:
+        """Record the request (metrics, access log): once."""
+        self._recorded = True
         self.relay.record(self.features, self.outcome, self.started, self.request_id, self.path)

@@ -9,7 +9,10 @@ the policy gets its cache feedback; a client that did not ask for it does not
 see it (``usage.UsageStripper``).
 A client that goes away cancels the upstream request (the connection is
 dropped), so the worker stops generating. The answer is written out, and the
-request's outcome recorded, by ``relay.Relay``.
+request's outcome recorded, by ``relay.Relay``. Each attempt is an ``Attempt``
+(``dataplane.attempt``) the router's ``place`` returns: the proxy and the relay
+report its events and it ends once (lease, policy, passive health, outcome); neither
+calls back into the router.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +36,7 @@ from kvgate.core.outlier import Blame, blame
 from kvgate.core.prefix import Endpoint, FeatureConfig
 from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
+from kvgate.gateway.dataplane.attempt import Attempt, Placer
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
     DrainingError,
@@ -51,12 +54,10 @@ from kvgate.gateway.dataplane.relay import (
     HOP_BY_HOP,
     REQUEST_ID,
     Outcome,
-    PassiveHealth,
     Relay,
     public_failure,
 )
 from kvgate.gateway.dataplane.retry import RetryBudget
-from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
 from kvgate.gateway.dataplane.warmups import WarmUps
 from kvgate.gateway.observe.logs import AccessLog
@@ -115,11 +116,10 @@ class Proxy:
     def __init__(
         self,
         pool: WorkerPool,
-        router: Router,
+        router: Placer,
         *,
         budget: RetryBudget,
         metrics: GatewayMetrics,
-        passive: PassiveHealth,
         access_log: AccessLog,
         features: FeatureConfig,
         max_retries: int,
@@ -144,7 +144,6 @@ class Proxy:
         self.router = router
         self.budget = budget
         self.metrics = metrics
-        self.passive = passive
         self.features = features
         self.max_retries = max_retries
         self.strip_client_auth = strip_client_auth
@@ -158,9 +157,7 @@ class Proxy:
         self.outcomes = outcomes
         self.slots = slots
         self.relay = Relay(
-            router,
             metrics=metrics,
-            passive=passive,
             access_log=access_log,
             response_headers=response_headers,
             expose_worker_urls=expose_worker_urls,
@@ -319,9 +316,10 @@ class Proxy:
         budget.requests += 1
         excluded: frozenset[str] = frozenset()
         last_failure: UpstreamError | None = None
-        # Error answers (5xx) not charged yet: one that another worker then serves was
-        # the worker's fault; the same error from the next worker follows the request.
-        unsettled: list[tuple[Worker, str, int]] = []
+        # Attempts that answered 5xx, not settled yet: one that another worker then
+        # serves was the worker's fault; the same error from the next worker follows
+        # the request, and neither is charged.
+        unsettled: list[Attempt] = []
         # Before the first byte, a request that failed on a canary version may be
         # served by the stable one (else a failing canary's sessions only ever fail).
         forced: str | None = None
@@ -329,23 +327,24 @@ class Proxy:
         try:
             while True:
                 try:
-                    placement = await self.router.place(features, affinity, excluded, forced)
+                    attempt = await self.router.place(
+                        features, affinity, excluded, forced, started=started
+                    )
                 except NoHealthyWorkerError:
                     if outcome.retries and last_failure is not None:
-                        tried = outcome.placement.version if outcome.placement else stable
+                        tried = outcome.attempt.version if outcome.attempt else stable
                         if forced is None and stable is not None and tried != stable:
                             forced = stable  # no other canary worker: the stable one
                             continue
-                        self._settle(unsettled, features, served=False)
+                        _settle(unsettled, served=False)
                         raise self._client_error(last_failure, features) from None
                     raise
-                affinity = placement.affinity  # read by ``place`` if the fleet asked for it
+                affinity = attempt.affinity  # read by ``place`` if the fleet asked for it
                 if payload is not None and self.warm_ups is not None:
-                    self.warm_ups.placed(features, *payload, placement.worker)
-                async with placement.lease:
-                    outcome.placement = placement
-                    outcome.reported = False
-                    worker = placement.worker
+                    self.warm_ups.placed(features, *payload, attempt.worker)
+                async with attempt:
+                    outcome.attempt = attempt
+                    worker = attempt.worker
                     try:
                         headers = self._upstream_headers(request, worker, features.request_id)
                         if (
@@ -354,64 +353,52 @@ class Proxy:
                             and self.slots.manages(worker)
                         ):
                             # A llama.cpp worker: a slot lease (offload/restore/migration).
-                            self.router.share(placement)
+                            attempt.sent()
                             upstream = await self.slots.post(
                                 worker, path, body, headers, features.affinity_key
                             )
                             # The reason says which tier the KV came from: slot, disk, ...
                             if tier := upstream.headers.get(TIER_HEADER):
-                                placement.reason = f"{placement.reason}/{tier}"
+                                attempt.reason = f"{attempt.reason}/{tier}"
                         else:
                             # The prefix-state write waits until the request is out.
-                            share = (
-                                partial(self.router.share, placement) if placement.shares else None
-                            )
                             upstream = await worker.upstream.send(
-                                outcome.method,
-                                path,
-                                body,
-                                headers,
-                                sent=share,
+                                outcome.method, path, body, headers, sent=attempt.sent
                             )
+                        attempt.answered(upstream.status)
                         if upstream.status == 429 or upstream.status >= 500:
                             await self._drain_error(upstream)
                             raise UpstreamError(status=upstream.status)
                     except UpstreamError as exc:
-                        placement.lease.release()  # free the slot before the backoff
-                        self.router.ended(features, placement)
+                        attempt.failed(exc.kind, exc.status)  # its slot freed before the backoff
                         last_failure = exc
+                        self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
                         if exc.status is not None and exc.status != 429:
-                            statuses = [status for _, _, status in unsettled] + [exc.status]
+                            unsettled.append(attempt)
+                            statuses = [a.state.status for a in unsettled]
                             same = blame(statuses, served=False) is Blame.REQUEST
-                            on_canary = stable is not None and placement.version != stable
+                            on_canary = stable is not None and attempt.version != stable
                             if same and on_canary and forced is None:
                                 forced = stable  # the canary may be at fault: ask the stable one
                             elif same:
                                 # Two workers gave this request the same error: it is the
                                 # request's doing. Neither worker is charged, nor retried.
-                                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                                unsettled.clear()
-                                outcome.reported = True  # says nothing about the version
+                                _settle(unsettled, served=False)
                                 raise self._request_fault(exc.status, outcome.retries + 1) from None
-                        if not self._retry(exc, placement, features, outcome, unsettled):
-                            self._settle(unsettled, features, served=False)
+                        if not self._retry(exc, features, outcome):
+                            _settle(unsettled, served=False)
                             raise self._client_error(exc, features) from None
                         excluded = excluded | {worker.id}
-                        if placement.bound is not None:
-                            affinity = placement.bound  # what this attempt bound; a retry moves it
+                        if attempt.bound is not None:
+                            affinity = attempt.bound  # what this attempt bound; a retry moves it
                         await asyncio.sleep(budget.backoff(outcome.retries, self.rng))
                         continue
-                    except BaseException:  # cancelled (the client went) before any answer
-                        self.router.ended(features, placement)
-                        raise
                     # Another worker served what these failed: that was the workers' fault.
-                    self._settle(unsettled, features, served=True)
-                    if upstream.status < 500:
-                        self.passive.success(worker)
+                    _settle(unsettled, served=True)
                     await self.relay.respond(
                         request,
                         features=features,
-                        placement=placement,
+                        attempt=attempt,
                         upstream=upstream,
                         started=started,
                         outcome=outcome,
@@ -421,27 +408,8 @@ class Proxy:
             budget.requests -= 1
             budget.give_back(outcome.budgeted)
 
-    def _retry(
-        self,
-        exc: UpstreamError,
-        placement: Placement,
-        features: RequestFeatures,
-        outcome: Outcome,
-        unsettled: list[tuple[Worker, str, int]],
-    ) -> bool:
-        """Count one failed attempt; True when the request may be retried on another worker.
-
-        A connection failure is charged to the worker at once; a 5xx waits in
-        ``unsettled`` until another worker's answer says whose fault it was.
-        """
-        worker = placement.worker
-        self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-        if exc.status is None:
-            self._charge([(worker, placement.version, 0)], features)
-            outcome.reported = True
-        elif exc.status != 429:
-            unsettled.append((worker, placement.version, exc.status))
-            outcome.reported = True
+    def _retry(self, exc: UpstreamError, features: RequestFeatures, outcome: Outcome) -> bool:
+        """True when a request whose attempt failed so may be retried on another worker."""
         if not exc.retryable or outcome.retries >= self.max_retries:
             return False
         if exc.status is not None:
@@ -455,27 +423,6 @@ class Proxy:
         outcome.retries += 1
         self.metrics.retries.labels(features.model).inc()
         return True
-
-    def _settle(
-        self, unsettled: list[tuple[Worker, str, int]], features: RequestFeatures, *, served: bool
-    ) -> None:
-        """Charge a request's error answers to their workers if the second opinion says so.
-
-        Not charged: the same error from two workers (the request's), or one error
-        no other worker was asked about (the retry budget was spent, no other worker
-        serves the model): many copies of a poison request would eject healthy workers.
-        """
-        if unsettled and blame([s for _, _, s in unsettled], served=served) is Blame.WORKER:
-            self._charge(unsettled, features)
-        unsettled.clear()
-
-    def _charge(self, failed: list[tuple[Worker, str, int]], features: RequestFeatures) -> None:
-        """Count failed attempts against their workers (outlier detection) and versions."""
-        for worker, version, _ in failed:
-            self.passive.failure(worker)
-            if self.outcomes is not None:
-                self.outcomes.attempt_failed(features.model, version)
-        failed.clear()
 
     def _request_fault(self, status: int, attempts: int) -> GatewayError:
         # Only what is known: the same answer from each may be the request's doing, or
@@ -523,3 +470,16 @@ class Proxy:
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         return headers
+
+
+def _settle(attempts: list[Attempt], *, served: bool) -> None:
+    """Settle a request's attempts that answered 5xx, as the second opinion says
+    (``core.outlier.blame``): their workers' fault (charged) or not (the same error
+    from two workers is the request's; one error nobody else was asked about is unknown).
+    """
+    if attempts:
+        statuses = [attempt.state.status for attempt in attempts]
+        fault = blame(statuses, served=served) is Blame.WORKER
+        for attempt in attempts:
+            attempt.settle(fault)
+    attempts.clear()

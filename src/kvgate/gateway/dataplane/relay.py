@@ -1,8 +1,10 @@
 """Relaying a worker's answer to the client, and recording how the request ended.
 
 Split from ``proxy``, which places and retries: once an attempt has its answer, the
-``Relay`` writes it out (whole, or as a stream) and feeds the metrics, the version
-outcomes, the traffic ring and the access log.
+``Relay`` writes it out (whole, or as a stream), reports the answer's events to the
+``Attempt`` (which ends once: completed when the client has all of it, failed when
+the worker broke it off, cancelled when the client went first), and records the
+request: metrics, the traffic ring and the access log.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import xxhash
 
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.control.outcomes import OutcomeRecorder
+from kvgate.gateway.dataplane.attempt import Attempt
 from kvgate.gateway.dataplane.errors import (
     AnthropicShapedError,
     BadGatewayError,
@@ -25,7 +27,6 @@ from kvgate.gateway.dataplane.errors import (
     UpstreamError,
 )
 from kvgate.gateway.dataplane.exchange import Exchange
-from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.dataplane.usage import (
     MessagesTap,
     StreamTap,
@@ -80,22 +81,13 @@ def public_failure(exc: UpstreamError) -> str:
 _ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 
 
-class PassiveHealth(Protocol):
-    """Where live request outcomes go (outlier detection)."""
-
-    def success(self, worker: Worker) -> None:
-        """A request on ``worker`` got a non-error answer."""
-
-    def failure(self, worker: Worker) -> None:
-        """A request on ``worker`` failed (unreachable, 5xx, broken)."""
-
-
 @dataclass(slots=True)
 class Outcome:
     """What one request's answer was, for metrics and the access log."""
 
     status: int = 0
-    placement: Placement | None = None
+    attempt: Attempt | None = None
+    """The request's latest attempt (``None``: never placed)."""
     ttft: float | None = None
     usage: Usage | None = None
     answered: bool = False
@@ -104,11 +96,7 @@ class Outcome:
     budgeted: int = 0
     strip_usage: bool = False
     """The gateway asked the worker for stream usage the client did not ask for."""
-    reported: bool = False
-    """The current placement's failure already went to the outcome recorder."""
     body: bytes = b""
-    sample: bytes | None = None
-    """The response body, kept only when it was sampled for the quality evaluator."""
     method: str = "POST"
     answer_key: str | None = None
     """Bind the id the answer starts with under this tag (``response:``), for continuations."""
@@ -129,10 +117,8 @@ class Relay:
 
     def __init__(
         self,
-        router: Router,
         *,
         metrics: GatewayMetrics,
-        passive: PassiveHealth,
         access_log: AccessLog,
         response_headers: bool,
         expose_worker_urls: bool,
@@ -140,9 +126,7 @@ class Relay:
         traffic: TrafficWindow | None,
         wall: Callable[[], float],
     ) -> None:
-        self.router = router
         self.metrics = metrics
-        self.passive = passive
         self.access_log = access_log
         self.response_headers = response_headers
         self.expose_worker_urls = expose_worker_urls
@@ -163,7 +147,7 @@ class Relay:
         return name
 
     def _headers(
-        self, upstream: UpstreamResponse, placement: Placement, request_id: str
+        self, upstream: UpstreamResponse, attempt: Attempt, request_id: str
     ) -> list[tuple[str, str]]:
         headers = [
             (name, value)
@@ -172,9 +156,9 @@ class Relay:
         ]
         headers.append((REQUEST_ID, request_id))
         if self.response_headers:
-            headers.append((WORKER_HEADER, self._worker_name(placement.worker)))
-            headers.append((VERSION_HEADER, placement.version))
-            headers.append((REASON_HEADER, placement.reason))
+            headers.append((WORKER_HEADER, self._worker_name(attempt.worker)))
+            headers.append((VERSION_HEADER, attempt.version))
+            headers.append((REASON_HEADER, attempt.reason))
         return headers
 
     async def respond(
@@ -182,54 +166,57 @@ class Relay:
         request: Exchange,
         *,
         features: RequestFeatures,
-        placement: Placement,
+        attempt: Attempt,
         upstream: UpstreamResponse,
         started: float,
         outcome: Outcome,
     ) -> None:
-        """Relay the answer, then report its usage: to the policy however it ends."""
-        worker = placement.worker
-        headers = self._headers(upstream, placement, features.request_id)
-        done = told = False
+        """Relay the answer and end the attempt: completed once the client has all of it
+        (then its binding renewed), failed if the worker broke it off, else cancelled."""
+        headers = self._headers(upstream, attempt, features.request_id)
+        done = False
         try:
-            try:
-                if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    done = await self._stream(request, upstream, headers, started, outcome)
-                else:
-                    data = await upstream.read()
-                    if upstream.status < 300 and not _looks_like_json_object(data):
-                        # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
-                        raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
-                    outcome.ttft = time.monotonic() - started
-                    outcome.status = upstream.status
-                    outcome.usage = usage_from_body(data)  # the worker answered, whoever reads it
-                    await request.send(upstream.status, headers, data)
-                    done = outcome.answered = True
-                    if outcome.answer_key is not None:
-                        await self._remember_answer(data, placement, outcome.answer_key)
-                    recorder = self.outcomes
-                    version = placement.version
-                    if recorder is not None and recorder.wants_sample(features.model, version):
-                        outcome.sample = data
-            except UpstreamError as exc:
-                # The whole-body read failed before anything was sent: a 502.
-                self.metrics.upstream_errors.labels(worker.id, exc.kind).inc()
-                self.passive.failure(worker)
-                raise BadGatewayError(
-                    f"upstream failure serving {features.model!r}: {public_failure(exc)}"
-                ) from None
-            except ConnectionResetError:
-                self._client_gone(features.model, outcome)
-            finally:
-                if not done:
-                    upstream.close()
-                placement.lease.release()  # before the feedback below: waiters need not wait on it
-            if done or outcome.usage is not None:
-                told = True  # ``finished`` tells the policy before it awaits anything
-                await self.router.finished(features, placement, *_counts(outcome.usage))
+            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                done = await self._stream(
+                    request, upstream, headers, started, outcome, attempt=attempt
+                )
+            else:
+                data = await upstream.read()
+                if upstream.status < 300 and not _looks_like_json_object(data):
+                    # An empty or non-JSON 2xx is no OpenAI answer: the worker's failure.
+                    raise UpstreamBroken("the worker's 2xx answer is not a JSON object")
+                now = time.monotonic()
+                attempt.token(now)
+                outcome.ttft = now - started
+                outcome.status = upstream.status
+                outcome.usage = usage = usage_from_body(data)  # whoever reads the answer
+                if usage is not None:
+                    attempt.usage(usage.prompt, usage.cached, usage.completion)
+                await request.send(upstream.status, headers, data)
+                done = outcome.answered = True
+                if outcome.answer_key is not None:
+                    await self._remember_answer(data, attempt, outcome.answer_key)
+                recorder = self.outcomes
+                if recorder is not None and recorder.wants_sample(features.model, attempt.version):
+                    attempt.keep_sample(outcome.body, data)
+        except UpstreamError as exc:
+            # The whole-body read failed before anything was sent: a 502.
+            self.metrics.upstream_errors.labels(attempt.worker.id, exc.kind).inc()
+            attempt.failed(exc.kind)
+            raise BadGatewayError(
+                f"upstream failure serving {features.model!r}: {public_failure(exc)}"
+            ) from None
+        except ConnectionResetError:
+            self._client_gone(features.model, outcome)
         finally:
-            if not told:  # failed, or cancelled: the policy hears of it all the same
-                self.router.ended(features, placement, *_counts(outcome.usage))
+            if not done:
+                upstream.close()
+            if done or outcome.answered:
+                attempt.completed()
+            else:  # failed (already ended), or the client went first
+                attempt.cancelled()
+        if done or outcome.answered:
+            await attempt.refresh()
 
     async def _stream(
         self,
@@ -238,8 +225,11 @@ class Relay:
         headers: list[tuple[str, str]],
         started: float,
         outcome: Outcome,
+        *,
+        attempt: Attempt,
     ) -> bool:
-        """Pass an SSE stream through; True when it ran to its end."""
+        """Pass an SSE stream through, each chunk told to ``attempt``; True when it ran
+        to its end."""
         outcome.status = upstream.status
         # The head goes out with the first chunk when one is waiting (one write); else
         # alone at once, so a client sees the head as soon as the worker's arrived.
@@ -253,7 +243,8 @@ class Relay:
         # When the latest chunk arrived (0: none yet); noted in ``outcome`` once, at the end.
         # After the first chunk, a server that can write from a protocol callback gets
         # the chunks straight from the upstream connection (no task wake per chunk).
-        pump = _Pump(request, stripper, tap) if request.writes_now else None
+        token = attempt.state.token
+        pump = _Pump(request, stripper, tap, token) if request.writes_now else None
         try:
             while True:
                 chunk = upstream.take()
@@ -274,10 +265,11 @@ class Relay:
                 if not chunk:
                     break
                 last = clock()
+                token(last)
                 if outcome.ttft is None:
                     outcome.ttft = last - started
                     if outcome.answer_key is not None:
-                        await self._remember_answer(chunk, outcome.placement, outcome.answer_key)
+                        await self._remember_answer(chunk, attempt, outcome.answer_key)
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue
@@ -288,10 +280,10 @@ class Relay:
                 await request.write(rest)
         except UpstreamError as exc:
             # Bytes already went to the client: no retry. End the stream with an
-            # OpenAI-style error event (what clients raise on), then close.
-            assert outcome.placement is not None
-            self.metrics.upstream_errors.labels(outcome.placement.worker.id, exc.kind).inc()
-            self.passive.failure(outcome.placement.worker)
+            # OpenAI-style error event (what clients raise on), then close. The worker
+            # failed this attempt, whatever its headers said (outlier detection).
+            self.metrics.upstream_errors.labels(attempt.worker.id, exc.kind).inc()
+            attempt.failed(exc.kind)
             outcome.status = 502
             event = b"" if tap is None or tap.at_event_boundary else b"\n\n"
             error = BadGatewayError(
@@ -312,26 +304,27 @@ class Relay:
             # The client went away; dropping the upstream tells the worker. Past the usage
             # (the last event but ``[DONE]``) it had the whole answer: HTTP clients close
             # once they read ``[DONE]``, before the stream's last chunk.
-            assert outcome.placement is not None
             if _seen_usage(stripper, tap) is None:
-                self._client_gone(outcome.placement.worker.model or "", outcome)
+                self._client_gone(attempt.worker.model or "", outcome)
             return False
         finally:
             if last:
                 outcome.last_chunk = last - started
             # Cancelled too: what the worker computed, for the policy.
-            outcome.usage = _seen_usage(stripper, tap)
-            outcome.answered = outcome.usage is not None
+            outcome.usage = usage = _seen_usage(stripper, tap)
+            outcome.answered = usage is not None
+            if usage is not None:
+                attempt.usage(usage.prompt, usage.cached, usage.completion)
         outcome.answered = True
         with contextlib.suppress(ConnectionResetError):  # gone at ``[DONE]``: answered
             await request.end()
         return True
 
-    async def _remember_answer(self, data: bytes, placement: Placement | None, tag: str) -> None:
+    async def _remember_answer(self, data: bytes, attempt: Attempt, tag: str) -> None:
         """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
         found = _ANSWER_ID.search(data, 0, 4096)
-        if found is not None and placement is not None:
-            await self.router.remember(tag + found.group(1).decode(), placement)
+        if found is not None:
+            await attempt.remember(tag + found.group(1).decode())
 
     def _client_gone(self, model: str, outcome: Outcome) -> None:
         outcome.status = 499
@@ -347,7 +340,7 @@ class Relay:
     ) -> None:
         duration = time.monotonic() - started
         model = features.model if features is not None else ""
-        placement = outcome.placement
+        placement = outcome.attempt
         worker = placement.worker.id if placement is not None else ""
         version = placement.version if placement is not None else ""
         reason = placement.reason if placement is not None else (outcome.refused or "error")
@@ -370,8 +363,6 @@ class Relay:
                 tokens[0].inc(usage.prompt)
                 tokens[1].inc(usage.cached)
                 tokens[2].inc(usage.completion)
-        if self.outcomes is not None and features is not None and placement is not None:
-            _report(self.outcomes, features.model, placement.version, outcome, duration)
         if self.traffic is not None:
             self.traffic.record(
                 self.wall(),
@@ -428,12 +419,18 @@ class _Pump:
     (``failed``: the task raises it). It never raises into the connection's parser.
     """
 
-    __slots__ = ("failed", "held", "last", "request", "stripper", "tap")
+    __slots__ = ("failed", "held", "last", "request", "stripper", "tap", "token")
 
     def __init__(
-        self, request: Exchange, stripper: UsageStripper | None, tap: StreamTap | None
+        self,
+        request: Exchange,
+        stripper: UsageStripper | None,
+        tap: StreamTap | None,
+        token: Callable[[float], None],
     ) -> None:
         self.request = request
+        self.token = token
+        """Told when each chunk arrived (``AttemptState.token``)."""
         self.stripper = stripper
         self.tap = tap
         self.last = 0.0
@@ -443,7 +440,8 @@ class _Pump:
 
     def feed(self, chunk: bytes) -> bool:
         """Relay one chunk; False: stop, and wake the task."""
-        self.last = time.monotonic()
+        self.last = now = time.monotonic()
+        self.token(now)
         try:
             data = self.stripper.feed(chunk) if self.stripper is not None else chunk
             if not data:
@@ -517,26 +515,6 @@ def _inter_token(outcome: Outcome, usage: Usage | None) -> float | None:
     if usage.completion < 2 or outcome.last_chunk <= outcome.ttft:
         return None
     return (outcome.last_chunk - outcome.ttft) / (usage.completion - 1)
-
-
-def _report(
-    recorder: OutcomeRecorder, model: str, version: str, outcome: Outcome, duration: float
-) -> None:
-    """One request's outcome for its version's windows (a failed last attempt is already in)."""
-    status = outcome.status or 500
-    if outcome.reported or status == 499:
-        return  # a client that went away says nothing about the version
-    error = status >= 500
-    ok = status < 400
-    recorder.finished(
-        model,
-        version,
-        error=error,
-        latency_s=duration if ok else None,
-        ttft_s=outcome.ttft if ok else None,
-    )
-    if outcome.sample is not None and ok:
-        recorder.sample(model, version, outcome.body, outcome.sample)
 
 
 def public_worker_name(url: str, name: str | None = None) -> str:

@@ -7,11 +7,10 @@ slot and KV estimate) and writes the affinity with compare-and-set (if another
 replica won, ``follows_binding`` says whether to follow it), ``Hold`` and
 ``Queue`` wait in the admission queue and ask again, ``Shed`` is a 429 and
 ``Unavailable`` a 503. The router decides nothing itself. What the request adds to
-the shared prefix state rides on the placement (``Placement.shares``) and is
+the shared prefix state rides on the placement (``Attempt.shares``) and is
 written by ``share`` once the request is written to its worker: only later
 requests read it, so it is off the path to the worker (and with Redis, one round
-trip off the request). After the response: ``policy.on_usage``, the usage
-listeners and ``store.touch``.
+trip off the request).
 
 A policy that never reads bindings nor the shared prefix state
 (``Policy.reads_affinity``), on a model whose versions are not split, gets no
@@ -20,9 +19,12 @@ and ``place`` reads both only if the snapshot shows a worker under pressure or
 full (``core.route.needs_affinity``), where they change the verdict. The prefix
 state the request adds is still written, so pressure later finds it.
 
-The caller owns the returned placement's lease (``async with placement.lease``);
-until ``place`` returns, ``place`` does, so a request cancelled while it awaits
-the store gives its slot back.
+``place`` returns an ``Attempt`` (``dataplane.attempt``), which took the worker's
+lease and told the policy; the data plane reports the attempt's events to it and
+it ends once (lease, policy, passive health, outcome). Until ``place`` returns,
+``place`` owns it, so a request cancelled while it awaits the store ends the
+attempt it made (its slot given back). The router implements the attempt's
+``Bindings`` (the store writes it makes): ``share``, ``touch``, ``remember``.
 
 The store is advisory: its errors are counted and logged, never fail a request.
 """
@@ -33,7 +35,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from kvgate.core.admission import Shed
 from kvgate.core.decision import Affinity
@@ -58,10 +59,21 @@ from kvgate.core.route import (
     route,
 )
 from kvgate.core.warmup import WarmUp
+from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.control.versions import VersionRegistry
+from kvgate.gateway.dataplane.attempt import (
+    UNREAD,
+    Attempt,
+    AttemptParts,
+    EndListener,
+    Looked,
+    PassiveHealth,
+    Unread,
+    UsageListener,
+)
 from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
 from kvgate.gateway.observe.metrics import GatewayMetrics
-from kvgate.gateway.observe.pool import Lease, Worker, WorkerPool
+from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.store.base import AffinityStore
 from kvgate.types import BlockHash, Priority, Seconds, SessionKey, SessionSource, WorkerId
 
@@ -71,56 +83,24 @@ _CONTINUES = SessionSource.CONTINUATION
 """A module constant: on 3.11 ``Enum.MEMBER`` costs a slow ``EnumType`` lookup a request."""
 
 
-class Unread:
-    """The store's binding was not read: nothing this request's verdict depends on needs it."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNREAD"
+__all__ = ["UNREAD", "Looked", "Router", "Unread"]
 
 
-UNREAD = Unread()
-"""``Router.lookup``'s answer when the binding was not read (see the module docs)."""
+class _NoHealth:
+    """Passive health for a router made without one (tests): judgements go nowhere."""
 
-Looked = Affinity | None | Unread
-"""A binding as looked up: found, missing (``None``), or not read (``UNREAD``)."""
+    def success(self, worker: Worker) -> None:
+        return None
 
-UsageListener = Callable[[SessionKey, WorkerId, int, int | None], None]
-"""Told of each answered request's usage: its session, worker, prompt and cached tokens."""
-"""Told each finished session's prompt tokens (the pressure driver's context sizes)."""
-
-
-@dataclass(slots=True)
-class Placement:
-    """Where one attempt of a request went, after the verdict was carried out."""
-
-    lease: Lease
-    """The attempt's slot on its worker: the caller releases it (``async with``)."""
-    reason: str
-    version: str
-    queued_s: float = 0.0
-    wrote_affinity: bool = False
-    bound: Affinity | None = None
-    """The binding in force after this attempt's write (a retry expects it)."""
-    affinity: Looked = UNREAD
-    """The binding the request was placed with (``UNREAD``: never read)."""
-    shares: Sequence[tuple[BlockHash, WorkerId]] = ()
-    """Prefix-state writes for ``Router.share``, once the request is on its way."""
-
-    @property
-    def worker(self) -> Worker:
-        """The worker the attempt holds a slot on."""
-        return self.lease.worker
-
-    @property
-    def kv_tokens(self) -> int:
-        """The KV demand counted in flight on ``worker`` (given back on release)."""
-        return self.lease.kv_tokens
+    def failure(self, worker: Worker) -> None:
+        return None
 
 
 class Router:
     """Turns request features into a placed attempt holding a lease on one worker."""
+
+    parts: AttemptParts
+    """What the attempts placed now report to (rebuilt when the policy is replaced)."""
 
     def stable_version(self, model: str) -> str | None:
         """The stable version of ``model`` (None without a version registry or entry)."""
@@ -141,10 +121,19 @@ class Router:
         mono: Callable[[], float] = time.monotonic,
         versions: VersionRegistry | None = None,
         usage_listeners: Sequence[UsageListener] = (),
+        passive: PassiveHealth | None = None,
+        outcomes: OutcomeRecorder | None = None,
+        end_listeners: Sequence[EndListener] = (),
     ) -> None:
         self.pool = pool
         self.versions = versions
         """Model versions: a split model's request sees only its assigned version's workers."""
+        self.passive: PassiveHealth = passive or _NoHealth()
+        self.outcomes = outcomes
+        self.end_listeners = tuple(end_listeners)
+        self.usage_listeners = tuple(usage_listeners)
+        self.wall = wall
+        self.mono = mono
         self.policy = policy
         self.store = store
         self.metrics = metrics
@@ -152,11 +141,26 @@ class Router:
         self.ttl = affinity_ttl
         self._holder_ttl = min(affinity_ttl, HOLDER_TTL_S)
         self.rng = rng
-        self.wall = wall
-        self.mono = mono
         self.kv_holds = 0
         """Requests held at least once for KV headroom (for benchmarks and tests)."""
-        self.usage_listeners = tuple(usage_listeners)
+
+    @property
+    def policy(self) -> Policy:
+        """The routing policy; its attempts report their ends to it."""
+        return self.parts.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.parts = AttemptParts(
+            policy,
+            self.passive,
+            self,
+            self.outcomes,
+            self.usage_listeners,
+            self.end_listeners,
+            self.mono,
+            self.wall,
+        )
 
     def _split(self, model: str) -> bool:
         """True when the model's versions are split (a binding holds its version)."""
@@ -190,12 +194,14 @@ class Router:
         looked: Looked,
         excluded: frozenset[WorkerId] = frozenset(),
         version: str | None = None,
-    ) -> Placement:
-        """Carry out ``core.route`` until it places the request; the caller owns the lease.
+        *,
+        started: float | None = None,
+    ) -> Attempt:
+        """Carry out ``core.route`` until it places the request; the caller owns the attempt.
 
         ``version`` overrides the version the registry would assign (a retry falling
-        back to the stable version). Raises ``NoHealthyWorkerError`` (503) or
-        ``OverloadedError`` (429).
+        back to the stable version); ``started`` is when the request arrived (monotonic).
+        Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
         """
         queue = self.pool.queue
         priority = features.priority
@@ -276,11 +282,11 @@ class Router:
             if isinstance(verdict, Unavailable):
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
             raise self._shed(features, verdict)
-        placement = await self._apply(
-            features, verdict, excluded, queued_at, held_at, looked_up=(keys, seen)
+        attempt = await self._apply(
+            features, verdict, excluded, queued_at, held_at, started=started, looked_up=(keys, seen)
         )
-        placement.affinity = looked
-        return placement
+        attempt.affinity = looked
+        return attempt
 
     async def _holders(
         self, features: RequestFeatures, affinity: Affinity | None
@@ -315,16 +321,13 @@ class Router:
             return holders
         return with_parent(holders, bound.worker if bound is not None else None)
 
-    def share(self, placement: Placement) -> None:
-        """Tell other replicas where this attempt's checkpoint blocks went (once).
+    def share(self, writes: Sequence[tuple[BlockHash, WorkerId]]) -> None:
+        """Tell other replicas where an attempt's checkpoint blocks went (``Attempt.sent``).
 
         Called once the request is written to the worker: with the memory store the
         state is readable when this returns; a remote store writes in the background.
         """
-        writes = placement.shares
-        if writes:
-            placement.shares = ()
-            self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed)
+        self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed)
 
     def warm_up(self, features: RequestFeatures, worker: Worker) -> WarmUp | None:
         """The policy's warm-up after ``features`` was placed on ``worker`` (``core.warmup``),
@@ -344,12 +347,14 @@ class Router:
         queued_at: float | None,
         held_at: float | None,
         *,
+        started: float | None,
         looked_up: tuple[list[BlockHash], list[WorkerId | None]] = ([], []),
-    ) -> Placement:
-        """Take the lease, write the affinity, tell the policy; note the prefix-state
-        writes for ``share``.
+    ) -> Attempt:
+        """Make the attempt (it takes the lease), write the affinity, tell the policy;
+        note the prefix-state writes for ``Attempt.sent``.
 
-        The lease is given back on any error or cancellation before it is returned.
+        The attempt is cancelled (its lease given back) on any error or cancellation
+        before it is returned.
         """
         worker = self.pool.get(verdict.worker)
         assert worker is not None  # the snapshot was taken from the pool without an await
@@ -360,37 +365,41 @@ class Router:
             self._observe_wait(features.priority, queued_s)
         if held_at is not None:
             queued_s += now - held_at
-        lease = self.pool.lease(worker, verdict.kv_tokens)
+        attempt = Attempt(
+            self.parts,
+            features,
+            self.pool,
+            worker,
+            verdict.kv_tokens,
+            reason=verdict.reason,
+            version=verdict.version or worker.version,
+            queued_s=queued_s,
+            started=started,
+        )
         try:
-            placement = Placement(
-                lease=lease,
-                reason=verdict.reason,
-                version=verdict.version or worker.version,
-                queued_s=queued_s,
-            )
             if verdict.affinity is not None:
-                await self._bind(features, verdict, placement, excluded)
+                await self._bind(features, verdict, attempt, excluded)
             m = self.metrics
             m.cells.counter(
                 m.decisions,
                 features.model,
-                placement.version,
-                placement.worker.id,
-                placement.reason,
+                attempt.version,
+                attempt.worker.id,
+                attempt.reason,
             ).inc()
-            self.policy.on_routed(features, placement.worker.id, self.wall())
+            attempt.routed()
             if looked_up[0]:
-                placement.shares = holder_writes(*looked_up, placement.worker.id)
+                attempt.shares = holder_writes(*looked_up, attempt.worker.id)
         except BaseException:
-            lease.release()
+            attempt.cancelled()
             raise
-        return placement
+        return attempt
 
     async def _bind(
         self,
         features: RequestFeatures,
         verdict: Place,
-        place: Placement,
+        place: Attempt,
         excluded: frozenset[WorkerId],
     ) -> None:
         """Write the verdict's affinity; follow another replica's binding if it won."""
@@ -411,8 +420,7 @@ class Router:
         other = self.pool.get(bound.worker)
         state = other.state(self.mono(), self.pool.stale_after) if other is not None else None
         if other is not None and follows_binding(features, place.worker.id, bound, state, excluded):
-            place.lease.move(other)
-            place.version = bound.version or other.version
+            place.move(other, bound.version or other.version)
             place.reason = "affinity_race"
 
     def _observe_wait(self, priority: Priority, seconds: float) -> None:
@@ -427,64 +435,33 @@ class Router:
             reason=reason,
         )
 
-    def ended(
-        self,
-        features: RequestFeatures,
-        placement: Placement,
-        prompt_tokens: int | None = None,
-        cached_tokens: int | None = None,
-        completion_tokens: int | None = None,
-    ) -> None:
-        """The attempt is over: its usage to the policy, or (``None``: it failed, its client
-        went first, or the worker reported none) that nothing more is owed there.
-        Synchronous, so a cancelled request's cleanup says it too."""
-        now = self.wall()
-        if prompt_tokens is None:
-            self.policy.on_dropped(features, placement.worker.id, now)
-            return
-        self.policy.on_usage(
-            features,
-            placement.worker.id,
-            prompt_tokens,
-            cached_tokens or 0,
-            now,
-            completion_tokens=completion_tokens or 0,
-        )
+    async def touch(self, key: SessionKey) -> None:
+        """Renew ``key``'s binding after a completed attempt (an error is counted)."""
+        try:
+            await self.store.touch(key, self.wall(), self.ttl)
+        except Exception:
+            self._store_failed("touch")
 
-    async def finished(
-        self,
-        features: RequestFeatures,
-        placement: Placement,
-        prompt_tokens: int | None,
-        cached_tokens: int | None,
-        completion_tokens: int | None = None,
-    ) -> None:
-        """After the response: cache feedback to the policy and refresh the affinity TTL."""
-        self.ended(features, placement, prompt_tokens, cached_tokens, completion_tokens)
-        now = self.wall()
-        key = features.affinity_key
-        if key is not None and prompt_tokens is not None:
-            for listener in self.usage_listeners:
-                listener(key, placement.worker.id, prompt_tokens, cached_tokens)
-        if (
-            key is not None
-            and not placement.wrote_affinity
-            and not isinstance(placement.affinity, Unread)
-        ):
-            try:
-                await self.store.touch(key, now, self.ttl)
-            except Exception:
-                self._store_failed("touch")
-
-    async def remember(self, key: SessionKey, placement: Placement) -> None:
+    async def remember(self, key: SessionKey, worker: WorkerId, version: str) -> None:
         """Bind a key the worker's answer named (a response id) to the worker that made it.
 
         A later request naming that key (``previous_response_id``) then goes back to
         the one worker holding the state it continues.
         """
-        bound = Affinity(key, placement.worker.id, placement.version, self.wall())
+        bound = Affinity(key, worker, version, self.wall())
         try:
             await self.store.compare_and_set(key, None, bound, self.ttl)
+        except Exception:
+            self._store_failed("compare_and_set")
+
+    async def follow(
+        self, key: SessionKey, expected: WorkerId, worker: WorkerId, version: str
+    ) -> None:
+        """Move ``key``'s binding from ``expected`` to ``worker`` (a native proxy's
+        fallback served the request there); a binding moved meanwhile stays."""
+        bound = Affinity(key, worker, version, self.wall())
+        try:
+            await self.store.compare_and_set(key, expected, bound, self.ttl)
         except Exception:
             self._store_failed("compare_and_set")
 
