@@ -55,6 +55,9 @@ class WorkerState:
     """The gateway's estimate of the KV tokens its in-flight requests will hold at their end."""
     kv_freed_tokens: int = 0
     """The estimated KV tokens of requests that ended since ``kv_usage`` was scraped."""
+    kv_reserved_tokens: int = 0
+    """KV tokens of sessions away on a tool call here and expected back (``core.toolcalls``):
+    placing other work here evicts them, as it would evict what is in use."""
     gpu_temp_c: float | None = None
     gpu_mem_usage: float | None = None
     labels: tuple[tuple[str, str], ...] = ()

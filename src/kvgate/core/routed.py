@@ -90,6 +90,8 @@ class Routed:
     kv_freed_tokens: int = 0
     """KV tokens (estimated) of requests that ended here since ``signals`` were read: the
     scraped use still counts them. A new scrape (``scraped``) starts it again at 0."""
+    kv_reserved_tokens: int = 0
+    """KV tokens of sessions away on a tool call here, expected back (``core.toolcalls``)."""
 
     def scraped(self, signals: Readings, at: Seconds) -> Routed:
         """This value with fresh ``signals`` read at ``at``."""
@@ -184,6 +186,7 @@ def worker_state(
         kv_capacity_tokens=sig.kv_capacity_tokens,
         kv_in_flight_tokens=worker.kv_in_flight_tokens,
         kv_freed_tokens=worker.kv_freed_tokens,
+        kv_reserved_tokens=worker.kv_reserved_tokens,
         gpu_temp_c=sig.gpu_temp_c,
         gpu_mem_usage=mem_usage,
         labels=worker.labels,

@@ -39,6 +39,7 @@ from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.control.reload import Reloader
+from kvgate.gateway.control.toolcalls import ToolCallPlane
 from kvgate.gateway.dataplane import middleware
 from kvgate.gateway.dataplane.connection import ConnectionLimits, GuardedAppRunner, GuardedServer
 from kvgate.gateway.dataplane.listener import DataPlane, DataPlaneLimits
@@ -115,6 +116,17 @@ class Gateway:
             relieve_interval_s=config.health.interval_s,
             slots=self.slots,
         )
+        self.tool_calls = (
+            ToolCallPlane(
+                self.pool,
+                offload=self.pressure.offload_sessions,
+                offload_at=pressure.soft_watermark,
+            )
+            if pressure.enabled
+            else None
+        )
+        """Sessions away on a tool call: their KV reserved, offloaded under pressure (with
+        pressure handling, as the simulator's ``sim.toolcalls``)."""
         self.health = HealthChecker(
             self.pool, config.health, config.outlier, scrape_listeners=[self.pressure.observe]
         )
@@ -174,6 +186,7 @@ class Gateway:
             slots=self.slots,
             traffic=self.traffic,
             warm_ups=self.warm_ups,
+            away=self.tool_calls,
         )
         self.reloader = Reloader(self, source)
         self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
@@ -215,6 +228,8 @@ class Gateway:
         await self.warm_ups.close()
         await self.control.stop()
         await self.health.stop()
+        if self.tool_calls is not None:
+            await self.tool_calls.stop()
         await self.pressure.stop()
         await self.slots.stop()
         for worker in self.pool:

@@ -59,6 +59,7 @@ from kvgate.core.route import (
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.kvfeed import KVFeed
+from kvgate.sim.toolcalls import SimToolCalls
 from kvgate.sim.worker import SimWorker
 from kvgate.store.holders import HolderTable
 from kvgate.store.table import SessionTable
@@ -168,6 +169,10 @@ class SimGateway:
         """Engine blocks of the requests ``policy.openers`` names (a warm-up is cut from one)."""
         self.kv_holds = 0
         """Requests held at least once for KV headroom."""
+        self.tool_calls = (
+            SimToolCalls(workers, pressure.config.soft_watermark) if pressure is not None else None
+        )
+        """Sessions away on a tool call (``sim.toolcalls``; ``None``: pressure handling off)."""
         self._queue: list[tuple[tuple[int, int], int, _Waiter]] = []
         self._order = 0
 
@@ -190,6 +195,8 @@ class SimGateway:
         self.recorder.arrived(now)
         features = self.codec.features_of(request)
         key = features.affinity_key
+        if self.tool_calls is not None:
+            self.tool_calls.returned(key, now)
         affinity = self.table.get(key, now) if key is not None else None
         version = None
         if self.versions is not None:
@@ -430,6 +437,9 @@ class SimGateway:
         key = features.affinity_key
         if key is not None and not flight.wrote_affinity:
             self.table.touch(key, now, now + self.ttl, now)
+        if key is not None and flight.request.tool_call and self.tool_calls is not None:
+            kv = done.prompt_tokens + done.output_tokens
+            self.tool_calls.left(key, worker, kv, now)
         arrival = flight.request.arrival
         self.recorder.finish(
             worker.index,
@@ -441,6 +451,7 @@ class SimGateway:
             output_tokens=done.output_tokens,
             now=now,
             ttft_floor=worker.engine.alone_ttft(done.prompt_tokens, done.cached_tokens),
+            returning=flight.request.returning,
         )
         # As the live pool: a release that held KV may let any held waiter fit.
         self._wake(now, everyone=flight.kv_tokens > 0)

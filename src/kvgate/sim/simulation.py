@@ -108,6 +108,9 @@ class SimConfig:
     """With a ``+kv_events`` policy: when the event subscriber is killed and restarted."""
     worker_restarts: tuple[tuple[Seconds, int], ...] = ()
     """With a ``+kv_events`` policy: (when, worker index) a worker restarts, its cache cleared."""
+    cpu_offload_blocks: int = 0
+    """Each worker's CPU offload tier, in blocks (vLLM's CPU offload, LMCache): what a
+    gateway's offload moves KV to (0: none, an offload drops it)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -155,6 +158,7 @@ class SimConfig:
             max_num_seqs=self.max_num_seqs,
             max_batched_tokens=self.max_batched_tokens,
             profile=self.profiles[index % len(self.profiles)],
+            cpu_offload_blocks=self.cpu_offload_blocks,
         )
 
     def limited(self, requests: Iterable[SimRequest]) -> Iterator[SimRequest]:

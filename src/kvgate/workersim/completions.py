@@ -113,6 +113,8 @@ async def _serve(
     prompt = body.parsed_prompt()
     prompt_tokens = len(prompt.tokens)
     max_tokens, finish_reason = worker.output_budget(body.requested_output(), prompt_tokens)
+    if isinstance(body, ChatCompletionRequest) and body.forces_tool_call() is not None:
+        finish_reason = "tool_calls"  # an agent's turn ends calling its tool
     prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
     request_id = worker.new_request_id(prefix)
     session_id = request.headers.get(worker.options.session_header) or body.user
@@ -156,6 +158,7 @@ async def _run(
         raise ApiError(400, str(exc), code="context_length_exceeded") from None
     run = Run(queue, prompt_tokens, worker.gpu_uuid)
     header = ResponseHeader(request_id, worker.created(), body.model, endpoint)
+    tool = body.forces_tool_call() if isinstance(body, ChatCompletionRequest) else None
     try:
         if body.stream:
             return await _stream(
@@ -166,8 +169,9 @@ async def _run(
                 finish_reason=finish_reason,
                 usage=body.include_usage,
                 continuous=body.continuous_usage,
+                tool=tool,
             )
-        return await _complete(run, header, finish_reason)
+        return await _complete(run, header, finish_reason, tool)
     finally:
         settle(worker, run, request_id, finish_reason)
 
@@ -182,11 +186,13 @@ def settle(worker: Worker, run: Run, request_id: str, finish_reason: str) -> Non
         worker.finished["abort"] += 1
 
 
-async def _complete(run: Run, header: ResponseHeader, finish_reason: str) -> web.Response:
+async def _complete(
+    run: Run, header: ResponseHeader, finish_reason: str, tool: str | None
+) -> web.Response:
     while not run.finished:
         await run.next()
     text = filler(0, run.completion_tokens)
-    return _json(header.completion(text, finish_reason, run.usage()))
+    return _json(header.completion(text, finish_reason, run.usage(), tool))
 
 
 async def _stream(
@@ -198,6 +204,7 @@ async def _stream(
     finish_reason: str,
     usage: bool,
     continuous: bool = False,
+    tool: str | None = None,
 ) -> web.StreamResponse:
     include_usage = usage
 
@@ -222,6 +229,11 @@ async def _stream(
                 text = filler(sent_tokens, event.count)
                 sent_tokens += event.count
                 await sender.send(counted(header.chunk(text, with_usage_field=include_usage)))
+        if tool is not None:
+            call = {"index": 0, **header.tool_call(tool, filler(0, sent_tokens))}
+            chunk = header.chunk(None, with_usage_field=include_usage)
+            chunk["choices"][0]["delta"]["tool_calls"] = [call]
+            await sender.send(counted(chunk))
         final = header.chunk(
             None if header.endpoint == "chat" else "",
             finish_reason=finish_reason,

@@ -111,13 +111,18 @@ class ResponseHeader:
         """The ``object`` of a stream chunk (completions reuse ``text_completion``)."""
         return "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
 
-    def completion(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        """The whole non-streamed answer."""
+    def completion(
+        self, text: str, finish_reason: str, usage: Usage, tool: str | None = None
+    ) -> dict[str, Any]:
+        """The whole non-streamed answer; with ``tool``, the turn ends calling it."""
         choice: dict[str, Any]
         if self.endpoint == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if tool is not None:
+                message["tool_calls"] = [self.tool_call(tool, text)]
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -171,6 +176,12 @@ class ResponseHeader:
         if with_usage_field:
             chunk["usage"] = None
         return chunk
+
+    def tool_call(self, tool: str, text: str) -> dict[str, Any]:
+        """The one tool call a turn forced to call ``tool`` ends with (its input: the text)."""
+        arguments = json.dumps({"input": text})
+        return {"id": "call_" + self.id[-12:], "type": "function",
+                "function": {"name": tool, "arguments": arguments}}  # fmt: skip
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The final chunk of ``stream_options.include_usage``: no choices, only usage."""

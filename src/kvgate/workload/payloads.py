@@ -28,6 +28,13 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
 
+TOOL = {"name": "run", "description": "Run a command", "parameters": {"type": "object"}}
+"""The tool an agent's turn calls (one, so the turn's tokens are those of its context)."""
+
+PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
+"""How a subagent's requests name their parent session (NVIDIA Dynamo's header)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Payload:
     """One request ready to send: the endpoint path, the JSON body and the headers."""
@@ -116,9 +123,17 @@ class PayloadBuilder:
         else:
             path = COMPLETIONS_PATH
             body["prompt"] = self.prompt(request)
+        if (request.tool_call or request.returning) and path == CHAT_PATH:
+            # An agent's turns all carry its tools; one that ends calling a tool forces
+            # it, so the worker answers ``finish_reason: tool_calls`` (the emulated one
+            # obeys a forced choice), as an agent's turns end before it runs one.
+            body["tools"] = [{"type": "function", "function": TOOL}]
+            body["tool_choice"] = "required" if request.tool_call else "none"
         headers = {}
         if request.session_id is not None:
             headers[self.session_header] = request.session_id
+        if request.parent_session is not None:
+            headers[PARENT_HEADER] = request.parent_session
         if request.priority is not Priority.STANDARD:
             headers[self.priority_header] = request.priority.name.lower()
         return Payload(path, body, headers)

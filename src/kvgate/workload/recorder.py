@@ -74,6 +74,8 @@ class RunRecorder:
         self.e2e: array[float] = array("d")
         self.queue: array[float] = array("d")
         self.ttft_floor: array[float] = array("d")
+        self.ttft_return: array[float] = array("d")
+        """TTFT of the turns that brought a tool's result back (an agent's later turns)."""
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
@@ -119,11 +121,15 @@ class RunRecorder:
         output_tokens: int,
         now: Seconds,
         ttft_floor: Seconds | None = None,
+        returning: bool = False,
     ) -> None:
         """A request completed on worker index ``worker``; ``ttft_floor``: its TTFT had
-        it been prefilled alone with the cache it got (when the fleet's engine model is known)."""
+        it been prefilled alone with the cache it got (when the fleet's engine model is known);
+        ``returning``: the turn brought a tool's result back."""
         self.finished += 1
         self.ttft.append(ttft)
+        if returning:
+            self.ttft_return.append(ttft)
         if ttft_floor is not None:
             self.ttft_floor.append(ttft_floor)
         self.e2e.append(e2e)
@@ -174,6 +180,9 @@ class RunRecorder:
             "ttft_p50": _r(_percentile(self.ttft, 50)),
             "ttft_p90": _r(_percentile(self.ttft, 90)),
             "ttft_p99": _r(_percentile(self.ttft, 99)),
+            "returns": len(self.ttft_return),
+            "ttft_return_p50": _r(_percentile(self.ttft_return, 50)),
+            "ttft_return_p99": _r(_percentile(self.ttft_return, 99)),
             "e2e_p50": _r(_percentile(self.e2e, 50)),
             "e2e_p99": _r(_percentile(self.e2e, 99)),
             "queue_mean": _r(sum(self.queue) / len(self.queue) if self.queue else 0.0),

@@ -44,6 +44,12 @@ class SimRequest:
     opening: int = 0
     reply: Segment | None = None
     conversation: str | None = None
+    tool_call: bool = False
+    """The turn ends calling a tool (an agent's): its session comes back with the result."""
+    returning: bool = False
+    """The turn brings a tool's result back: its session's earlier turn ended in a tool call."""
+    parent_session: str | None = None
+    """A subagent's parent session (sent as ``X-Dynamo-Parent-Session-ID``)."""
 
     @classmethod
     def of(
@@ -58,6 +64,9 @@ class SimRequest:
         opening: int = 0,
         reply: Segment | None = None,
         conversation: str | None = None,
+        tool_call: bool = False,
+        returning: bool = False,
+        parent_session: str | None = None,
     ) -> SimRequest:
         """A request whose prompt length is the sum of its segments' tokens."""
         return cls(
@@ -71,6 +80,9 @@ class SimRequest:
             opening=opening,
             reply=reply,
             conversation=conversation,
+            tool_call=tool_call,
+            returning=returning,
+            parent_session=parent_session,
         )
 
 

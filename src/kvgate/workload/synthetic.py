@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Protocol
 
+from kvgate.workload.agents import AgentToolsConfig
 from kvgate.workload.arrivals import ArrivalSpec, RatedArrivals
 from kvgate.workload.request import Segment, SimRequest
 from kvgate.workload.shapes import PrefixGroupsConfig, SharedOpeningTraceConfig, UniformConfig
@@ -40,6 +41,7 @@ from kvgate.workload.streams import (
 __all__ = [
     "WORKLOADS",
     "AgentConfig",
+    "AgentToolsConfig",
     "ChatConfig",
     "PrefixGroupsConfig",
     "RagConfig",
@@ -330,6 +332,9 @@ WORKLOADS: dict[str, WorkloadConfig] = {
         think_s=3.0,
         session_ids=False,
     ),
+    # Issue 49: agents calling tools behind one 4,096-token preamble, 10-40 turns,
+    # heavy-tailed tool pauses, subagents naming their parent (``workload.agents``).
+    "agent-tools": AgentToolsConfig(),
     # Sessions WITH ``X-Session-ID``: ~4k-token documents, 32 sessions open at once.
     "session-docs": ChatConfig(
         system_tokens=512,

@@ -82,11 +82,10 @@ Used when the config names no policy. In order:
    one KV turnover (``PrefixIndex.resident_depth``), and of the rest the share usage confirms
    (``ClaimShares``): one share for the band still judged resident (trusted at first), one past
    it (old entries, the store's holders); the pull weighs the whole claim. Stale claims hid
-   10-30k-token recomputes.
-
-   Blocks the request says are restorable from disk (``restorable_blocks``: a llama.cpp
-   slot saved where every worker reads) count as cached on every worker at
-   ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
+   10-30k-token recomputes. KV of sessions away on a tool call (``kv_reserved_tokens``)
+   counts in ``fill`` as taken. Blocks the request says are restorable from disk
+   (``restorable_blocks``: a llama.cpp slot saved where every worker reads) count as cached
+   on every worker at ``restorable_credit``; a worker chosen for them is a ``restorable_match``.
 
    Every decision says how much of the prompt's KV its worker holds in use (``Decision.
    shared_chars``: leading blocks requests in flight there share, ``RunningBlocks``);
@@ -453,6 +452,7 @@ class DefaultPolicy(Warming):
                         queued = 0.0
                     elif queued > owed:
                         queued = owed
+                fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
                 backlog = queued if queued < backlog else backlog
                 depth = get(wid, 0)
                 key = depth if wid != tail_worker else ~depth  # the tail's worker: its own

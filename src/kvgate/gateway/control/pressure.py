@@ -297,6 +297,10 @@ class PressureDriver:
                 moved.append(m)
         return moved
 
+    async def offload_sessions(self, worker: Worker, keys: list[SessionKey], reason: str) -> bool:
+        """Ask ``worker`` to offload these sessions' KV (sessions away on a tool call)."""
+        return await self._offload(worker, keys, reason)
+
     async def _offload(self, worker: Worker, keys: list[SessionKey], reason: str) -> bool:
         """Ask ``worker`` to move these sessions' KV to its offload tier; True if it answered."""
         if not self.settings.offload:

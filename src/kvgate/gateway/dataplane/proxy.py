@@ -53,6 +53,7 @@ from kvgate.gateway.dataplane.models import unknown_model_error
 from kvgate.gateway.dataplane.relay import (
     HOP_BY_HOP,
     REQUEST_ID,
+    AwaySessions,
     Outcome,
     Relay,
     public_failure,
@@ -135,8 +136,11 @@ class Proxy:
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
         warm_ups: WarmUps | None = None,
+        away: AwaySessions | None = None,
     ) -> None:
         self.pool = pool
+        self.away = away
+        """Sessions away on a tool call: told of each session's request (``None``: none)."""
         self.warm_ups = warm_ups
         """Sends the policy's warm-ups after placements (``None``: none are sent)."""
         self.aliases: Mapping[str, str] = aliases or {}
@@ -164,6 +168,7 @@ class Proxy:
             outcomes=outcomes,
             traffic=traffic,
             wall=wall,
+            away=away,
         )
         """Writes each answer out and records the request's outcome."""
         self.in_flight = 0
@@ -229,6 +234,8 @@ class Proxy:
                 # client's made-up model name (one series per name, forever).
                 outcome.asked_model, features = features.model, None
                 raise unknown_model_error(self.pool, outcome.asked_model)  # 404, or 503
+            if self.away is not None:
+                self.away.returned(features.session_key)  # back from a tool call, if away
             if self.slots is not None:
                 features = self.slots.annotate(features)  # KV that can follow the session
             outcome.messages = endpoint == "messages"  # its stream carries usage anyway

@@ -20,6 +20,14 @@ from typing import Any
 _TAIL_KEEP = 16 * 1024
 _TAIL_MAX = 64 * 1024
 
+_TOOL_STOP = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"(?:tool_calls|tool_use)"')
+"""A turn that ends calling a tool: chat's ``finish_reason``, the Messages API's ``stop_reason``."""
+
+
+def ends_in_tool_call(data: bytes) -> bool:
+    """True when an answer (a whole body, or a stream's last events) ends in a tool call."""
+    return _TOOL_STOP.search(data) is not None
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -111,6 +119,10 @@ class StreamTap:
         """True when what was forwarded so far ends with a whole event (or is nothing)."""
         tail = self._tail
         return not tail or tail.endswith(b"\n\n")
+
+    def tool_call(self) -> bool:
+        """True when the stream's kept events end its turn in a tool call."""
+        return ends_in_tool_call(bytes(self._tail[-_TAIL_KEEP:]))
 
     def usage(self) -> Usage | None:
         """The last non-null ``usage`` among the kept events, if any."""
@@ -232,11 +244,14 @@ class UsageStripper:
     for its end (upstream chunks almost always end on an event boundary).
     """
 
-    __slots__ = ("_buf", "usage")
+    __slots__ = ("_buf", "tool_call", "usage")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self.usage: Usage | None = None
+        self.tool_call = False
+        """The stream's turn ended in a tool call (its finish event carries the usage field,
+        null, as every event does once usage is asked)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (and of earlier partial events) to forward now."""
@@ -269,6 +284,8 @@ class UsageStripper:
     def _filter(self, event: bytes) -> bytes:
         if b'"usage"' not in event:
             return event
+        if not self.tool_call and b"tool_" in event:
+            self.tool_call = ends_in_tool_call(event)
         stripped = _NULL_USAGE.sub(b"", event)
         if b'"usage"' not in stripped:
             return stripped  # only null usage, on every content event: no JSON to decode

@@ -1,0 +1,88 @@
+"""Sessions away on a tool call, live: the reservation on their workers, and the offload.
+
+The request path tells this plane two things: a session's request arrived
+(``returned``: if it was away, it is back, and its pause teaches ``core.toolcalls.
+ToolPauses``), and a session's answer ended in a tool call (``left``: the relay saw
+``finish_reason: tool_calls`` or ``stop_reason: tool_use``). While a session is away
+its worker's ``Routed.kv_reserved_tokens`` carries its KV, so the policy counts it in
+the eviction cost of placing other work there; when the worker is at the soft
+watermark the session's KV is offloaded (``PressureDriver.offload_sessions``: a
+llama.cpp slot saved to disk, ``POST /kv/offload`` to a vLLM-style worker's CPU tier)
+and restored when it returns, instead of recomputed. The decisions are
+``core.toolcalls.AwaySessions``'s; this plane only carries them out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from kvgate.core.toolcalls import AwaySessions
+from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.types import SessionKey
+
+log = logging.getLogger("kvgate.gateway.control.toolcalls")
+
+Offload = Callable[[Worker, list[SessionKey], str], Coroutine[Any, Any, bool]]
+"""Asks a worker to offload sessions' KV (worker, session keys, reason); True if done."""
+
+
+class ToolCallPlane:
+    """The sessions away on a tool call, applied to the pool's workers."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        offload: Offload | None,
+        offload_at: float,
+        book: AwaySessions | None = None,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.offload = offload
+        self.offload_at = offload_at
+        """KV usage at which a worker's away sessions are offloaded (the soft watermark)."""
+        self.book = book if book is not None else AwaySessions()
+        self.mono = mono
+        self.tool_calls = 0
+        """Answers seen ending in a tool call."""
+        self._tasks: set[asyncio.Task[bool]] = set()
+
+    def returned(self, key: SessionKey | None) -> None:
+        """A request of session ``key`` arrived: if it was away, it is back."""
+        if key is not None and self.book.returned(key, self.mono()) is not None:
+            self._reserve()
+
+    def left(self, key: SessionKey | None, worker: Worker, kv_tokens: int) -> None:
+        """Session ``key``'s answer on ``worker`` ended in a tool call, its KV there."""
+        self.tool_calls += 1
+        if key is None:
+            return  # a headerless agent: its next turn is found by its chain
+        self.book.left(key, worker.id, kv_tokens, self.mono())
+        signals = worker.routed.signals
+        usage = signals.kv_usage if signals is not None else None
+        due = self.book.offload_due(worker.id, usage, self.offload_at)
+        if due and self.offload is not None:
+            task = asyncio.get_running_loop().create_task(self.offload(worker, due, "tool_call"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Each worker's ``kv_reserved_tokens``, from the book (changed ones replaced)."""
+        now = self.mono()
+        self.book.expire(now)
+        reserved = self.book.reserved(now)
+        for worker in self.pool:
+            tokens = reserved.get(worker.id, 0)
+            if worker.routed.kv_reserved_tokens != tokens:
+                worker.update(kv_reserved_tokens=tokens)
+
+    async def stop(self) -> None:
+        """Wait for the offloads asked (they are short calls with their own timeout)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

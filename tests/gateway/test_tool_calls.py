@@ -1,0 +1,119 @@
+"""Sessions away on a tool call: seen in answers of both APIs, their KV reserved, offloaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from anthropic import AsyncAnthropic
+
+from kvgate.core.routed import Scraped
+from kvgate.gateway.control.toolcalls import ToolCallPlane
+from kvgate.gateway.observe.pool import Worker
+from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.testing import wait_until
+from kvgate.workersim.runner import WorkerHandle
+
+from .conftest import every_worker_up, gateway_config
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+
+def _reserved(gw: GatewayHandle) -> dict[str, int]:
+    return {w.id: w.routed.kv_reserved_tokens for w in gw.gateway.pool}
+
+
+async def _chat(gw: GatewayHandle, session: str, choice: str, *, stream: bool) -> dict[str, Any]:
+    body = {
+        "model": "demo",
+        "max_tokens": 4,
+        "stream": stream,
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "messages": [
+            {"role": "system", "content": "agent " * 200},
+            {"role": "user", "content": "go"},
+        ],
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            gw.openai_base + "/chat/completions", json=body, headers={"session_id": session}
+        ) as reply,
+    ):
+        assert reply.status == 200
+        text = await reply.text()
+    return {"text": text, "worker": reply.headers["X-Kvgate-Worker"]}
+
+
+@pytest.mark.usefixtures("both_servers")
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_ending_in_a_tool_call_reserves_its_kv_until_the_session_returns(
+    workers: list[WorkerHandle], stream: bool
+) -> None:
+    async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)
+        plane = gw.gateway.tool_calls
+        assert plane is not None
+        first = await _chat(gw, "agent-1", "required", stream=stream)
+        assert "tool_calls" in first["text"]
+        await wait_until(lambda: plane.tool_calls == 1, message="the tool call seen")
+        reserved = _reserved(gw)
+        assert reserved[first["worker"]] > 0  # the session's prompt and answer, spoken for
+        assert sum(reserved.values()) == reserved[first["worker"]]
+        # The tool's result comes back: the reservation ends, and the pause is learned.
+        back = await _chat(gw, "agent-1", "none", stream=stream)
+        assert back["worker"] == first["worker"]
+        await wait_until(lambda: plane.book.pauses.samples == 1, message="the pause learned")
+        assert sum(_reserved(gw).values()) == 0
+        # An answer that does not call a tool books nothing.
+        assert plane.tool_calls == 1 and len(plane.book) == 0
+
+
+async def test_a_messages_turn_ending_in_tool_use_is_booked(workers: list[WorkerHandle]) -> None:
+    async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)
+        plane = gw.gateway.tool_calls
+        assert plane is not None
+        async with AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0) as claude:
+            for stream in (False, True):
+                ask: dict[str, Any] = {
+                    "model": "demo",
+                    "max_tokens": 3,
+                    "tools": [{"name": "run", "input_schema": {"type": "object"}}],
+                    "tool_choice": {"type": "any"},
+                    "messages": [{"role": "user", "content": "ls"}],
+                    "extra_headers": {"x-claude-code-session-id": f"cc-{stream}"},
+                }
+                if stream:
+                    async with claude.messages.stream(**ask) as events:
+                        await events.get_final_message()
+                else:
+                    await claude.messages.create(**ask)
+        await wait_until(lambda: len(plane.book) == 2, message="both turns booked")
+        assert plane.book.get("cc-False") is not None and plane.book.get("cc-True") is not None
+
+
+async def test_away_sessions_are_offloaded_once_when_their_worker_is_at_the_watermark(
+    workers: list[WorkerHandle],
+) -> None:
+    asked: list[tuple[str, list[str], str]] = []
+
+    async def offload(worker: Worker, keys: list[str], reason: str) -> bool:
+        asked.append((worker.id, keys, reason))
+        return True
+
+    async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)
+        plane = ToolCallPlane(gw.gateway.pool, offload=offload, offload_at=0.85)
+        calm, full = list(gw.gateway.pool)
+        calm.update(signals=Scraped(kv_usage=0.2, kv_capacity_tokens=10_000), signals_at=0.0)
+        full.update(signals=Scraped(kv_usage=0.9, kv_capacity_tokens=10_000), signals_at=0.0)
+        plane.left("a", calm, 1000)
+        plane.left("b", full, 2000)
+        plane.left("c", full, 500)
+        await plane.stop()
+        assert asked == [(full.id, ["b"], "tool_call"), (full.id, ["c"], "tool_call")]
+        # Offloaded KV is off the GPU: no longer reserved there; the calm worker's still is.
+        assert calm.routed.kv_reserved_tokens == 1000 and full.routed.kv_reserved_tokens == 0
