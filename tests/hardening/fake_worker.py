@@ -10,6 +10,7 @@ request's ``prompt`` (``"mode:<name>"``), so one fake plays every fault:
 - ``poison``: 500 (as engines do on input they choke on)
 - ``garbage``: bytes that are not HTTP; ``huge_head``: a 70 KiB head in one write
 - ``reset_head``: reset before any byte; ``reset_body``: reset half-way through a body
+- ``stall_stream``: two events 50 ms apart, a 300 ms stall, one more, the usage, ``[DONE]``
 - ``reset_stream``: two events, then reset; ``bad_chunk``: one good chunk, then bad framing
 - ``linger_stream``: an event, the usage and ``[DONE]``, then the stream's last chunk only
   once ``linger`` is set (a worker slow to close; the client may hang up first)
@@ -47,6 +48,9 @@ _COMPLETION = json.dumps(
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
 ).encode()
+
+STALL_S = 0.3
+"""How long a ``stall_stream`` goes quiet between its second and third event."""
 
 FLOOD_EVENTS = 1024
 """Events of 64 KiB in one ``flood_stream`` (64 MiB: far more than the sockets buffer)."""
@@ -189,6 +193,15 @@ class FakeWorker:
             await writer.drain()
             await asyncio.wait_for(self.linger.wait(), 30.0)
             writer.write(b"0\r\n\r\n")
+        elif mode == "stall_stream":
+            writer.write(_STREAM_HEAD + _chunk(_EVENT))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(_chunk(_EVENT))
+            await writer.drain()
+            await asyncio.sleep(STALL_S)
+            done = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            writer.write(_chunk(_EVENT) + _chunk(_USAGE) + done)
         elif mode == "reset_stream":
             writer.write(_STREAM_HEAD + _chunk(_EVENT) + _chunk(_EVENT))
             await writer.drain()

@@ -390,6 +390,9 @@ class Relay:
                 itl = _inter_token(outcome, usage)
                 if itl is not None:
                     (series.itl or series.first_itl(m)).observe(itl)
+                end = placement.state.end
+                if end is not None and end.max_gap_s:  # a stall shows, however it ended
+                    (series.gap or series.first_gap(m)).observe(end.max_gap_s)
             if usage is not None:
                 tokens = series.tokens or series.first_tokens(m)
                 tokens[0].inc(usage.prompt)
@@ -498,13 +501,15 @@ class _Series:
     stream's inter-token latency or the token counts never appear empty.
     """
 
-    __slots__ = ("duration", "itl", "model", "tokens", "ttft", "version", "worker")
+    __slots__ = ("duration", "gap", "itl", "model", "tokens", "ttft", "version", "worker")
 
     def __init__(self, model: str, version: str, worker: str, duration: HistogramCell) -> None:
         self.model, self.version, self.worker = model, version, worker
         self.duration = duration
         self.ttft: HistogramCell | None = None
         self.itl: HistogramCell | None = None
+        self.gap: HistogramCell | None = None
+        """The stream's longest gap between chunks (``kvgate_inter_token_latency_max``)."""
         self.tokens: tuple[CounterCell, CounterCell, CounterCell] | None = None
         """Prompt, cached and completion tokens."""
 
@@ -515,6 +520,12 @@ class _Series:
     def first_itl(self, m: GatewayMetrics) -> HistogramCell:
         self.itl = m.cells.histogram(m.inter_token_latency, self.model, self.version, self.worker)
         return self.itl
+
+    def first_gap(self, m: GatewayMetrics) -> HistogramCell:
+        self.gap = m.cells.histogram(
+            m.inter_token_latency_max, self.model, self.version, self.worker
+        )
+        return self.gap
 
     def first_tokens(self, m: GatewayMetrics) -> tuple[CounterCell, CounterCell, CounterCell]:
         cells, model, worker = m.cells, self.model, self.worker

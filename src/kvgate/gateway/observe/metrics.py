@@ -383,13 +383,19 @@ class GatewayMetrics:
         )
         self.rollout = RolloutMetrics(r)
         self.slots = SlotMetrics(r)
-        # -- the operator's view (issue 14) ------------------------------------------
         self.inter_token_latency = Histogram(
             "kvgate_inter_token_latency_seconds",
             "Mean time between output tokens of one streamed response, as the gateway saw "
             "it: (last chunk - first chunk) / (completion tokens - 1).",
             ["model", "version", "worker"],
             buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency_max = Histogram(
+            "kvgate_inter_token_latency_max_seconds",
+            "A stream's longest gap between two chunks after its first: where a stall shows.",
+            ["model", "version", "worker"],
+            buckets=(*_ITL_BUCKETS, 2.5, 5.0, 10.0, 30.0),  # a stall runs to seconds
             registry=r,
         )
         self.decisions = Counter(
