@@ -27,7 +27,7 @@ INTERFACES: dict[str, frozenset[str]] = {
     # What each plane offers the others. Everything else in a plane is its own.
     "dataplane": frozenset({"errors", "queue", "attempt"}),
     "upstream": frozenset({"transport", "slots"}),
-    "observe": frozenset({"pool", "metrics", "health", "logs", "scrape", "traffic"}),
+    "observe": frozenset({"pool", "metrics", "health", "logs", "scrape", "traffic", "kvcache"}),
     "control": frozenset(
         {"versions", "outcomes", "plane", "pressure", "rollouts", "config", "offload"}
     ),

@@ -3,7 +3,6 @@ the engine's cache through lost batches, garbage, and restarts on either side.""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -12,28 +11,13 @@ import pytest
 from kvgate.core.exact_index import ExactIndex
 from kvgate.engine.tokenizer import tokenize
 from kvgate.kvevents.subscriber import KVEventSubscriber
+from kvgate.testing import free_port_pair
 from kvgate.waiting import wait_until
 from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 from kvgate.workersim.protocol import Prompt
 from kvgate.workersim.runner import start_worker
 
 WORKER = "w1"
-
-
-def _two_free_ports() -> int:
-    """A port P with P + 1 free too (PUB and replay)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            if port < 65534:
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _options(port: int) -> WorkerOptions:
@@ -44,7 +28,7 @@ def _options(port: int) -> WorkerOptions:
 
 @pytest.fixture
 async def events_port() -> int:
-    return _two_free_ports()
+    return free_port_pair()
 
 
 @pytest.fixture

@@ -44,6 +44,9 @@ class RequestFeatures:
     """The parent session a subagent's request names (``core.session.PARENT_SESSION_HEADERS``):
     until the subagent has a binding of its own, its parent's worker counts as holding the
     prefix they share."""
+    token_ids: tuple[int, ...] = ()
+    """The prompt as the engine's tokens (``tokenizers:``; empty without a tokenizer):
+    looked up in the exact index (``core.exact_index``)."""
 
     @property
     def has_session(self) -> bool:
@@ -79,6 +82,7 @@ def request_features(
     checkpoints: tuple[int, ...] = (),
     restorable_blocks: int = 0,
     parent_key: SessionKey | None = None,
+    token_ids: tuple[int, ...] = (),
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 
@@ -103,5 +107,6 @@ def request_features(
         checkpoints=checkpoints,
         restorable_blocks=restorable_blocks,
         parent_key=parent_key,
+        token_ids=token_ids,
     )
     return made

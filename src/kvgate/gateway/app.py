@@ -52,6 +52,7 @@ from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.dataplane.warmups import WarmUps
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
+from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -59,6 +60,7 @@ from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
 from kvgate.store.base import AffinityStore
+from kvgate.tokens.models import Tokenizers
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -142,6 +144,8 @@ class Gateway:
             policy=self.policy,
         )
         gate = pressure if pressure.enabled and pressure.kv_gate else None
+        self.caches = EngineCaches(config.workers)
+        """KV event subscribers of the workers that publish (``kv_events:``)."""
         self.router = Router(
             self.pool,
             self.policy,
@@ -154,6 +158,7 @@ class Gateway:
             usage_listeners=[self.pressure.record_usage, self.slots.verify],
             passive=self.health,
             outcomes=self.control.recorder,
+            caches=self.caches,
         )
         self.warm_ups = WarmUps(
             self.pool,
@@ -187,6 +192,9 @@ class Gateway:
             traffic=self.traffic,
             warm_ups=self.warm_ups,
             away=self.tool_calls,
+            tokenizers=Tokenizers(
+                config.tokenizers, {w.model: w.engine for w in config.workers if w.model}
+            ),
         )
         self.reloader = Reloader(self, source)
         self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
@@ -211,6 +219,7 @@ class Gateway:
         if not len(self.pool) and not self.config.discovery.dns:
             log.warning("no workers: add them with POST /admin/workers or configure discovery")
         self.health.start()
+        self.caches.start()
         await self.control.start()
 
     async def drain(self, grace_s: float) -> bool:
@@ -226,6 +235,7 @@ class Gateway:
     async def stop(self) -> None:
         """Stop probing and close connections and the store."""
         await self.warm_ups.close()
+        await self.caches.close()
         await self.control.stop()
         await self.health.stop()
         if self.tool_calls is not None:

@@ -50,6 +50,7 @@ from kvgate.gateway.control.config import (
     is_loopback,
 )
 from kvgate.redaction import redact, without_userinfo
+from kvgate.tokens.config import TokenizerConfig
 
 STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
 """URL schemes of the shared store (``+cluster``: Redis Cluster)."""
@@ -110,6 +111,12 @@ class WorkerConfig(_Model):
     engine: Literal["openai", "llamacpp"] = "openai"
     """``llamacpp``: a llama.cpp server whose slots the gateway pins, saves and restores
     (``slots:`` section; the server needs ``--slot-save-path``)."""
+    kv_events: str | None = Field(default=None, pattern=r"^tcp://[^\s]+:\d+$")
+    """The worker's KV event publisher (vLLM's and SGLang's ``--kv-events-config``
+    ``endpoint``), e.g. ``tcp://10.0.0.5:5557``: its cache is then known exactly."""
+    kv_events_replay: str | None = Field(default=None, pattern=r"^tcp://[^\s]+:\d+$")
+    """Its replay socket (``replay_endpoint``, e.g. ``tcp://10.0.0.5:5558``): gaps are
+    asked for there; without it a gap clears what is known of the worker's cache."""
 
     _url = field_validator("url")(_check_url)
 
@@ -386,6 +393,8 @@ class GatewayConfig(_Model):
     seed: int = 0
     """Seeds the gateway's randomness (retry jitter, version splits by request id)."""
     models: dict[str, ModelVersionsConfig] = Field(default_factory=dict)
+    tokenizers: dict[str, TokenizerConfig] = Field(default_factory=dict)
+    """Per model, how its prompts become the engine's tokens (``kvgate.tokens``)."""
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
     epp: EppConfig = Field(default_factory=EppConfig)

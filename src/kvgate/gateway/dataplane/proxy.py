@@ -25,7 +25,8 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -65,7 +66,8 @@ from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.traffic import TrafficWindow
-from kvgate.gateway.upstream.transport import UpstreamResponse
+from kvgate.gateway.upstream.transport import Upstream, UpstreamResponse
+from kvgate.tokens.models import Tokenizers
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
 
@@ -137,10 +139,13 @@ class Proxy:
         wall: Callable[[], float] = time.time,
         warm_ups: WarmUps | None = None,
         away: AwaySessions | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self.pool = pool
         self.away = away
         """Sessions away on a tool call: told of each session's request (``None``: none)."""
+        self.tokenizers = tokenizers if tokenizers else None
+        """The models' tokenizers (``tokenizers:``): a request's tokens for the exact index."""
         self.warm_ups = warm_ups
         """Sends the policy's warm-ups after placements (``None``: none are sent)."""
         self.aliases: Mapping[str, str] = aliases or {}
@@ -229,6 +234,8 @@ class Proxy:
                 )
                 return
             features, payload, body = self._features(body, request, request_id, endpoint)
+            if self.tokenizers is not None:
+                features = await self._tokenize(features, payload, endpoint)
             if not self.pool.serves(features.model):
                 # The access log says what was asked; metric labels never carry a
                 # client's made-up model name (one series per name, forever).
@@ -306,6 +313,20 @@ class Proxy:
         except RecursionError:
             raise InvalidRequestError("the request is nested too deeply") from None
         return features, payload, body
+
+    async def _tokenize(
+        self, features: RequestFeatures, payload: dict[str, Any], endpoint: Endpoint
+    ) -> RequestFeatures:
+        """``features`` with the prompt's tokens, by its model's tokenizer (if it has one)."""
+        tokenizers, model = self.tokenizers, features.model
+        assert tokenizers is not None
+        post = None
+        if tokenizers.wants_worker(model):
+            worker = next((w for w in self.pool if w.model == model), None)
+            if worker is not None:
+                post = partial(_post_short, worker.upstream, worker.config.url)
+        tokens = await tokenizers.tokens(model, endpoint, payload, post)
+        return replace(features, token_ids=tokens) if tokens else features
 
     async def _forward(
         self,
@@ -490,3 +511,12 @@ def _settle(attempts: list[Attempt], *, served: bool) -> None:
         for attempt in attempts:
             attempt.settle(fault)
     attempts.clear()
+
+
+async def _post_short(upstream: Upstream, url: str, path: str, body: bytes) -> tuple[int, bytes]:
+    """One short POST to a worker (its ``/tokenize``), as ``tokens.remote.Post``."""
+    return await upstream.post_short(url + path, body, TOKENIZE_TIMEOUT_S)
+
+
+TOKENIZE_TIMEOUT_S = 2.0
+"""How long a worker's ``/tokenize`` may take before the request goes on without tokens."""

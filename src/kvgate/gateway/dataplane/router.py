@@ -72,6 +72,7 @@ from kvgate.gateway.dataplane.attempt import (
     UsageListener,
 )
 from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
+from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.store.base import AffinityStore
@@ -124,8 +125,11 @@ class Router:
         passive: PassiveHealth | None = None,
         outcomes: OutcomeRecorder | None = None,
         end_listeners: Sequence[EndListener] = (),
+        caches: EngineCaches | None = None,
     ) -> None:
         self.pool = pool
+        self.caches = caches if caches else None
+        """What publishing workers' engines hold (their KV events; ``None``: none publish)."""
         self.versions = versions
         """Model versions: a split model's request sees only its assigned version's workers."""
         self.passive: PassiveHealth = passive or _NoHealth()
@@ -231,6 +235,7 @@ class Router:
         else:
             keys, seen, holders = await self._holders(features, affinity)
             holders = await self._parent(features, affinity, holders)
+        resident = self.caches.resident(features) if self.caches is not None else None
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
@@ -254,6 +259,7 @@ class Router:
                 held_s=held_s,
                 config=self.config,
                 holders=holders,
+                resident=resident,
             )
             if isinstance(verdict, Place):
                 break

@@ -1,0 +1,83 @@
+"""What the engines say their caches hold: a KV event subscriber per worker that
+publishes (``kv_events:`` in its config), all feeding one exact index.
+
+Each gateway replica subscribes to every publishing worker itself: a PUB socket
+serves any number of subscribers, the index is a few hundred bytes a block in
+memory, and a lookup is a handful of dictionary probes with no I/O on the request
+path (the alternative, the index in the shared store, costs a store round trip
+per request; ``docs/kv-events.md`` has the measurements).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kvgate.core.exact_index import ExactIndex, ExactIndexConfig
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policy import Resident
+from kvgate.types import WorkerId
+
+if TYPE_CHECKING:
+    from kvgate.gateway.config import WorkerConfig
+    from kvgate.kvevents.subscriber import KVEventSubscriber
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCaches:
+    """The exact index and its subscribers (see the module docs)."""
+
+    def __init__(
+        self, workers: Iterable[WorkerConfig], config: ExactIndexConfig | None = None
+    ) -> None:
+        self.index = ExactIndex(config)
+        self._subscribers: dict[WorkerId, KVEventSubscriber] = {}
+        publishing = [w for w in workers if w.kv_events]
+        if not publishing:
+            return
+        from kvgate.kvevents import MISSING_EXTRA, available
+
+        if not available():
+            raise RuntimeError(MISSING_EXTRA)
+        from kvgate.kvevents.subscriber import KVEventSubscriber
+
+        for worker in publishing:
+            assert worker.kv_events is not None
+            self._subscribers[worker.id] = KVEventSubscriber(
+                worker.id,
+                worker.kv_events,
+                self.index,
+                replay_endpoint=worker.kv_events_replay,
+            )
+
+    def __bool__(self) -> bool:
+        return bool(self._subscribers)
+
+    def start(self) -> None:
+        """Subscribe to every publishing worker (on the running loop)."""
+        for subscriber in self._subscribers.values():
+            subscriber.start()
+
+    async def close(self) -> None:
+        """Stop every subscription."""
+        for subscriber in self._subscribers.values():
+            await subscriber.close()
+
+    def subscribers(self) -> dict[WorkerId, KVEventSubscriber]:
+        """The subscriptions by worker (their counts are exported as metrics)."""
+        return dict(self._subscribers)
+
+    def resident(self, features: RequestFeatures) -> Resident | None:
+        """What the publishing workers hold of the request's prompt (``None``: no worker
+        publishes, or the request has no tokens: its model has no tokenizer)."""
+        if not self._subscribers or not features.token_ids:
+            return None
+        tokens = features.token_ids
+        per_token = features.prompt_chars / len(tokens)
+        chars = {
+            worker: min(features.prompt_chars, int(held * per_token))
+            for worker, held in self.index.held_tokens(tokens).items()
+        }
+        return Resident(chars, self._subscribers.keys())

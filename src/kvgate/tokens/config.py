@@ -1,0 +1,32 @@
+"""The ``tokenizers:`` section: how each model's prompts become the engine's tokens."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TokenizerConfig(BaseModel):
+    """One model's tokenizer.
+
+    Example::
+
+        tokenizers:
+          llama-3-8b: {kind: hf, path: /models/llama-3-8b}   # its tokenizer.json and config
+          gemma-3-270m: {kind: worker}                        # ask the engine's /tokenize
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["none", "hf", "worker"] = "none"
+    path: str | None = None
+    """``hf``: the model's folder (``tokenizer.json``, ``tokenizer_config.json``) or its
+    ``tokenizer.json``."""
+    chat_template: str | None = None
+    """``hf``: a chat template (Jinja) to use instead of ``tokenizer_config.json``'s."""
+    cache_entries: int = Field(default=4096, ge=0)
+    """``worker``: answers remembered (least recently used forgotten first)."""
+    timeout_s: float = Field(default=2.0, gt=0)
+    """``worker``: how long one ``/tokenize`` may take before the request goes on
+    without tokens (matched by characters)."""
