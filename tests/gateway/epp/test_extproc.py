@@ -173,3 +173,32 @@ async def test_a_message_out_of_order_ends_the_stream_without_a_decision() -> No
                 await call.done_writing()
                 await client._read(call)
         assert leases_released(picker)
+
+
+async def test_a_stream_the_proxy_closes_after_the_decision_gives_its_lease_back() -> None:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from .envoy import _headers
+
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker, "buffered") as client,
+    ):
+        call = client.stub.Process()
+        from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+
+        buffered = pb.ProtocolConfiguration(request_body_mode=ProcessingMode.BUFFERED)
+        headers = _headers({":path": "/v1/completions"}, end=False)
+        await call.write(pb.ProcessingRequest(request_headers=headers, protocol_config=buffered))
+        await client._read(call)  # the headers' answer; the decision comes with the body
+        body = b'{"model": "demo", "prompt": "hi", "max_tokens": 4}'
+        await call.write(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        )
+        decision = await client._read(call)
+        assert decision.WhichOneof("response") == "request_body"
+        assert picker.gateway.pool.in_flight() == 1  # placed: its slot is held
+        await call.done_writing()  # the proxy ends the stream without a response
+        await wait_until(lambda: leases_released(picker), message="lease released")
+        await wait_until(lambda: picker.extproc.streams == 0, message="stream closed")
