@@ -77,6 +77,7 @@ class Picker:
                 fallbacks=epp.fallbacks,
                 full_duplex_default=epp.request_body_mode == "full_duplex_streamed",
                 max_body_bytes=config.limits.max_body_bytes,
+                stream_usage=config.stream_usage,
             ),
         )
         self.health = _Health(self)

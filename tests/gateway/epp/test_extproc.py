@@ -202,3 +202,36 @@ async def test_a_stream_the_proxy_closes_after_the_decision_gives_its_lease_back
         await call.done_writing()  # the proxy ends the stream without a response
         await wait_until(lambda: leases_released(picker), message="lease released")
         await wait_until(lambda: picker.extproc.streams == 0, message="stream closed")
+
+
+def _prompt_tokens(picker: object) -> float:
+    tokens = picker.gateway.metrics.prompt_tokens  # type: ignore[attr-defined]
+    return float(
+        sum(s.value for m in tokens.collect() for s in m.samples if s.name.endswith("_total"))
+    )
+
+
+async def test_a_streams_usage_is_asked_for_and_taken_out_again_in_full_duplex() -> None:
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker, "full_duplex", chunk=32) as client,
+    ):
+        body = json.dumps(
+            {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        ).encode()
+        result = await client.request(body)
+        assert result.status == 200 and b"data: [DONE]" in result.body
+        assert b'"usage"' not in result.body  # the client did not ask for it
+        await wait_until(lambda: leases_released(picker), message="released")
+        assert _prompt_tokens(picker) > 0  # the picker had it all the same
+
+
+async def test_an_alias_is_routed_and_forwarded_as_its_model() -> None:
+    async with worker_fleet(1, strict_model=True) as fleet:
+        config = gateway_config(fleet, model_aliases={"gpt-4o-mini": "demo"})
+        async with running_picker(config) as picker:
+            for mode in ("buffered", "full_duplex"):
+                async with envoy(picker, mode) as client:  # type: ignore[arg-type]
+                    result = await client.request(chat("hi", model="gpt-4o-mini"))
+                assert result.status == 200, (mode, result.body)

@@ -61,6 +61,7 @@ from kvgate.gateway.dataplane.relay import (
     Relay,
     public_worker_name,
 )
+from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 
 DESTINATION = "x-gateway-destination-endpoint"
@@ -77,6 +78,8 @@ _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _CHUNK = 62 * 1024
 """Largest body chunk sent back in full-duplex mode (Envoy's gRPC messages stay small)."""
+_WITH_STREAM_OPTIONS = ("/v1/chat/completions", "/v1/completions")
+"""Where OpenAI's ``stream_options.include_usage`` applies (Messages streams carry usage)."""
 _GENERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -97,6 +100,9 @@ class PickerSettings:
     full_duplex_default: bool = False
     """The request body mode assumed when Envoy sends no ``ProtocolConfiguration``."""
     max_body_bytes: int = 10 * 1024 * 1024
+    stream_usage: bool = True
+    """Ask workers for a stream's usage the client did not ask for (full-duplex only: the
+    response's chunks go back through the picker, which takes the usage out again)."""
 
 
 def endpoint_of(worker: Worker) -> str:
@@ -244,6 +250,8 @@ class _Stream:
         self.first = True
         self.path = ""
         self.features: RequestFeatures | None = None
+        self.payload: dict[str, Any] | None = None
+        self.aliased = False
 
     async def on(self, request: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         """The answers to one message (none while a full-duplex body is still coming)."""
@@ -330,13 +338,19 @@ class _Stream:
             return [immediate(exc)]
         self.picked = picked
         value = ",".join(self.picked_endpoints)
+        set_headers = [_header(DESTINATION, value)]
+        rewritten = self._rewritten(picked)
+        if rewritten is not None:
+            self.body = bytearray(rewritten)
+            set_headers.append(_header("content-length", str(len(rewritten))))
         common = pb.CommonResponse(
-            header_mutation=pb.HeaderMutation(set_headers=[_header(DESTINATION, value)]),
-            clear_route_cache=True,
+            header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True
         )
         metadata = _metadata(value)
         picked.sent()
         if self.headers_answered:
+            if rewritten is not None:  # buffered: the whole body is replaced
+                common.body_mutation.CopyFrom(pb.BodyMutation(body=rewritten))
             body = pb.BodyResponse(response=common)
             return [pb.ProcessingResponse(request_body=body, dynamic_metadata=metadata)]
         self.headers_answered = True
@@ -352,6 +366,27 @@ class _Stream:
                 last = body_ends and i == len(chunks) - 1
                 answers.append(_streamed_request(chunk, last))
         return answers
+
+    def _rewritten(self, picked: PickedRequest) -> bytes | None:
+        """The body to forward when it is not the client's (``None``: unchanged): an alias
+        resolved to its model; a stream asked for its usage (full-duplex both ways, so
+        the picker can take it out of the answer again: ``PickedRequest.strip_usage``)."""
+        payload = self.payload
+        if payload is None or self.features is None:
+            return None
+        features = self.features
+        source = json.dumps(payload, separators=(",", ":")).encode() if self.aliased else None
+        if (
+            self.server.settings.stream_usage
+            and features.stream
+            and self.full_duplex
+            and self.response_duplex
+            and self.path in _WITH_STREAM_OPTIONS
+            and not client_wants_stream_usage(payload)
+        ):
+            picked.strip_usage()
+            return with_stream_usage(source or bytes(self.body), payload)
+        return source
 
     async def _place(self) -> PickedRequest:
         """Route the request: its features, then the same router as the built-in proxy."""
@@ -422,6 +457,8 @@ class _Stream:
         model = payload.get("model")
         if isinstance(model, str) and model in settings.aliases:
             payload["model"] = settings.aliases[model]
+            self.aliased = True
+        self.payload = payload
         endpoint = _GENERATIONS.get(path)
         if endpoint is not None:
             try:
@@ -522,15 +559,18 @@ class _Stream:
         picked = self.picked
         if picked is not None:
             picked.response_chunk(message.body)
-            if message.end_of_stream:
-                await picked.response_end()
         if self.response_duplex:
+            data = message.body
+            if picked is not None:
+                data = picked.relayed(data, message.end_of_stream)
             answer = pb.ProcessingResponse(
-                response_body=_streamed_body(message.body, message.end_of_stream)
+                response_body=_streamed_body(data, message.end_of_stream)
             )
         else:
             answer = pb.ProcessingResponse(response_body=pb.BodyResponse())
         if message.end_of_stream:
+            if picked is not None:
+                await picked.response_end()
             self.finished = True
         return [answer]
 

@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.dataplane.attempt import Attempt, PassiveHealth
 from kvgate.gateway.dataplane.relay import Outcome, Relay
-from kvgate.gateway.dataplane.usage import StreamTap, Usage, usage_from_body
+from kvgate.gateway.dataplane.usage import (
+    MessagesTap,
+    StreamTap,
+    Usage,
+    UsageStripper,
+    usage_from_body,
+)
 from kvgate.gateway.observe.pool import Worker
 
 _BODY_KEEP = 1 << 20
@@ -32,6 +38,7 @@ class PickedRequest:
         "_body",
         "_recorded",
         "_stream",
+        "_stripper",
         "_tap",
         "attempt",
         "features",
@@ -64,6 +71,7 @@ class PickedRequest:
         self._recorded = False
         self._stream = False
         self._tap: StreamTap | None = None
+        self._stripper: UsageStripper | None = None
         self._body = bytearray()
 
     @property
@@ -89,13 +97,26 @@ class PickedRequest:
         if worker is not None and worker is not self.attempt.worker:
             await self.attempt.serve_on(worker, "fallback")
 
+    def strip_usage(self) -> None:
+        """The picker asked the worker for the stream's usage the client did not ask for:
+        take it out of the answer again (``relayed``), as the built-in proxy does."""
+        self._stripper = UsageStripper()
+
+    def relayed(self, data: bytes, last: bool) -> bytes:
+        """The bytes of a response chunk to send on to the client (full-duplex mode)."""
+        stripper = self._stripper
+        if stripper is None or not self._stream:
+            return data
+        out = stripper.feed(data)
+        return out + stripper.flush() if last else out
+
     def response_head(self, status: int, content_type: str) -> None:
         """The worker's response headers arrived (through the proxy)."""
         self.outcome.status = status
         self.attempt.answered(status)
         self._stream = content_type.startswith("text/event-stream")
         if self._stream:
-            self._tap = StreamTap()
+            self._tap = MessagesTap() if self.path == "/v1/messages" else StreamTap()
 
     def response_chunk(self, data: bytes) -> None:
         """A piece of the response body; the first one is the time to first token."""
@@ -149,6 +170,8 @@ class PickedRequest:
         self._record()
 
     def _usage(self) -> Usage | None:
+        if self._stripper is not None and self._stream and self._stripper.usage is not None:
+            return self._stripper.usage
         if self._tap is not None:
             return self._tap.usage()
         if self._body and self.outcome.status < 300:
