@@ -3,7 +3,7 @@
 Targets: the workers directly, HAProxy (the floor: no routing logic), kvgate with
 one process and with N (sharing a Redis store), sglang-router and vllm-router,
 all round robin by default over the same fast mock workers
-(``mock_worker.py``); the peers are installed and started by ``peer_routers.py``
+(``mock_worker.py``); the peers are installed and started by ``kvgate.bench.routers``
 (PyPI releases in throwaway virtualenvs, HAProxy from Debian) with their policy
 swapped for ``--peer-policy``. For each load (plain or streamed, at each concurrency)
 and each repeat, every target gets one ``wrk`` run, in an order that alternates
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import peer_routers
 import wrk_load
+from kvgate.bench import routers as peer_routers
 from kvgate.testing import free_port, wait_until_sync
 from kvgate.testing_redis import RedisServer, find_redis_server
 
