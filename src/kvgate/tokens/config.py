@@ -25,6 +25,9 @@ class TokenizerConfig(BaseModel):
     ``tokenizer.json``."""
     chat_template: str | None = None
     """``hf``: a chat template (Jinja) to use instead of ``tokenizer_config.json``'s."""
+    chat_special_tokens: bool = False
+    """``hf``: add the tokenizer's special tokens (a BOS) to a rendered chat too, as
+    llama.cpp's server does; vLLM does not (the template writes them)."""
     cache_entries: int = Field(default=4096, ge=0)
     """``worker``: answers remembered (least recently used forgotten first)."""
     timeout_s: float = Field(default=2.0, gt=0)

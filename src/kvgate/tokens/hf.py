@@ -5,7 +5,8 @@ Chat requests are rendered through the model's template (``tokenizer_config.json
 ``trim_blocks`` and ``lstrip_blocks``, ``add_generation_prompt`` true and the special
 tokens (``bos_token``, ``eos_token``, ...) as variables, as
 ``transformers.apply_chat_template`` renders it; the text is then tokenized without
-adding special tokens (the template writes them). A completion's prompt is tokenized
+adding special tokens (the template writes them), as vLLM does, or with them as
+llama.cpp's server does (``chat_special_tokens``). A completion's prompt is tokenized
 with them (a BOS where the tokenizer's post-processor adds one), as vLLM's
 ``/v1/completions`` does. A prompt given as token ids is used as it is.
 """
@@ -72,7 +73,7 @@ class HFTokenizer:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._template_source = template
+        self._chat_special = config.chat_special_tokens
         self._chat = env.from_string(template) if template else None
 
     @staticmethod
@@ -98,7 +99,7 @@ class HFTokenizer:
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **extra: Any) -> list[int]:
         """A chat request's prompt tokens."""
-        return self.encode(self.render(messages, **extra), special=False)
+        return self.encode(self.render(messages, **extra), special=self._chat_special)
 
     def completion(self, prompt: str | list[int]) -> list[int]:
         """A completion request's prompt tokens."""
