@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from kvgate.extras import missing_extra
+
 app = typer.Typer(
     name="kvgate",
     help="A KV-cache-aware, load-aware gateway for fleets of LLM inference servers.",
@@ -52,5 +54,18 @@ def _register() -> None:
 _register()
 
 
+def main() -> None:
+    """The ``kvgate`` command: ``app``, where a missing optional dependency is one line
+    naming the extra to install, not a traceback."""
+    try:
+        app()
+    except ImportError as exc:
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        typer.echo(f"Error: {missing}", err=True)
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvgate.extras import require
 from kvgate.sim.experiment import Experiment
 from kvgate.sim.report import print_tables, results_csv, results_json
 from kvgate.sim.simulation import Progress as ProgressFn
@@ -133,6 +134,10 @@ def sim(
     output: FormatOption = OutputFormat.TABLE,
 ) -> None:
     """Compare routing policies on one workload in virtual time (discrete-event simulation)."""
+    # Before the run, not after it: the results need numpy, --out's plots matplotlib.
+    require("numpy", "sim")
+    if out is not None:
+        require("matplotlib", "sim")
     console = message_console(output, wide)
     try:
         make = workload_factory(
