@@ -291,8 +291,9 @@ def main() -> None:
     parser.add_argument(
         "--routers",
         default="",
-        help="only these (--side-by-side; comma list of haproxy, kvgate, kvgate-n, "
-        "sglang-router, vllm-router; empty: all)",
+        help="only these (--side-by-side; comma list of haproxy, kvgate, kvgate-redis "
+        "(one process on Redis), kvgate-n, sglang-router, vllm-router; empty: all but "
+        "kvgate-redis)",
     )
     parser.add_argument(
         "--kvgate-src",

@@ -1,7 +1,8 @@
 """kvgate beside the routers it is measured against, on the same workers, interleaved.
 
 Targets: the workers directly, HAProxy (the floor: no routing logic), kvgate with
-one process and with N (sharing a Redis store), sglang-router and vllm-router,
+one process and with N (sharing a Redis store), with ``--routers ...,kvgate-redis``
+also one process on Redis beside the one on the memory store, sglang-router and vllm-router,
 all round robin by default over the same fast mock workers
 (``mock_worker.py``); the peers are installed and started by ``kvgate.bench.routers``
 (PyPI releases in throwaway virtualenvs, HAProxy from Debian) with their policy
@@ -132,6 +133,8 @@ def kvgate_spec(
         return argv
 
     name = "kvgate" if processes == 1 else f"kvgate x{processes}"
+    if processes == 1 and store is not None:
+        name = "kvgate redis"  # one process on Redis, beside the memory store's row
     if source is not None:
         name += f" {source[0]}"
     return RouterSpec(f"{name} {server}", command, "/readyz")
@@ -176,6 +179,11 @@ def _specs(opts: argparse.Namespace, redis_url: str | None) -> list[RouterSpec]:
                 name, _, path = source.partition("=")
                 specs.append(kvgate_spec(opts.policy, 1, None, server, (name, path)))
             specs.append(kvgate_spec(opts.policy, 1, None, server))
+        if wanted is not None and "kvgate-redis" in wanted and redis_url is not None:
+            for source in opts.kvgate_src:
+                name, _, path = source.partition("=")
+                specs.append(kvgate_spec(opts.policy, 1, redis_url, server, (name, path)))
+            specs.append(kvgate_spec(opts.policy, 1, redis_url, server))
         if opts.processes > 1 and want("kvgate-n"):
             if redis_url is None:
                 print("redis-server not installed: kvgate with several processes is left out")
@@ -323,7 +331,36 @@ def _summary(
             f"{cpu_text:>26}{spread_text:>14}{p50_text:>15}{ttft_text:>12}{events_text:>14}"
         )
     _pair_ratios(rows, levels)
+    _store_ratios(rows, levels)
     return summary
+
+
+def _store_ratios(rows: list[dict[str, Any]], levels: list[int]) -> None:
+    """kvgate on Redis against kvgate on the memory store (same code), per interleaved run:
+    the gateway's CPU per request, median and range over the repeats."""
+    names = {r["target"] for r in rows}
+    pairs = [(n, n.replace("kvgate redis", "kvgate", 1)) for n in sorted(names)]
+    pairs = [(a, b) for a, b in pairs if a.startswith("kvgate redis") and b in names]
+    if not pairs:
+        return
+    print("\nkvgate on Redis / on the memory store, gateway CPU per request, per run")
+    for redis_name, memory_name in pairs:
+        for stream in (False, True):
+            for level in levels:
+                ratios = []
+                for run in sorted({r["run"] for r in rows}):
+                    a = _row(rows, redis_name, stream, level, run)
+                    b = _row(rows, memory_name, stream, level, run)
+                    if a and b and a["cpu_ms_per_req"] and b["cpu_ms_per_req"]:
+                        ratios.append(a["cpu_ms_per_req"] / b["cpu_ms_per_req"])
+                if ratios:
+                    load = f"{'stream' if stream else 'plain'} c={level}"
+                    print(
+                        f"  {redis_name:<28}{load:<14}median {statistics.median(ratios):.2f}x "
+                        f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x; "
+                        + ", ".join(f"{x:.2f}" for x in ratios)
+                        + ")"
+                    )
 
 
 def _pair_ratios(rows: list[dict[str, Any]], levels: list[int]) -> None:
@@ -369,7 +406,10 @@ def run(opts: argparse.Namespace) -> None:
             stack.enter_context(_process(argv, url + "/health", scratch / f"worker{i}.log"))
             urls.append(url)
         redis: RedisServer | None = None
-        if opts.processes > 1 and find_redis_server() is not None:
+        wanted = set(opts.routers.split(",")) if opts.routers else {"kvgate-n"}
+        if find_redis_server() is not None and (
+            (opts.processes > 1 and "kvgate-n" in wanted) or "kvgate-redis" in wanted
+        ):
             redis = stack.enter_context(RedisServer())
         targets = [Target("direct", urls, None)]
         for spec in _specs(opts, redis.url if redis is not None else None):

@@ -1,4 +1,4 @@
-"""Redis Cluster URLs and key prefixes for ``RedisStore``.
+"""Redis clients, Redis Cluster URLs and key prefixes for ``RedisStore``.
 
 On a cluster the store's keys are spread over ``shards`` hash tags chosen so that
 their slots are evenly spaced over the 16,384 (shard ``i`` in the ``i``-th
@@ -13,7 +13,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote
 
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 
@@ -74,3 +77,35 @@ def shard_prefixes(prefix: str, shards: int) -> list[str]:
             n += 1
         out.append(f"{{{stem}:{i}.{n}}}:")
     return out
+
+
+def make_client(
+    url: str,
+    cluster: bool,
+    max_connections: int,
+    socket_timeout: float,
+    connect_timeout: float,
+) -> Redis | RedisCluster:
+    """The store's client: a bounded pool on one Redis, or a cluster client.
+
+    No retries in the client: the store's own second try and its fallback absorb
+    failures. A burst of requests waits briefly for a pooled connection instead of
+    opening hundreds (whose connects time out on a busy host).
+    """
+    if cluster:
+        return RedisCluster(
+            **cluster_nodes(url),
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=connect_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return Redis.from_pool(pool)

@@ -49,20 +49,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
 from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
+from kvgate.store.batching import Batch, HolderWrites
 from kvgate.store.cluster import (
-    cluster_nodes,
     cluster_prefix,
     has_tag,
     is_cluster_url,
+    make_client,
     shard_prefixes,
 )
 from kvgate.store.epoch import Epoch
@@ -134,26 +133,9 @@ class RedisStore(AffinityStore):
             if not has_tag(prefix) and cluster_shards > 1:
                 shards = shard_prefixes(prefix, cluster_shards)
             prefix = cluster_prefix(prefix)
-        if client is None and self.cluster:
-            client = RedisCluster(
-                **cluster_nodes(url),
-                max_connections=max_connections,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=connect_timeout,
-                retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
-            )
         if client is None:
-            # A bounded pool: a burst of requests waits briefly for a connection
-            # instead of opening hundreds (whose connects time out on a busy host).
-            pool = BlockingConnectionPool.from_url(
-                url,
-                max_connections=max_connections,
-                timeout=connect_timeout,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=connect_timeout,
-                retry=Retry(NoBackoff(), 0),  # the fallback, not retries, absorbs failures
-            )
-            client = Redis.from_pool(pool)
+            args = (max_connections, socket_timeout, connect_timeout)
+            client = make_client(url, self.cluster, *args)
         self._redis: Any = client
         # The cluster client refuses (MaxConnectionsError) rather than waits for a
         # connection past max_connections: calls wait here instead. Half for calls,
@@ -181,6 +163,7 @@ class RedisStore(AffinityStore):
         self._epoch_check_s = epoch_check_s
         self._epoch_watch: asyncio.Task[None] | None = None
         self.data_lost_total = 0
+        self._holder_writes = HolderWrites(self._write_holders)
 
     @property
     def degraded(self) -> bool:
@@ -264,17 +247,31 @@ class RedisStore(AffinityStore):
         if not entries:
             return
         expire_ms = max(1, int(ttl * 1000))
+        await self._write_holders({block: (worker, expire_ms) for block, worker in entries})
+        # Kept locally too, so an outage keeps this replica's own evidence.
+        await self.local.set_holders(entries, ttl)
 
+    def set_holders_soon(
+        self,
+        entries: Sequence[tuple[BlockHash, WorkerId]],
+        ttl: Seconds,
+        failed: Callable[[], None],
+    ) -> None:
+        """``set_holders`` coalesced with other requests' into one round trip (``batching``);
+        the local copy is written at once."""
+        if entries:
+            self.local.holders.set_many(entries, self.local.clock(), ttl)
+            self._holder_writes.add(entries, max(1, int(ttl * 1000)), failed)
+
+    async def _write_holders(self, batch: Batch) -> None:
         async def write() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)
-            for block, worker in entries:
+            for block, (worker, expire_ms) in batch.items():
                 pipe.set(self._holder_key(block), worker, px=expire_ms)
             replies: list[Any] = await pipe.execute()
             return replies
 
         await self._remote(write)
-        # Kept locally too, so an outage keeps this replica's own evidence.
-        await self.local.set_holders(entries, ttl)
 
     def _holder_key(self, block: BlockHash) -> str:
         name = f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
@@ -401,6 +398,7 @@ class RedisStore(AffinityStore):
     async def close(self) -> None:
         """Stop probing, close connections, forget the local map."""
         self._closed = True
+        await self._holder_writes.close()
         for task in (self._recovery, self._epoch_watch):
             if task is not None:
                 task.cancel()

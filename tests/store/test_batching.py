@@ -1,0 +1,87 @@
+"""Holder writes nobody waits for are coalesced: one round trip for many requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from kvgate.store import RedisStore
+from kvgate.store.batching import HolderWrites
+from kvgate.testing import wait_until
+
+
+class CountingRedis(Redis):
+    """A real client that counts the pipelines it opens (one per round trip here)."""
+
+    pipelines = 0
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        CountingRedis.pipelines += 1
+        return super().pipeline(*args, **kwargs)
+
+
+async def test_writes_of_concurrent_requests_share_a_round_trip(redis_url: str) -> None:
+    client = CountingRedis.from_url(redis_url)
+    store = RedisStore(redis_url, client=client)
+    failures: list[str] = []
+    try:
+        CountingRedis.pipelines = 0
+        for i in range(100):  # 100 requests placed in one turn of the loop
+            store.set_holders_soon([(i, f"w{i % 4}"), (1000 + i, "w0")], 60.0, failures.clear)
+        # Readable here at once; in Redis after the flush.
+        assert await store.local.get_holders([5]) == ["w1"]
+        await wait_until(
+            lambda: not store._holder_writes._pending and store._holder_writes._task is None,
+            message="flushed",
+        )
+        assert CountingRedis.pipelines <= 2, CountingRedis.pipelines  # was 100: one each
+        other = RedisStore(redis_url)
+        try:
+            assert await other.get_holders([0, 5, 99, 1099]) == ["w0", "w1", "w3", "w0"]
+        finally:
+            await other.close()
+    finally:
+        await store.close()
+
+
+async def test_the_last_write_of_a_block_wins_and_a_failure_is_reported() -> None:
+    written: list[dict[int, tuple[str, int]]] = []
+    gate, started = asyncio.Event(), asyncio.Event()
+
+    async def write(batch: dict[int, tuple[str, int]]) -> None:
+        started.set()
+        await gate.wait()
+        written.append(dict(batch))
+        if len(written) == 2:
+            raise ConnectionError("down")
+
+    writes = HolderWrites(write)
+    failed: list[int] = []
+    writes.add([(1, "a")], 10, lambda: failed.append(1))
+    await started.wait()  # the first flush took block 1 and waits on the gate
+    writes.add([(2, "a")], 10, lambda: failed.append(2))
+    writes.add([(2, "b"), (3, "b")], 10, lambda: failed.append(2))
+    gate.set()
+    await wait_until(lambda: len(written) == 2, message="two flushes")
+    assert written == [{1: ("a", 10)}, {2: ("b", 10), 3: ("b", 10)}]
+    assert writes.flushes == 2
+    assert failed == [2, 2]  # the second batch's callbacks (each distinct one), once
+    await writes.close()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+async def test_close_drops_what_is_pending(count: int) -> None:
+    never = asyncio.Event()
+
+    async def write(batch: dict[int, tuple[str, int]]) -> None:
+        await never.wait()
+
+    writes = HolderWrites(write)
+    for i in range(count):
+        writes.add([(i, "w")], 10, lambda: None)
+    await asyncio.sleep(0)
+    await writes.close()
+    assert writes._task is None and not writes._pending
