@@ -11,6 +11,7 @@ a LOSS only where an interval lies wholly past one of its bars.
     .venv/bin/python benchmarks/judge.py --scenarios uniform-mixed --seeds 1-8 --jobs 2
     .venv/bin/python benchmarks/judge.py --own default --option warm_min_blocks=0
     .venv/bin/python benchmarks/judge.py --rows docs/runs/judge_sim.json  # re-judge, no runs
+    .venv/bin/python benchmarks/judge.py --rows old.json --rows one_shape.json --json new.json
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvgate.judge.live import LIVE_ROUTERS, run_all_live
-from kvgate.judge.protocol import Routers, document, judge, parse_seeds
+from kvgate.judge.protocol import Routers, document, judge, merge_runs, parse_seeds
 from kvgate.judge.report import markdown, tables
 from kvgate.judge.scenarios import by_names, judged
 from kvgate.judge.simulated import SIM_ROUTERS, run_all
@@ -61,7 +62,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--no-sim", action="store_true", help="only the live runs")
     parser.add_argument("--logs", type=Path, default=None, help="keep the live runs' logs here")
-    parser.add_argument("--rows", type=Path, default=None, help="re-judge a saved --json's runs")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        action="append",
+        default=[],
+        help="re-judge a saved --json's runs (repeatable: a later file's run of the same "
+        "scenario, seed and router replaces an earlier one's)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write plan, runs and verdicts")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables")
     args = parser.parse_args(argv)
@@ -74,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     console = Console(width=200)
     started = time.monotonic()
-    if args.rows is not None:
-        saved = json.loads(args.rows.read_text(encoding="utf-8"))
-        runs = saved["runs"]
-        plan = saved.get("plan", {})
+    if args.rows:
+        saved = [json.loads(path.read_text(encoding="utf-8")) for path in args.rows]
+        runs = merge_runs(*(s["runs"] for s in saved))
+        plan = {k: v for s in saved for k, v in s.get("plan", {}).items() if v}
     else:
         options: dict[str, object] = {}
         for item in args.option:

@@ -161,3 +161,18 @@ def test_the_section_and_tables_say_what_was_judged() -> None:
     assert page.startswith(f"## {SECTION_TITLE}")
     assert "simulator seeds 0, 1" in page
     assert "4 x h100-llama3-8b, the GPU's KV, 64 in flight; worker 0 at 0.5x speed" in page
+
+
+def test_merged_runs_take_the_later_files_run_of_the_same_key() -> None:
+    from kvgate.judge.protocol import merge_runs
+
+    first = [record(SHAPE, 1, "mine", "own", mode="sim", ttft_p50=1.0),
+             record(SHAPE, 2, "mine", "own", mode="sim", ttft_p50=2.0)]  # fmt: skip
+    again = [record(SHAPE, 2, "mine", "own", mode="sim", ttft_p50=9.0),
+             record(SHAPE, 2, "mine", "own", mode="live", ttft_p50=5.0)]  # fmt: skip
+    merged = merge_runs(first, again)
+    assert [(r["seed"], r["mode"], r["ttft_p50"]) for r in merged] == [
+        (1, "sim", 1.0),
+        (2, "sim", 9.0),
+        (2, "live", 5.0),
+    ]

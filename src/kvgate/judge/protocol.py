@@ -225,6 +225,18 @@ def judge(scenarios: Sequence[Scenario], runs: Sequence[Mapping[str, Any]]) -> l
     return out
 
 
+def merge_runs(*groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Saved runs from several files as one: a later run of the same scenario, mode, seed
+    and router replaces an earlier one (rerun one shape, keep the others)."""
+    merged: dict[tuple[str, str, int, str], dict[str, Any]] = {}
+    for group in groups:
+        for run in group:
+            key = (run["scenario"], run["mode"], int(run["seed"]), run["router"])
+            merged.pop(key, None)
+            merged[key] = dict(run)
+    return list(merged.values())
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"500-507"`` or ``"1,2,5-6"`` -> the seeds, in order; an empty list is a ``ValueError``."""
     seeds: list[int] = []
@@ -274,6 +286,7 @@ __all__ = [
     "Routers",
     "document",
     "judge",
+    "merge_runs",
     "parse_seeds",
     "record",
 ]
