@@ -20,9 +20,9 @@ import pytest
 from kvgate.gateway.config import ConfigError
 from kvgate.gateway.control import slotclaim
 from kvgate.gateway.testing import GatewayHandle, running_gateway
-from kvgate.testing import wait_until
+from kvgate.testing import free_port, wait_until
 from kvgate.testing_redis import RedisServer, find_redis_server
-from kvgate.workersim import WorkerHandle
+from kvgate.workersim import WorkerHandle, WorkerOptions, running_worker
 
 from .test_slot_offload_emulated import Conversation, Turn, _metric, emulated_fleet
 
@@ -125,3 +125,34 @@ async def test_an_emptied_slot_is_counted_and_relearned(
             after = await talk.turn("and again")  # the slots learned anew, then kept
             assert after.tier == "recompute"
             assert (await talk.turn("once more")).cached_tokens > 0
+
+
+async def test_a_restarted_worker_has_its_slots_learned_again(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    options = WorkerOptions(
+        port=free_port(), profile="cpu-small", time_scale=200.0, slots=1, slot_save_path=str(folder)
+    )
+    worker_cm = running_worker(options)
+    worker = await worker_cm.__aenter__()
+    try:
+        config = _config([worker], folder, redis_server.url)
+        config["health"] = {"interval_s": 0.05, "timeout_s": 1.0, "fall": 1, "rise": 1}
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as http:
+            await wait_until(gw.gateway.ready, timeout=30, message="gateway ready")
+            talk = Conversation(http, gw.url, "s", 1)
+            await talk.turn()
+            assert gw.gateway.slots.map.holders(worker.url) == ["s"]
+            await worker_cm.__aexit__(None, None, None)
+            await wait_until(lambda: not gw.gateway.ready(), message="seen down")
+            worker_cm = running_worker(options)  # the same address, empty slots
+            worker = await worker_cm.__aenter__()
+            await wait_until(gw.gateway.ready, timeout=30, message="seen up again")
+            assert not gw.gateway.slots.map.manages(worker.url)
+            turn = await talk.turn("after the restart")
+            assert turn.tier == "recompute", turn  # not "slot" with nothing cached
+            assert _metric(gw, "kvgate_slot_recompute_fallbacks_total", step="verify") == 0
+    finally:
+        await worker_cm.__aexit__(None, None, None)

@@ -130,7 +130,11 @@ class Gateway:
         """Sessions away on a tool call: their KV reserved, offloaded under pressure (with
         pressure handling, as the simulator's ``sim.toolcalls``)."""
         self.health = HealthChecker(
-            self.pool, config.health, config.outlier, scrape_listeners=[self.pressure.observe]
+            self.pool,
+            config.health,
+            config.outlier,
+            scrape_listeners=[self.pressure.observe],
+            up_listeners=[self.slots.worker_back],
         )
         self.rng = random.Random(config.seed)
         r = config.retries

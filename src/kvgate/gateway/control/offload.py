@@ -140,6 +140,13 @@ class SlotPlane:
         if self.claim is not None:
             await self.claim.release()
 
+    def worker_back(self, worker: Worker) -> None:
+        """``worker`` is up after probes took it down: it may have restarted with empty
+        slots, so they are learned again rather than trusted."""
+        if self.map.manages(worker.id):
+            self.map.forget_worker(worker.id)
+            log.info("worker %s is back: relearning its slots", worker.id)
+
     def verify(
         self, key: SessionKey, worker: WorkerId, prompt_tokens: int, cached: int | None
     ) -> None:

@@ -53,6 +53,7 @@ class HealthChecker:
         *,
         mono: Callable[[], float] = time.monotonic,
         scrape_listeners: Sequence[ScrapeListener] = (),
+        up_listeners: Sequence[Callable[[Worker], None]] = (),
     ) -> None:
         self.pool = pool
         self.config = config
@@ -65,6 +66,8 @@ class HealthChecker:
         self.model_mismatch: dict[str, str] = {}
         """Worker -> why its configured model is not one it serves (see ``_check_model``)."""
         self.scrape_listeners = tuple(scrape_listeners)
+        self.up_listeners = tuple(up_listeners)
+        """Told when a worker that probes had taken down is up again (it may have restarted)."""
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._oversized: set[str] = set()
@@ -128,6 +131,8 @@ class HealthChecker:
                 log.warning("worker %s failed %d probes: down", worker.id, self.config.fall)
             elif transition is Transition.UP:
                 log.info("worker %s passed %d probes: up", worker.id, self.config.rise)
+                for listener in self.up_listeners:
+                    listener(worker)
         probe_ok = self.tracker.is_healthy(worker.id)
         if ok and self.outlier.probe_succeeded(worker.id, now):
             log.info("worker %s back from ejection after a passing probe", worker.id)
