@@ -15,7 +15,7 @@ from envoy.config.bootstrap.v3.bootstrap_pb2 import Bootstrap
 from google.protobuf import json_format
 
 from kvgate.gateway.config import load_config
-from kvgate.gateway.dataplane.extproc import DESTINATION
+from kvgate.gateway.dataplane.eppwire import DESTINATION
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "examples" / "envoy"
 

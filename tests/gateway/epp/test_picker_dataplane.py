@@ -36,8 +36,12 @@ async def test_the_canary_split_is_a_pick_among_its_versions_endpoints_and_sessi
                 result = await client.request(chat(f"turn one of {n}"), headers=session)
                 version = result.headers["x-kvgate-model-version"]
                 versions[version] += 1
-                # the fallbacks are of the picked version: the split holds on a retry
-                assert all((e in canary) == (version == "v2") for e in result.endpoints)
+                # the fallbacks are of the picked version (the split holds on a retry), but
+                # for the last of a canary's pick: the stable version's, as the proxy retries
+                same = result.endpoints[:-1] if version == "v2" else result.endpoints
+                assert all((e in canary) == (version == "v2") for e in same)
+                if version == "v2":
+                    assert result.endpoints[-1] not in canary
                 first[session["x-session-id"]] = result.served or ""
             for session_id, served in first.items():
                 again = await client.request(chat("turn two"), headers={"x-session-id": session_id})
@@ -135,3 +139,25 @@ async def test_replicas_are_active_active_over_a_shared_redis_store() -> None:
                     assert picker.gateway.ready()
     finally:
         redis.close()
+
+
+async def test_a_canary_pick_falls_back_to_the_stable_version_and_the_canary_is_charged() -> None:
+    async with versioned_fleet(canary=1, error_rate=1.0) as fleet:
+        config = fleet.config(models={"demo": {"weights": {"v1": 50, "v2": 50}, "stable": "v1"}})
+        async with running_picker(config) as picker, envoy(picker) as client:
+            stable = fleet.baseline[0].url.removeprefix("http://")
+            canary = fleet.canary[0].url.removeprefix("http://")
+            picked_canary = 0
+            for n in range(30):
+                result = await client.request(chat(f"split {n}"))
+                assert result.status == 200  # the stable fallback served what the canary failed
+                if result.endpoints[0] == canary:
+                    picked_canary += 1
+                    assert result.endpoints == [canary, stable]
+                    assert result.served == stable
+                    assert result.headers["x-kvgate-model-version"] == "v1"
+            await wait_until(lambda: leases_released(picker), message="released")
+            attempts = picker.gateway.metrics.rollout.attempts
+            errors = attempts.labels("demo", "v2", "error")._value.get()
+        assert picked_canary > 5
+        assert errors == picked_canary  # every failed canary attempt counts against v2

@@ -30,12 +30,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorServicer
-from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
 from multidict import CIMultiDict
 
 from kvgate.core import prefix
@@ -43,6 +41,22 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.session import session_key_from
 from kvgate.gateway.dataplane.attempt import PassiveHealth, Placer
+from kvgate.gateway.dataplane.eppwire import (
+    DESTINATION,
+    LB_NAMESPACE,
+    REQUEST_ID,
+    SERVED,
+    SUBSET,
+    SUBSET_NAMESPACE,
+    endpoints_in,
+    filter_metadata,
+    header,
+    headers_of,
+    immediate,
+    metadata,
+    streamed_body,
+    streamed_request,
+)
 from kvgate.gateway.dataplane.errors import (
     BodyTooLargeError,
     DrainingError,
@@ -63,16 +77,6 @@ from kvgate.gateway.dataplane.relay import (
 )
 from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
 from kvgate.gateway.observe.pool import Worker, WorkerPool
-
-DESTINATION = "x-gateway-destination-endpoint"
-"""The header, and the ``envoy.lb`` metadata key, naming the picked endpoint(s)."""
-SERVED = "x-gateway-destination-endpoint-served"
-"""The ``envoy.lb`` metadata key, in the response's metadata context: who served."""
-SUBSET = "x-gateway-destination-endpoint-subset"
-"""The key, under ``envoy.lb.subset_hint``, of the endpoints the picker must pick from."""
-LB_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-REQUEST_ID = "x-request-id"
 
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
@@ -108,68 +112,6 @@ class PickerSettings:
 def endpoint_of(worker: Worker) -> str:
     """A worker's ``ip:port`` as the protocol names it (its URL's authority)."""
     return urlsplit(worker.id).netloc
-
-
-def _header(key: str, value: str) -> HeaderValueOption:
-    return HeaderValueOption(header=HeaderValue(key=key, raw_value=value.encode()))
-
-
-def _metadata(value: str) -> Struct:
-    found = Struct()
-    found.update({LB_NAMESPACE: {DESTINATION: value}})
-    return found
-
-
-def immediate(error: GatewayError) -> pb.ProcessingResponse:
-    """``error`` as an immediate response: Envoy answers the client with it, no upstream."""
-    headers = [_header("content-type", "application/json")]
-    headers += [_header(name.lower(), value) for name, value in error.headers.items()]
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=HttpStatus(code=error.status),
-            headers=pb.HeaderMutation(set_headers=headers),
-            body=error.body(),
-            details=error.code or error.type,
-        )
-    )
-
-
-def _headers_of(message: pb.HttpHeaders) -> CIMultiDict[str]:
-    found: CIMultiDict[str] = CIMultiDict()
-    for h in message.headers.headers:
-        found.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-    return found
-
-
-def _filter_metadata(request: pb.ProcessingRequest, namespace: str) -> Mapping[str, Any] | None:
-    if not request.HasField("metadata_context"):
-        return None
-    found = request.metadata_context.filter_metadata.get(namespace)
-    return None if found is None else _plain(found)
-
-
-def _plain(struct: Struct) -> dict[str, Any]:
-    return {key: _value(value) for key, value in struct.fields.items()}
-
-
-def _value(value: Any) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "list_value":
-        return [_value(v) for v in value.list_value.values]
-    if kind == "struct_value":
-        return _plain(value.struct_value)
-    return None
-
-
-def _endpoints(raw: Any) -> list[str] | None:
-    """The endpoints a metadata value names (a list, or a comma-separated string)."""
-    if isinstance(raw, str):
-        return [part.strip() for part in raw.split(",") if part.strip()]
-    if isinstance(raw, list):
-        return [str(part).strip() for part in raw if isinstance(part, str)]
-    return None
 
 
 class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
@@ -297,10 +239,10 @@ class _Stream:
             self._protocol_error()
             return []
         message = request.request_headers
-        self.headers = _headers_of(message)
-        hint = _filter_metadata(request, SUBSET_NAMESPACE)
+        self.headers = headers_of(message)
+        hint = filter_metadata(request, SUBSET_NAMESPACE)
         if hint is not None and SUBSET in hint:
-            self.subset = _endpoints(hint[SUBSET]) or []
+            self.subset = endpoints_in(hint[SUBSET]) or []
         if message.end_of_stream:
             return await self._decide(body_ends=True)
         if self.full_duplex:
@@ -338,25 +280,25 @@ class _Stream:
             return [immediate(exc)]
         self.picked = picked
         value = ",".join(self.picked_endpoints)
-        set_headers = [_header(DESTINATION, value)]
+        set_headers = [header(DESTINATION, value)]
         rewritten = self._rewritten(picked)
         if rewritten is not None:
             self.body = bytearray(rewritten)
-            set_headers.append(_header("content-length", str(len(rewritten))))
+            set_headers.append(header("content-length", str(len(rewritten))))
         common = pb.CommonResponse(
             header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True
         )
-        metadata = _metadata(value)
+        chosen = metadata(value)
         picked.sent()
         if self.headers_answered:
             if rewritten is not None:  # buffered: the whole body is replaced
                 common.body_mutation.CopyFrom(pb.BodyMutation(body=rewritten))
             body = pb.BodyResponse(response=common)
-            return [pb.ProcessingResponse(request_body=body, dynamic_metadata=metadata)]
+            return [pb.ProcessingResponse(request_body=body, dynamic_metadata=chosen)]
         self.headers_answered = True
         answers = [
             pb.ProcessingResponse(
-                request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
+                request_headers=pb.HeadersResponse(response=common), dynamic_metadata=chosen
             )
         ]
         if self.full_duplex and self.body_seen:
@@ -364,7 +306,7 @@ class _Stream:
             chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
             for i, chunk in enumerate(chunks):
                 last = body_ends and i == len(chunks) - 1
-                answers.append(_streamed_request(chunk, last))
+                answers.append(streamed_request(chunk, last))
         return answers
 
     def _rewritten(self, picked: PickedRequest) -> bytes | None:
@@ -423,13 +365,23 @@ class _Stream:
         return picked
 
     def _fallbacks(self, picked: Worker, excluded: frozenset[str]) -> list[str]:
-        """Up to ``fallbacks`` other routable endpoints of the picked one's model and version,
-        least loaded first: where the proxy goes if the picked one fails."""
+        """Where the proxy goes if the picked endpoint fails: up to ``fallbacks`` other
+        routable endpoints of its version, least loaded first, then (a canary's pick) one
+        of the stable version, as the built-in proxy retries a failed canary request there."""
         count = self.server.settings.fallbacks
         if count <= 0:
             return []
+        found = self._least_loaded(picked, picked.version, excluded, count)
+        stable = self.server.router.stable_version(picked.model or "")
+        if stable is not None and stable != picked.version:
+            found += self._least_loaded(picked, stable, excluded, 1)
+        return found
+
+    def _least_loaded(
+        self, picked: Worker, version: str, excluded: frozenset[str], count: int
+    ) -> list[str]:
         pool = self.server.pool
-        snap = pool.snapshot(picked.model or "", time.time(), time.monotonic(), picked.version)
+        snap = pool.snapshot(picked.model or "", time.time(), time.monotonic(), version)
         others = sorted(
             (w for w in snap.workers if w.routable and w.id != picked.id and w.id not in excluded),
             key=lambda w: (w.in_flight / max(w.max_in_flight, 1), w.id),
@@ -524,8 +476,8 @@ class _Stream:
         picked = self.picked
         mutation: list[HeaderValueOption] = []
         if picked is not None and not picked.ended:
-            headers = _headers_of(message)
-            lb = _filter_metadata(request, LB_NAMESPACE) or {}
+            headers = headers_of(message)
+            lb = filter_metadata(request, LB_NAMESPACE) or {}
             served = lb.get(SERVED)
             worker, skipped = None, []
             if isinstance(served, str) and served:
@@ -545,9 +497,9 @@ class _Stream:
             if self.server.settings.response_headers:
                 attempt = picked.attempt
                 mutation = [
-                    _header(WORKER_HEADER.lower(), self._worker_name(attempt.worker)),
-                    _header(VERSION_HEADER.lower(), attempt.version),
-                    _header(REASON_HEADER.lower(), attempt.reason),
+                    header(WORKER_HEADER.lower(), self._worker_name(attempt.worker)),
+                    header(VERSION_HEADER.lower(), attempt.version),
+                    header(REASON_HEADER.lower(), attempt.reason),
                 ]
             if message.end_of_stream:
                 await picked.response_end()
@@ -563,9 +515,7 @@ class _Stream:
             data = message.body
             if picked is not None:
                 data = picked.relayed(data, message.end_of_stream)
-            answer = pb.ProcessingResponse(
-                response_body=_streamed_body(data, message.end_of_stream)
-            )
+            answer = pb.ProcessingResponse(response_body=streamed_body(data, message.end_of_stream))
         else:
             answer = pb.ProcessingResponse(response_body=pb.BodyResponse())
         if message.end_of_stream:
@@ -583,13 +533,3 @@ class _Stream:
         """The stream is over: a request not ended yet broke off (client or proxy went)."""
         if self.picked is not None and not self.picked.ended:
             self.picked.broken()
-
-
-def _streamed_body(data: bytes, last: bool) -> pb.BodyResponse:
-    streamed = pb.StreamedBodyResponse(body=data, end_of_stream=last)
-    mutation = pb.BodyMutation(streamed_response=streamed)
-    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
-
-
-def _streamed_request(data: bytes, last: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_body=_streamed_body(data, last))

@@ -88,12 +88,17 @@ class PickedRequest:
 
         The endpoints of the fallback list before the one that served were tried
         and failed (the proxy goes down the list in order): each counts as a
-        failure for outlier detection. The attempt follows the serving worker
+        failure for outlier detection and for its version. The attempt follows the serving worker
         (``Attempt.serve_on``: its lease, the policy's books and the session's
         binding), so the one doing the work is the one counted and charged.
         """
+        outcomes = self.attempt.parts.outcomes
         for failed in skipped:
+            # As the built-in proxy charges an attempt another worker then served: the
+            # worker (outlier detection) and its version (the rollout's error gate).
             self.passive.failure(failed)
+            if outcomes is not None:
+                outcomes.attempt_failed(self.features.model, failed.version)
         if worker is not None and worker is not self.attempt.worker:
             await self.attempt.serve_on(worker, "fallback")
 
