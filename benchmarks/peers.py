@@ -155,6 +155,19 @@ SHAPES: dict[str, Shape] = {
             by_name=True,
         ),
         Shape(
+            name="agent-tools",
+            workload="agent-tools",
+            requests=500,
+            quick_requests=240,
+            concurrency=64,
+            kv_blocks=900,
+            time_scale=10.0,
+            why="tool-calling agents (issue 49): one 4,096-token preamble, 10-40 turns, "
+            "log-normal tool pauses, subagents naming their parent; each worker's KV holds "
+            "about one agent's whole context",
+            by_name=True,
+        ),
+        Shape(
             name="mooncake-trace",
             workload="mooncake",
             requests=600,

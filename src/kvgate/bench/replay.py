@@ -39,6 +39,8 @@ class Outcome:
     due: float
     """When it could go: its arrival, or its session's previous turn's finish if later."""
     answer: Answer
+    returning: bool = False
+    """The request brings a tool's result back (an agent's later turn)."""
 
 
 class Replay:
@@ -126,6 +128,7 @@ class Replay:
             request.arrival / self.time_scale,
             due,
             _relative(answer, self._start),
+            request.returning,
         )
         self._outcomes.append(outcome)
         if self._progress is not None:

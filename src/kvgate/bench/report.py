@@ -107,6 +107,7 @@ def summarize(
             output_tokens=answer.completion_tokens or 0,
             now=answer.finished * time_scale,
             ttft_floor=floor,
+            returning=outcome.returning,
         )
     bound_rate = bound.hit_rate if bound is not None else None
     summary = recorder.summary(bound_rate)

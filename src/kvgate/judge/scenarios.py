@@ -248,6 +248,23 @@ SCENARIOS: Mapping[str, Scenario] = {
             time_scale=10.0,
             why="agent loops behind one 4,096-token tool preamble, no session header",
         ),
+        Scenario(
+            name="agent-tools",
+            workload="agent-tools",
+            requests=500,
+            live_requests=240,
+            kv_blocks=900,
+            concurrency=64,
+            time_scale=10.0,
+            why="tool-calling agents (issue 49): one 4,096-token preamble, 10-40 turns, "
+            "log-normal tool pauses, subagents; each worker's KV holds about one agent's "
+            "whole context, so what a tool pause leaves behind is what gets evicted",
+            criteria=(
+                Criterion("hit_rate", "best_peer", 0.0),
+                Criterion("ttft_p50", "best_peer", 0.7),
+                Criterion("ttft_p99", "best_peer", 0.7),
+            ),
+        ),
     )
 }
 """The scenarios with fleets and bars of their own (issue 46's shapes, then issue 11's)."""

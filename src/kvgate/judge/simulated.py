@@ -69,6 +69,9 @@ def run_simulated(
                 hit_rate=summary["hit_rate"],
                 ttft_p50=summary["ttft_p50"],
                 ttft_p99=summary["ttft_p99"],
+                # Turns back from a tool call (agent shapes; 0 where none are).
+                ttft_return_p50=summary["ttft_return_p50"],
+                ttft_return_p99=summary["ttft_return_p99"],
                 slowed_share=share,
                 requests=summary["requests"],
                 finished=summary["finished"],
