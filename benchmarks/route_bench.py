@@ -47,6 +47,7 @@ from kvgate.gateway.dataplane.router import Placement, Router
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
+from kvgate.gateway.routing import Routing
 from kvgate.store import MemoryStore
 
 T = TypeVar("T")
@@ -138,7 +139,7 @@ def bench(
     store = MemoryStore(clock=lambda: MONO)
     router = Router(
         pool,
-        default_registry().build(policy_name),
+        Routing.of(default_registry().build(policy_name)),
         store,
         GatewayMetrics(),
         RouteConfig(AdmissionConfig()),

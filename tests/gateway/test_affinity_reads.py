@@ -30,6 +30,7 @@ from kvgate.gateway.dataplane.router import UNREAD, Router
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
+from kvgate.gateway.routing import Routing
 from kvgate.store import MemoryStore
 from kvgate.store.base import AffinityStore
 from kvgate.testing import wait_until
@@ -128,7 +129,7 @@ def make_router(
         registry = VersionRegistry(pool, {"m": ModelVersionsConfig(weights=weights)})
     return Router(
         pool,
-        default_registry().build(policy),
+        Routing.of(default_registry().build(policy)),
         store,
         GatewayMetrics(),
         RouteConfig(AdmissionConfig()),

@@ -11,7 +11,6 @@ outlier detection (issue 45.6: success used to be recorded at the headers).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -62,8 +61,7 @@ class Ends:
 
     def __init__(self, gw: GatewayHandle) -> None:
         self.seen: list[AttemptEnd] = []
-        router = gw.gateway.router
-        router.parts = dataclasses.replace(router.parts, end_listeners=(self.told,))
+        gw.gateway.router.add_end_listener(self.told)
 
     def told(self, features: RequestFeatures, end: AttemptEnd) -> None:
         self.seen.append(end)

@@ -38,6 +38,7 @@ from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
+from kvgate.gateway.routing import Routing
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.store import MemoryStore, RedisStore
 from kvgate.store.base import AffinityStore
@@ -118,7 +119,7 @@ def make_router(
     admission = AdmissionConfig(max_wait_standard_s=max_wait_s)
     return Router(
         pool,
-        default_registry().build("session_affinity"),
+        Routing.of(default_registry().build("session_affinity")),
         store,
         GatewayMetrics(),
         RouteConfig(admission, gate, kv_gate_max_wait_s=max_wait_s),

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
+from pydantic import Field
 
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policies import default_registry
+from kvgate.core.policies.round_robin import RoundRobin, RoundRobinConfig
+from kvgate.core.registry import PolicyRegistry, PolicySpec
 from kvgate.gateway.config import ConfigSource, load_config
-from kvgate.gateway.server import serve
+from kvgate.gateway.server import _reload, serve
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
+from kvgate.types import WorkerId
 from kvgate.workersim.runner import WorkerHandle
 
 from .conftest import gateway_config, worker_fleet
@@ -142,3 +151,93 @@ async def test_sighup_rereads_the_config_file(tmp_path: Path) -> None:
         finally:
             stop.set()
             await server
+
+
+class ProbeConfig(RoundRobinConfig):
+    tag: int = Field(default=0, ge=0)
+
+
+class Probe(RoundRobin):
+    """Round robin that counts what the gateway asks of this instance."""
+
+    def __init__(self, config: ProbeConfig) -> None:
+        super().__init__(config)
+        self.tag = config.tag
+        self.asked = 0
+
+    def openers(self) -> Collection[str]:
+        self.asked += 1  # the warm-ups ask after every placement
+        return ()
+
+    def on_routed(self, request: RequestFeatures, worker: WorkerId, now: float) -> None:
+        self.asked += 1
+
+
+def probe_registry(built: list[Probe]) -> PolicyRegistry:
+    def factory(config: ProbeConfig) -> Probe:
+        built.append(Probe(config))
+        return built[-1]
+
+    spec = PolicySpec("probe", ProbeConfig, factory)
+    return PolicyRegistry([*default_registry().values(), spec])
+
+
+async def test_a_reload_swaps_the_policy_for_every_reader_from_the_gateways_registry(
+    tmp_path: Path,
+) -> None:
+    """Issue 45.8: the warm-ups kept the old policy after a reload, and a reload rebuilt
+    the policy from the default registry (a gateway's own policy failed to reload)."""
+    path = tmp_path / "kvgate.yaml"
+    built: list[Probe] = []
+    async with worker_fleet(2) as fleet:
+        policy = {"name": "probe", "options": {"tag": 1}}
+        path.write_text(yaml.safe_dump(gateway_config(fleet, policy=policy)))
+        source = ConfigSource(path)
+        registry = probe_registry(built)
+        async with (
+            running_gateway(source(), source=source, registry=registry) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            await wait_until(lambda: all(w.probe_ok for w in gw.gateway.pool), message="up")
+            assert (await _version(session, gw.url))[0] == 200
+            policy["options"] = {"tag": 2}
+            path.write_text(yaml.safe_dump(gateway_config(fleet, policy=policy)))
+            async with session.post(gw.url + "/admin/reload") as resp:
+                assert resp.status == 200, await resp.text()
+            old, new = built
+            assert (old.tag, new.tag) == (1, 2)
+            asked = old.asked
+            for _ in range(4):
+                assert (await _version(session, gw.url))[0] == 200
+            assert old.asked == asked  # nobody reads the old policy any more
+            assert new.asked >= 8  # routed and warm-up openers, each request
+            assert gw.gateway.policy is new
+
+
+async def test_a_bad_policy_option_is_a_409_naming_it_and_sighup_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 45.9: ``stay: -3`` answered 500 with a traceback (SIGHUP: "Task exception
+    was never retrieved"); it is refused like every other reload, nothing applied."""
+    path = tmp_path / "kvgate.yaml"
+    async with worker_fleet(2) as fleet:
+        path.write_text(yaml.safe_dump(gateway_config(fleet)))
+        source = ConfigSource(path)
+        async with (
+            running_gateway(source(), source=source) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            before = gw.gateway.policy
+            bad = {"name": gw.gateway.config.policy.name, "options": {"stay": -3}}
+            path.write_text(yaml.safe_dump(gateway_config(fleet, policy=bad)))
+            async with session.post(gw.url + "/admin/reload") as resp:
+                assert resp.status == 409, await resp.text()
+                error = (await resp.json())["error"]
+            assert error["code"] == "reload_refused"
+            assert "policy.options.stay" in error["message"]
+            assert gw.gateway.policy is before
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                await _reload(gw.gateway)  # what SIGHUP runs
+            refused = [r for r in caplog.records if "policy.options.stay" in r.getMessage()]
+            assert refused and all(r.exc_info is None for r in caplog.records)

@@ -46,6 +46,10 @@ class PolicyRegistry(Mapping[str, PolicySpec]):
             known = ", ".join(sorted(self._specs))
             raise UnknownPolicyError(f"unknown policy {name!r}; known: {known}") from None
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own catches only KeyError; an unknown name raises UnknownPolicyError.
+        return name in self._specs
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 

@@ -57,6 +57,7 @@ from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.traffic import TrafficWindow
+from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
 from kvgate.store.base import AffinityStore
@@ -78,9 +79,13 @@ class Gateway:
         source: Callable[[], GatewayConfig] | None = None,
     ) -> None:
         self.config = config
-        self.policy = policy or (registry or default_registry()).build(
-            config.policy.name, config.policy_options()
+        self.registry = registry or default_registry()
+        """The policies this gateway builds from (a reload rebuilds its policy here too)."""
+        self.routing = Routing.of(
+            policy or self.registry.build(config.policy.name, config.policy_options(self.registry)),
+            config.model_aliases,
         )
+        """The routing state in force (policy, aliases): one value a reload replaces whole."""
         self._owns_store = store is None
         if store is None:
             store = open_store(config.store.effective_url, **config.store.backend_options())
@@ -145,14 +150,14 @@ class Gateway:
             store=self.store,
             metrics=self.metrics,
             health=self.health,
-            policy=self.policy,
+            routing=self.routing,
         )
         gate = pressure if pressure.enabled and pressure.kv_gate else None
         self.caches = EngineCaches(config.workers)
         """KV event subscribers of the workers that publish (``kv_events:``)."""
         self.router = Router(
             self.pool,
-            self.policy,
+            self.routing,
             self.store,
             self.metrics,
             RouteConfig(config.admission, gate, pressure.kv_gate_max_wait_s),
@@ -166,7 +171,7 @@ class Gateway:
         )
         self.warm_ups = WarmUps(
             self.pool,
-            self.policy,
+            self.routing,
             self.metrics,
             self.router.warm_up,
             timeout_s=t.total_s,
@@ -179,6 +184,7 @@ class Gateway:
         self.proxy = Proxy(
             self.pool,
             self.router,
+            self.routing,
             budget=self.budget,
             metrics=self.metrics,
             access_log=AccessLog(config.access_log, json_lines=config.json_logs),
@@ -191,7 +197,6 @@ class Gateway:
             stream_usage=config.stream_usage,
             outcomes=self.control.recorder,
             expose_worker_urls=config.expose_worker_urls,
-            aliases=config.model_aliases,
             slots=self.slots,
             traffic=self.traffic,
             warm_ups=self.warm_ups,
@@ -201,7 +206,12 @@ class Gateway:
             ),
         )
         self.reloader = Reloader(self, source)
-        self.passthrough = Passthrough(self.proxy, self.pool, config.features, config.model_aliases)
+        self.passthrough = Passthrough(self.proxy, self.pool, config.features, self.routing)
+
+    @property
+    def policy(self) -> Policy:
+        """The routing policy in force (``routing.state.policy``)."""
+        return self.routing.state.policy
 
     def ready(self) -> bool:
         """True when not draining and some worker can take a request."""
@@ -258,7 +268,8 @@ GATEWAY_KEY = web.AppKey("kvgate.gateway", Gateway)
 
 async def _models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    return web.json_response(models_payload(gateway.pool.models(), gateway.config.model_aliases))
+    aliases = gateway.routing.state.aliases
+    return web.json_response(models_payload(gateway.pool.models(), aliases))
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
+from kvgate.core.registry import PolicyRegistry
 from kvgate.gateway import secrets
 from kvgate.gateway.control.config import (
     AdminConfig,
@@ -489,10 +490,10 @@ class GatewayConfig(_Model):
         self.policy_options()
         return self
 
-    def policy_options(self) -> dict[str, Any]:
-        """The policy's options, its prefix index sized by ``features`` (see
-        ``core.policies.with_feature_blocks``); ``ValueError`` when they disagree."""
-        registry = default_registry()
+    def policy_options(self, registry: PolicyRegistry | None = None) -> dict[str, Any]:
+        """The policy's options in ``registry`` (default: the default one), its prefix index
+        sized by ``features`` (``with_feature_blocks``); ``ValueError`` if they disagree."""
+        registry = registry if registry is not None else default_registry()
         if self.policy.name not in registry:
             return dict(self.policy.options)  # refused by name when the gateway starts
         return with_feature_blocks(registry, self.policy.name, self.policy.options, self.features)

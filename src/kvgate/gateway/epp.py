@@ -71,7 +71,7 @@ class Picker:
             gw.health,
             PickerSettings(
                 features=config.features,
-                aliases=config.model_aliases,
+                routing=gw.routing,
                 draining=lambda: gw.draining,
                 response_headers=config.response_headers,
                 fallbacks=epp.fallbacks,

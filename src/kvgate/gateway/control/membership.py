@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvgate.core.policy import Policy
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.versions import VersionConflictError
 from kvgate.gateway.dataplane.errors import NotFoundError
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.routing import Routing
 from kvgate.types import WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.membership")
@@ -35,7 +35,7 @@ class Membership:
         self,
         pool: WorkerPool,
         health: HealthChecker,
-        policy: Policy,
+        routing: Routing,
         make_worker: WorkerFactory,
         *,
         drain_timeout_s: float,
@@ -44,7 +44,7 @@ class Membership:
     ) -> None:
         self.pool = pool
         self.health = health
-        self.policy = policy
+        self.routing = routing
         self.make_worker = make_worker
         self.drain_timeout_s = drain_timeout_s
         self.poll_s = poll_s
@@ -79,7 +79,7 @@ class Membership:
         self.pool.remove(worker_id)
         self.health.outlier.forget(worker_id)
         self.health.forget(worker_id)
-        self.policy.on_worker_removed(worker_id)
+        self.routing.state.policy.on_worker_removed(worker_id)
         log.info("worker %s removed; %d requests still in flight", worker_id, worker.in_flight)
         task = asyncio.create_task(self._close_when_idle(worker), name=f"kvgate-remove-{worker_id}")
         self._closing.add(task)

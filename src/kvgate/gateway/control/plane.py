@@ -11,7 +11,6 @@ import json
 import logging
 import random
 
-from kvgate.core.policy import Policy
 from kvgate.gateway.config import GatewayConfig, WorkerConfig
 from kvgate.gateway.control.alerts import AlertSender
 from kvgate.gateway.control.discovery import Discovery
@@ -24,6 +23,7 @@ from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store.base import AffinityStore
 
@@ -53,7 +53,7 @@ class ControlPlane:
         store: AffinityStore,
         metrics: GatewayMetrics,
         health: HealthChecker,
-        policy: Policy,
+        routing: Routing,
     ) -> None:
         self.config = config
         rc = config.rollouts
@@ -79,7 +79,7 @@ class ControlPlane:
         self.membership = Membership(
             pool,
             health,
-            policy,
+            routing,
             worker_factory(config),
             drain_timeout_s=config.drain_timeout_s,
         )

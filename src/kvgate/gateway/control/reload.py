@@ -7,14 +7,17 @@ with the one in force, section by section. What can change live is applied:
   changed entry is drained and re-added;
 - ``models`` (version weights and stable versions; refused for a model whose
   weights a rollout controls);
-- ``policy.options`` (the policy is rebuilt with them: its learned state, e.g.
-  a prefix index, starts empty, as after a restart);
+- ``policy.options`` (the policy is rebuilt with them, from the gateway's own
+  registry: its learned state, e.g. a prefix index, starts empty, as after a
+  restart); an option the policy refuses refuses the reload, naming it;
 - ``model_aliases``, ``discovery``, ``admin_token``, ``log_level``.
 
 Anything else that differs (``listen``, ``store``, ``api_keys``, ``limits``...)
 needs a restart: the reload is refused as a whole, naming those keys, and
 nothing is applied. A request in flight is never affected: workers leave by
-draining, and every other change replaces a value that requests read whole.
+draining, and the policy and the aliases are one ``RoutingState`` replaced whole
+(``gateway.routing``): every reader sees the new one at once, and a request placed
+before reports its end to the policy that placed it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvgate.core.policies import default_registry
+from pydantic import ValidationError
+
+from kvgate.core.policy import Policy
 from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.control.versions import from_config
 from kvgate.gateway.dataplane.errors import GatewayError
@@ -114,9 +119,7 @@ class Reloader:
                 raise ReloadRefusedError(
                     f"reload refused: models.{model}: a rollout controls its weights"
                 )
-        policy = None
-        if new.policy != old.policy:
-            policy = default_registry().build(new.policy.name, new.policy_options())
+        policy = self._policy(old, new)  # before anything is applied: it may refuse
         result = ReloadResult()
         await self._workers(old, new, result)
         for model, cfg in new.models.items():
@@ -124,11 +127,12 @@ class Reloader:
                 gw.control.versions.replace(from_config(model, cfg))
                 await gw.control.rollouts.publish_model(model)
                 result.changed.append(f"models.{model}")
+        aliases = new.model_aliases if new.model_aliases != old.model_aliases else None
+        if policy is not None or aliases is not None:
+            gw.routing.swap(policy=policy, aliases=aliases)  # one value, every reader at once
         if policy is not None:
-            gw.policy = gw.router.policy = gw.control.membership.policy = policy
             result.changed.append("policy.options")
-        if new.model_aliases != old.model_aliases:
-            gw.proxy.aliases = gw.passthrough.aliases = new.model_aliases
+        if aliases is not None:
             result.changed.append("model_aliases")
         if new.discovery != old.discovery:
             await gw.control.discovery.reconfigure(new.discovery)
@@ -147,6 +151,17 @@ class Reloader:
             result.removed,
         )
         return result
+
+    def _policy(self, old: GatewayConfig, new: GatewayConfig) -> Policy | None:
+        """The policy ``new`` asks for, built from the gateway's registry (``None``: the
+        same as now); an option it refuses is a refused reload naming it."""
+        if new.policy == old.policy:
+            return None
+        registry = self.gateway.registry
+        try:
+            return registry.build(new.policy.name, new.policy_options(registry))
+        except ValueError as exc:
+            raise ReloadRefusedError(f"reload refused: {_refusal(exc)}") from None
 
     async def _workers(self, old: GatewayConfig, new: GatewayConfig, result: ReloadResult) -> None:
         if new.workers == old.workers:
@@ -167,3 +182,14 @@ class Reloader:
             await membership.add(worker)
             result.added.append(url)
         result.changed.append("workers")
+
+
+def _refusal(exc: ValueError) -> str:
+    """What the policy refused, naming each option (``policy.options.stay: ...``)."""
+    cause = exc.__cause__
+    if isinstance(cause, ValidationError):
+        return "; ".join(
+            "policy.options." + ".".join(str(p) for p in err["loc"]) + f": {err['msg']}"
+            for err in cause.errors()
+        )
+    return f"policy: {exc}"

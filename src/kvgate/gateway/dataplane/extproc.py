@@ -77,6 +77,7 @@ from kvgate.gateway.dataplane.relay import (
 )
 from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.routing import Routing
 
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
@@ -96,7 +97,8 @@ class PickerSettings:
     """What the picker needs besides the router: the request path's own settings."""
 
     features: FeatureConfig
-    aliases: Mapping[str, str]
+    routing: Routing
+    """The routing state in force (its ``aliases``)."""
     draining: Callable[[], bool]
     response_headers: bool = True
     fallbacks: int = 2
@@ -407,8 +409,9 @@ class _Stream:
             if not isinstance(payload, dict):
                 raise InvalidRequestError("the request body must be a JSON object")
         model = payload.get("model")
-        if isinstance(model, str) and model in settings.aliases:
-            payload["model"] = settings.aliases[model]
+        aliases = settings.routing.state.aliases
+        if isinstance(model, str) and model in aliases:
+            payload["model"] = aliases[model]
             self.aliased = True
         self.payload = payload
         endpoint = _GENERATIONS.get(path)

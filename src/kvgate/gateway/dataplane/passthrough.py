@@ -20,7 +20,6 @@ the same error shapes. What differs is only how their features are built:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +39,7 @@ from kvgate.gateway.dataplane.exchange import AiohttpExchange
 from kvgate.gateway.dataplane.models import check_model
 from kvgate.gateway.dataplane.proxy import Forward, Proxy
 from kvgate.gateway.observe.pool import WorkerPool
+from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import unsafe_path
 from kvgate.types import SessionSource
 
@@ -84,12 +84,13 @@ class Passthrough:
         proxy: Proxy,
         pool: WorkerPool,
         features: FeatureConfig,
-        aliases: Mapping[str, str],
+        routing: Routing,
     ) -> None:
         self.proxy = proxy
         self.pool = pool
         self.features = features
-        self.aliases = aliases
+        self.routing = routing
+        """The routing state in force (its ``aliases``)."""
 
     def routes(self) -> list[web.AbstractRouteDef]:
         """The routes, to add after the specific ``/v1/`` ones."""
@@ -110,7 +111,7 @@ class Passthrough:
     async def model_card(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}``: the model (or alias) as the fleet serves it."""
         name = request.match_info["model"]
-        target = self.aliases.get(name, name)
+        target = self.routing.state.aliases.get(name, name)
         check_model(self.pool, target)
         card: dict[str, Any] = {
             "id": name,
@@ -189,7 +190,7 @@ class Passthrough:
         if embeddings:
             _check_embeddings(payload)
         model = self._model(payload, request)
-        target = self.aliases.get(model, model)
+        target = self.routing.state.aliases.get(model, model)
         if payload is not None and target != model:
             payload["model"] = target
             body = json.dumps(payload, separators=(",", ":")).encode()

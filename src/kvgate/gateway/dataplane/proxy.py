@@ -24,7 +24,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -66,6 +66,7 @@ from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.traffic import TrafficWindow
+from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import Upstream, UpstreamResponse
 from kvgate.tokens.models import Tokenizers
 
@@ -120,6 +121,7 @@ class Proxy:
         self,
         pool: WorkerPool,
         router: Placer,
+        routing: Routing,
         *,
         budget: RetryBudget,
         metrics: GatewayMetrics,
@@ -133,7 +135,6 @@ class Proxy:
         stream_usage: bool = True,
         outcomes: OutcomeRecorder | None = None,
         expose_worker_urls: bool = False,
-        aliases: Mapping[str, str] | None = None,
         slots: SlotPlane | None = None,
         traffic: TrafficWindow | None = None,
         wall: Callable[[], float] = time.time,
@@ -148,9 +149,9 @@ class Proxy:
         """The models' tokenizers (``tokenizers:``): a request's tokens for the exact index."""
         self.warm_ups = warm_ups
         """Sends the policy's warm-ups after placements (``None``: none are sent)."""
-        self.aliases: Mapping[str, str] = aliases or {}
-        """Model names clients may use for another model (``model_aliases``)."""
         self.router = router
+        self.routing = routing
+        """The routing state in force (its ``aliases``: model names clients may use)."""
         self.budget = budget
         self.metrics = metrics
         self.features = features
@@ -294,8 +295,9 @@ class Proxy:
             raise InvalidRequestError("the request body is not valid JSON") from None
         except RecursionError:
             raise InvalidRequestError("the request body's JSON is nested too deeply") from None
-        if self.aliases and isinstance(payload, dict):
-            target = self.aliases.get(payload.get("model"))  # type: ignore[arg-type]
+        aliases = self.routing.state.aliases
+        if aliases and isinstance(payload, dict):
+            target = aliases.get(payload.get("model"))  # type: ignore[arg-type]
             if target is not None:
                 payload["model"] = target
                 body = json.dumps(payload, separators=(",", ":")).encode()

@@ -75,6 +75,7 @@ from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedErro
 from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
+from kvgate.gateway.routing import Routing, RoutingState
 from kvgate.store.base import AffinityStore
 from kvgate.types import BlockHash, Priority, Seconds, SessionKey, SessionSource, WorkerId
 
@@ -100,9 +101,6 @@ class _NoHealth:
 class Router:
     """Turns request features into a placed attempt holding a lease on one worker."""
 
-    parts: AttemptParts
-    """What the attempts placed now report to (rebuilt when the policy is replaced)."""
-
     def stable_version(self, model: str) -> str | None:
         """The stable version of ``model`` (None without a version registry or entry)."""
         found = self.versions.get(model) if self.versions is not None else None
@@ -111,7 +109,7 @@ class Router:
     def __init__(
         self,
         pool: WorkerPool,
-        policy: Policy,
+        routing: Routing,
         store: AffinityStore,
         metrics: GatewayMetrics,
         config: RouteConfig,
@@ -138,7 +136,9 @@ class Router:
         self.usage_listeners = tuple(usage_listeners)
         self.wall = wall
         self.mono = mono
-        self.policy = policy
+        self.routing = routing
+        """The routing state in force (policy, aliases): read once per placement."""
+        self._parts: tuple[RoutingState, AttemptParts] | None = None
         self.store = store
         self.metrics = metrics
         self.config = config
@@ -150,13 +150,21 @@ class Router:
 
     @property
     def policy(self) -> Policy:
-        """The routing policy; its attempts report their ends to it."""
-        return self.parts.policy
+        """The routing policy in force."""
+        return self.routing.state.policy
 
-    @policy.setter
-    def policy(self, policy: Policy) -> None:
-        self.parts = AttemptParts(
-            policy,
+    def add_end_listener(self, listener: EndListener) -> None:
+        """Tell ``listener`` every attempt's end from the next placement on."""
+        self.end_listeners = (*self.end_listeners, listener)
+        self._parts = None
+
+    def parts(self, state: RoutingState) -> AttemptParts:
+        """What the attempts placed under ``state`` report to (made once per state)."""
+        made = self._parts
+        if made is not None and made[0] is state:
+            return made[1]
+        parts = AttemptParts(
+            state.policy,
             self.passive,
             self,
             self.outcomes,
@@ -165,6 +173,8 @@ class Router:
             self.mono,
             self.wall,
         )
+        self._parts = (state, parts)
+        return parts
 
     def _split(self, model: str) -> bool:
         """True when the model's versions are split (a binding holds its version)."""
@@ -207,6 +217,8 @@ class Router:
         back to the stable version); ``started`` is when the request arrived (monotonic).
         Raises ``NoHealthyWorkerError`` (503) or ``OverloadedError`` (429).
         """
+        state = self.routing.state  # one policy for the whole placement, and its attempt
+        policy = state.policy
         queue = self.pool.queue
         priority = features.priority
         queued_at: float | None = None
@@ -217,11 +229,7 @@ class Router:
         key = features.affinity_key
         # Until a snapshot says otherwise, nothing may read the binding or the shared
         # prefix state (``core.route.needs_affinity``): neither is looked up.
-        lazy = (
-            not self.policy.reads_affinity
-            and not split
-            and features.session_source is not _CONTINUES
-        )
+        lazy = not policy.reads_affinity and not split and features.session_source is not _CONTINUES
         if isinstance(looked, Unread) and not lazy and key is not None:
             looked = await self._read(key)  # a split appeared since ``lookup``
         affinity = None if isinstance(looked, Unread) else looked
@@ -239,7 +247,7 @@ class Router:
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
             snap = snap.without(excluded)
-            if lazy and needs_affinity(self.policy, snap, split):
+            if lazy and needs_affinity(policy, snap, split):
                 # Pressure or a full worker: the binding and the prefix state now change
                 # the verdict (pressure spares known sessions and continued chains).
                 lazy = False
@@ -253,7 +261,7 @@ class Router:
                 features,
                 affinity,
                 snap,
-                self.policy,
+                policy,
                 self.rng,
                 queue_depth=len(queue),
                 held_s=held_s,
@@ -289,7 +297,14 @@ class Router:
                 raise NoHealthyWorkerError(f"no healthy worker serves model {features.model!r}")
             raise self._shed(features, verdict)
         attempt = await self._apply(
-            features, verdict, excluded, queued_at, held_at, started=started, looked_up=(keys, seen)
+            features,
+            verdict,
+            excluded,
+            queued_at,
+            held_at,
+            parts=self.parts(state),
+            started=started,
+            looked_up=(keys, seen),
         )
         attempt.affinity = looked
         return attempt
@@ -353,6 +368,7 @@ class Router:
         queued_at: float | None,
         held_at: float | None,
         *,
+        parts: AttemptParts,
         started: float | None,
         looked_up: tuple[list[BlockHash], list[WorkerId | None]] = ([], []),
     ) -> Attempt:
@@ -372,7 +388,7 @@ class Router:
         if held_at is not None:
             queued_s += now - held_at
         attempt = Attempt(
-            self.parts,
+            parts,
             features,
             self.pool,
             worker,

@@ -28,6 +28,7 @@ from kvgate.core.prefix import Endpoint
 from kvgate.core.warmup import WarmUp, warm_up_payload
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Lease, Worker, WorkerPool
+from kvgate.gateway.routing import Routing
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class WarmUps:
     def __init__(
         self,
         pool: WorkerPool,
-        policy: Policy,
+        routing: Routing,
         metrics: GatewayMetrics,
         warm_up_for: WarmUpFor,
         *,
@@ -51,7 +52,9 @@ class WarmUps:
         wall: Callable[[], float],
     ) -> None:
         self.pool = pool
-        self.policy = policy
+        self.routing = routing
+        """The routing state in force: a warm-up's policy is the one in force when it is cut
+        (the same one hears it ended, across a reload)."""
         self.metrics = metrics
         self.warm_up_for = warm_up_for
         self.timeout_s = timeout_s
@@ -73,7 +76,8 @@ class WarmUps:
     ) -> None:
         """A request was placed on ``worker``: keep its body if the policy may cut a
         warm-up from it, and send the warm-up the policy asks for now, if any."""
-        openers = self.policy.openers()
+        policy = self.routing.state.policy
+        openers = policy.openers()
         if not openers and not self._bodies:
             return
         bodies = self._bodies
@@ -92,9 +96,9 @@ class WarmUps:
             return
         lease = self.pool.lease(target, 0)
         try:
-            self.policy.on_warm(warm.features, target.id, self.wall())
+            policy.on_warm(warm.features, target.id, self.wall())
             task = asyncio.get_running_loop().create_task(
-                self._send(warm.features, target, lease, PATHS[found[1]], body)
+                self._send(warm.features, target, lease, PATHS[found[1]], body, policy=policy)
             )
         except BaseException:
             lease.release()
@@ -109,6 +113,8 @@ class WarmUps:
         lease: Lease,
         path: str,
         body: dict[str, Any],
+        *,
+        policy: Policy,
     ) -> None:
         """Send one warm-up; its lease and queue entry end here, whatever happens."""
         prompt_tokens = cached_tokens = 0
@@ -132,7 +138,7 @@ class WarmUps:
             raise
         finally:
             lease.release()
-            self.policy.on_warm_done(features, worker.id, prompt_tokens, cached_tokens, self.wall())
+            policy.on_warm_done(features, worker.id, prompt_tokens, cached_tokens, self.wall())
             self.metrics.warm_ups.labels(outcome).inc()
             self.metrics.warm_up_tokens.inc(prompt_tokens - cached_tokens)
 
