@@ -8,9 +8,10 @@ A client then plays Envoy's ext_proc filter in full-duplex mode for each request
 headers with the endpoint that served, one response body chunk holding the
 usage, the end), without moving the bytes itself: the picker's own work only.
 
-- **CPU per decision**: the picker process's CPU time (``/proc/<pid>/stat``) over
-  the concurrent phase, divided by the requests: each one's whole stream, not
-  only its decision (the response messages feed the same accounting).
+- **CPU per request and per decision**: the picker process's CPU time
+  (``/proc/<pid>/stat``) over a concurrent phase, divided by its streams: whole
+  requests (the response messages feed the same accounting), then request phases
+  only (the stream ends after the decision, as when Envoy gives up on the request).
 - **Added latency**: from the first request message to the decision, one request
   at a time (p50, p99): what Envoy waits before it can forward. The response
   messages' round trips are given too (in full-duplex mode Envoy waits for each).
@@ -63,6 +64,9 @@ class EppBenchResult:
     requests: int
     concurrency: int
     picker_cpu_ms_per_request: float
+    picker_cpu_ms_per_decision: float
+    """The request phase only (headers and body in, the decision and the body out; the
+    stream then ends, so the slot is given back as on a cancellation)."""
     decisions_per_cpu_second: float
     decision_p50_ms: float
     decision_p99_ms: float
@@ -77,7 +81,8 @@ class EppBenchResult:
         """The figures as the lines ``epp_bench.py`` prints."""
         rows = [
             ("picker CPU per request (decision + response feed)", self.picker_cpu_ms_per_request),
-            ("picker decisions per CPU-second", self.decisions_per_cpu_second),
+            ("picker CPU per decision (the request phase only)", self.picker_cpu_ms_per_decision),
+            ("picker decisions per CPU-second (request phase)", self.decisions_per_cpu_second),
             ("added latency p50 (to the decision)", self.decision_p50_ms),
             ("added latency p99 (to the decision)", self.decision_p99_ms),
             (
@@ -174,8 +179,9 @@ class _Client:
         self.stub = ExternalProcessorStub(self.channel)
         self.errors = 0
 
-    async def one(self, n: int) -> tuple[float, float]:
-        """One request's stream: (seconds to the decision, seconds of the response messages)."""
+    async def one(self, n: int, respond: bool = True) -> tuple[float, float]:
+        """One request's stream: (seconds to the decision, seconds of the response messages).
+        ``respond=False``: the stream ends after the decision (the request phase only)."""
         from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
         from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
         from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -213,6 +219,10 @@ class _Client:
             call.cancel()
             return decided - started, 0.0
         await call.read()  # the body, streamed back
+        if not respond:
+            await call.done_writing()
+            await call.read()
+            return decided - started, 0.0
         endpoint = (
             decision.dynamic_metadata.fields["envoy.lb"]
             .struct_value.fields["x-gateway-destination-endpoint"]
@@ -244,7 +254,10 @@ class _Client:
 
 async def _drive_picker(
     target: str, pid: int, requests: int, concurrency: int, sequential: int
-) -> tuple[list[float], list[float], float, int]:
+) -> tuple[list[float], list[float], float, float, int]:
+    """Sequential streams (timed), then concurrent ones (the server's CPU over them):
+    whole requests, then the request phase only. Returns the decision and response
+    times, the CPU of a whole request and of a request phase, and the errors."""
     client = _Client(target)
     try:
         for n in range(50):  # warm up: connections, caches, the first scrapes
@@ -254,16 +267,18 @@ async def _drive_picker(
             decision, response = await client.one(1000 + n)
             decisions.append(decision)
             responses.append(response)
-        queue = list(range(requests))
+        cpu = []
+        for respond in (True, False):
+            queue = list(range(requests))
 
-        async def loop() -> None:
-            while queue:
-                await client.one(100_000 + queue.pop())
+            async def loop(queue: list[int] = queue, respond: bool = respond) -> None:
+                while queue:
+                    await client.one(100_000 + queue.pop(), respond)
 
-        before = cpu_seconds(pid)
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        cpu = cpu_seconds(pid) - before
-        return decisions, responses, cpu, client.errors
+            before = cpu_seconds(pid)
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            cpu.append(cpu_seconds(pid) - before)
+        return decisions, responses, cpu[0], cpu[1], client.errors
     finally:
         await client.close()
 
@@ -307,7 +322,7 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
                 f"http://127.0.0.1:{http_port}/readyz",
             )
         )
-        decisions, responses, cpu, errors = asyncio.run(
+        decisions, responses, cpu, decide_cpu, errors = asyncio.run(
             _drive_picker(f"127.0.0.1:{grpc_port}", picker.pid, requests, concurrency, sequential)
         )
         proxy_port = free_port()
@@ -322,7 +337,7 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
         )
         floor_port = free_port()
         floor = stack.enter_context(_floor(floor_port))
-        floor_decisions, _, floor_cpu, _ = asyncio.run(
+        floor_decisions, _, floor_cpu, _, _ = asyncio.run(
             _drive_picker(f"127.0.0.1:{floor_port}", floor.pid, requests, concurrency, sequential)
         )
     decisions.sort()
@@ -330,7 +345,8 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
         requests=requests,
         concurrency=concurrency,
         picker_cpu_ms_per_request=1000 * cpu / requests,
-        decisions_per_cpu_second=requests / max(cpu, 1e-9),
+        picker_cpu_ms_per_decision=1000 * decide_cpu / requests,
+        decisions_per_cpu_second=requests / max(decide_cpu, 1e-9),
         decision_p50_ms=1000 * statistics.median(decisions),
         decision_p99_ms=1000 * decisions[int(0.99 * (len(decisions) - 1))],
         response_round_trips_p50_ms=1000 * statistics.median(responses),
