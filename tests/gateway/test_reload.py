@@ -20,6 +20,7 @@ from kvgate.core.policies import default_registry
 from kvgate.core.policies.round_robin import RoundRobin, RoundRobinConfig
 from kvgate.core.registry import PolicyRegistry, PolicySpec
 from kvgate.gateway.config import ConfigSource, load_config
+from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.server import _reload, serve
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import wait_until
@@ -241,3 +242,29 @@ async def test_a_bad_policy_option_is_a_409_naming_it_and_sighup_logs_it(
                 await _reload(gw.gateway)  # what SIGHUP runs
             refused = [r for r in caplog.records if "policy.options.stay" in r.getMessage()]
             assert refused and all(r.exc_info is None for r in caplog.records)
+
+
+async def test_a_reload_that_misses_a_process_says_which(tmp_path: Path) -> None:
+    """Issue 45.7: with several processes a reload must reach all or say which it did not.
+    Here process 1 has no socket (it is gone): this process reloads, the answer is a 503
+    naming process 1, with every process's entry beside the error."""
+    path = tmp_path / "kvgate.yaml"
+    async with worker_fleet(2) as fleet:
+        _write(path, fleet, {"v1": 100, "v2": 0})
+        source = ConfigSource(path)
+        async with (
+            running_gateway(source(), source=source) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            gw.gateway.peers = MetricsPeers(tmp_path, 0, 2)
+            _write(path, fleet, {"v1": 0, "v2": 100})
+            async with session.post(gw.url + "/admin/reload") as resp:
+                assert resp.status == 503
+                answer = await resp.json()
+            assert answer["error"]["code"] == "reload_incomplete"
+            assert "process 1 unreachable" in answer["error"]["message"]
+            assert [(p["process"], p["status"]) for p in answer["processes"]] == [
+                (0, "reloaded"),
+                (1, "unreachable"),
+            ]
+            assert gw.gateway.control.versions.get("demo").weights["v2"] == 100  # type: ignore[union-attr]

@@ -57,6 +57,7 @@ from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.traffic import TrafficWindow
+from kvgate.gateway.reloads import reload_everywhere
 from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.store import open_store
@@ -290,9 +291,9 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _reload(request: web.Request) -> web.Response:
-    """``POST /admin/reload``: re-read the config file (409 naming what needs a restart)."""
-    result = await request.app[GATEWAY_KEY].reloader.reload_source()
-    return web.json_response(result.to_dict())
+    """``POST /admin/reload``: re-read the config file in every server process
+    (``gateway.reloads``; 409 naming what needs a restart, nothing applied)."""
+    return await reload_everywhere(request.app[GATEWAY_KEY])
 
 
 async def _metrics(request: web.Request) -> web.Response:

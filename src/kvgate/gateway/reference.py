@@ -37,10 +37,12 @@ the defaults work on one machine with no external service. Unknown keys are
 refused by name at start-up. Any string may use `${NAME}` (an environment
 variable; `${NAME:-default}` when it may be unset) and any key `X` may be given
 as `X_file` (read from a file, e.g. a mounted Kubernetes Secret; for `api_keys`
-one key per line). `SIGHUP` or `POST /admin/reload` re-reads the file:
-`workers`, `models`, `policy.options`, `model_aliases`, `discovery`,
-`admin_token` and `log_level` change live; a change to any other key is
-refused, naming it, until a restart.
+one key per line). `SIGHUP` or `POST /admin/reload` re-reads the file in every
+server process: `workers`, `models`, `policy.options`, `model_aliases`,
+`discovery`, `admin_token` and `log_level` change live; a change to any other key,
+or a policy option the policy refuses, is refused (409), naming it, and nothing is
+applied. With several processes the reload's answer lists each one (`processes`);
+a process it did not reach makes it a 503 `reload_incomplete` naming that process.
 """
 
 

@@ -48,6 +48,7 @@ from kvgate.gateway.dataplane.errors import GatewayError
 from kvgate.gateway.dataplane.listener import DataPlane
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.logs import configure_logging
+from kvgate.gateway.reloads import sibling_handler
 
 log = logging.getLogger("kvgate.gateway.server")
 
@@ -130,7 +131,7 @@ async def serve(
             async def own_metrics(request: web.Request) -> web.Response:
                 return web.Response(body=gateway.metrics.render())
 
-            await peers.start(own_metrics)
+            await peers.start(own_metrics, sibling_handler(gateway))
         log.info(
             "kvgate gateway listening on http://%s:%d (policy %s, %d workers)",
             config.listen.host,

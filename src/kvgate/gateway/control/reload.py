@@ -95,18 +95,18 @@ class Reloader:
         self.source = source
         self.reloads = 0
 
-    async def reload_source(self) -> ReloadResult:
-        """Re-read the configuration source (the config file) and apply it."""
+    def read(self) -> GatewayConfig:
+        """The configuration source (the config file) read again and validated."""
         if self.source is None:
             raise NoConfigSourceError("the gateway was started without --config: nothing to reload")
         try:
-            new = self.source()
+            return self.source()
         except ConfigError as exc:
             raise ReloadRefusedError(f"reload refused: {exc}") from None
-        return await self.apply(new)
 
-    async def apply(self, new: GatewayConfig) -> ReloadResult:
-        """Apply ``new``: everything live, or nothing when a restart-only key changed."""
+    def check(self, new: GatewayConfig) -> Policy | None:
+        """Refuse ``new`` (``ReloadRefusedError``) if applying it would be refused, changing
+        nothing; else the policy it asks for (``None``: the one in force stays)."""
         gw = self.gateway
         old = gw.config
         refused = restart_keys(old, new)
@@ -119,7 +119,17 @@ class Reloader:
                 raise ReloadRefusedError(
                     f"reload refused: models.{model}: a rollout controls its weights"
                 )
-        policy = self._policy(old, new)  # before anything is applied: it may refuse
+        return self._policy(old, new)
+
+    async def reload_source(self) -> ReloadResult:
+        """Re-read the configuration source (the config file) and apply it."""
+        return await self.apply(self.read())
+
+    async def apply(self, new: GatewayConfig) -> ReloadResult:
+        """Apply ``new``: everything live, or nothing when a restart-only key changed."""
+        gw = self.gateway
+        old = gw.config
+        policy = self.check(new)  # before anything is applied: it may refuse
         result = ReloadResult()
         await self._workers(old, new, result)
         for model, cfg in new.models.items():

@@ -13,6 +13,10 @@ the gateway's totals.
 
 A sibling that does not answer within ``timeout_s`` (starting, stopping, gone)
 is left out of that scrape; what the others report is still answered.
+
+The same socket takes ``POST /reload``: the process that took ``POST /admin/reload``
+asks each sibling to reload too (``ask_siblings``) and says which did, so a reload
+reaches every process or says which it did not (``gateway.app``).
 """
 
 from __future__ import annotations
@@ -86,10 +90,13 @@ class MetricsPeers:
         self.timeout_s = timeout_s
         self._runner: web.AppRunner | None = None
 
-    async def start(self, render: Handler) -> None:
-        """Serve ``render`` (our own page) on this process's socket."""
+    async def start(self, render: Handler, reload: Handler | None = None) -> None:
+        """Serve ``render`` (our own page) and ``reload`` (``POST /reload``, for a sibling
+        that took an admin reload) on this process's socket."""
         app = web.Application()
         app.router.add_get("/metrics", render)
+        if reload is not None:
+            app.router.add_post("/reload", reload)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         path = socket_path(self.directory, self.index)
@@ -121,6 +128,30 @@ class MetricsPeers:
                 return await resp.text()
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
+
+    async def _post(self, index: int, path: str, timeout_s: float) -> tuple[int, bytes] | None:
+        socket = socket_path(self.directory, index)
+        if not socket.exists():
+            return None
+        try:
+            connector = aiohttp.UnixConnector(path=str(socket))
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with (
+                aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+                session.post("http://localhost" + path) as resp,
+            ):
+                return resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+
+    async def ask_siblings(
+        self, path: str, timeout_s: float
+    ) -> dict[int, tuple[int, bytes] | None]:
+        """``POST path`` to every sibling at once: each one's (status, body), by index;
+        ``None`` for one that did not answer within ``timeout_s``."""
+        others = [i for i in range(self.count) if i != self.index]
+        found = await asyncio.gather(*(self._post(i, path, timeout_s) for i in others))
+        return dict(zip(others, found, strict=True))
 
     async def gather(self, own: bytes) -> bytes:
         """Our page ``own`` merged with every sibling that answers."""
