@@ -104,6 +104,13 @@ def test_hf_tokens_equal_llamacpps_on_every_request(
         assert ids == _engine_ids(url, text), text
         served = _post(url + "/v1/completions", {"prompt": text, "max_tokens": 1})
         assert served["usage"]["prompt_tokens"] == len(ids)
+    # A conversation's next turn: its earlier pieces come from memory, ids unchanged.
+    assert hf.spans.cutting
+    hits = hf.spans.hits
+    turn = [*CHATS[2], {"role": "assistant", "content": "Bien."}, {"role": "user", "content": "?"}]
+    prompt = _post(url + "/apply-template", {"messages": turn})["prompt"]
+    assert hf.chat(turn) == _engine_ids(url, prompt)
+    assert hf.spans.hits > hits
 
 
 async def test_worker_tokens_equal_the_hf_ones(

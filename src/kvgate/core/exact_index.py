@@ -260,17 +260,29 @@ class ExactIndex:
         holders = self._holders
         alive = holders.get(chain[0], 0)
         result: dict[WorkerId, int] = {}
+        by_bit = self._by_bit
         depth = 1
         for key in chain[1:]:
             if not alive:
-                break
+                return result
             nxt = alive & holders.get(key, 0)
             if nxt != alive:
-                self._record(alive & ~nxt, depth, result)
+                # Only the workers whose chain ends here: one step per worker, not per bit.
+                gone = alive & ~nxt
+                while gone:
+                    low = gone & -gone
+                    worker = by_bit[low.bit_length() - 1]
+                    if worker is not None:
+                        result[worker] = depth
+                    gone ^= low
                 alive = nxt
             depth += 1
-        if alive:
-            self._record(alive, depth, result)
+        while alive:
+            low = alive & -alive
+            worker = by_bit[low.bit_length() - 1]
+            if worker is not None:
+                result[worker] = depth
+            alive ^= low
         return result
 
     def held_tokens(self, tokens: Sequence[int]) -> dict[WorkerId, int]:
@@ -295,9 +307,3 @@ class ExactIndex:
                 break
             n += 1
         return n
-
-    def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
-        bits = bin(mask)[:1:-1]
-        result.update(
-            {w: depth for w, bit in zip(self._by_bit, bits, strict=False) if bit == "1" and w}
-        )

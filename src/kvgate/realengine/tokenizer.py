@@ -9,8 +9,8 @@ fall back to byte pieces (``<0xNN>``); user-defined pieces (runs of newlines and
 spaces, tags) are cut out first, control pieces (``<start_of_turn>``) when special
 tokens are parsed. That is a BPE whose merge ranks are the union's score order, so
 this writes one: every pair of pieces whose union is a piece, ranked by that
-union's score. ``kvgate.tokens.hf`` then tokenizes as llama.cpp does (checked
-against its ``/tokenize`` in ``tests/realengine/test_tokens.py``).
+union's score. ``kvgate.tokens.hf`` then tokenizes as llama.cpp does (checked against
+its ``/tokenize`` in ``tests/realengine/test_tokens.py``).
 
 No GGUF of this project's has a chat template (the bundled Gemma 3 270M has none:
 llama.cpp then renders chats with ChatML), so the template is given separately.
@@ -146,7 +146,7 @@ def tokenizer_json(gguf_path: Path) -> dict[str, Any]:
         "padding": None,
         "added_tokens": added,
         "normalizer": {"type": "Sequence", "normalizers": normalizers},
-        "pre_tokenizer": None,
+        "pre_tokenizer": None,  # one word: pieces merge across spaces, as in llama.cpp
         "post_processor": post,
         "decoder": None,
         "model": {

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.tokens.config import TokenizerConfig
+from kvgate.tokens.spans import Spans, written_by
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
             "mask_token")  # fmt: skip
@@ -75,6 +76,13 @@ class HFTokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._chat_special = config.chat_special_tokens
         self._chat = env.from_string(template) if template else None
+        written = written_by(self.render) if self._chat is not None else set()
+        self.spans = Spans(self._tokenizer, written)
+        # What the post-processor adds around a sequence (a BOS), found once.
+        plain = self._tokenizer.encode("a", add_special_tokens=False).ids
+        full = self._tokenizer.encode("a", add_special_tokens=True).ids
+        at = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+        self._before, self._after = full[:at], full[at + len(plain) :]
 
     @staticmethod
     def _template(settings: Mapping[str, Any]) -> str | None:
@@ -109,7 +117,8 @@ class HFTokenizer:
 
     def encode(self, text: str, *, special: bool) -> list[int]:
         """``text``'s ids; ``special``: with the post-processor's special tokens."""
-        return list(self._tokenizer.encode(text, add_special_tokens=special).ids)
+        ids = self.spans.encode(text)
+        return [*self._before, *ids, *self._after] if special else ids
 
 
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False) -> str:

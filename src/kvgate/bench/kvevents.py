@@ -1,0 +1,144 @@
+"""Timings of the KV-event path: tokenizing a prompt, and a decision on the exact index.
+
+``benchmarks/kv_events_bench.py`` prints them. Tokenizing is what a request costs
+before routing with ``tokenizers: {kind: hf}``, and hashing its tokens into the
+engine's block chain happens once with it; the decision is the exact index's match
+(every worker's depth along that chain) plus the default policy's ``pick`` with
+that residency, on a fleet whose workers each hold many chains.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvgate.core.chain import pieces_chain_hashes
+from kvgate.core.exact_index import ExactIndex
+from kvgate.core.features import RequestFeatures, request_features
+from kvgate.core.fleet import FleetSnapshot, WorkerState
+from kvgate.core.policies.default import DefaultPolicy
+from kvgate.core.policy import Resident, RouteContext
+from kvgate.core.prefix import FeatureConfig, chat_canonical_pieces
+from kvgate.engine.blocks import chain_hashes
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    """p50, p99 and max of timings, in microseconds."""
+    ordered = sorted(samples_ns)
+    n = len(ordered)
+    return {
+        "p50_us": ordered[n // 2] / 1000,
+        "p99_us": ordered[min(n - 1, int(n * 0.99))] / 1000,
+        "max_us": ordered[-1] / 1000,
+    }
+
+
+def timed(call: Callable[[], object], runs: int) -> dict[str, float]:
+    """``call``'s wall time over ``runs`` calls (after one warm-up)."""
+    call()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(runs):
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return percentiles(samples)
+
+
+_WORDS = """river stone lantern orchard copper meadow harbor violet thunder cedar glacier compass
+velvet ember falcon quarry saddle beacon willow prism, the of and to is in that it was for on"""
+
+
+def chat_of_tokens(count_words: int, seed: int = 0) -> list[dict[str, str]]:
+    """A chat of about ``count_words`` words: a system prompt, turns, a question."""
+    rng = random.Random(seed)
+    words = _WORDS.split()
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    third = count_words // 3
+    return [
+        {"role": "system", "content": text(third)},
+        {"role": "user", "content": text(third // 2)},
+        {"role": "assistant", "content": text(third // 2)},
+        {"role": "user", "content": text(third)},
+    ]
+
+
+def exact_decision(
+    *,
+    workers: int = 64,
+    chains_per_worker: int = 200,
+    prompt_tokens: int = 4096,
+    block_size: int = 16,
+    runs: int = 2000,
+    seed: int = 1,
+) -> dict[str, dict[str, float]]:
+    """Lookup and ``pick`` timings on an exact index of ``workers`` workers."""
+    rng = random.Random(seed)
+    index = ExactIndex()
+    ids = [f"http://10.0.{i // 16}.{i % 16}:8000" for i in range(workers)]
+    shared = [[rng.randrange(262_144) for _ in range(2048)] for _ in range(16)]
+    prompts = []
+    for _ in range(chains_per_worker * workers // 8):
+        base = rng.choice(shared)
+        prompts.append(base + [rng.randrange(262_144) for _ in range(prompt_tokens - len(base))])
+    for i, worker in enumerate(ids):
+        for tokens in prompts[i :: max(1, workers // 8)][:chains_per_worker]:
+            keys = chain_hashes(tokens, block_size)
+            index.store(worker, keys, keys, block_size)
+    fleet = FleetSnapshot(
+        0.0,
+        tuple(
+            WorkerState(id=w, model="m", in_flight=rng.randrange(0, 24), waiting=0,
+                        kv_usage=rng.uniform(0.2, 0.8), kv_capacity_tokens=500_000)
+            for w in ids
+        ),
+    )  # fmt: skip
+    policy = DefaultPolicy()
+    config = FeatureConfig()
+    messages = chat_of_tokens(3000, seed)
+    pieces, _ = chat_canonical_pieces(messages)
+    hashes = pieces_chain_hashes(
+        pieces, config.block_chars, config.max_blocks, coarse_factor=config.coarse_factor
+    )
+    chars = sum(map(len, pieces))
+    picks = [rng.choice(prompts) for _ in range(64)]
+    exact = frozenset(ids)
+    state: dict[str, Any] = {"n": 0}
+
+    def request() -> tuple[RequestFeatures, list[int]]:
+        state["n"] += 1
+        tokens = picks[state["n"] % len(picks)]
+        features = request_features(f"r{state['n']}", "m", prefix_hashes=hashes,
+                                    prompt_chars=chars, token_ids=tuple(tokens))  # fmt: skip
+        return features, tokens
+
+    chains = {id(p): chain_hashes(p, block_size) for p in picks}  # hashed with the tokens
+
+    def resident(features: RequestFeatures, chain: list[int]) -> Resident:
+        per = features.prompt_chars / len(features.token_ids)
+        held = index.match(chain)
+        return Resident({w: int(d * block_size * per) for w, d in held.items()}, exact)
+
+    def hashing() -> None:
+        chain_hashes(picks[0], block_size)
+
+    def lookup() -> None:
+        features, tokens = request()
+        resident(features, chains[id(tokens)])
+
+    def decide() -> None:
+        features, tokens = request()
+        ctx = RouteContext(fleet, None, rng, {}, resident(features, chains[id(tokens)]))
+        policy.pick(features, ctx)
+
+    return {
+        "hash_tokens": timed(hashing, runs),
+        "lookup": timed(lookup, runs),
+        "decision": timed(decide, runs),
+        "index": {"blocks": float(len(index)), "workers": float(workers)},
+    }
