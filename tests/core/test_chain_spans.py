@@ -1,7 +1,7 @@
 """Spans of a prompt's text hashed after a whole block (``core.chain.span_hashes``).
 
 A chain end past the fine blocks is marked by the hash of the text after its last
-whole block, seeded with that block (``core.policies.chain_ends``): the hash must
+whole block, seeded with that block (``core.policies.lives``): the hash must
 stand for the text alone, however the prompt is split, and agree with the chain's
 own hashing of a block.
 """

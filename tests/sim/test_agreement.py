@@ -198,6 +198,13 @@ async def test_unloaded_worker_reports_the_engines_own_latencies() -> None:
 # -- live and simulated runs of every policy -----------------------------------------
 
 
+PINNED: dict[str, dict[str, object]] = {"default": {"learn": False}}
+"""Options both runs pin. ``default`` learns each worker's speed from the TTFTs the gateway
+observes (``core.speed``): live, in this one time-scaled process on a shared machine, that
+measures the process's own delays ten times over, which the module docs call noise, not
+the model; so both runs keep the prior, and the learning is judged in the simulator."""
+
+
 def gateway_config(urls: list[str], policy: str, scenario: Scenario) -> dict[str, object]:
     config: dict[str, object] = {
         "listen": {"host": "127.0.0.1", "port": 0},
@@ -209,7 +216,9 @@ def gateway_config(urls: list[str], policy: str, scenario: Scenario) -> dict[str
         "policy": {
             "name": policy,
             # The policy's rates are model time: the live fleet runs scale times faster.
-            "options": with_time_scale(default_registry(), policy, {}, scenario.scale),
+            "options": with_time_scale(
+                default_registry(), policy, PINNED.get(policy, {}), scenario.scale
+            ),
         },
         "health": {"interval_s": SCRAPE_S / scenario.scale, "timeout_s": 1.0},
         "pressure": {"enabled": scenario.pressure},
@@ -303,7 +312,8 @@ def simulated_run(policy: str, scenario: Scenario, workers: Sequence[str] = ()) 
         seed=0,
         worker_ids=tuple(workers),
     )
-    sim = Simulation(config, build_workload(scenario.workload, 0).requests(), policy)
+    requests = build_workload(scenario.workload, 0).requests()
+    sim = Simulation(config, requests, policy, dict(PINNED.get(policy, {})))
     summary = sim.run().summary
     ttft = interquartile_mean(sim.recorder.ttft)
     return Run(

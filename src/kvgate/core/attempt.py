@@ -35,6 +35,7 @@ from enum import StrEnum
 
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policy import Policy
+from kvgate.core.speed import Observation
 from kvgate.types import WorkerId
 
 
@@ -380,7 +381,8 @@ class AttemptState:
 
 
 def tell_policy(policy: Policy, features: RequestFeatures, end: AttemptEnd, now: float) -> None:
-    """The policy's side of an attempt's end: its usage (cache feedback), or, with none,
+    """The policy's side of an attempt's end: its usage (cache feedback) and what was
+    measured of it (``on_observed``: TTFT from the send, token times), or, with no usage,
     that nothing more is owed on that worker. Nothing when the policy never heard of it."""
     if not end.routed:
         return
@@ -395,3 +397,11 @@ def tell_policy(policy: Policy, features: RequestFeatures, end: AttemptEnd, now:
         now,
         completion_tokens=end.completion_tokens or 0,
     )
+    observed = Observation(
+        end.ttft_s,
+        end.prompt_tokens,
+        end.cached_tokens or 0,
+        end.completion_tokens or 0,
+        end.inter_token_s,
+    )
+    policy.on_observed(features, end.worker, observed, now)

@@ -11,7 +11,7 @@ strangers share (a tool preamble or a system prompt exactly as long as the fine
 blocks), every new conversation looks like a continuation of every other.
 ``span_hashes`` hashes the text after a whole block, seeded with that block's hash,
 so a policy can tell exactly how far past it two prompts agree
-(``core.policies.chain_ends``), only where it needs to, however long the prompts.
+(``core.policies.lives``), only where it needs to, however long the prompts.
 
 """
 

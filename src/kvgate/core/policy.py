@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from kvgate.core.decision import Affinity, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
+from kvgate.core.speed import Observation, SpeedReport
 from kvgate.core.warmup import WarmUp
 from kvgate.types import Seconds, WorkerId
 
@@ -92,6 +93,23 @@ class Policy(Protocol):
         its client went away before the answer's end): forget what was owed for it there."""
         ...
 
+    def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """``request``'s first token came from ``worker`` at ``now`` (its prefill is done)."""
+        ...
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        """What the gateway measured of ``request``'s attempt on ``worker`` (its TTFT, usage,
+        token times), at the attempt's end, after ``on_usage``: a policy that learns the
+        workers' speed (``core.speed``) fits it here."""
+        ...
+
+    def speeds(self) -> Mapping[WorkerId, SpeedReport]:
+        """Each worker's learned speed and TTFT prediction error, for ``/metrics`` (empty:
+        this policy learns none)."""
+        ...
+
     def on_worker_removed(self, worker: WorkerId) -> None:
         """``worker`` left the fleet: forget what is known about it."""
         ...
@@ -158,6 +176,17 @@ class PolicyBase:
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         return None
+
+    def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        return None
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        return None
+
+    def speeds(self) -> Mapping[WorkerId, SpeedReport]:
+        return {}
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         return None

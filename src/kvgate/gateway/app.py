@@ -112,6 +112,7 @@ class Gateway:
         self.traffic = TrafficWindow()
         """The last minutes of traffic by route reason and worker, for the dashboard."""
         self.metrics.watch_store(self.store.health)
+        self.metrics.watch_speeds(self.policy.speeds)
         self.slots = SlotPlane(
             config.slots, self.metrics.slots, wait_limit_s=t.total_s, store=self.store
         )

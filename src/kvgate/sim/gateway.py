@@ -406,6 +406,12 @@ class SimGateway:
 
     # -- completions and scrapes -------------------------------------------------
 
+    def first_token(self, request_id: str, now: Seconds) -> None:
+        """A request's first token came at ``now`` (the live relay sees its first chunk)."""
+        flight = self.flights.get(request_id)
+        if flight is not None:
+            self.policy.on_first_token(flight.features, flight.worker.id, now)
+
     def finished(self, done: FinishedRequest, now: Seconds) -> None:
         """A response ended: usage to the policy, refresh the affinity, free the slot."""
         warm = self.warm_flights.pop(done.request_id, None)

@@ -365,6 +365,8 @@ class Simulation:
             if result is not None:
                 if result.preempted:
                     self.recorder.preemptions += len(result.preempted)
+                for request_id, _ in result.first_tokens:
+                    self.gateway.first_token(request_id, now)
                 for done in result.finished:
                     self.gateway.finished(done, now)
             if not engine.has_work():

@@ -152,8 +152,10 @@ class Dashboard:
         rows = gw.pool.gauge_rows(time.monotonic())
         affinities = await self._affinities()
         pressure = gw.config.pressure
+        speeds = gw.policy.speeds()
         workers = []
         for row in rows:
+            learned = speeds.get(row.worker)
             workers.append(
                 {
                     "id": row.worker,
@@ -175,6 +177,10 @@ class Dashboard:
                     "signals_fresh": row.signals_fresh,
                     "affinities": affinities.get(row.worker) if affinities is not None else None,
                     "hot": hot_because(row, pressure),
+                    # What routing learned of its speed (``core.speed``); None: nothing yet.
+                    "prefill_tokens_per_s": 1.0 / learned.speed.prefill_s if learned else None,
+                    "overhead_s": learned.speed.overhead_s if learned else None,
+                    "ttft_error": learned.ttft_error if learned else None,
                 }
             )
         traffic = gw.traffic

@@ -222,8 +222,13 @@ class Attempt:
         self.state.answered(self.parts.mono(), status)
 
     def token(self, at: float | None = None) -> None:
-        """A chunk of the answer arrived (at ``at`` on the monotonic clock, default now)."""
-        self.state.token(self.parts.mono() if at is None else at)
+        """A chunk of the answer arrived (at ``at`` on the monotonic clock, default now); the
+        first tells a routed policy the prefill is done (``Policy.on_first_token``)."""
+        state = self.state
+        first = state.first_token_at is None and state.is_routed and not state.ended
+        state.token(self.parts.mono() if at is None else at)
+        if first:
+            self.parts.policy.on_first_token(self.features, self.worker.id, self.parts.wall())
 
     def usage(self, prompt: int, cached: int, completion: int) -> None:
         """The worker's usage was read."""

@@ -10,14 +10,16 @@ unless ``created=True``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
+from kvgate.core.speed import SpeedReport
 from kvgate.gateway.observe.cells import CellCache
 
 # Re-exported: the other planes hold cells, and ``observe.metrics`` is their interface.
@@ -31,24 +33,8 @@ _CHILDREN_MAX = 4096
 """Labelled series kept by ``GatewayMetrics.cells``; past it the cache starts over."""
 
 
-_LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0, 120.0)  # fmt: skip
 
 
 # -- what routing sees, per worker (issue 14) ---------------------------------------
@@ -233,176 +219,152 @@ class GatewayMetrics:
         """Export the ``*_created`` series (off by default: they were ~40% of the page)."""
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
+        # Every metric below is in this gateway's registry.
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        histogram = partial(Histogram, registry=r)
+        self.requests = counter(
             "kvgate_requests_total",
             "Requests answered, by model, version, worker, status code and route reason.",
             ["model", "version", "worker", "code", "reason"],
-            registry=r,
         )
-        self.request_duration = Histogram(
+        self.request_duration = histogram(
             "kvgate_request_duration_seconds",
             "Whole request time as the gateway saw it (end to end), by worker and version.",
             ["model", "version", "worker"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             "kvgate_time_to_first_token_seconds",
             "Time from request arrival to the first response byte (first chunk for streams).",
             ["model", "version", "worker"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.retries = Counter(
+        self.retries = counter(
             "kvgate_retries_total",
             "Attempts retried on another worker.",
             ["model"],
-            registry=r,
         )
-        self.retries_denied = Counter(
+        self.retries_denied = counter(
             "kvgate_retries_budget_exhausted_total",
             "Retries refused because the retry budget was spent.",
             ["model"],
-            registry=r,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = counter(
             "kvgate_upstream_errors_total",
             "Failed upstream attempts, by worker and kind (unavailable, timeout, status, broken).",
             ["worker", "kind"],
-            registry=r,
         )
-        self.sheds = Counter(
+        self.sheds = counter(
             "kvgate_shed_total",
             "Requests refused with 429/503, by reason and priority.",
             ["reason", "priority"],
-            registry=r,
         )
-        self.warm_ups = Counter(
+        self.warm_ups = counter(
             "kvgate_warm_ups_total",
             "Shared prefixes the gateway computed ahead on an idle worker (core.warmup), "
             "by outcome (sent, error, cancelled, skipped: no body to cut it from).",
             ["outcome"],
-            registry=r,
         )
-        self.warm_up_tokens = Counter(
+        self.warm_up_tokens = counter(
             "kvgate_warm_up_prefill_tokens_total",
             "Prompt tokens warm-ups made workers compute (uncached): prefill no client asked for.",
-            registry=r,
         )
-        self.affinity = Counter(
+        self.affinity = counter(
             "kvgate_affinity_lookups_total",
             "Session-key lookups in the store, by result (hit, miss, error).",
             ["result"],
-            registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = histogram(
             "kvgate_queue_wait_seconds",
             "Time spent in the admission queue waiting for a free worker.",
             ["priority"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
             "kvgate_prompt_tokens_total",
             "Prompt tokens reported in responses' usage.",
             ["model", "worker"],
-            registry=r,
         )
-        self.cached_tokens = Counter(
+        self.cached_tokens = counter(
             "kvgate_cached_tokens_total",
             "Prompt tokens served from the worker's prefix cache (usage cached_tokens).",
             ["model", "worker"],
-            registry=r,
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = counter(
             "kvgate_completion_tokens_total",
             "Completion tokens reported in responses' usage.",
             ["model", "worker"],
-            registry=r,
         )
-        self.store_errors = Counter(
+        self.store_errors = counter(
             "kvgate_store_errors_total",
             "Affinity store operations that failed (never fail a request).",
             ["op"],
-            registry=r,
         )
-        self.client_disconnects = Counter(
+        self.client_disconnects = counter(
             "kvgate_client_disconnects_total",
             "Requests whose client went away before the response finished.",
             ["model"],
-            registry=r,
         )
         # Memory pressure (gateway/pressure.py) and drains (gateway/drain.py).
-        self.pressure_level = Gauge(
+        self.pressure_level = gauge(
             "kvgate_worker_pressure_level",
             "Memory pressure per worker: 0 normal, 1 soft (no new sessions), 2 hard (move away).",
             ["worker"],
-            registry=r,
         )
-        self.pressure_seconds = Counter(
+        self.pressure_seconds = counter(
             "kvgate_worker_pressure_seconds_total",
             "Seconds a worker spent at or above each watermark (soft, hard).",
             ["worker", "level"],
-            registry=r,
         )
-        self.preemptions_seen = Counter(
+        self.preemptions_seen = counter(
             "kvgate_worker_preemptions_total",
             "Preemptions the worker reported (increase of its own counter between scrapes).",
             ["worker"],
-            registry=r,
         )
-        self.migrations = Counter(
+        self.migrations = counter(
             "kvgate_migrations_total",
             "Migration rounds that moved sessions off a worker, by reason.",
             ["worker", "reason"],
-            registry=r,
         )
-        self.sessions_moved = Counter(
+        self.sessions_moved = counter(
             "kvgate_sessions_moved_total",
             "Sessions whose affinity was rewritten to another worker, by reason.",
             ["worker", "reason"],
-            registry=r,
         )
-        self.offloads = Counter(
+        self.offloads = counter(
             "kvgate_offloads_total",
             "KV offload calls to a worker, by reason and result (ok, error).",
             ["worker", "reason", "result"],
-            registry=r,
         )
-        self.offloaded_blocks = Counter(
+        self.offloaded_blocks = counter(
             "kvgate_offloaded_blocks_total",
             "KV blocks a worker reported moving to its offload tier at the gateway's request.",
             ["worker"],
-            registry=r,
         )
-        self.drains = Counter(
+        self.drains = counter(
             "kvgate_worker_drains_total",
             "Drains started, by cause (admin, temperature).",
             ["worker", "cause"],
-            registry=r,
         )
         self.rollout = RolloutMetrics(r)
         self.slots = SlotMetrics(r)
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = histogram(
             "kvgate_inter_token_latency_seconds",
             "Mean time between output tokens of one streamed response, as the gateway saw "
             "it: (last chunk - first chunk) / (completion tokens - 1).",
             ["model", "version", "worker"],
             buckets=_ITL_BUCKETS,
-            registry=r,
         )
-        self.inter_token_latency_max = Histogram(
+        self.inter_token_latency_max = histogram(
             "kvgate_inter_token_latency_max_seconds",
             "A stream's longest gap between two chunks after its first: where a stall shows.",
             ["model", "version", "worker"],
             buckets=(*_ITL_BUCKETS, 2.5, 5.0, 10.0, 30.0),  # a stall runs to seconds
-            registry=r,
         )
-        self.decisions = Counter(
+        self.decisions = counter(
             "kvgate_route_decisions_total",
             "Placements the router made (every attempt, retries too), by the policy's reason.",
             ["model", "version", "worker", "reason"],
-            registry=r,
         )
         if worker_rows is not None:
             r.register(_WorkerCollector(worker_rows))
@@ -414,6 +376,10 @@ class GatewayMetrics:
     def watch_store(self, health: Callable[[], StoreHealth]) -> None:
         """Export the affinity store's health counters, read when Prometheus scrapes."""
         self.registry.register(_StoreCollector(health))
+
+    def watch_speeds(self, speeds: Callable[[], Mapping[str, SpeedReport]]) -> None:
+        """Export each worker's learned speed (``Policy.speeds``), read when Prometheus scrapes."""
+        self.registry.register(_SpeedCollector(speeds))
 
     def render(self) -> bytes:
         """The text exposition of every metric (``*_created`` only when asked for)."""
@@ -456,6 +422,40 @@ class _StoreCollector(Collector):
         )
         for name, field, text in _STORE_COUNTERS:
             yield CounterMetricFamily(name, text, value=getattr(h, field))
+
+
+_SPEED_GAUGES: tuple[tuple[str, str, Callable[[SpeedReport], float | None]], ...] = (
+    ("kvgate_worker_learned_overhead_seconds", "Learned fixed time to first token (core.speed).",
+     lambda r: r.speed.overhead_s),
+    ("kvgate_worker_learned_prefill_seconds_per_token",
+     "Learned prefill time per uncached prompt token.", lambda r: r.speed.prefill_s),
+    ("kvgate_worker_learned_decode_seconds",
+     "Learned time to first token each request decoding there adds.", lambda r: r.speed.decode_s),
+    ("kvgate_worker_learned_queue_seconds",
+     "Learned time to first token each request waiting ahead adds, past its prefill.",
+     lambda r: r.speed.queue_s),
+    ("kvgate_worker_ttft_prediction_error_ratio",
+     "Median |predicted - observed| / observed TTFT of the worker's last 256 requests, as "
+     "predicted when each was sent.", lambda r: r.ttft_error),
+    ("kvgate_worker_speed_observations", "TTFTs the worker's speed was fitted to.",
+     lambda r: r.observations),
+)  # fmt: skip
+"""Each worker's learned speed (``Policy.speeds``): name, help, value of its report."""
+
+
+class _SpeedCollector(Collector):
+    """Each worker's learned speed and how well it predicts, read when Prometheus scrapes."""
+
+    def __init__(self, speeds: Callable[[], Mapping[str, SpeedReport]]) -> None:
+        self._speeds = speeds
+
+    def collect(self) -> Iterator[Metric]:
+        reports = self._speeds()
+        for name, text, value in _SPEED_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["worker"])
+            for worker, report in reports.items():
+                _maybe(family, [worker], value(report))
+            yield family
 
 
 class SlotMetrics:

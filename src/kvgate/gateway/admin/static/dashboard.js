@@ -80,6 +80,10 @@ function drawFleet(state) {
       el("td", { class: `mem ${stale}` }, mem),
       el("td", { class: "affinities" }, num(w.affinities)),
       el("td", { class: `age ${w.signals_fresh ? "" : "warn"}` }, secs(w.scrape_age_s)),
+      // Learned from observed TTFTs (core.speed): tokens/s of prefill, the fixed overhead.
+      el("td", { class: "speed", title: w.overhead_s === null ? "" : `overhead ${secs(w.overhead_s)}` },
+        w.prefill_tokens_per_s === null ? "—" : `${Math.round(w.prefill_tokens_per_s)} tok/s`),
+      el("td", { class: "ttft-error" }, w.ttft_error === null ? "—" : pct(w.ttft_error)),
       el("td", { class: "why" }, w.hot.join("; ") || "—"));
   }));
 }

@@ -1,0 +1,368 @@
+"""Each worker's speed, learned from what the gateway observes of its requests.
+
+A worker's time to first token for a request sent at ``t`` is modelled as::
+
+    ttft = overhead + prefill × (uncached tokens queued ahead + this request's uncached)
+                    + decode × requests decoding there
+
+``overhead`` (seconds), ``prefill`` (seconds per uncached token) and ``decode`` (seconds
+each running request adds: its decode steps interleave with the prefill) are fitted per
+worker by recursive least squares with forgetting (``forgetting``: the weight of an
+observation halves after ~0.7 / (1 - forgetting) newer ones), on relative errors (each
+observation weighted by 1 / its predicted TTFT, since TTFTs span orders of magnitude), with
+outliers clipped to ``clip`` times the running error scale (Huber): a stall of one request
+cannot drag the estimate, a worker that slows down moves it within a few dozen requests.
+
+What is queued ahead is this model's own book of the requests sent (``sent``): those sent
+earlier to the same worker and not yet at their first token when this one was sent. Their
+uncached tokens are the caller's guess at send time and the truth from ``usage`` once they
+end. Where the engine reports its own queue (``waiting``, ``running`` from a scrape), the
+others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
+
+Starts from a prior (the profile or config); a worker seen fewer than ``warm`` times is
+predicted with the fleet's estimate (the median of the warm workers' parameters). Pure: no
+clock (times are passed in), no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from kvgate.types import Seconds, WorkerId
+
+_SCALE = (1.0, 1e-3, 0.1, 0.1)  # features in units that keep the fit well conditioned
+_N = len(_SCALE)
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """One worker's speed: fixed overhead (s), prefill (s per uncached token), decode (s per
+    running request), and queueing (s per request waiting ahead, beyond its prefill: for
+    a batch slot or KV room)."""
+
+    overhead_s: float
+    prefill_s: float
+    decode_s: float
+    queue_s: float = 0.0
+
+    def ttft(self, tokens: float, running: float, waiting: float = 0.0) -> Seconds:
+        """Predicted time to first token behind ``tokens`` uncached tokens (its own and those
+        ahead), ``running`` requests decoding and ``waiting`` requests ahead."""
+        return (
+            self.overhead_s
+            + self.prefill_s * tokens
+            + self.decode_s * running
+            + self.queue_s * waiting
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the gateway saw of one attempt, reported at its end: ``ttft`` from sending it
+    to the first token (``None``: none came), ``usage``'s tokens, the mean time between
+    output tokens after the first (``itl``, ``None``: not streamed)."""
+
+    ttft: Seconds | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int = 0
+    itl: Seconds | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedReport:
+    """What ``/metrics`` shows of one worker: its speed, observations, and the median
+    absolute relative error of the TTFT predicted at send time (``None``: none yet)."""
+
+    speed: Speed
+    observations: int
+    ttft_error: float | None
+
+
+@dataclass(slots=True)
+class _Sent:
+    worker: WorkerId
+    at: Seconds
+    uncached: float  # the guess at send; usage's truth when it ends
+    predicted: Seconds
+    ahead: tuple[str, ...]  # requests not at their first token when this one was sent
+    running: int
+    started: bool = False  # at its first token, or past its predicted time
+
+
+@dataclass(slots=True)
+class _Book:
+    """One worker's requests in flight from this replica; ``tokens``/``unstarted``: those
+    not yet started, ``starts``: their predicted start times (entries of started ones stay
+    until popped)."""
+
+    sent: dict[str, _Sent] = field(default_factory=dict)
+    starts: list[tuple[float, str]] = field(default_factory=list)
+    tokens: float = 0.0
+    unstarted: int = 0
+
+    def start(self, sent: _Sent) -> None:
+        if not sent.started:
+            sent.started = True
+            self.tokens -= sent.uncached
+            self.unstarted -= 1
+            if not self.unstarted:
+                self.tokens = 0.0  # no float drift past an empty queue
+
+    def settle(self, now: Seconds) -> None:
+        starts = self.starts
+        while starts and starts[0][0] <= now:
+            _, rid = heapq.heappop(starts)
+            sent = self.sent.get(rid)
+            if sent is not None:
+                self.start(sent)
+
+
+@dataclass(slots=True)
+class _Fit:
+    theta: list[float]
+    p: list[list[float]]
+    n: int = 0
+    scale: float = 0.3  # running mean absolute relative error, for clipping
+    bias: float = 0.0  # running mean relative error: a run of one sign is a change, no outlier
+    errors: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    uncached: float = 0.0  # mean uncached tokens a request (the engine's others' work)
+    speed: Speed | None = None  # ``theta`` as a ``Speed``, rebuilt on each update
+
+
+class FleetSpeed:
+    """Per-worker speed estimates, fed request by request (module docs)."""
+
+    def __init__(
+        self,
+        prior: Speed,
+        *,
+        forgetting: float = 0.96,
+        clip: float = 3.0,
+        warm: int = 8,
+        max_pending: int = 65_536,
+    ) -> None:
+        self.prior = prior
+        self._lambda = forgetting
+        self._clip = clip
+        self._warm = warm
+        self._max_pending = max_pending
+        self._fits: dict[WorkerId, _Fit] = {}
+        self._pending: OrderedDict[str, _Sent] = OrderedDict()
+        self._books: dict[WorkerId, _Book] = {}
+        self._fleet: Speed | None = None  # cached ``fleet()``, dropped on every update
+        self._done: OrderedDict[str, _Sent] = OrderedDict()  # recent ends, usage's tokens
+
+    # -- estimates ------------------------------------------------------------------
+
+    def speed(self, worker: WorkerId) -> Speed:
+        """The worker's estimate; the fleet's while it has too few observations."""
+        fit = self._fits.get(worker)
+        if fit is None or fit.speed is None or fit.n < self._warm:
+            return self.fleet()
+        return fit.speed
+
+    def fleet(self) -> Speed:
+        """The median of the warm workers' estimates (the prior while none is warm)."""
+        if self._fleet is None:
+            warm = [f.theta for f in self._fits.values() if f.n >= self._warm]
+            self._fleet = (
+                _speed([statistics.median(t[i] for t in warm) for i in range(_N)])
+                if warm
+                else self.prior
+            )
+        return self._fleet
+
+    def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:
+        """This replica's book of ``worker`` at ``now``: uncached tokens not yet at their
+        first token (past its predicted time a request counts as started), and the rest
+        of its requests in flight (decoding)."""
+        book = self._books.get(worker)
+        if book is None:
+            return 0.0, 0
+        book.settle(now)
+        return book.tokens, len(book.sent) - book.unstarted
+
+    def predict(
+        self,
+        worker: WorkerId,
+        uncached: float,
+        now: Seconds,
+        *,
+        in_flight: int = 0,
+        waiting: int | None = None,
+        running: int | None = None,
+    ) -> Seconds:
+        """Predicted TTFT of a request with ``uncached`` tokens sent to ``worker`` at ``now``.
+
+        ``in_flight``: the gateway's exact count of its requests there (a floor under the
+        book's). ``waiting``/``running``: the engine's own counts from its last scrape, if
+        it reports them: requests waiting there beyond this replica's own are others'
+        work, counted at the worker's mean uncached tokens; its running count is a floor."""
+        tokens, decoding = self.queue(worker, now)
+        book = self._books.get(worker)
+        unstarted = book.unstarted if book is not None else 0
+        ahead = float(unstarted)
+        decoding = max(decoding, in_flight - unstarted)
+        if waiting is not None or running is not None:
+            mine = decoding + unstarted
+            if waiting is not None and waiting + (running or 0) > mine:
+                fit = self._fits.get(worker)
+                others = min(waiting, waiting + (running or 0) - mine)
+                tokens += others * (fit.uncached if fit is not None else uncached)
+                ahead += others
+            if running is not None and running > decoding:
+                decoding = running
+        return self.speed(worker).ttft(tokens + uncached, decoding, ahead)
+
+    def report(self) -> dict[WorkerId, SpeedReport]:
+        """Every worker seen: its estimate, observations and TTFT prediction error."""
+        return {
+            w: SpeedReport(self.speed(w), f.n, statistics.median(f.errors) if f.errors else None)
+            for w, f in self._fits.items()
+        }
+
+    # -- observations -----------------------------------------------------------------
+
+    def sent(self, request_id: str, worker: WorkerId, at: Seconds, uncached: float) -> Seconds:
+        """``request_id`` (``uncached`` tokens, the caller's guess) went to ``worker`` at
+        ``at``; returns its predicted TTFT."""
+        book = self._books.get(worker)
+        if book is None:
+            book = self._books[worker] = _Book()
+        book.settle(at)
+        ahead = tuple(rid for rid, s in book.sent.items() if not s.started)
+        running = len(book.sent) - len(ahead)
+        predicted = self.predict(worker, uncached, at)
+        uncached = max(uncached, 0.0)
+        sent = _Sent(worker, at, uncached, predicted, ahead, running)
+        self._pending[request_id] = book.sent[request_id] = sent
+        book.tokens += uncached
+        book.unstarted += 1
+        heapq.heappush(book.starts, (at + predicted, request_id))
+        while len(self._pending) > self._max_pending:
+            self._forget(next(iter(self._pending)))
+        return predicted
+
+    def first_token(self, request_id: str, at: Seconds) -> None:
+        """``request_id``'s first token arrived at ``at``: it no longer queues ahead of others."""
+        sent = self._pending.get(request_id)
+        if sent is not None:
+            self._books[sent.worker].start(sent)
+
+    def ended(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """``request_id`` ended with ``usage``: it leaves the book; ``observed`` may fit it."""
+        sent = self._forget(request_id)
+        if sent is None:
+            return
+        sent.uncached = float(max(prompt_tokens - cached_tokens, 0))
+        self._done[request_id] = sent
+        while len(self._done) > 4096:
+            self._done.popitem(last=False)
+
+    def observed(self, request_id: str, ttft: Seconds | None) -> None:
+        """The ended ``request_id``'s TTFT as the gateway saw it, from its send (``None``:
+        no first token seen, nothing to learn): fit its worker's speed to it."""
+        sent = self._done.get(request_id)
+        if sent is None or ttft is None or ttft <= 0.0 or not math.isfinite(ttft):
+            return
+        ahead = sum(self._tokens(rid) for rid in sent.ahead)
+        fit = self._fit(sent.worker)
+        fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
+        features = (1.0, ahead + sent.uncached, float(sent.running), float(len(sent.ahead)))
+        self._update(fit, features, ttft)
+        fit.errors.append(abs(sent.predicted - ttft) / ttft)
+
+    def dropped(self, request_id: str) -> None:
+        """``request_id`` left with nothing to learn from (failed, cancelled)."""
+        self._forget(request_id)
+
+    def forget_worker(self, worker: WorkerId) -> None:
+        """``worker`` left the fleet."""
+        book = self._books.pop(worker, None)
+        for rid in book.sent if book is not None else ():
+            self._pending.pop(rid, None)
+        self._fits.pop(worker, None)
+        self._fleet = None
+
+    # -- the fit ----------------------------------------------------------------------
+
+    def _tokens(self, request_id: str) -> float:
+        done = self._done.get(request_id)
+        if done is not None:
+            return done.uncached
+        sent = self._pending.get(request_id)
+        return sent.uncached if sent is not None else 0.0
+
+    def _forget(self, request_id: str) -> _Sent | None:
+        sent = self._pending.pop(request_id, None)
+        if sent is not None:
+            book = self._books[sent.worker]
+            book.start(sent)
+            del book.sent[request_id]
+            if not book.sent:
+                book.starts.clear()
+        return sent
+
+    def _fit(self, worker: WorkerId) -> _Fit:
+        fit = self._fits.get(worker)
+        if fit is None:
+            start = self.fleet()  # a new worker starts from the fleet's estimate
+            theta = [start.overhead_s, start.prefill_s, start.decode_s, start.queue_s]
+            theta = [t / s for t, s in zip(theta, _SCALE, strict=True)]
+            # Prior spread: the parameters' own size (about 100% uncertain), at least a floor.
+            p = [[0.0] * _N for _ in range(_N)]
+            for i in range(_N):
+                p[i][i] = _spread(theta[i])
+            fit = self._fits[worker] = _Fit(theta, p)
+        return fit
+
+    def _update(self, fit: _Fit, features: tuple[float, ...], y: Seconds) -> None:
+        x = [f * s for f, s in zip(features, _SCALE, strict=True)]
+        theta, p, lam = fit.theta, fit.p, self._lambda
+        predicted = sum(t * xi for t, xi in zip(theta, x, strict=True))
+        # Relative errors: weigh the observation by 1 / its size.
+        w = 1.0 / max(predicted, y, 1e-6)
+        x = [xi * w for xi in x]
+        error = (y - predicted) * w
+        bound = self._clip * fit.scale
+        fit.bias += 0.2 * (max(min(error, 1.0), -1.0) - fit.bias)
+        if fit.n >= self._warm and abs(error) > bound and abs(fit.bias) < bound:
+            error = math.copysign(bound, error)  # an outlier moves the fit only so far
+        fit.scale += 0.05 * (min(abs(error), 2.0) - fit.scale)
+        fit.scale = max(fit.scale, 0.02)
+        px = [sum(p[i][j] * x[j] for j in range(_N)) for i in range(_N)]
+        denom = lam + sum(x[i] * px[i] for i in range(_N))
+        gain = [v / denom for v in px]
+        for i in range(_N):
+            theta[i] += gain[i] * error
+            theta[i] = max(theta[i], 0.0)
+        theta[1] = max(theta[1], self.prior.prefill_s / _SCALE[1] / 50.0)
+        for i in range(_N):
+            for j in range(_N):
+                p[i][j] = (p[i][j] - gain[i] * px[j]) / lam
+        # Forgetting inflates directions no observation excites: cap each variance at its
+        # prior spread so a long run of look-alike requests cannot wind the gain up.
+        for i in range(_N):
+            cap = _spread(theta[i])
+            if p[i][i] > cap:
+                r = math.sqrt(cap / p[i][i])
+                for j in range(_N):
+                    p[i][j] *= r
+                    p[j][i] *= r
+        fit.n += 1
+        fit.speed = _speed(theta)
+        self._fleet = None
+
+
+def _speed(theta: list[float]) -> Speed:
+    return Speed(*(t * s for t, s in zip(theta, _SCALE, strict=True)))
+
+
+def _spread(theta: float) -> float:
+    """A parameter's prior variance: its own size (about 100% uncertain), with a floor."""
+    return max(theta, 0.05) ** 2 * 4.0

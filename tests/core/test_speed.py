@@ -1,0 +1,116 @@
+"""The speed estimator: converges from its prior, follows a slowdown, ignores outliers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvgate.core.speed import FleetSpeed, Speed
+
+PRIOR = Speed(overhead_s=0.01, prefill_s=1 / 12_000, decode_s=0.002)
+
+
+def drive(
+    model: FleetSpeed,
+    truth: Speed,
+    rng: random.Random,
+    n: int,
+    *,
+    worker: str = "w",
+    start: float = 0.0,
+    outliers: float = 0.0,
+) -> float:
+    """Send ``n`` requests one after another (each waits for the last), as a worker of speed
+    ``truth`` would serve them; returns the time after the last."""
+    now = start
+    for i in range(n):
+        rid = f"{worker}-{start}-{i}"
+        prompt = rng.randint(100, 4000)
+        cached = rng.randint(0, prompt // 2)
+        running = 0
+        model.sent(rid, worker, now, prompt - cached)
+        ttft = truth.ttft(prompt - cached, running) * rng.uniform(0.95, 1.05)
+        if rng.random() < outliers:
+            ttft *= 20
+        model.first_token(rid, now + ttft)
+        model.ended(rid, prompt, cached)
+        model.observed(rid, ttft)
+        now += ttft + 0.01
+    return now
+
+
+def close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * abs(b)
+
+
+def test_converges_from_the_prior_within_a_few_dozen_requests() -> None:
+    truth = Speed(overhead_s=0.03, prefill_s=1 / 4_000, decode_s=0.002)
+    model = FleetSpeed(PRIOR)
+    drive(model, truth, random.Random(1), 40)
+    got = model.speed("w")
+    assert close(got.prefill_s, truth.prefill_s, 0.15)
+    assert close(model.predict("w", 2000, 1e9), truth.ttft(2000, 0), 0.1)
+    report = model.report()["w"]
+    assert report.observations == 40 and report.ttft_error is not None
+
+
+def test_follows_a_worker_that_slows_down_and_shrugs_off_outliers() -> None:
+    fast = Speed(overhead_s=0.02, prefill_s=1 / 10_000, decode_s=0.002)
+    slow = Speed(overhead_s=0.04, prefill_s=2 / 10_000, decode_s=0.004)
+    model = FleetSpeed(PRIOR)
+    rng = random.Random(2)
+    now = drive(model, fast, rng, 60, outliers=0.05)
+    assert close(model.speed("w").prefill_s, fast.prefill_s, 0.2)
+    drive(model, slow, rng, 40, start=now)
+    assert close(model.predict("w", 2000, 1e9), slow.ttft(2000, 0), 0.2)
+
+
+def test_a_new_worker_gets_the_fleets_estimate() -> None:
+    truth = Speed(overhead_s=0.02, prefill_s=1 / 5_000, decode_s=0.002)
+    model = FleetSpeed(PRIOR)
+    rng = random.Random(3)
+    for w in ("a", "b", "c"):
+        drive(model, truth, rng, 30, worker=w)
+    assert model.speed("new") == model.fleet()
+    assert close(model.fleet().prefill_s, truth.prefill_s, 0.2)
+    assert model.speed("new") != PRIOR
+
+
+def test_queue_ahead_counts_what_has_not_started_and_the_engines_others() -> None:
+    model = FleetSpeed(PRIOR)
+    model.sent("a", "w", 0.0, 12_000)  # one second of prefill ahead
+    assert model.queue("w", 0.5) == (12_000, 0)
+    alone = PRIOR.ttft(1200, 0)
+    assert model.predict("w", 1200, 0.5) == pytest.approx(PRIOR.ttft(13_200, 0))
+    model.first_token("a", 0.6)
+    assert model.queue("w", 0.7) == (0, 1)
+    assert model.predict("w", 1200, 0.7) == pytest.approx(PRIOR.ttft(1200, 1))
+    # The engine sees three waiting that are not ours: another replica's work.
+    assert model.predict("w", 1200, 0.7, waiting=3, running=1) > alone
+    model.dropped("a")
+    assert model.queue("w", 0.7) == (0, 0)
+    # Past its predicted first token, an unreported request counts as started.
+    model.sent("b", "w", 1.0, 1200)
+    assert model.queue("w", 100.0) == (0, 1)
+
+
+def test_queued_requests_teach_the_per_token_rate() -> None:
+    """TTFT behind a queue: the fit counts the tokens ahead, so the rate comes out right."""
+    truth = Speed(overhead_s=0.01, prefill_s=1 / 8_000, decode_s=0.0)
+    model = FleetSpeed(PRIOR)
+    rng = random.Random(4)
+    now = 0.0
+    for i in range(30):
+        burst = [f"r{i}-{k}" for k in range(3)]
+        tokens = [rng.randint(500, 3000) for _ in burst]
+        for rid, t in zip(burst, tokens, strict=True):
+            model.sent(rid, "w", now, t)
+        done = now
+        for rid, t in zip(burst, tokens, strict=True):
+            done += truth.ttft(t, 0)
+            model.first_token(rid, done)
+            model.ended(rid, t, 0)
+            model.observed(rid, done - now)
+        now = done + 1.0
+    assert close(model.speed("w").prefill_s, truth.prefill_s, 0.15)
