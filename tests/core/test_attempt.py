@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from kvgate.core.attempt import (
+    Ahead,
     Answered,
     AttemptEnd,
     AttemptState,
@@ -153,7 +154,13 @@ def test_events_after_the_end_change_nothing(row: Row) -> None:
 
 def test_the_end_carries_what_a_speed_estimator_learns_from() -> None:
     (end,) = run((*STREAM, Usage(100, 60, 3), Completed(1.0)))
-    assert end.ahead_requests == 3 and end.ahead_kv_tokens == 900
+    assert end.ahead_requests == 3 and end.ahead_kv_tokens == 900  # as placed: never told
+    assert end.ahead_waiting is None
+    sent = (Routed(0.0), Sent(0.1, Ahead(5, 1200, 2)), Sent(0.2, Ahead(9, 9, 9)))
+    (end,) = run((*sent, Completed(0.5)))
+    assert (end.ahead_requests, end.ahead_kv_tokens, end.ahead_waiting) == (5, 1200, 2)
+    assert end.sent_at == 0.1  # the first send counts
+    (end,) = run((*STREAM, Usage(100, 60, 3), Completed(1.0)))
     assert end.ttft_s == pytest.approx(0.2)  # first token 0.3, sent 0.1
     assert end.decode_s == pytest.approx(0.6)
     assert end.inter_token_s == pytest.approx(0.3)  # 3 tokens: two gaps over 0.6 s

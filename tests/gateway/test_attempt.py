@@ -114,6 +114,8 @@ async def test_every_path_ends_each_attempt_once() -> None:
                 (EndKind.COMPLETED, Judgement.OK)
             ] * 2
             assert all(e.prompt_tokens and e.ttft_s is not None for e in ends.seen)
+            # One request at a time: nothing of the gateway's was queued ahead at the send.
+            assert all((e.ahead_requests, e.ahead_kv_tokens) == (0, 0) for e in ends.seen)
 
             # A 5xx on one worker, served by the other: two attempts, each ended once.
             await set_faults(fleet[0], error_rate=1.0)

@@ -7,7 +7,8 @@ worker failed it, or the client went away. Whichever data plane carries the byte
 the same events, with the time it read from its own clock::
 
     routed(at)            the policy was told of the placement (``on_routed``)
-    sent(at)              the request is written to the worker
+    sent(at, ahead)       the request is written to the worker, with the work queued
+                          ahead of it there then (``Ahead``)
     answered(at, status)  the response's status line and headers arrived
     token(at)             a chunk of the answer arrived (the first one is the first token)
     usage(prompt, cached, completion)   the worker's ``usage`` was read
@@ -75,10 +76,23 @@ class Routed:
 
 
 @dataclass(frozen=True, slots=True)
+class Ahead:
+    """The work queued on a worker ahead of a request, when it was sent."""
+
+    requests: int
+    """Other requests the gateway has in flight there."""
+    kv_tokens: int
+    """The KV tokens those are estimated to hold."""
+    waiting: int | None = None
+    """The worker's own waiting queue, as last scraped (``None``: unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Sent:
-    """The request is written to the worker."""
+    """The request is written to the worker, with the work queued ahead of it."""
 
     at: float
+    ahead: Ahead | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +164,12 @@ class AttemptEnd:
     sent_at: float | None
     ended_at: float
     ahead_requests: int
-    """Requests the gateway had in flight on the worker when this one was placed."""
+    """Other requests the gateway had in flight on the worker when this one was sent
+    (when it was placed, if it never was)."""
     ahead_kv_tokens: int
     """KV tokens those requests were estimated to hold (the work queued ahead)."""
+    ahead_waiting: int | None
+    """The worker's own waiting queue at the send, as last scraped (``None``: unknown)."""
     first_token_at: float | None
     last_token_at: float | None
     chunks: int
@@ -216,6 +233,7 @@ class AttemptState:
         "_usage",
         "ahead_kv_tokens",
         "ahead_requests",
+        "ahead_waiting",
         "chunks",
         "placed_at",
         "version",
@@ -236,6 +254,7 @@ class AttemptState:
         self.placed_at = placed_at
         self.ahead_requests = ahead_requests
         self.ahead_kv_tokens = ahead_kv_tokens
+        self.ahead_waiting: int | None = None
         self.chunks = 0
         self._routed = False
         self._sent: float | None = None
@@ -288,10 +307,15 @@ class AttemptState:
         if self._end is None:
             self._routed = True
 
-    def sent(self, at: float) -> None:
-        """The request is written to the worker (the first time counts)."""
+    def sent(self, at: float, ahead: Ahead | None = None) -> None:
+        """The request is written to the worker, ``ahead`` queued before it there (the
+        first time counts; without ``ahead``, what was ahead at placement stands)."""
         if self._sent is None and self._end is None:
             self._sent = at
+            if ahead is not None:
+                self.ahead_requests = ahead.requests
+                self.ahead_kv_tokens = ahead.kv_tokens
+                self.ahead_waiting = ahead.waiting
 
     def answered(self, at: float, status: int) -> None:
         """The response's status arrived."""
@@ -332,8 +356,8 @@ class AttemptState:
         match event:
             case Routed(at):
                 self.routed(at)
-            case Sent(at):
-                self.sent(at)
+            case Sent(at, ahead):
+                self.sent(at, ahead)
             case Answered(at, status):
                 self.answered(at, status)
             case Token(at):
@@ -369,6 +393,7 @@ class AttemptState:
             ended_at=at,
             ahead_requests=self.ahead_requests,
             ahead_kv_tokens=self.ahead_kv_tokens,
+            ahead_waiting=self.ahead_waiting,
             first_token_at=self._first,
             last_token_at=self._last,
             chunks=self.chunks,

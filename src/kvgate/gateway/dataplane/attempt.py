@@ -35,7 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from kvgate.core.attempt import AttemptEnd, AttemptState, EndKind, Judgement, tell_policy
+from kvgate.core.attempt import (
+    Ahead,
+    AttemptEnd,
+    AttemptState,
+    EndKind,
+    Judgement,
+    tell_policy,
+)
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policy import Policy
@@ -211,7 +218,14 @@ class Attempt:
 
     def sent(self) -> None:
         """The request is written to the worker: share what the placement adds, once."""
-        self.state.sent(self.parts.mono())
+        worker, kv = self.worker, self.kv_tokens
+        signals = worker.signals
+        ahead = Ahead(
+            worker.in_flight - 1,
+            worker.kv_in_flight_tokens - kv,
+            signals.waiting if signals is not None else None,
+        )
+        self.state.sent(self.parts.mono(), ahead)
         writes = self.shares
         if writes:
             self.shares = ()
