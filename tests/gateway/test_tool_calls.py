@@ -95,7 +95,7 @@ async def test_a_messages_turn_ending_in_tool_use_is_booked(workers: list[Worker
         assert plane.book.get("cc-False") is not None and plane.book.get("cc-True") is not None
 
 
-async def test_away_sessions_are_offloaded_once_when_their_worker_is_at_the_watermark(
+async def test_away_sessions_are_offloaded_once_to_a_lossless_tier_past_the_threshold(
     workers: list[WorkerHandle],
 ) -> None:
     asked: list[tuple[str, list[str], str]] = []
@@ -106,14 +106,19 @@ async def test_away_sessions_are_offloaded_once_when_their_worker_is_at_the_wate
 
     async with running_gateway(gateway_config(workers)) as gw:
         await every_worker_up(gw)
-        plane = ToolCallPlane(gw.gateway.pool, offload=offload, offload_at=0.85)
-        calm, full = list(gw.gateway.pool)
+        pool = gw.gateway.pool
+        keeps = ToolCallPlane(pool, offload=offload, offload_at=0.85, lossless=lambda w: True)
+        drops = ToolCallPlane(pool, offload=offload, offload_at=0.85)
+        calm, full = list(pool)
         calm.update(signals=Scraped(kv_usage=0.2, kv_capacity_tokens=10_000), signals_at=0.0)
         full.update(signals=Scraped(kv_usage=0.9, kv_capacity_tokens=10_000), signals_at=0.0)
-        plane.left("a", calm, 1000)
-        plane.left("b", full, 2000)
-        plane.left("c", full, 500)
-        await plane.stop()
+        drops.left("d", full, 100)  # a worker that would drop offloaded KV keeps it
+        await drops.stop()
+        assert asked == []
+        keeps.left("a", calm, 1000)
+        keeps.left("b", full, 2000)
+        keeps.left("c", full, 500)
+        await keeps.stop()
         assert asked == [(full.id, ["b"], "tool_call"), (full.id, ["c"], "tool_call")]
         # Offloaded KV is off the GPU: no longer reserved there; the calm worker's still is.
         assert calm.routed.kv_reserved_tokens == 1000 and full.routed.kv_reserved_tokens == 0

@@ -125,11 +125,12 @@ class Gateway:
             relieve_interval_s=config.health.interval_s,
             slots=self.slots,
         )
+        slots = self.slots
         self.tool_calls = (
             ToolCallPlane(
                 self.pool,
                 offload=self.pressure.offload_sessions,
-                offload_at=pressure.soft_watermark,
+                lossless=lambda w: slots.manages(w) or w.config.offload_url is not None,
             )
             if pressure.enabled
             else None

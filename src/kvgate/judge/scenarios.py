@@ -103,6 +103,8 @@ class Scenario:
     profiles: tuple[str, ...] = (H100,)
     kv_blocks: int = 0
     """Each worker's KV blocks of ``block_size`` tokens (0: what the profile's GPU holds)."""
+    cpu_offload_blocks: int = 0
+    """Simulator: each worker's CPU offload tier in blocks (vLLM's CPU offload; 0: none)."""
     block_size: int = 16
     concurrency: int = 64
     """The most requests the clients have out at once."""
@@ -254,11 +256,13 @@ SCENARIOS: Mapping[str, Scenario] = {
             requests=500,
             live_requests=240,
             kv_blocks=900,
+            cpu_offload_blocks=8_000,
             concurrency=64,
             time_scale=10.0,
             why="tool-calling agents (issue 49): one 4,096-token preamble, 10-40 turns, "
-            "log-normal tool pauses, subagents; each worker's KV holds about one agent's "
-            "whole context, so what a tool pause leaves behind is what gets evicted",
+            "log-normal tool pauses, subagents; each worker's GPU KV holds about one agent's "
+            "whole context (what a tool pause leaves behind is what gets evicted), its CPU "
+            "tier 8,000 blocks (simulator)",
             criteria=(
                 Criterion("hit_rate", "best_peer", 0.0),
                 Criterion("ttft_p50", "best_peer", 0.7),

@@ -39,6 +39,7 @@ def sim_config(scenario: Scenario, seed: int, *, as_peer: bool) -> SimConfig:
         max_requests=scenario.requests,
         client_concurrency=scenario.concurrency,
         slowdowns=slowdowns,
+        cpu_offload_blocks=scenario.cpu_offload_blocks,
     )
     return dataclasses.replace(config, pressure=None) if as_peer else config
 

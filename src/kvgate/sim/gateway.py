@@ -56,6 +56,7 @@ from kvgate.core.route import (
     queue_timeout,
     route,
 )
+from kvgate.core.toolcalls import OFFLOAD_AT
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.kvfeed import KVFeed
@@ -169,9 +170,7 @@ class SimGateway:
         """Engine blocks of the requests ``policy.openers`` names (a warm-up is cut from one)."""
         self.kv_holds = 0
         """Requests held at least once for KV headroom."""
-        self.tool_calls = (
-            SimToolCalls(workers, pressure.config.soft_watermark) if pressure is not None else None
-        )
+        self.tool_calls = SimToolCalls(workers, OFFLOAD_AT) if pressure is not None else None
         """Sessions away on a tool call (``sim.toolcalls``; ``None``: pressure handling off)."""
         self._queue: list[tuple[tuple[int, int], int, _Waiter]] = []
         self._order = 0

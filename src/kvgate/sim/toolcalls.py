@@ -3,10 +3,12 @@
 The simulator's side of ``core.toolcalls``, as the live gateway's: a turn that ends in a
 tool call books its session away on its worker (the KV its prompt and answer hold); a
 worker's ``kv_reserved_tokens`` is the KV of its sessions away and expected back, which
-the policy counts in the eviction cost of placing other work there; a worker at the
-pressure watermark moves its away sessions' KV to the CPU tier (``Engine.offload``),
-from where their return restores it instead of recomputing it. Runs only where the
-gateway handles memory pressure (``SimConfig.pressure``): a peer router does none of it.
+the policy counts in the eviction cost of placing other work there. A worker with a CPU
+tier (``SimConfig.cpu_offload_blocks``) has its away sessions' KV moved there
+(``Engine.offload``, ``core.toolcalls.OFFLOAD_AT``), from where their return restores
+it instead of recomputing it; a worker without one keeps it (an offload would drop it).
+Runs only where the gateway handles memory pressure (``SimConfig.pressure``): a peer
+router does none of it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class SimToolCalls:
     def __init__(self, workers: list[SimWorker], offload_at: float) -> None:
         self.workers = workers
         self.offload_at = offload_at
-        """KV usage at which a worker's away sessions are offloaded (the soft watermark)."""
+        """KV usage at which a worker's away sessions are offloaded (``OFFLOAD_AT``)."""
         self.book = AwaySessions()
         self.offloads = 0
 
@@ -36,6 +38,9 @@ class SimToolCalls:
     def left(self, key: SessionKey, worker: SimWorker, kv_tokens: int, now: Seconds) -> None:
         """``key``'s turn on ``worker`` ended in a tool call."""
         self.book.left(key, worker.id, kv_tokens, now)
+        if not worker.engine.config.cpu_offload_blocks:
+            self._reserve(now)
+            return  # nowhere to keep it: an offload would drop it
         due = self.book.offload_due(worker.id, worker.engine.kv_usage, self.offload_at)
         if due:
             worker.engine.offload(session_ids=due, now=now)

@@ -5,10 +5,12 @@ The request path tells this plane two things: a session's request arrived
 ToolPauses``), and a session's answer ended in a tool call (``left``: the relay saw
 ``finish_reason: tool_calls`` or ``stop_reason: tool_use``). While a session is away
 its worker's ``Routed.kv_reserved_tokens`` carries its KV, so the policy counts it in
-the eviction cost of placing other work there; when the worker is at the soft
-watermark the session's KV is offloaded (``PressureDriver.offload_sessions``: a
-llama.cpp slot saved to disk, ``POST /kv/offload`` to a vLLM-style worker's CPU tier)
-and restored when it returns, instead of recomputed. The decisions are
+the eviction cost of placing other work there. On a worker with a lossless tier
+(``lossless``: a llama.cpp worker under slot offload, whose slot is saved to disk; a
+worker with an explicit ``offload_url``, whose operator says it keeps offloaded KV) the
+session's KV is offloaded (``PressureDriver.offload_sessions``, ``core.toolcalls.
+OFFLOAD_AT``) and restored when it returns, instead of recomputed; elsewhere an offload
+would drop it, so it stays. The decisions are
 ``core.toolcalls.AwaySessions``'s; this plane only carries them out.
 """
 
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvgate.core.toolcalls import AwaySessions
+from kvgate.core.toolcalls import OFFLOAD_AT, AwaySessions
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.types import SessionKey
 
@@ -38,14 +40,17 @@ class ToolCallPlane:
         pool: WorkerPool,
         *,
         offload: Offload | None,
-        offload_at: float,
+        offload_at: float = OFFLOAD_AT,
+        lossless: Callable[[Worker], bool] = lambda worker: False,
         book: AwaySessions | None = None,
         mono: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
         self.offload = offload
         self.offload_at = offload_at
-        """KV usage at which a worker's away sessions are offloaded (the soft watermark)."""
+        """KV usage at which a worker's away sessions are offloaded (``OFFLOAD_AT``)."""
+        self.lossless = lossless
+        """Whether a worker keeps KV it is asked to offload (else it would drop it)."""
         self.book = book if book is not None else AwaySessions()
         self.mono = mono
         self.tool_calls = 0
@@ -63,6 +68,9 @@ class ToolCallPlane:
         if key is None:
             return  # a headerless agent: its next turn is found by its chain
         self.book.left(key, worker.id, kv_tokens, self.mono())
+        if self.offload is None or not self.lossless(worker):
+            self._reserve()
+            return
         signals = worker.routed.signals
         usage = signals.kv_usage if signals is not None else None
         due = self.book.offload_due(worker.id, usage, self.offload_at)
