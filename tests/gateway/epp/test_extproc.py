@@ -235,3 +235,48 @@ async def test_an_alias_is_routed_and_forwarded_as_its_model() -> None:
                 async with envoy(picker, mode) as client:  # type: ignore[arg-type]
                     result = await client.request(chat("hi", model="gpt-4o-mini"))
                 assert result.status == 200, (mode, result.body)
+
+
+async def test_trailers_end_the_request_body_and_the_response_in_full_duplex() -> None:
+    from envoy.config.core.v3.base_pb2 import HeaderMap, Metadata
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from google.protobuf.struct_pb2 import Struct
+
+    from .envoy import _headers
+
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker) as client,
+    ):
+        duplex = ProcessingMode.FULL_DUPLEX_STREAMED
+        config = pb.ProtocolConfiguration(request_body_mode=duplex, response_body_mode=duplex)
+        call = client.stub.Process()
+        headers = _headers({":path": "/v1/chat/completions"}, end=False)
+        await call.write(pb.ProcessingRequest(request_headers=headers, protocol_config=config))
+        body = chat("trailers")
+        await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body)))
+        trailers = pb.HttpTrailers(trailers=HeaderMap())
+        await call.write(pb.ProcessingRequest(request_trailers=trailers))
+        kinds = [(await client._read(call)).WhichOneof("response") for _ in range(3)]
+        assert kinds == ["request_headers", "request_body", "request_trailers"]
+        assert picker.gateway.pool.in_flight() == 1
+        served = Struct()
+        served.update({"x-gateway-destination-endpoint-served": fleet[0].url[len("http://") :]})
+        response = _headers({":status": "200", "content-type": "application/json"}, end=False)
+        await call.write(
+            pb.ProcessingRequest(
+                response_headers=response,
+                metadata_context=Metadata(filter_metadata={"envoy.lb": served}),
+            )
+        )
+        assert (await client._read(call)).WhichOneof("response") == "response_headers"
+        answer = b'{"id": "x", "usage": {"prompt_tokens": 7, "completion_tokens": 1}}'
+        await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=answer)))
+        echoed = await client._read(call)
+        assert echoed.response_body.response.body_mutation.streamed_response.body == answer
+        await call.write(pb.ProcessingRequest(response_trailers=trailers))
+        assert (await client._read(call)).WhichOneof("response") == "response_trailers"
+        await wait_until(lambda: leases_released(picker), message="released at the trailers")
+        assert _prompt_tokens(picker) == 7  # the usage the body carried
