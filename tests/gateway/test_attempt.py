@@ -151,15 +151,21 @@ async def test_every_path_ends_each_attempt_once() -> None:
             assert ends.seen and all(e.failure == "timeout" for e in ends.seen)
             assert all(e.judgement is Judgement.FAULT for e in ends.seen)
 
-            # The client leaves mid-stream: cancelled, judged nothing.
-            await set_faults(fleet[0], hang=False, extra_latency_ms=0.0)
-            await set_faults(fleet[1], hang=False)
-            ends.seen.clear()
-            await client_leaves_mid_stream(gw)
-            await settled(gw, policy)
-            assert [(e.kind, e.judgement) for e in ends.seen] == [
-                (EndKind.CANCELLED, Judgement.NONE)
-            ]
+
+async def test_a_client_leaving_mid_stream_cancels_the_attempt_once() -> None:
+    """Cancelled, judged nothing, the lease back. The worker decodes at a real GPU's pace
+    (a stream of seconds), so the client surely leaves before the answer's end."""
+    policy = CountingPolicy()
+    async with (
+        worker_fleet(1, profile="h100-llama3-8b", time_scale=1.0) as fleet,
+        running_gateway(gateway_config(fleet), policy=policy) as gw,
+    ):
+        await every_worker_up(gw)
+        ends = Ends(gw)
+        await client_leaves_mid_stream(gw)
+        await settled(gw, policy)
+        assert [(e.kind, e.judgement) for e in ends.seen] == [(EndKind.CANCELLED, Judgement.NONE)]
+        assert ends.seen[0].chunks >= 1 and ends.seen[0].prompt_tokens is None
 
 
 async def client_leaves_mid_stream(gw: GatewayHandle) -> None:
