@@ -117,3 +117,19 @@ async def test_the_access_log_names_the_method_forwarded(
     assert _upstream_methods(fakes) == [b"DELETE /v1/files/abc HTTP/1.1"]
     lines = [r.getMessage() for r in caplog.records if r.name == "kvgate.access"]
     assert any(line.startswith("DELETE /v1/files/abc 200") for line in lines), lines
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/demo"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+async def test_the_model_list_takes_only_get_and_head(
+    method: str, path: str, no_tracebacks: object
+) -> None:
+    """The gateway answers the model list itself: another method is a 405, not forwarded."""
+    async with fake_fleet() as (gw, fakes):
+        answer = await raw_exchange(gateway_port(gw), _head(method, path), deadline_s=5.0)
+        head, _ = await _head_only(gateway_port(gw), _head("HEAD", path))
+    assert answer.status == 405, answer
+    assert answer.headers["allow"] == "GET, HEAD"
+    assert answer.error()["code"] == "method_not_allowed"
+    assert head.status == 200
+    assert _upstream_methods(fakes) == []

@@ -95,14 +95,17 @@ class Passthrough:
     def routes(self) -> list[web.AbstractRouteDef]:
         """The routes, to add after the specific ``/v1/`` ones."""
         post_only = method_not_allowed(("POST",))
+        get_only = method_not_allowed(("GET", "HEAD"))  # the model list: the gateway's own
         return [
             web.get("/v1/models/{model:.+}", self.model_card),
             web.post("/v1/embeddings", self.embeddings),
             web.post("/v1/responses", self.responses),
             web.post("/tokenize", self.tokenize),
             web.post("/detokenize", self.detokenize),
-            # After each path's POST route: every other method there is a 405.
+            # After each path's own routes: every other method there is a 405.
             *(web.route("*", path, post_only) for path in POST_ONLY),
+            web.route("*", "/v1/models", get_only),
+            web.route("*", "/v1/models/{model:.+}", get_only),
             web.get("/v1/{path:.*}", self.any_v1, allow_head=False),
             *(web.route(m, "/v1/{path:.*}", self.any_v1) for m in FORWARDED_METHODS[1:]),
             web.route("*", "/v1/{path:.*}", method_not_allowed(FORWARDED_METHODS)),
