@@ -304,6 +304,12 @@ def main() -> None:
         "(--side-by-side; repeatable: before/after rows in one interleaved run)",
     )
     parser.add_argument("--peer-policy", default="round_robin", help="the Rust routers' policy")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="requests name one of this many sessions in turn (X-Session-ID; --side-by-side)",
+    )
     parser.add_argument("--events", type=int, default=16, help="SSE events per mock stream")
     parser.add_argument(
         "--event-gap-ms",

@@ -208,7 +208,9 @@ def _measure(targets: list[Target], opts: argparse.Namespace) -> list[dict[str, 
                 measured: dict[str, dict[str, Any]] = {}
                 for target in order:
                     before = target.cpu_seconds()
-                    result = wrk_load.run_wrk(target.urls, level, opts.duration, stream)
+                    result = wrk_load.run_wrk(
+                        target.urls, level, opts.duration, stream, opts.sessions
+                    )
                     cpu = target.cpu_seconds() - before
                     row = {
                         "load": load,

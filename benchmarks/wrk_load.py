@@ -29,15 +29,26 @@ def body(stream: bool) -> bytes:
     return b'{"model":"demo","prompt":"hello world","max_tokens":4}'
 
 
-def _script(stream: bool, folder: Path) -> Path:
+def _script(stream: bool, folder: Path, sessions: int = 0) -> Path:
     path = folder / ("stream.lua" if stream else "plain.lua")
     if not path.exists():
         text = body(stream).decode()
-        path.write_text(
+        lua = (
             'wrk.method = "POST"\n'
             f"wrk.body = '{text}'\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
         )
+        if sessions:
+            # Each request names one of ``sessions`` sessions in turn (X-Session-ID).
+            lua += (
+                "local n = 0\n"
+                "request = function()\n"
+                "  n = n + 1\n"
+                f'  wrk.headers["X-Session-ID"] = "s" .. (n % {sessions})\n'
+                "  return wrk.format()\n"
+                "end\n"
+            )
+        path.write_text(lua)
     return path
 
 
@@ -90,14 +101,17 @@ def _parse(out: str) -> WrkResult:
     )
 
 
-def run_wrk(urls: list[str], connections: int, duration: float, stream: bool) -> WrkResult:
+def run_wrk(
+    urls: list[str], connections: int, duration: float, stream: bool, sessions: int = 0
+) -> WrkResult:
     """``connections`` spread over one ``wrk`` per URL, all at once; results merged.
 
     Requests and errors add up; p50/p99 are the slowest URL's (a conservative merge).
+    With ``sessions``, each request names one of that many sessions in turn.
     """
     shares = [connections // len(urls) + (i < connections % len(urls)) for i in range(len(urls))]
     with tempfile.TemporaryDirectory(prefix="kvgate-wrk-") as folder:
-        script = _script(stream, Path(folder))
+        script = _script(stream, Path(folder), sessions)
         procs = []
         for url, n in zip(urls, shares, strict=True):
             if not n:

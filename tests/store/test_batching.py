@@ -1,4 +1,5 @@
-"""Holder writes nobody waits for are coalesced: one round trip for many requests."""
+"""Writes nobody waits for cost no round trip each: holder writes are coalesced, touches
+throttled to one per session per interval."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from kvgate.core.decision import Affinity
 from kvgate.store import RedisStore
 from kvgate.store.batching import HolderWrites
 from kvgate.testing import wait_until
+
+from .harness import FakeClock
 
 
 class CountingRedis(Redis):
@@ -85,3 +89,27 @@ async def test_close_drops_what_is_pending(count: int) -> None:
     await asyncio.sleep(0)
     await writes.close()
     assert writes._task is None and not writes._pending
+
+
+async def test_a_session_is_touched_in_redis_once_per_interval(redis_url: str) -> None:
+    clock = FakeClock(start=0.0)
+    store = RedisStore(redis_url, touch_interval_s=5.0, clock=clock, epoch_check_s=3600.0)
+    other = RedisStore(redis_url)
+    try:
+        await store.set(Affinity("s", "w0", "v1", 0.0), 60.0)
+        assert await store.touch("s", 0.0, 60.0)  # goes out (and loads the script)
+        async with Redis.from_url(redis_url) as raw:
+            await raw.config_resetstat()
+            for second in range(1, 10):  # a request a second
+                clock.now = float(second)
+                assert await store.touch("s", float(second), 60.0)
+            stats = await raw.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 1  # at 5 s only: was one per request
+        assert (await store.local.get("s")) == Affinity("s", "w0", "v1", 9.0)  # kept time here
+        assert (await other.get("s")) == Affinity("s", "w0", "v1", 5.0)
+        await other.delete("s")  # gone elsewhere: the next touch that goes out says so
+        clock.now = 10.0
+        assert not await store.touch("s", 10.0, 60.0)
+    finally:
+        await store.close()
+        await other.close()

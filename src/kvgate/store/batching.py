@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
-from kvgate.types import BlockHash, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 Batch = dict[BlockHash, tuple[WorkerId, int]]
 """block -> (worker, expiry in milliseconds)."""
@@ -79,3 +80,31 @@ class HolderWrites:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class TouchThrottle:
+    """When this replica last told Redis a session was active; a touch within
+    ``interval_s`` of that need not go out again.
+
+    A touch extends the binding's TTL (an hour by default) and orders the worker's
+    sessions for migration: neither needs a round trip per request. Skipping them
+    costs at most ``interval_s`` of TTL and of ordering. Bounded: the oldest are
+    forgotten (their next touch goes out).
+    """
+
+    def __init__(self, interval_s: Seconds, max_keys: int = 100_000) -> None:
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._sent: OrderedDict[SessionKey, Seconds] = OrderedDict()
+
+    def due(self, key: SessionKey, now: Seconds) -> bool:
+        """True when a touch of ``key`` at ``now`` must go to Redis."""
+        sent = self._sent.get(key)
+        return sent is None or now - sent >= self.interval_s
+
+    def sent(self, key: SessionKey, now: Seconds) -> None:
+        """Redis extended ``key`` at ``now``."""
+        self._sent.pop(key, None)
+        self._sent[key] = now
+        if len(self._sent) > self.max_keys:
+            self._sent.popitem(last=False)

@@ -109,3 +109,18 @@ def make_client(
         retry=Retry(NoBackoff(), 0),
     )
     return Redis.from_pool(pool)
+
+
+async def drop_idle_connections(client: Redis | RedisCluster) -> None:
+    """Close the idle pooled connections (one pool, or one per cluster node).
+
+    Not those in use: a call that began before the outage may still be connecting
+    on one, and closing its transport under it raised a bare ``RuntimeError`` out
+    of the store. Such a connection, if dead, fails its call, which redis-py then
+    closes and the call tries again on another.
+    """
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():
+            await node.disconnect()
+    else:
+        await client.connection_pool.disconnect(inuse_connections=False)

@@ -56,9 +56,10 @@ from kvgate.core.decision import Affinity
 from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
-from kvgate.store.batching import Batch, HolderWrites
+from kvgate.store.batching import Batch, HolderWrites, TouchThrottle
 from kvgate.store.cluster import (
     cluster_prefix,
+    drop_idle_connections,
     has_tag,
     is_cluster_url,
     make_client,
@@ -121,6 +122,7 @@ class RedisStore(AffinityStore):
         max_connections: int = 32,
         epoch_check_s: Seconds = 1.0,
         cluster_shards: int = 16,
+        touch_interval_s: Seconds = 5.0,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
@@ -164,6 +166,7 @@ class RedisStore(AffinityStore):
         self._epoch_watch: asyncio.Task[None] | None = None
         self.data_lost_total = 0
         self._holder_writes = HolderWrites(self._write_holders)
+        self._touches = TouchThrottle(touch_interval_s)
 
     @property
     def degraded(self) -> bool:
@@ -301,13 +304,21 @@ class RedisStore(AffinityStore):
         return result
 
     async def touch(self, key: SessionKey, now: Seconds, ttl: Seconds) -> bool:
-        """Record activity at ``now`` and extend the binding by ``ttl``; False if unbound."""
+        """Record activity at ``now`` and extend the binding by ``ttl``; False if unbound.
+
+        Redis is told at most once per ``touch_interval_s`` per session (``TouchThrottle``):
+        between, the binding's TTL is far from running out and the local copy keeps time.
+        """
+        if not self._touches.due(key, self.local.clock()) and await self.local.touch(key, now, ttl):
+            return True
         reply = await self._remote(lambda: self._scripts.touch(key, now, ttl))
         local = await self.local.touch(key, now, ttl)
         if reply is _DOWN:
             if local:
                 self._mark_dirty(key, None)
             return local
+        if int(reply):
+            self._touches.sent(key, self.local.clock())
         return bool(int(reply))
 
     async def delete(self, key: SessionKey) -> bool:
@@ -472,20 +483,6 @@ class RedisStore(AffinityStore):
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
-    async def _drop_pooled_connections(self) -> None:
-        """Close the idle pooled connections (one pool, or one per cluster node).
-
-        Not those in use: a call that began before the outage may still be
-        connecting on one, and closing its transport under it raised a bare
-        ``RuntimeError`` out of the store. Such a connection, if dead, fails its
-        call, which redis-py then closes and the call tries again on another.
-        """
-        if isinstance(self._redis, RedisCluster):
-            for node in self._redis.get_nodes():
-                await node.disconnect()
-        else:
-            await self._redis.connection_pool.disconnect(inuse_connections=False)
-
     async def try_recover(self) -> bool:
         """Probe Redis now and, if it answers, resync and leave degraded mode.
 
@@ -499,7 +496,7 @@ class RedisStore(AffinityStore):
                 # Connections pooled before the outage are dead (reset, or to the Redis
                 # that was restarted): each would fail once more and flip the store back
                 # to degraded. Drop them all; the probe and what follows open fresh ones.
-                await self._drop_pooled_connections()
+                await drop_idle_connections(self._redis)
                 await self._redis.ping()
                 caught_up = await self._resync(rounds=_RESYNC_ROUNDS)
             except _FAILURES:
