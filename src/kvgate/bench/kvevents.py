@@ -142,3 +142,23 @@ def exact_decision(
         "decision": timed(decide, runs),
         "index": {"blocks": float(len(index)), "workers": float(workers)},
     }
+
+
+async def store_lookup(url: str, blocks: int = 256, runs: int = 500) -> dict[str, float]:
+    """The other way replicas could share an exact index: in Redis, one key per block
+    (its holders' bitmask). A lookup is one pipelined ``MGET`` of a prompt's blocks;
+    timed here against ``url`` (a local Redis: the round trip's floor)."""
+    import redis.asyncio as redis
+
+    client = redis.from_url(url)
+    keys = [f"kvx:{i}" for i in range(blocks)]
+    await client.mset({k: str(1 << (i % 64)) for i, k in enumerate(keys)})
+    await client.mget(keys)
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(runs):
+        start = clock()
+        await client.mget(keys)
+        samples.append(clock() - start)
+    await client.aclose()
+    return percentiles(samples)
