@@ -14,8 +14,11 @@ Decision: 64 workers each holding 200 chains of 4,096 tokens (16-token blocks, 1
 shared 2,048-token openings), the request's token chain looked up
 (``ExactIndex.held_tokens``: hashing at the block size, then the match), then the
 default policy's ``pick`` with that residency. Tokenizing excluded. Target: p99 <=
-100 µs for the decision. ``--redis``: the same lookup if the index lived in Redis
-(one pipelined MGET of the prompt's 256 blocks on a local server: a floor).
+100 µs for the decision. ``--faults``: the simulator with 10% of event batches lost, the subscriber
+restarted and a worker restarted (``bench.kvevents.fault_run``): how many
+batches until the index equalled the engine again, and the share of placements
+that credited a block the worker no longer held. ``--redis``: the same lookup if
+the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a local server: a floor).
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvgate.bench.kvevents import chat_of_tokens, exact_decision, store_lookup, timed
+from kvgate.bench.kvevents import (
+    chat_of_tokens,
+    exact_decision,
+    fault_run,
+    store_lookup,
+    timed,
+)
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.hf import HFTokenizer
 
@@ -37,6 +46,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--faults", action="store_true", help="also run the simulator's fault scenario"
+    )
     parser.add_argument(
         "--redis", action="store_true", help="also time the index-in-Redis alternative"
     )
@@ -72,6 +84,15 @@ def main() -> None:
             results["redis_lookup"] = asyncio.run(store_lookup(server.url))
         finally:
             server.stop()
+    if args.faults:
+        for seed in (1, 2, 3):
+            results[f"faults_spg_seed{seed}"] = fault_run(
+                "shared-prefix-groups:groups=16,prompts=8,system_tokens=2048",
+                workers=4, kv_blocks=154, seed=seed,
+            )  # fmt: skip
+            results[f"faults_chat_seed{seed}"] = fault_run(
+                "chat", workers=4, kv_blocks=150, seed=seed
+            )
     for name, row in results.items():
         print(f"{name:>10}: " + ", ".join(f"{k} {v:,.1f}" for k, v in row.items()))  # type: ignore[attr-defined]
     if args.json is not None:

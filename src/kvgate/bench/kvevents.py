@@ -9,6 +9,7 @@ that residency, on a fleet whose workers each hold many chains.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -36,15 +37,18 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
 
 
 def timed(call: Callable[[], object], runs: int) -> dict[str, float]:
-    """``call``'s wall time over ``runs`` calls (after one warm-up)."""
+    """``call``'s wall time over ``runs`` calls (after one warm-up), and its CPU time
+    (the thread's): on a shared machine the wall time's tail is other processes' turns
+    at the CPU, the CPU time is the call's own."""
     call()
-    samples = []
-    clock = time.perf_counter_ns
+    wall, cpu = [], []
+    clock, thread = time.perf_counter_ns, time.thread_time_ns
     for _ in range(runs):
-        start = clock()
+        start, used = clock(), thread()
         call()
-        samples.append(clock() - start)
-    return percentiles(samples)
+        cpu.append(thread() - used)
+        wall.append(clock() - start)
+    return percentiles(wall) | {f"cpu_{k}": v for k, v in percentiles(cpu).items()}
 
 
 _WORDS = """river stone lantern orchard copper meadow harbor violet thunder cedar glacier compass
@@ -136,8 +140,15 @@ def exact_decision(
         ctx = RouteContext(fleet, None, rng, {}, resident(features, chains[id(tokens)]))
         policy.pick(features, ctx)
 
+    approximate = DefaultPolicy()
+
+    def decide_approximate() -> None:
+        features, _ = request()
+        approximate.pick(features, RouteContext(fleet, None, rng, {}))
+
     return {
         "hash_tokens": timed(hashing, runs),
+        "decision_approximate": timed(decide_approximate, runs),
         "lookup": timed(lookup, runs),
         "decision": timed(decide, runs),
         "index": {"blocks": float(len(index)), "workers": float(workers)},
@@ -162,3 +173,29 @@ async def store_lookup(url: str, blocks: int = 256, runs: int = 500) -> dict[str
         samples.append(clock() - start)
     await client.aclose()
     return percentiles(samples)
+
+
+def fault_run(
+    workload: str, *, workers: int, kv_blocks: int, seed: int, requests: int = 1500
+) -> dict[str, object]:
+    """``default+kv_events`` in the simulator with 10% of event batches lost, the
+    subscriber killed and restarted a third of the way in, and a worker restarted
+    (its cache cleared) two thirds of the way: the feed's counts (``sim.kvfeed``)."""
+    from kvgate.sim.simulation import SimConfig, Simulation
+    from kvgate.workload.synthetic import build_workload
+
+    probe = build_workload(workload, seed=seed).requests()
+    last = max((r.arrival for r in itertools.islice(probe, requests)), default=1.0)
+    config = SimConfig(
+        max_requests=requests,
+        workers=workers,
+        kv_blocks=(kv_blocks,),
+        seed=seed,
+        kv_event_drop=0.1,
+        subscriber_restarts=(last / 3,),
+        worker_restarts=((2 * last / 3, 1),),
+    )
+    sim = Simulation(config, build_workload(workload, seed=seed).requests(), "default+kv_events")
+    summary = sim.run().summary
+    feed: dict[str, object] = summary["kv_events"]
+    return {"hit_rate": summary["hit_rate"], "ttft_p99": summary["ttft_p99"], **feed}
