@@ -15,7 +15,7 @@ shared 2,048-token openings), the request's token chain looked up
 (``ExactIndex.held_tokens``: hashing at the block size, then the match), then the
 default policy's ``pick`` with that residency. Tokenizing excluded. Target: p99 <=
 100 µs for the decision. ``--faults``: the simulator with 10% of event batches lost, the subscriber
-restarted and a worker restarted (``bench.kvevents.fault_run``): how many
+restarted and a worker restarted (``sim.kvfeed.fault_run``): how many
 batches until the index equalled the engine again, and the share of placements
 that credited a block the worker no longer held. ``--redis``: the same lookup if
 the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a local server: a floor).
@@ -32,10 +32,10 @@ from pathlib import Path
 from kvgate.bench.kvevents import (
     chat_of_tokens,
     exact_decision,
-    fault_run,
     store_lookup,
     timed,
 )
+from kvgate.sim.kvfeed import fault_run
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.hf import HFTokenizer
 

@@ -9,7 +9,6 @@ that residency, on a fleet whose workers each hold many chains.
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from collections.abc import Callable
@@ -173,29 +172,3 @@ async def store_lookup(url: str, blocks: int = 256, runs: int = 500) -> dict[str
         samples.append(clock() - start)
     await client.aclose()
     return percentiles(samples)
-
-
-def fault_run(
-    workload: str, *, workers: int, kv_blocks: int, seed: int, requests: int = 1500
-) -> dict[str, object]:
-    """``default+kv_events`` in the simulator with 10% of event batches lost, the
-    subscriber killed and restarted a third of the way in, and a worker restarted
-    (its cache cleared) two thirds of the way: the feed's counts (``sim.kvfeed``)."""
-    from kvgate.sim.simulation import SimConfig, Simulation
-    from kvgate.workload.synthetic import build_workload
-
-    probe = build_workload(workload, seed=seed).requests()
-    last = max((r.arrival for r in itertools.islice(probe, requests)), default=1.0)
-    config = SimConfig(
-        max_requests=requests,
-        workers=workers,
-        kv_blocks=(kv_blocks,),
-        seed=seed,
-        kv_event_drop=0.1,
-        subscriber_restarts=(last / 3,),
-        worker_restarts=((2 * last / 3, 1),),
-    )
-    sim = Simulation(config, build_workload(workload, seed=seed).requests(), "default+kv_events")
-    summary = sim.run().summary
-    feed: dict[str, object] = summary["kv_events"]
-    return {"hit_rate": summary["hit_rate"], "ttft_p99": summary["ttft_p99"], **feed}
