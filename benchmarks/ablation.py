@@ -1,13 +1,13 @@
-"""``default``'s terms, each switched off, on every shape, over seeds (``kvgate.sim.ablation``).
+"""``ttft``'s terms, each switched off, on every shape, over seeds (``kvgate.sim.ablation``).
 
 Prints per shape and variant the mean hit rate and TTFT p50/p99 with their 95% intervals,
-and each against the baseline (``default``) on the same seeds: the hit rate's difference in
+and each against the baseline (``ttft``) on the same seeds: the hit rate's difference in
 points and the TTFT ratios. A term earns its place where switching it off makes some shape
 significantly worse (the interval excludes parity) and none better. ``--json`` keeps the
 rows and the summary (docs/runs/)::
 
     .venv/bin/python benchmarks/ablation.py --seeds 8 --json docs/runs/ablation.json
-    .venv/bin/python benchmarks/ablation.py --shapes groups-tight --variants default,-evict
+    .venv/bin/python benchmarks/ablation.py --shapes groups-tight --variants ttft,-evict
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
-    parser.add_argument("--baseline", default="default")
+    parser.add_argument("--baseline", default="ttft")
     parser.add_argument("--json", type=Path, help="write the rows and summary here")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)

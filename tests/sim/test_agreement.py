@@ -198,8 +198,8 @@ async def test_unloaded_worker_reports_the_engines_own_latencies() -> None:
 # -- live and simulated runs of every policy -----------------------------------------
 
 
-PINNED: dict[str, dict[str, object]] = {"default": {"learn": False}}
-"""Options both runs pin. ``default`` learns each worker's speed from the TTFTs the gateway
+PINNED: dict[str, dict[str, object]] = {"ttft": {"learn": False}}
+"""Options both runs pin. ``ttft`` learns each worker's speed from the TTFTs the gateway
 observes (``core.speed``): live, in this one time-scaled process on a shared machine, that
 measures the process's own delays ten times over, which the module docs call noise, not
 the model; so both runs keep the prior, and the learning is judged in the simulator."""

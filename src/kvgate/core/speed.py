@@ -104,6 +104,7 @@ class _Book:
     starts: list[tuple[float, str]] = field(default_factory=list)
     tokens: float = 0.0
     unstarted: int = 0
+    fit: _Fit | None = None  # the worker's fit, once it has one
 
     def start(self, sent: _Sent) -> None:
         if not sent.started:
@@ -145,8 +146,11 @@ class FleetSpeed:
         clip: float = 3.0,
         warm: int = 8,
         max_pending: int = 65_536,
+        fitted: tuple[bool, bool, bool, bool] = (True, True, True, True),
     ) -> None:
         self.prior = prior
+        self._fitted = fitted  # which of the four parameters the fit may move
+
         self._lambda = forgetting
         self._clip = clip
         self._warm = warm
@@ -154,7 +158,8 @@ class FleetSpeed:
         self._fits: dict[WorkerId, _Fit] = {}
         self._pending: OrderedDict[str, _Sent] = OrderedDict()
         self._books: dict[WorkerId, _Book] = {}
-        self._fleet: Speed | None = None  # cached ``fleet()``, dropped on every update
+        self._fleet: Speed | None = None  # cached ``fleet()`` (``_update`` drops it)
+        self._updates = 0
         self._done: OrderedDict[str, _Sent] = OrderedDict()  # recent ends, usage's tokens
 
     # -- estimates ------------------------------------------------------------------
@@ -196,28 +201,43 @@ class FleetSpeed:
         in_flight: int = 0,
         waiting: int | None = None,
         running: int | None = None,
+        extra: float = 0.0,
     ) -> Seconds:
-        """Predicted TTFT of a request with ``uncached`` tokens sent to ``worker`` at ``now``.
+        """Predicted TTFT of a request with ``uncached`` tokens sent to ``worker`` at ``now``
+        (plus ``extra`` tokens' worth of the worker's prefill time: a cost in tokens).
 
         ``in_flight``: the gateway's exact count of its requests there (a floor under the
         book's). ``waiting``/``running``: the engine's own counts from its last scrape, if
         it reports them: requests waiting there beyond this replica's own are others'
         work, counted at the worker's mean uncached tokens; its running count is a floor."""
-        tokens, decoding = self.queue(worker, now)
+        # Called for every candidate of every placement: one look-up, plain arithmetic.
         book = self._books.get(worker)
-        unstarted = book.unstarted if book is not None else 0
-        ahead = float(unstarted)
+        speed, tokens, unstarted, decoding, mean = self._fleet or self.fleet(), 0.0, 0, 0, uncached
+        if book is not None:
+            starts = book.starts
+            if starts and starts[0][0] <= now:
+                book.settle(now)
+            tokens, unstarted = book.tokens, book.unstarted
+            decoding = len(book.sent) - unstarted
+            fit = book.fit
+            if fit is not None:
+                mean = fit.uncached
+                if fit.n >= self._warm and fit.speed is not None:
+                    speed = fit.speed
         decoding = max(decoding, in_flight - unstarted)
-        if waiting is not None or running is not None:
-            mine = decoding + unstarted
-            if waiting is not None and waiting + (running or 0) > mine:
-                fit = self._fits.get(worker)
-                others = min(waiting, waiting + (running or 0) - mine)
-                tokens += others * (fit.uncached if fit is not None else uncached)
-                ahead += others
-            if running is not None and running > decoding:
-                decoding = running
-        return self.speed(worker).ttft(tokens + uncached, decoding, ahead)
+        ahead = unstarted
+        if waiting is not None and waiting + (running or 0) > decoding + unstarted:
+            others = min(waiting, waiting + (running or 0) - decoding - unstarted)
+            tokens += others * mean
+            ahead += others
+        if running is not None and running > decoding:
+            decoding = running
+        return (
+            speed.overhead_s
+            + speed.prefill_s * (tokens + uncached + extra)
+            + speed.decode_s * decoding
+            + speed.queue_s * ahead
+        )
 
     def report(self) -> dict[WorkerId, SpeedReport]:
         """Every worker seen: its estimate, observations and TTFT prediction error."""
@@ -233,7 +253,7 @@ class FleetSpeed:
         ``at``; returns its predicted TTFT."""
         book = self._books.get(worker)
         if book is None:
-            book = self._books[worker] = _Book()
+            book = self._books[worker] = _Book(fit=self._fits.get(worker))
         book.settle(at)
         ahead = tuple(rid for rid, s in book.sent.items() if not s.started)
         running = len(book.sent) - len(ahead)
@@ -317,8 +337,11 @@ class FleetSpeed:
             # Prior spread: the parameters' own size (about 100% uncertain), at least a floor.
             p = [[0.0] * _N for _ in range(_N)]
             for i in range(_N):
-                p[i][i] = _spread(theta[i])
+                p[i][i] = _spread(theta[i]) if self._fitted[i] else 0.0
             fit = self._fits[worker] = _Fit(theta, p)
+            book = self._books.get(worker)
+            if book is not None:
+                book.fit = fit
         return fit
 
     def _update(self, fit: _Fit, features: tuple[float, ...], y: Seconds) -> None:
@@ -348,15 +371,19 @@ class FleetSpeed:
         # Forgetting inflates directions no observation excites: cap each variance at its
         # prior spread so a long run of look-alike requests cannot wind the gain up.
         for i in range(_N):
-            cap = _spread(theta[i])
+            cap = _spread(theta[i]) if self._fitted[i] else 0.0
             if p[i][i] > cap:
-                r = math.sqrt(cap / p[i][i])
+                r = math.sqrt(cap / p[i][i]) if cap > 0.0 else 0.0
                 for j in range(_N):
                     p[i][j] *= r
                     p[j][i] *= r
         fit.n += 1
         fit.speed = _speed(theta)
-        self._fleet = None
+        # The fleet's median is for workers not yet warm: refreshed as one turns warm, and
+        # every 64 updates after (not on every one: it costs a sort per parameter).
+        self._updates += 1
+        if fit.n == self._warm or self._updates % 64 == 0:
+            self._fleet = None
 
 
 def _speed(theta: list[float]) -> Speed:

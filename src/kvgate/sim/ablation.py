@@ -61,10 +61,11 @@ SHAPES: tuple[Shape, ...] = (
 )
 
 VARIANTS: tuple[Variant, ...] = (
+    Variant("ttft", "ttft"),
+    Variant("-learn", "ttft", {"learn": False}),
+    Variant("-engine_queue", "ttft", {"engine_queue": False}),
+    Variant("-evict", "ttft", {"evict": 0.0}),
     Variant("default", "default"),
-    Variant("-learn", "default", {"learn": False}),
-    Variant("-engine_queue", "default", {"engine_queue": False}),
-    Variant("-evict", "default", {"evict": 0.0}),
     Variant("cache_aware", "cache_aware"),
     Variant("round_robin", "round_robin"),
 )

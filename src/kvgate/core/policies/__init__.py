@@ -21,6 +21,7 @@ from kvgate.core.policies.prefix_affinity import PrefixAffinity, PrefixAffinityC
 from kvgate.core.policies.random_choice import RandomChoice, RandomConfig
 from kvgate.core.policies.round_robin import RoundRobin, RoundRobinConfig
 from kvgate.core.policies.session_affinity import SessionAffinity, SessionAffinityConfig
+from kvgate.core.policies.ttft import TtftConfig, TtftPolicy
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.registry import PolicyRegistry, PolicySpec, UnknownPolicyError
 
@@ -59,6 +60,12 @@ def default_registry() -> PolicyRegistry:
                 CacheAwareConfig,
                 CacheAware,
                 "sglang-router's cache_aware, modelled: a match over 30%, else smallest tree",
+            ),
+            PolicySpec(
+                "ttft",
+                TtftConfig,
+                TtftPolicy,
+                "least predicted TTFT (speed learned per worker) plus eviction cost",
             ),
             PolicySpec(
                 "consistent_hash",

@@ -4,36 +4,48 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kvgate.core.policies.base import PolicyConfig
+from kvgate.core.policies.base import PolicyConfig, ThresholdKind
 from kvgate.core.prefix_index import PrefixIndexConfig
 
 
 class DefaultConfig(PolicyConfig):
-    """Options of ``default``: the speed prior, the eviction weight, and each term's switch
-    (the ablation in ``benchmarks/ablation.py`` turns them off one at a time)."""
+    """Options of ``default``: session stickiness and the expected-TTFT cost model."""
 
+    threshold_kind: ThresholdKind = "fraction"
+    threshold: float = Field(default=0.8, gt=0)
+    sticky_load_factor: float | None = Field(default=2.0, ge=1)
+    sticky_slack: int = Field(default=4, ge=0)
     prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
-    """The prior of a worker's prefill rate (an H100 running an 8B model does 10-15k/s)."""
+    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
     decode_s: float = Field(default=0.002, ge=0)
-    """The prior of the time to first token each request decoding on a worker adds."""
-    overhead_s: float = Field(default=0.005, ge=0)
-    """The prior of a worker's fixed time to first token (scheduling, the first step)."""
-    learn: bool = True
-    """Learn each worker's speed from its observed TTFTs (``core.speed``); off: the prior."""
-    forgetting: float = Field(default=0.96, gt=0.5, le=1)
-    """Weight each older observation keeps per newer one in the speed fit."""
-    engine_queue: bool = True
-    """Count the work the engine reports waiting beyond this replica's own (another
-    replica's); off: this replica's book alone."""
+    """Time to first token each request already on a worker adds (its decode steps)."""
+    stay: float = Field(default=0.5, ge=0)
+    """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
+    busy_half_s: float = Field(default=3.0, gt=0)
+    """Queued prefill seconds at which the pull of a worker's cache is halved."""
     evict: float = Field(default=1.0, ge=0)
-    """Weight of the predicted cost of what a placement evicts (0: not counted)."""
+    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
+    waste: float = Field(default=2.0, ge=0)
+    """At most how many times over recomputing a prefix another worker holds delays the
+    requests behind it on a backlogged fleet (``core.policies.waste``)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
-    """KV use at which a worker is skipped while another is below it."""
+    recent_half_life_s: float = Field(default=60.0, gt=0)
+    """Half-life of the per-worker count of recently routed requests (a tie-break), and of
+    the counts that measure what a session brings over its life."""
+    outstanding_horizon_s: float = Field(default=600.0, gt=0)
+    """A routed request never reported back is dropped from the queue estimate after this."""
     time_scale: float = Field(default=1.0, gt=0)
-    """Model seconds per second of the driver's clock: the priors above are the model's,
-    and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
+    """Model seconds per second of the driver's clock: the rates and times above are the
+    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
     restorable_credit: float = Field(default=0.9, ge=0, le=1)
     """What a prefix block restorable from disk is worth on any worker, against one in
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
+    chain_ends: int = Field(default=65_536, ge=1)
+    """Ends of recently routed headerless chains remembered, to tell a conversation's
+    later turn (its chain runs through one) from a request that opens one."""
+    warm_min_blocks: int = Field(default=4, ge=0)
+    """Warm shared prefixes of at least this many index blocks (4: 256 tokens) ahead on an
+    idle worker, where the next opening behind them would copy them (``core.warmup``; a
+    prefix is shared once two openings matched it, ``core.policies.openers``; 0: never)."""
     index: PrefixIndexConfig = PrefixIndexConfig()

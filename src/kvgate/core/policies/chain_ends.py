@@ -1,0 +1,272 @@
+"""``ChainEnds``: where recent headerless requests ended, to tell a later turn from an opening.
+
+A headerless request *extends* a conversation when its chain runs through a *chain
+end*: where a headerless request routed before (another one: a retry of this request
+does not count) ended. A later turn carries the earlier turn's whole prompt and goes
+on from there; a chain that shares only an opening with others (a system prompt, a
+tool preamble) runs through no earlier end, and *opens* one.
+
+An end is marked exactly, whatever block it falls in: the chain's last whole block
+``B``, the characters past it rounded down to a fine block (``off``: 0 within the fine
+blocks, under a coarse block's width past them) and the hash of those characters
+seeded with ``B`` (``core.chain.span_hashes``; ``B`` itself when ``off`` is 0). A later
+request runs through the end when one of its whole blocks is ``B`` and its own text
+for ``off`` characters from there hashes the same: however much it adds. The check
+is lazy: only at a block that has marks is any text hashed, once per distinct ``off``
+there (at most ``coarse_factor``). A request without its text (``block_mode: tokens``)
+is marked at its last whole block alone (``off`` 0).
+
+A *lone end* is a block past which one request alone ended: running through it
+extends that request, whatever text follows. A trace of prompt blocks replays a
+conversation's next turn without the earlier turn's last, partial block (its text
+is the block's, and the block grew), so the later turn stops agreeing a little
+before the earlier one's exact end, though it runs through its last whole block.
+Strangers behind shared text ending at a block boundary part there, so once two
+have ended past it only exact marks count: the first stranger after one
+conversation reads as its next turn, the ones after read right.
+
+The partial block a trace rewrites can also reach back into the last whole block
+``B`` (a coarse block is 1,024 tokens, a trace's rewritten block up to 511): the next
+turn then runs through the block before it, not through ``B``. On issue 11's
+shared-opening trace a quarter to half the later turns read as openings that way,
+and were placed as new conversations, away from the worker holding their history.
+So a request is also marked one block back, at ``B-1`` (a *back end*), where that
+block is its own text: past the longest match it had when it was routed, and that
+match was not empty (the request was seen to share text up to there, so strangers
+behind that text part before ``B-1``). A request runs through a back end when its
+chain runs through ``B-1`` and then leaves the earlier chain within ``B`` (its next
+block is not ``B``: one that is runs on through ``B`` and is judged there). A back
+end counts only alone past its block, as a lone end does, and serves one later turn:
+a conversation has one next turn, and a second request through the same block is
+a fork or a stranger, which reads as an opening.
+
+What a later turn finds cached where the earlier one went reaches past ``B``: the
+engine kept the earlier prompt to its end and the reply it generated, which the
+later turn re-sends next (its *reach*). Each request's exact end is kept too, as
+the characters past ``B`` and their hash seeded with ``B``; a later turn through
+its end (not a back end) whose text agrees to that exact end is taken to carry
+the reply next, as long as the worker said it was (``replied``: its completion
+tokens in characters). Counted to the earlier turn's whole blocks alone, the reply
+(a few hundred tokens) counted for nothing, and a later turn went to a worker
+holding only the shared system prompt because that cache was emptier. A trace's
+turn that rewrites the earlier partial block agrees only to ``B``: no further.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from kvgate.core.chain import span_hashes
+from kvgate.core.features import RequestFeatures
+from kvgate.types import BlockHash, WorkerId
+
+_End = tuple[str, BlockHash, int, WorkerId, int, BlockHash, int]
+"""What a mark stands for: the request that ended there, its block ``B`` (of a back end:
+``B-1``), ``off`` (of a back end: ``_BACK``), the worker the request was routed to, and
+its exact end: the characters past ``B`` (-1: not known, as of a back end or a request
+without its text), their hash seeded with ``B``, and its reply's characters (``replied``)."""
+
+_BACK = -1
+"""The ``off`` of a back end (see the module docs): no text past its block is hashed."""
+
+_BACK_SALT = 0x5BD1E9955BD1E995
+"""A back end's mark is its block's hash with these bits flipped: apart from the block's
+own mark (its ``off`` 0), which means a chain that ended exactly there."""
+
+Through = tuple[WorkerId, int, int, str]
+"""The end a request runs through: the worker the earlier request went to, the whole
+blocks of the chain up to ``B``, the characters of the request the earlier one left
+cached there (its reach where the texts agree to its exact end; else ``B``'s and
+``off``) and the earlier request's id."""
+
+
+_Where = tuple[BlockHash, int, int, int, BlockHash]
+"""Where a request ends (``ChainEnds._end_of``): its mark, its whole blocks, ``off``, and
+the characters past ``B`` to its exact end (-1: not known) and their hash."""
+
+
+class _Past:
+    """The marks past one block ``B``: how many at each ``off`` (back ends only in
+    ``count``), whose was noted last (the request and its worker) and, of a back end,
+    the block its chain went on with (``after``)."""
+
+    __slots__ = ("after", "count", "last", "offsets", "worker")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+        self.worker: WorkerId = WorkerId("")
+        self.offsets: dict[int, int] = {}
+        self.after: BlockHash | None = None
+
+
+class ChainEnds:
+    """The ends of the last ``capacity`` headerless requests routed, oldest first."""
+
+    __slots__ = ("_capacity", "_depth_chars", "_ends", "_fine", "_past")
+
+    def __init__(self, capacity: int, depth_chars: Callable[[int], int]) -> None:
+        self._capacity = capacity
+        self._depth_chars = depth_chars
+        """Characters the first ``n`` blocks of a chain cover (``PrefixIndex.depth_chars``)."""
+        self._fine = depth_chars(1)
+        # Keyed by mark (the span's hash seeded with ``B``, or ``B``): it names ``B`` too.
+        self._ends: OrderedDict[BlockHash, _End] = OrderedDict()
+        # ``B`` -> its marks: which spans to hash past a block, if any.
+        self._past: dict[BlockHash, _Past] = {}
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def _full_blocks(self, request: RequestFeatures) -> int:
+        """Blocks of the request's chain that are whole (a trailing partial one is not)."""
+        n = len(request.prefix_hashes)
+        return n if self._depth_chars(n) <= request.prompt_chars else n - 1
+
+    def opens(self, request: RequestFeatures) -> bool:
+        """Whether ``request`` runs through no earlier request's end (see the module docs)."""
+        return self.through(request) is None
+
+    def through(self, request: RequestFeatures) -> Through | None:
+        """The deepest earlier request's end ``request``'s chain runs through, and where
+        that request went (``None``: it opens a conversation). A lone end covers ``B``."""
+        ends = self._ends
+        if not ends:
+            return None
+        rid = request.request_id
+        hashes = request.prefix_hashes
+        blocks = self._past
+        pieces, chars = request.prompt_pieces, request.prompt_chars
+        for i in range(self._full_blocks(request) - 1, -1, -1):
+            block = hashes[i]
+            past = blocks.get(block)
+            if past is None:
+                continue
+            start = self._depth_chars(i + 1)
+            at = past.offsets
+            spans = sorted((off for off in at if off and start + off <= chars), reverse=True)
+            marks: list[tuple[BlockHash, int]] = []
+            if spans and pieces:  # the deepest first
+                marks += zip(span_hashes(pieces, start, spans, block), spans, strict=True)
+            if 0 in at:
+                marks.append((block, 0))
+            for mark, off in marks:
+                end = ends.get(mark)
+                if end is not None and end[0] != rid:
+                    return end[3], i + 1, self._reach(request, end, start, off), end[0]
+            # A lone end (see the module docs); a back end only where the chain leaves
+            # the earlier one right past it.
+            if (
+                past.count == 1
+                and past.last != rid
+                and (at or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
+            ):
+                return past.worker, i + 1, start, past.last
+        return None
+
+    def _reach(self, request: RequestFeatures, end: _End, start: int, off: int) -> int:
+        """Characters of ``request`` the ``end``'s request (past ``B``, at ``start``) left
+        cached: its mark's ``off`` past ``B``, or to its reply's end if the texts agree to
+        its exact end (module docs)."""
+        block, rest, exact, reply = end[1], end[4], end[5], end[6]
+        if rest < 0 or start + rest > request.prompt_chars:
+            return start + off
+        if rest and span_hashes(request.prompt_pieces, start, (rest,), block)[0] != exact:
+            return start + off
+        reach = start + rest + reply
+        return reach if reach < request.prompt_chars else request.prompt_chars
+
+    def replied(self, request: RequestFeatures, chars: int) -> None:
+        """``request``'s reply was ``chars`` long: a later turn through its end re-sends it."""
+        found = self._end_of(request) if chars > 0 else None
+        if found is None:
+            return
+        mark = found[0]
+        end = self._ends.get(mark)
+        if end is not None and end[0] == request.request_id and end[4] >= 0:
+            self._ends[mark] = (*end[:6], chars)
+
+    def note(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        seen: int = 0,
+        through: Through | None = None,
+    ) -> None:
+        """Remember where ``request``, routed to ``worker``, ended (see the module docs).
+
+        ``seen``: blocks of its chain the longest match held when it was routed (0:
+        none, or unknown: no back end is marked); ``through``: the earlier end it ran
+        through (``through``), used up here if that was a back end.
+        """
+        found = self._end_of(request)
+        if found is None:
+            return
+        hashes = request.prefix_hashes
+        if through is not None:
+            self._use(hashes[through[1] - 1], through[3])
+        mark, full, off, rest, exact = found
+        block, rid = hashes[full - 1], request.request_id
+        self._mark(mark, (rid, block, off, worker, rest, exact, 0))
+        if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
+            back = hashes[full - 2]
+            end = (rid, back, _BACK, worker, -1, back, 0)
+            self._mark(back ^ _BACK_SALT, end).after = block
+
+    def _end_of(self, request: RequestFeatures) -> _Where | None:
+        """Where ``request`` ends: its mark, its whole blocks (``B`` the last), ``off``, and
+        its exact end, the characters past ``B`` (-1: not known) and their hash."""
+        hashes = request.prefix_hashes
+        full = self._full_blocks(request)
+        if full <= 0:
+            return None
+        block = hashes[full - 1]
+        start, off, rest = self._depth_chars(full), 0, 0
+        pieces = request.prompt_pieces
+        if pieces and full < len(hashes):  # a partial block follows ``B``
+            rest = min(request.prompt_chars, self._depth_chars(full + 1)) - start
+            off = rest // self._fine * self._fine
+        spans = span_hashes(pieces, start, (off, rest), block) if rest else [block, block]
+        if not pieces or start + rest != request.prompt_chars:
+            rest = -1  # no text, or the chain stops short of the prompt's end
+        return spans[0] if off else block, full, off, rest, spans[1]
+
+    def _use(self, block: BlockHash, rid: str) -> None:
+        """A later turn ran through ``rid``'s end past ``block``: a back end is used up."""
+        mark = block ^ _BACK_SALT
+        end = self._ends.get(mark)
+        if end is not None and end[0] == rid:
+            del self._ends[mark]
+            self._unmark(block, _BACK)
+
+    def _mark(self, mark: BlockHash, end: _End) -> _Past:
+        """Note ``end`` at ``mark`` (the newest), forgetting the oldest past ``capacity``;
+        the marks past its block."""
+        rid, block, off, worker = end[:4]
+        ends, blocks = self._ends, self._past
+        past = blocks.get(block)
+        if past is None:
+            past = blocks[block] = _Past()
+        if ends.pop(mark, None) is None:
+            past.count += 1
+            if off != _BACK:
+                past.offsets[off] = past.offsets.get(off, 0) + 1
+        past.last, past.worker = rid, worker
+        ends[mark] = end
+        if len(ends) > self._capacity:
+            _, (_, old, old_off, *_) = ends.popitem(last=False)
+            self._unmark(old, old_off)
+        return past
+
+    def _unmark(self, block: BlockHash, off: int) -> None:
+        """One end past ``block`` (at ``off``) is gone."""
+        past = self._past[block]
+        past.count -= 1
+        if off != _BACK:
+            at = past.offsets
+            at[off] -= 1
+            if not at[off]:
+                del at[off]
+        if not past.count:
+            del self._past[block]

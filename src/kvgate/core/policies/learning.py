@@ -1,0 +1,40 @@
+"""``SpeedLearning``: a policy's hooks that keep a ``core.speed.FleetSpeed`` fed.
+
+A base for policies that learn each worker's speed from what the drivers measure of every
+attempt (``Policy.on_first_token``, ``Policy.on_observed``) and report it (``speeds``: the
+learned rates and the TTFT prediction error ``/metrics`` and the dashboard show). The
+policy books each request it routes (``FleetSpeed.sent``) and closes it on its usage
+(``FleetSpeed.ended``) or drop (``FleetSpeed.dropped``), where it knows its uncached tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policy import PolicyBase
+from kvgate.core.speed import FleetSpeed, Observation, SpeedReport
+from kvgate.types import Seconds, WorkerId
+
+
+class SpeedLearning(PolicyBase):
+    """Feeds ``speed`` the first tokens and TTFTs the drivers observe."""
+
+    speed: FleetSpeed
+    learn: bool = True
+    """Whether observed TTFTs move the fit (off: the prior stands, the book is still kept)."""
+
+    def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """Its prefill is done: it no longer queues ahead of others."""
+        self.speed.first_token(request.request_id, now)
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        """Fit ``worker``'s speed to the attempt's TTFT (from its send)."""
+        if self.learn:
+            self.speed.observed(request.request_id, observed.ttft)
+
+    def speeds(self) -> Mapping[WorkerId, SpeedReport]:
+        """Each worker's learned speed and TTFT prediction error (``core.speed``)."""
+        return self.speed.report()

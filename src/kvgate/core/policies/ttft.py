@@ -1,0 +1,280 @@
+"""``ttft``: each request goes where its first token is predicted soonest.
+
+The one-objective successor of ``default`` (issue 46), judged beside it until it beats it
+on every shape (``benchmarks/ablation.py``, ``benchmarks/judge.py --own ttft``). For a
+request and each candidate worker ``w`` (``candidates``: routable, not full, of the pinned
+version, no new conversation where memory is pressured), it predicts::
+
+    cost(w) = ttft(w) + evict × eviction(w)
+    ttft(w) = overhead_w + prefill_w × (queued_w + uncached_w) + decode_w × running_w
+
+- ``uncached_w``: the prompt's tokens ``w`` does not hold (``Residency``: the prefix index
+  of what was sent where, corrected by usage, or an exact index of the worker's cache);
+  blocks restorable from disk count as held on every worker at ``restorable_credit``.
+- ``queued_w``, ``running_w``: the uncached tokens sent to ``w`` not yet at their first
+  token, and the requests decoding there: this replica's exact book (``core.speed``),
+  raised by what the engine reports waiting beyond it (another replica's work).
+- ``overhead_w``, ``prefill_w``, ``decode_w``: ``w``'s speed, learned from every observed
+  TTFT by recursive least squares (``core.speed.FleetSpeed``), starting from the configured
+  prior; a worker not yet seen gets the fleet's. A worker that slows down gets less work
+  within a few dozen of its requests.
+- ``eviction(w)``: the prefill seconds later requests would lose to the blocks this
+  request's new KV evicts on ``w`` (``caches.evicted_tokens``): the new tokens times how
+  full ``w``'s cache is, each worth its prefill time times ``w``'s measured hit ratio (a
+  fleet with no reuse evicts nothing of value), and reserved KV counted as certain to be
+  hit.
+
+The request goes to the worker of least cost (ties: fewest requests, then id). A session
+(the client's id) is bound to where it goes; its next request is scored the same way,
+its home holding its history, so it leaves only where leaving is predicted faster. Workers
+at ``kv_high`` KV use are skipped while another is below it.
+
+Reasons: ``affinity_hit`` (a session stays), ``affinity_{overloaded,lost,pressure,version}
+_migrated`` (it left: its home was slower, gone, pressured, or of another version),
+``prefix_match`` (the deepest holder), ``least_ttft`` (a colder worker was faster),
+``restorable_match`` (chosen for KV it restores from disk), ``least_loaded`` (nothing
+cached anywhere).
+
+Example (every option is ``TtftConfig``'s)::
+
+    policy: ttft
+    options:
+      prefill_tokens_per_s: 12000   # priors, in model seconds
+      decode_s: 0.002
+      evict: 1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from kvgate.core.decision import Decision
+from kvgate.core.features import RequestFeatures
+from kvgate.core.fleet import WorkerState
+from kvgate.core.policies.base import Holding, affinity_status, candidates, refuse, route
+from kvgate.core.policies.caches import IndexResidency, Residency, evicted_tokens
+from kvgate.core.policies.learning import SpeedLearning
+from kvgate.core.policies.lives import Lives
+from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
+from kvgate.core.policies.ttft_config import TtftConfig
+from kvgate.core.policy import RouteContext
+from kvgate.core.speed import FleetSpeed, Speed
+from kvgate.types import BlockHash, Seconds, WorkerId
+
+__all__ = ["TtftConfig", "TtftPolicy"]
+
+_REUSE_GAIN = 0.05  # weight of each request in a worker's hit-ratio average
+
+
+class TtftPolicy(PrefixLearning, SpeedLearning):
+    """Places each request on the worker of least predicted TTFT plus eviction cost."""
+
+    name = "ttft"
+
+    def __init__(self, config: TtftConfig | None = None) -> None:
+        self.config = cfg = config if config is not None else TtftConfig()
+        super().__init__(cfg.index)
+        self._tokens_per_char = 1.0 / cfg.index.chars_per_token
+        scale = cfg.time_scale  # the priors are the model's; the fit is in the driver's clock
+        prior = Speed(cfg.overhead_s / scale, 1.0 / (cfg.prefill_tokens_per_s * scale),
+                      cfg.decode_s / scale)  # fmt: skip
+        self.speed = FleetSpeed(prior, forgetting=cfg.forgetting, max_pending=cfg.index.max_pending)
+        self.learn = cfg.learn
+        self._reuse: dict[WorkerId, float] = {}  # measured hit ratio per worker
+        self._fill: dict[WorkerId, float] = {}  # ``PrefixIndex.fill``, as of its last change
+        # The blocks requests in flight hold on each worker (what a new one need not add to
+        # its KV in use: ``Decision.shared_chars``), and each one's worker and chain.
+        self._running = RunningBlocks()
+        self._flying: dict[str, tuple[WorkerId, tuple[BlockHash, ...]]] = {}
+        self.residency: Residency = IndexResidency(self.index, self._running)
+        """Where the prompt is cached (``caches``: KV events, the index, the store)."""
+        self._lives = Lives(self.index.depth_chars)  # what a conversation brings (``lives``)
+        # The last placement: request id, characters held per worker, whether it opens a
+        # conversation; and the scores.
+        self._last: tuple[str, dict[WorkerId, int], bool] = ("", {}, False)
+        self._scored: list[tuple[float, WorkerState]] = []
+
+    # -- learning -------------------------------------------------------------------
+
+    def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """Book the request's uncached tokens on ``worker``, then index its chain there."""
+        rid, prompt = request.request_id, request.prompt_chars
+        last, held, opens = self._last
+        if last == rid:
+            cached = held.get(worker, 0)
+        else:
+            cached = self.index.depth_chars(self.index.match_worker(request.prefix_hashes, worker))
+            opens = self._lives.opens(request, False)
+        uncached = max(prompt - cached, 0) * self._tokens_per_char
+        self.speed.sent(rid, worker, now, uncached)
+        if rid not in self._flying and len(self._flying) < self.config.index.max_pending:
+            self._flying[rid] = (worker, request.prefix_hashes)
+            self._running.add(worker, request.prefix_hashes)
+        self._lives.routed(request, worker, uncached, opens)
+        super().on_routed(request, worker, now)
+        self._fill[worker] = self.index.fill(worker)
+
+    def on_usage(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+        *,
+        completion_tokens: int = 0,
+    ) -> None:
+        """Correct the index, close the request's book entry, fold its hit ratio into
+        ``worker``'s."""
+        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        self._fill[worker] = self.index.fill(worker)
+        self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
+        self._landed(request.request_id)
+        if prompt_tokens > 0:
+            ratio = min(cached_tokens / prompt_tokens, 1.0)
+            old = self._reuse.get(worker)
+            self._reuse[worker] = ratio if old is None else old + _REUSE_GAIN * (ratio - old)
+
+    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """Nothing will be observed: the request leaves the book."""
+        self.speed.dropped(request.request_id)
+        self._landed(request.request_id)
+
+    def _landed(self, request_id: str) -> None:
+        flying = self._flying.pop(request_id, None)
+        if flying is not None:
+            self._running.remove(*flying)
+
+    def on_worker_removed(self, worker: WorkerId) -> None:
+        """Forget the worker's blocks, book, speed and hit ratio."""
+        super().on_worker_removed(worker)
+        self._fill.pop(worker, None)
+        self.speed.forget_worker(worker)
+        self._reuse.pop(worker, None)
+        self._running.forget(worker)
+
+    # -- deciding -------------------------------------------------------------------
+
+    def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
+        """The candidate of least predicted TTFT plus eviction cost (module docs)."""
+        cfg = self.config
+        held = self.residency.held(request, ctx)
+        restorable = self._restorable(request)
+        if request.session_key is None:
+            # A later turn's earlier prompt is cached where it went, past its last block.
+            end = self._lives.through(request)
+            opens = end is None
+            if end is not None and end[1] > held.get(end[0], 0):
+                held[end[0]] = min(end[1], request.prompt_chars)
+        else:
+            opens = ctx.affinity is None
+        self._last = (request.request_id, held, opens)
+        holding: Container[WorkerId] = ()
+        if request.session_key is None and held:
+            holding = Holding(held, -(-request.prompt_chars // 2))
+        pool = candidates(request, ctx, None, holding)
+        home, why = affinity_status(request, ctx, "fraction", 1.0)
+        if not pool:
+            return refuse(request, ctx, cfg.retry_after_s)
+        if home is not None and home not in pool:
+            home = None
+        best = self._place(request, pool, ctx, held, restorable, opens=opens)
+        depth = self._running.shared_depth(best.id, request.prefix_hashes)
+        shared = min(self.index.depth_chars(depth), request.prompt_chars)
+        if home is not None and best.id == home.id:
+            return route(home, "affinity_hit", shared_chars=shared)
+        self._remember_capacity(best)
+        old = ctx.affinity.worker if ctx.affinity is not None else None
+        if old is not None:
+            reason = f"affinity_{'overloaded' if why == 'hit' else why}_migrated"
+        else:
+            top = max(max(held.values(), default=0), restorable)
+            mine = held.get(best.id, 0)
+            if not top:
+                reason = "least_loaded"
+            elif mine < restorable:
+                reason = "restorable_match"
+            else:
+                reason = "prefix_match" if mine >= top else "least_ttft"
+        keyed = request.session_key is not None
+        return route(best, reason, request if keyed else None, old, shared)
+
+    def _restorable(self, request: RequestFeatures) -> int:
+        """Characters of the prompt restorable from disk, at their credit (module docs)."""
+        chars = self.index.depth_chars(request.restorable_blocks) * self.config.restorable_credit
+        return min(int(chars), request.prompt_chars)
+
+    def _place(
+        self,
+        request: RequestFeatures,
+        pool: list[WorkerState],
+        ctx: RouteContext,
+        held: dict[WorkerId, int],
+        restorable: int,
+        *,
+        opens: bool,
+    ) -> WorkerState:
+        """The worker of least cost in ``pool`` (non-empty); the scores kept for
+        ``hold_worth``. An opening (``opens``) evicts its conversation's life."""
+        cfg, now, speed = self.config, ctx.fleet.now, self.speed
+        per_char, prompt = self._tokens_per_char, request.prompt_chars
+        evict, engine = cfg.evict, cfg.engine_queue
+        fill_of, reuse = self._fill.get, self._reuse
+        life = self._lives.tokens() if opens else 0.0
+        open_ = [w for w in pool if (w.kv_usage or 0.0) < cfg.kv_high] or pool
+        scored: list[tuple[float, WorkerState]] = []
+        predict, held_get, inf = speed.predict, held.get, float("inf")
+        best, best_cost = open_[0], inf
+        for w in open_:
+            wid = w.id
+            cached = held_get(wid, 0)
+            uncached = (prompt - (cached if cached > restorable else restorable)) * per_char
+            evicted = 0.0
+            if evict and (uncached > 0.0 or life > 0.0):
+                # KV of sessions away on a tool call, expected back (``core.toolcalls``),
+                # is taken: it fills the cache, and evicting it is certain to cost.
+                reserved, capacity = w.kv_reserved_tokens, w.kv_capacity_tokens
+                share = min(reserved / capacity, 1.0) if reserved and capacity else 0.0
+                fill = fill_of(wid, 0.0) + share
+                if fill > 0.0:
+                    new = uncached if uncached > life else life
+                    fill = fill if fill < 1.0 else 1.0
+                    evicted = evict * evicted_tokens(new, fill, reuse.get(wid, 0.0), share)
+            if engine:
+                cost = predict(wid, uncached, now, in_flight=w.in_flight, waiting=w.waiting,
+                               running=w.running, extra=evicted)  # fmt: skip
+            else:
+                cost = predict(wid, uncached, now, in_flight=w.in_flight, extra=evicted)
+            scored.append((cost, w))
+            if cost < best_cost:
+                best, best_cost = w, cost
+            elif cost == best_cost and self._tie(w, ctx) < self._tie(best, ctx):
+                best = w
+        self._scored = scored
+        return best
+
+    @staticmethod
+    def _tie(worker: WorkerState, ctx: RouteContext) -> tuple[bool, int, str]:
+        """Order among equal costs: the session's home, then the fewest requests, then id."""
+        home = ctx.affinity.worker if ctx.affinity is not None else None
+        return (worker.id != home, worker.in_flight, worker.id)
+
+    def hold_worth(self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext) -> Seconds:
+        """How much sooner ``request`` is predicted to start on ``worker`` than on the best
+        other candidate by the same cost (0: it is not the cheaper), the wait for KV room
+        left out: the KV hold waits only for a worker worth it (``core.route``)."""
+        held = self.residency.held(request, ctx)
+        holding: Container[WorkerId] = ()
+        if request.session_key is None and held:
+            holding = Holding(held, -(-request.prompt_chars // 2))
+        pool = candidates(request, ctx, None, holding)
+        if len(pool) < 2:
+            return 0.0
+        opens = self._last[2] if self._last[0] == request.request_id else False
+        self._place(request, pool, ctx, held, self._restorable(request), opens=opens)
+        mine = min((c for c, w in self._scored if w.id == worker), default=None)
+        other = min((c for c, w in self._scored if w.id != worker), default=None)
+        if mine is None or other is None or other < mine:
+            return 0.0
+        return other - mine
