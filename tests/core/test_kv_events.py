@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kvgate.core.exact_index import ExactIndex, ExactIndexConfig
@@ -105,3 +107,17 @@ def test_match_finds_each_workers_depth(workers: int) -> None:
     assert found == {f"w{w}": w % 9 for w in range(workers) if w % 9}
     index.remove_worker("w1")
     assert "w1" not in index.match(keys)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_match_agrees_with_each_workers_own_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    index = ExactIndex()
+    blocks = rng.choice([1, 2, 3, 17, 64, 256])
+    keys = chain_hashes(list(range(16 * blocks)), 16)
+    for w in range(rng.randrange(1, 70)):
+        depth = rng.choice([0, blocks, rng.randrange(blocks + 1)])
+        other = chain_hashes([w + 10_000 + t for t in range(16 * 3)], 16)
+        index.store(f"w{w}", keys[:depth] + other, keys[:depth] + other, 16)
+    expected = {w: index.depth(w, keys) for w in index.workers() if index.depth(w, keys)}
+    assert index.match(keys) == expected

@@ -107,7 +107,7 @@ async def test_reload_adds_and_drains_workers_and_rebuilds_policy_options(tmp_pa
             assert result.added == [fleet[1].url] and result.removed == [fleet[0].url]
             assert [w.id for w in gw.gateway.pool] == [fleet[1].url]
             assert gw.gateway.policy is old_policy  # options unchanged: the same policy
-            options = {"name": "default", "options": {"sticky_slack": 9}}
+            options = {"name": "default", "options": {"evict": 2.0}}
             path.write_text(yaml.safe_dump(gateway_config(fleet[1:], policy=options)))
             result = await gw.gateway.reloader.reload_source()
             assert result.changed == ["policy.options"]
@@ -219,7 +219,8 @@ async def test_a_bad_policy_option_is_a_409_naming_it_and_sighup_logs_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 45.9: ``stay: -3`` answered 500 with a traceback (SIGHUP: "Task exception
-    was never retrieved"); it is refused like every other reload, nothing applied."""
+    was never retrieved"); it is refused like every other reload, nothing applied.
+    (The default policy's ``stay`` is gone: ``evict`` takes its place here.)"""
     path = tmp_path / "kvgate.yaml"
     async with worker_fleet(2) as fleet:
         path.write_text(yaml.safe_dump(gateway_config(fleet)))
@@ -229,18 +230,18 @@ async def test_a_bad_policy_option_is_a_409_naming_it_and_sighup_logs_it(
             aiohttp.ClientSession() as session,
         ):
             before = gw.gateway.policy
-            bad = {"name": gw.gateway.config.policy.name, "options": {"stay": -3}}
+            bad = {"name": gw.gateway.config.policy.name, "options": {"evict": -3}}
             path.write_text(yaml.safe_dump(gateway_config(fleet, policy=bad)))
             async with session.post(gw.url + "/admin/reload") as resp:
                 assert resp.status == 409, await resp.text()
                 error = (await resp.json())["error"]
             assert error["code"] == "reload_refused"
-            assert "policy.options.stay" in error["message"]
+            assert "policy.options.evict" in error["message"]
             assert gw.gateway.policy is before
             caplog.clear()
             with caplog.at_level(logging.INFO):
                 await _reload(gw.gateway)  # what SIGHUP runs
-            refused = [r for r in caplog.records if "policy.options.stay" in r.getMessage()]
+            refused = [r for r in caplog.records if "policy.options.evict" in r.getMessage()]
             assert refused and all(r.exc_info is None for r in caplog.records)
 
 

@@ -50,6 +50,8 @@ class FleetSpec:
     time_scale: float = 1.0
     seed: int = 0
     max_model_len: int = MAX_MODEL_LEN
+    cpu_offload_blocks: int = 0
+    """Each worker's CPU offload tier in blocks (0: none): KV offloaded there is kept."""
 
 
 class Child:
@@ -112,6 +114,8 @@ async def emulated_fleet(spec: FleetSpec, logs: Path) -> AsyncIterator[list[str]
             ]  # fmt: skip
             if spec.kv_blocks:
                 argv += ["--kv-blocks", str(spec.kv_blocks)]
+            if spec.cpu_offload_blocks:
+                argv += ["--cpu-offload-blocks", str(spec.cpu_offload_blocks)]
             children.append(await spawn(argv, f"worker {i}", logs / f"worker-{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
@@ -167,13 +171,14 @@ async def router_in_front(
     logs: Path,
     *,
     time_scale: float = 1.0,
+    offload_tier: bool = False,
 ) -> AsyncIterator[tuple[str, list[str]]]:
     """``router`` started in front of ``urls``; its URL and the models it lists.
 
     Ready when it lists the model, or (sglang-router lists emulated workers as
     ``unknown``) when a probe naming the model is answered.
     """
-    launch = Launch(urls, free_port(), free_port(), logs, seed, venv, time_scale)
+    launch = Launch(urls, free_port(), free_port(), logs, seed, venv, time_scale, offload_tier)
     child = await spawn(router.argv(launch), router.name, logs / f"{router.name}.log")
     base = f"http://127.0.0.1:{launch.port}"
     listed: list[str] = []

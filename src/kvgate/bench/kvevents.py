@@ -36,15 +36,18 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
 
 
 def timed(call: Callable[[], object], runs: int) -> dict[str, float]:
-    """``call``'s wall time over ``runs`` calls (after one warm-up)."""
+    """``call``'s wall time over ``runs`` calls (after one warm-up), and its CPU time
+    (the thread's): on a shared machine the wall time's tail is other processes' turns
+    at the CPU, the CPU time is the call's own."""
     call()
-    samples = []
-    clock = time.perf_counter_ns
+    wall, cpu = [], []
+    clock, thread = time.perf_counter_ns, time.thread_time_ns
     for _ in range(runs):
-        start = clock()
+        start, used = clock(), thread()
         call()
-        samples.append(clock() - start)
-    return percentiles(samples)
+        cpu.append(thread() - used)
+        wall.append(clock() - start)
+    return percentiles(wall) | {f"cpu_{k}": v for k, v in percentiles(cpu).items()}
 
 
 _WORDS = """river stone lantern orchard copper meadow harbor violet thunder cedar glacier compass
@@ -136,9 +139,36 @@ def exact_decision(
         ctx = RouteContext(fleet, None, rng, {}, resident(features, chains[id(tokens)]))
         policy.pick(features, ctx)
 
+    approximate = DefaultPolicy()
+
+    def decide_approximate() -> None:
+        features, _ = request()
+        approximate.pick(features, RouteContext(fleet, None, rng, {}))
+
     return {
         "hash_tokens": timed(hashing, runs),
+        "decision_approximate": timed(decide_approximate, runs),
         "lookup": timed(lookup, runs),
         "decision": timed(decide, runs),
         "index": {"blocks": float(len(index)), "workers": float(workers)},
     }
+
+
+async def store_lookup(url: str, blocks: int = 256, runs: int = 500) -> dict[str, float]:
+    """The other way replicas could share an exact index: in Redis, one key per block
+    (its holders' bitmask). A lookup is one pipelined ``MGET`` of a prompt's blocks;
+    timed here against ``url`` (a local Redis: the round trip's floor)."""
+    import redis.asyncio as redis
+
+    client = redis.from_url(url)
+    keys = [f"kvx:{i}" for i in range(blocks)]
+    await client.mset({k: str(1 << (i % 64)) for i, k in enumerate(keys)})
+    await client.mget(keys)
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(runs):
+        start = clock()
+        await client.mget(keys)
+        samples.append(clock() - start)
+    await client.aclose()
+    return percentiles(samples)

@@ -51,6 +51,8 @@ class Launch:
     venv: Path | None = None
     time_scale: float = 1.0
     """The workers' model seconds per real second (kvgate's default takes model-time rates)."""
+    offload_tier: bool = False
+    """The workers keep KV they are asked to offload (a CPU tier): kvgate is told so."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,11 @@ def _kvgate(policy: str, **options: object) -> Callable[[Launch], list[str]]:
     def argv(launch: Launch) -> list[str]:
         config = {
             "listen": {"host": "127.0.0.1", "port": launch.port},
-            "workers": [{"url": url, "model": MODEL} for url in launch.workers],
+            "workers": [
+                {"url": url, "model": MODEL}
+                | ({"offload_url": url + "/kv/offload"} if launch.offload_tier else {})
+                for url in launch.workers
+            ],
             "policy": {
                 "name": policy,
                 "options": with_time_scale(default_registry(), policy, options, launch.time_scale),

@@ -42,7 +42,14 @@ LIVE_ROUTERS = Routers("kvgate-default", ("sglang-router", "smg"), "kvgate-round
 def fleet_spec(scenario: Scenario, seed: int) -> FleetSpec:
     """The scenario's emulated fleet for ``seed``."""
     profiles = tuple(scenario.profile_of(i) for i in range(scenario.workers))
-    return FleetSpec(profiles, scenario.block_size, scenario.kv_blocks, scenario.time_scale, seed)
+    return FleetSpec(
+        profiles,
+        scenario.block_size,
+        scenario.kv_blocks,
+        scenario.time_scale,
+        seed,
+        cpu_offload_blocks=scenario.cpu_offload_blocks,
+    )
 
 
 async def _slow_then_count(scenario: Scenario, urls: Sequence[str]) -> list[int]:
@@ -64,10 +71,15 @@ async def run_live(
     started = time.monotonic()
     async with (
         emulated_fleet(fleet_spec(scenario, seed), logs) as urls,
-        router_in_front(router, venv, urls, seed, logs, time_scale=scenario.time_scale) as (
-            base,
-            _,
-        ),
+        router_in_front(
+            router,
+            venv,
+            urls,
+            seed,
+            logs,
+            time_scale=scenario.time_scale,
+            offload_tier=scenario.cpu_offload_blocks > 0,
+        ) as (base, _),
     ):
         ready = time.monotonic()
         before = await worker_counters(urls)
@@ -108,6 +120,8 @@ async def run_live(
         hit_rate=s["hit_rate"],
         ttft_p50=s.get("worker_ttft_p50"),
         ttft_p99=s.get("worker_ttft_p99"),
+        ttft_return_p50=s.get("ttft_return_p50"),  # the client's clock, in model seconds
+        ttft_return_p99=s.get("ttft_return_p99"),
         slowed_share=share,
         requests=s["requests"],
         finished=s["finished"],

@@ -104,7 +104,8 @@ class Scenario:
     kv_blocks: int = 0
     """Each worker's KV blocks of ``block_size`` tokens (0: what the profile's GPU holds)."""
     cpu_offload_blocks: int = 0
-    """Simulator: each worker's CPU offload tier in blocks (vLLM's CPU offload; 0: none)."""
+    """Each worker's CPU offload tier in blocks (vLLM's CPU offload; 0: none); kvgate is told
+    its workers keep what they offload (``offload_url``)."""
     block_size: int = 16
     concurrency: int = 64
     """The most requests the clients have out at once."""
@@ -262,7 +263,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             why="tool-calling agents (issue 49): one 4,096-token preamble, 10-40 turns, "
             "log-normal tool pauses, subagents; each worker's GPU KV holds about one agent's "
             "whole context (what a tool pause leaves behind is what gets evicted), its CPU "
-            "tier 8,000 blocks (simulator)",
+            "tier 8,000 blocks",
             criteria=(
                 Criterion("hit_rate", "best_peer", 0.0),
                 Criterion("ttft_p50", "best_peer", 0.7),

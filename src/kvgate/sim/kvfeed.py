@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 from kvgate.core.exact_index import ExactIndex
 from kvgate.core.kv_events import Follower, Offer
@@ -230,3 +231,29 @@ class KVFeed:
             "index_blocks": len(self.index),
             "orphans": self.index.orphans,
         }
+
+
+def fault_run(
+    workload: str, *, workers: int, kv_blocks: int, seed: int, requests: int = 1500
+) -> dict[str, object]:
+    """``default+kv_events`` in the simulator with 10% of event batches lost, the
+    subscriber killed and restarted a third of the way in, and a worker restarted
+    (its cache cleared) two thirds of the way: the feed's counts (``sim.kvfeed``)."""
+    from kvgate.sim.simulation import SimConfig, Simulation  # sim imports this module
+    from kvgate.workload.synthetic import build_workload
+
+    probe = build_workload(workload, seed=seed).requests()
+    last = max((r.arrival for r in islice(probe, requests)), default=1.0)
+    config = SimConfig(
+        max_requests=requests,
+        workers=workers,
+        kv_blocks=(kv_blocks,),
+        seed=seed,
+        kv_event_drop=0.1,
+        subscriber_restarts=(last / 3,),
+        worker_restarts=((2 * last / 3, 1),),
+    )
+    sim = Simulation(config, build_workload(workload, seed=seed).requests(), "default+kv_events")
+    summary = sim.run().summary
+    feed: dict[str, object] = summary["kv_events"]
+    return {"hit_rate": summary["hit_rate"], "ttft_p99": summary["ttft_p99"], **feed}
