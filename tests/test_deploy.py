@@ -9,6 +9,7 @@ ConfigMap carries is validated by kvgate's own config models.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -158,6 +159,13 @@ def test_the_vllm_example_discovers_the_headless_vllm_service(tmp_path: Path) ->
     vllm = _find(docs, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
     served = next(a.split("=", 1)[1] for a in vllm["args"] if a.startswith("--served-model-name"))
     assert target.model == served  # the model kvgate expects is the one vLLM serves
+    # The KV event ports kvgate follows are the ones vLLM publishes on and the Service opens.
+    events = json.loads(next(a.split("=", 1)[1] for a in vllm["args"] if "kv-events" in a))
+    assert events["endpoint"].endswith(f":{target.kv_events_port}")
+    assert events["replay_endpoint"].endswith(f":{target.kv_events_replay_port}")
+    opened = {p["port"] for p in service["spec"]["ports"]}
+    assert {target.kv_events_port, target.kv_events_replay_port} <= opened
+    assert config.tokenizers[served].kind == "worker"
     assert config.api_keys == ["sk-test"]
     gateway = _find(docs, "Deployment", "kvgate")["spec"]["template"]["spec"]["containers"][0]
     store = {e["name"]: e.get("value") for e in gateway["env"]}["KVGATE_STORE_URL"]

@@ -14,6 +14,9 @@ from kvgate.core.decision import Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policies.default import DefaultPolicy
 from kvgate.core.policy import Resident, RouteContext
+from kvgate.gateway.config import WorkerConfig
+from kvgate.gateway.control.config import DnsTarget
+from kvgate.gateway.control.discovery import worker_config
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import free_port_pair, wait_until
 from kvgate.workersim import WorkerOptions, running_worker
@@ -92,3 +95,31 @@ async def test_a_prompt_goes_where_the_engine_holds_it() -> None:
         assert set(resident.exact) == {w.url for w, _ in fleet}
         assert resident.chars.get(first, 0) > len(system["content"]) // 2
         assert all(resident.chars.get(w.url, 0) == 0 for w, _ in fleet if w.url != first)
+
+
+def test_discovered_workers_publish_on_the_configured_ports() -> None:
+    target = DnsTarget(name="vllm", port=8000, kv_events_port=5557, kv_events_replay_port=5558)
+    config = worker_config(target, "http://10.0.0.5:8000")
+    assert config.kv_events == "tcp://10.0.0.5:5557"
+    assert config.kv_events_replay == "tcp://10.0.0.5:5558"
+    assert (
+        worker_config(DnsTarget(name="vllm", port=8000), "http://10.0.0.5:8000").kv_events is None
+    )
+
+
+async def test_a_worker_added_while_running_is_followed() -> None:
+    async with publishing_fleet(1) as fleet:
+        ((worker, port),) = fleet
+        async with running_gateway(gateway_config([])) as gw:
+            caches = gw.gateway.caches
+            added = WorkerConfig(
+                url=worker.url,
+                kv_events=f"tcp://127.0.0.1:{port}",
+                kv_events_replay=f"tcp://127.0.0.1:{port + 1}",
+            )
+            await gw.gateway.control.membership.add(added)
+            async with aiohttp.ClientSession() as session:
+                await _chat(session, gw.url, [{"role": "user", "content": "hello " * 80}])
+            await wait_until(lambda: caches.index.blocks(worker.url) > 0, timeout=10)
+            await gw.gateway.control.membership.remove(worker.url)
+            assert not caches.index.tracks(worker.url)

@@ -12,10 +12,11 @@ approximate index (``core.prefix_index``) can only guess.
 Bounds: each worker keeps at most ``max_worker_blocks`` entries and all workers
 together ``max_total_blocks`` (an equal share each); past its bound a worker's
 oldest stored blocks are dropped first (an engine's LRU evicts those first too, and
-forgetting a block the engine still holds only under-claims). A megabyte holds
-about 5,000 entries (engine hash, key, holder bit), so the default bound of two
-million entries is some 400 MB at most, far above a fleet's real KV: a 64-worker
-fleet of 80 GB GPUs holds about 1.5 million 16-token blocks of an 8B model.
+forgetting a block the engine still holds only under-claims). An entry (engine
+hash, key, holder bit) takes about 175 bytes (tracemalloc, 100,000 entries), so the
+default bound of two million entries is some 350 MB at most, far above a fleet's
+real KV: a 64-worker fleet of 80 GB GPUs holds about 1.8 million 16-token blocks of
+an 8B model.
 
 Blocks stored under a LoRA adapter or on another medium than the GPU (an offload
 tier) are not counted as held: a base-model request does not hit them, and an

@@ -158,6 +158,7 @@ class Gateway:
         gate = pressure if pressure.enabled and pressure.kv_gate else None
         self.caches = EngineCaches(config.workers)
         """KV event subscribers of the workers that publish (``kv_events:``)."""
+        self.control.membership.caches = self.caches
         self.router = Router(
             self.pool,
             self.routing,

@@ -161,6 +161,11 @@ class DnsTarget(_Model):
     api_key: str | None = Field(default=None, repr=False)
     labels: dict[str, str] = Field(default_factory=dict)
     max_in_flight: int | None = Field(default=None, ge=1)
+    kv_events_port: int | None = Field(default=None, ge=1, le=65535)
+    """Each worker found publishes KV events on its address at this port (vLLM's and
+    SGLang's ``--kv-events-config`` endpoint, e.g. 5557): followed into the exact index."""
+    kv_events_replay_port: int | None = Field(default=None, ge=1, le=65535)
+    """And answers replays at this one (``replay_endpoint``, e.g. 5558)."""
 
     @model_validator(mode="after")
     def _port_for_a(self) -> Self:

@@ -19,6 +19,7 @@ from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.versions import VersionConflictError
 from kvgate.gateway.dataplane.errors import NotFoundError
 from kvgate.gateway.observe.health import HealthChecker
+from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.routing import Routing
 from kvgate.types import WorkerId
@@ -50,6 +51,8 @@ class Membership:
         self.poll_s = poll_s
         self.mono = mono
         self._closing: set[asyncio.Task[None]] = set()
+        self.caches: EngineCaches | None = None
+        """Follows the KV events of workers that publish them (set by the gateway)."""
 
     async def add(self, config: WorkerConfig) -> Worker:
         """Add and probe a worker; 409 when its URL is already in the pool."""
@@ -59,6 +62,8 @@ class Membership:
         except ValueError as exc:
             raise VersionConflictError(str(exc)) from None
         self.health.outlier.set_workers(w.id for w in self.pool)
+        if self.caches is not None:
+            self.caches.add(config)
         await self.health.probe(worker)
         self.pool.reindex()
         log.info(
@@ -80,6 +85,8 @@ class Membership:
         self.health.outlier.forget(worker_id)
         self.health.forget(worker_id)
         self.routing.state.policy.on_worker_removed(worker_id)
+        if self.caches is not None:
+            await self.caches.remove(worker_id)
         log.info("worker %s removed; %d requests still in flight", worker_id, worker.in_flight)
         task = asyncio.create_task(self._close_when_idle(worker), name=f"kvgate-remove-{worker_id}")
         self._closing.add(task)

@@ -126,7 +126,7 @@ class Router:
         caches: EngineCaches | None = None,
     ) -> None:
         self.pool = pool
-        self.caches = caches if caches else None
+        self.caches = caches
         """What publishing workers' engines hold (their KV events; ``None``: none publish)."""
         self.versions = versions
         """Model versions: a split model's request sees only its assigned version's workers."""

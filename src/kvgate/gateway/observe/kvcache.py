@@ -34,8 +34,14 @@ class EngineCaches:
     ) -> None:
         self.index = ExactIndex(config)
         self._subscribers: dict[WorkerId, KVEventSubscriber] = {}
-        publishing = [w for w in workers if w.kv_events]
-        if not publishing:
+        self._started = False
+        for worker in workers:
+            self.add(worker)
+
+    def add(self, worker: WorkerConfig) -> None:
+        """Follow ``worker``'s events if it publishes them (``kv_events``); a worker
+        added while the gateway runs (discovery, the admin API) is followed at once."""
+        if not worker.kv_events or worker.id in self._subscribers:
             return
         from kvgate.kvevents import MISSING_EXTRA, available
 
@@ -43,25 +49,32 @@ class EngineCaches:
             raise RuntimeError(MISSING_EXTRA)
         from kvgate.kvevents.subscriber import KVEventSubscriber
 
-        for worker in publishing:
-            assert worker.kv_events is not None
-            self._subscribers[worker.id] = KVEventSubscriber(
-                worker.id,
-                worker.kv_events,
-                self.index,
-                replay_endpoint=worker.kv_events_replay,
-            )
+        subscriber = KVEventSubscriber(
+            worker.id, worker.kv_events, self.index, replay_endpoint=worker.kv_events_replay
+        )
+        self._subscribers[worker.id] = subscriber
+        if self._started:
+            subscriber.start()
+
+    async def remove(self, worker: WorkerId) -> None:
+        """Stop following ``worker`` and forget its blocks (it left the fleet)."""
+        subscriber = self._subscribers.pop(worker, None)
+        if subscriber is not None:
+            await subscriber.close()
+        self.index.remove_worker(worker)
 
     def __bool__(self) -> bool:
         return bool(self._subscribers)
 
     def start(self) -> None:
         """Subscribe to every publishing worker (on the running loop)."""
+        self._started = True
         for subscriber in self._subscribers.values():
             subscriber.start()
 
     async def close(self) -> None:
         """Stop every subscription."""
+        self._started = False
         for subscriber in self._subscribers.values():
             await subscriber.close()
 
