@@ -89,6 +89,10 @@ async def test_a_prompt_goes_where_the_engine_holds_it() -> None:
                 ) as r:
                     assert tuple((await r.json())["tokens"]) == request.token_ids
                 second = await _chat(session, gw.url, [system, {"role": "user", "content": "b?"}])
+            exposed = gw.gateway.metrics.render().decode()
+            assert f'kvgate_kv_events_blocks{{worker="{first}"}}' in exposed
+            assert "kvgate_kv_events_batches_total" in exposed
+            assert "kvgate_kv_events_garbage_total" in exposed
         assert second == first
         _, resident = policy.seen[-1]
         assert resident is not None

@@ -52,7 +52,7 @@ from kvgate.gateway.dataplane.router import Router
 from kvgate.gateway.dataplane.warmups import WarmUps
 from kvgate.gateway.observe.federation import MetricsPeers
 from kvgate.gateway.observe.health import HealthChecker
-from kvgate.gateway.observe.kvcache import EngineCaches
+from kvgate.gateway.observe.kvcache import EngineCaches, KVEventsCollector
 from kvgate.gateway.observe.logs import AccessLog
 from kvgate.gateway.observe.metrics import CONTENT_TYPE, GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -159,6 +159,7 @@ class Gateway:
         self.caches = EngineCaches(config.workers)
         """KV event subscribers of the workers that publish (``kv_events:``)."""
         self.control.membership.caches = self.caches
+        self.metrics.registry.register(KVEventsCollector(self.caches.counts))
         self.router = Router(
             self.pool,
             self.routing,

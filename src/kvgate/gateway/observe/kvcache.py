@@ -11,8 +11,11 @@ per request; ``docs/kv-events.md`` has the measurements).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kvgate.core.exact_index import ExactIndex, ExactIndexConfig
 from kvgate.core.features import RequestFeatures
@@ -79,8 +82,16 @@ class EngineCaches:
             await subscriber.close()
 
     def subscribers(self) -> dict[WorkerId, KVEventSubscriber]:
-        """The subscriptions by worker (their counts are exported as metrics)."""
+        """The subscriptions by worker."""
         return dict(self._subscribers)
+
+    def counts(self) -> dict[WorkerId, dict[str, int]]:
+        """Per worker: its subscriber's counts and the blocks the index holds for it
+        (``KVEventsCollector``)."""
+        return {
+            worker: {**vars(subscriber.stats), "blocks": self.index.blocks(worker)}
+            for worker, subscriber in self._subscribers.items()
+        }
 
     def resident(self, features: RequestFeatures) -> Resident | None:
         """What the publishing workers hold of the request's prompt (``None``: no worker
@@ -94,3 +105,44 @@ class EngineCaches:
             for worker, held in self.index.held_tokens(tokens).items()
         }
         return Resident(chars, self._subscribers.keys())
+
+
+_KV_EVENT_COUNTERS = (
+    ("kvgate_kv_events_batches", "batches", "KV event batches applied, live or replayed."),
+    ("kvgate_kv_events_garbage", "garbage",
+     "Messages on a KV event socket that were not a batch (counted, logged once)."),
+    ("kvgate_kv_events_gaps", "gaps", "Sequence gaps seen (batches lost or not yet had)."),
+    ("kvgate_kv_events_replays", "replays", "Replays asked of a publisher's replay socket."),
+    ("kvgate_kv_events_replay_failures", "replay_failures",
+     "Replays that did not answer in time or did not reach back far enough."),
+    ("kvgate_kv_events_restarts", "restarts", "Publishers seen restarting (sequence back)."),
+    ("kvgate_kv_events_resyncs", "resyncs",
+     "Times a worker's blocks were cleared because what was missed was unknown."),
+)  # fmt: skip
+"""The KV event subscribers' counters: exported name, field, help."""
+
+
+class KVEventsCollector(Collector):
+    """Per worker that publishes KV events: its subscriber's counters and the blocks the
+    exact index holds for it (its cache's fill as the engine tells it, between scrapes)."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._counts()
+        blocks = GaugeMetricFamily(
+            "kvgate_kv_events_blocks",
+            "Blocks the worker's engine holds by its KV events (the exact index).",
+            labels=["worker"],
+        )
+        families = {
+            field: CounterMetricFamily(name, text, labels=["worker"])
+            for name, field, text in _KV_EVENT_COUNTERS
+        }
+        for worker, row in rows.items():
+            blocks.add_metric([worker], row.get("blocks", 0))
+            for field, family in families.items():
+                family.add_metric([worker], row.get(field, 0))
+        yield blocks
+        yield from families.values()
