@@ -89,7 +89,9 @@ class _Sent:
     at: Seconds
     uncached: float  # the guess at send; usage's truth when it ends
     predicted: Seconds
-    ahead: tuple[str, ...]  # requests not at their first token when this one was sent
+    ahead: tuple[str, ...]  # requests not at their first token when it was sent (up to 32)
+    queued: float  # their uncached tokens as guessed then (all of them)
+    waiting: int  # how many they were
     running: int
     started: bool = False  # at its first token, or past its predicted time
 
@@ -255,11 +257,14 @@ class FleetSpeed:
         if book is None:
             book = self._books[worker] = _Book(fit=self._fits.get(worker))
         book.settle(at)
-        ahead = tuple(rid for rid, s in book.sent.items() if not s.started)
-        running = len(book.sent) - len(ahead)
+        # Their ids, to count their tokens as usage reports them, while they are few (a
+        # queue hundreds deep is judged by the guesses: the list would cost more than it says).
+        waiting = book.unstarted
+        ahead = tuple(rid for rid, s in book.sent.items() if not s.started) if waiting <= 32 else ()
+        running = len(book.sent) - waiting
         predicted = self.predict(worker, uncached, at)
         uncached = max(uncached, 0.0)
-        sent = _Sent(worker, at, uncached, predicted, ahead, running)
+        sent = _Sent(worker, at, uncached, predicted, ahead, book.tokens, waiting, running)
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
         book.unstarted += 1
@@ -290,10 +295,10 @@ class FleetSpeed:
         sent = self._done.get(request_id)
         if sent is None or ttft is None or ttft <= 0.0 or not math.isfinite(ttft):
             return
-        ahead = sum(self._tokens(rid) for rid in sent.ahead)
+        ahead = sum(self._tokens(rid) for rid in sent.ahead) if sent.ahead else sent.queued
         fit = self._fit(sent.worker)
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
-        features = (1.0, ahead + sent.uncached, float(sent.running), float(len(sent.ahead)))
+        features = (1.0, ahead + sent.uncached, float(sent.running), float(sent.waiting))
         self._update(fit, features, ttft)
         fit.errors.append(abs(sent.predicted - ttft) / ttft)
 
