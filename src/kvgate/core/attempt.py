@@ -146,9 +146,11 @@ class Cancelled:
 Event = Routed | Sent | Answered | Token | Usage | Completed | Failed | Cancelled
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttemptEnd:
-    """How one attempt ended, and what it measured: produced once per attempt."""
+    """How one attempt ended, and what it measured: produced once per attempt, and a record
+    (nothing changes it once made; not frozen: a frozen class's ``__init__`` costs a
+    ``object.__setattr__`` per field, on every request)."""
 
     worker: WorkerId
     version: str
@@ -204,15 +206,21 @@ class AttemptEnd:
         return decode / (tokens - 1)
 
 
+# Module constants: on 3.11 each ``Enum.MEMBER`` is a slow ``EnumType`` lookup, and an
+# attempt's end reads several, on every request.
+_OK, _FAULT, _UNSETTLED, _NONE = Judgement.OK, Judgement.FAULT, Judgement.UNSETTLED, Judgement.NONE
+_COMPLETED, _FAILED, _CANCELLED = EndKind.COMPLETED, EndKind.FAILED, EndKind.CANCELLED
+
+
 def judge(kind: EndKind, status: int, failure: str | None) -> Judgement:
     """The passive-health judgement of an attempt that ended so (see ``Judgement``)."""
-    if kind is EndKind.CANCELLED or status == 429:
-        return Judgement.NONE
-    if kind is EndKind.COMPLETED:
-        return Judgement.FAULT if status >= 500 else Judgement.OK
+    if kind is _CANCELLED or status == 429:
+        return _NONE
+    if kind is _COMPLETED:
+        return _FAULT if status >= 500 else _OK
     if failure == "status":  # an error answer the request may take elsewhere
-        return Judgement.UNSETTLED if status >= 500 else Judgement.NONE
-    return Judgement.FAULT  # unreachable, timed out, broken off, not an answer
+        return _UNSETTLED if status >= 500 else _NONE
+    return _FAULT  # unreachable, timed out, broken off, not an answer
 
 
 class AttemptState:
@@ -307,15 +315,22 @@ class AttemptState:
         if self._end is None:
             self._routed = True
 
-    def sent(self, at: float, ahead: Ahead | None = None) -> None:
-        """The request is written to the worker, ``ahead`` queued before it there (the
-        first time counts; without ``ahead``, what was ahead at placement stands)."""
+    def sent(
+        self,
+        at: float,
+        ahead_requests: int | None = None,
+        ahead_kv_tokens: int = 0,
+        ahead_waiting: int | None = None,
+    ) -> None:
+        """The request is written to the worker, with the work queued before it there
+        (``Ahead``'s fields; the first send counts; without ``ahead_requests``, what was
+        ahead at placement stands)."""
         if self._sent is None and self._end is None:
             self._sent = at
-            if ahead is not None:
-                self.ahead_requests = ahead.requests
-                self.ahead_kv_tokens = ahead.kv_tokens
-                self.ahead_waiting = ahead.waiting
+            if ahead_requests is not None:
+                self.ahead_requests = ahead_requests
+                self.ahead_kv_tokens = ahead_kv_tokens
+                self.ahead_waiting = ahead_waiting
 
     def answered(self, at: float, status: int) -> None:
         """The response's status arrived."""
@@ -341,23 +356,25 @@ class AttemptState:
 
     def completed(self, at: float) -> AttemptEnd | None:
         """The answer reached its end; the attempt's end, or ``None`` if it had ended."""
-        return self._finish(at, EndKind.COMPLETED, None, None)
+        return self._finish(at, _COMPLETED, None, None)
 
     def failed(self, at: float, kind: str, status: int | None = None) -> AttemptEnd | None:
         """The worker failed the attempt; the end, or ``None`` if it had ended."""
-        return self._finish(at, EndKind.FAILED, kind, status)
+        return self._finish(at, _FAILED, kind, status)
 
     def cancelled(self, at: float) -> AttemptEnd | None:
         """The attempt was abandoned; the end, or ``None`` if it had ended."""
-        return self._finish(at, EndKind.CANCELLED, None, None)
+        return self._finish(at, _CANCELLED, None, None)
 
     def step(self, event: Event) -> AttemptEnd | None:
         """Apply one event (a value); the end when this event ended the attempt."""
         match event:
             case Routed(at):
                 self.routed(at)
-            case Sent(at, ahead):
-                self.sent(at, ahead)
+            case Sent(at, None):
+                self.sent(at)
+            case Sent(at, Ahead(requests, kv_tokens, waiting)):
+                self.sent(at, requests, kv_tokens, waiting)
             case Answered(at, status):
                 self.answered(at, status)
             case Token(at):

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.core.admission import Queue, wait_order
-from kvgate.core.attempt import Ahead, AttemptEnd, AttemptState, tell_policy
+from kvgate.core.attempt import AttemptEnd, AttemptState, tell_policy
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import FleetSnapshot
@@ -358,8 +358,9 @@ class SimGateway:
         routed = worker.routed  # as the live attempt sees its worker when it sends
         signals = routed.signals
         waiting = signals.waiting if signals is not None else None
-        ahead = Ahead(routed.in_flight - 1, routed.kv_in_flight_tokens - verdict.kv_tokens, waiting)
-        attempt.sent(now, ahead)
+        attempt.sent(
+            now, routed.in_flight - 1, routed.kv_in_flight_tokens - verdict.kv_tokens, waiting
+        )
         self._warm_up(request.request_id, blocks, worker, waiter.version, now)
 
     def _warm_up(

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.core.attempt import (
-    Ahead,
     AttemptEnd,
     AttemptState,
     EndKind,
@@ -125,52 +124,73 @@ class _Sample:
     response: bytes
 
 
-@dataclass(slots=True, eq=False)
 class Attempt:
-    """One attempt of a request on one worker: see the module docs for its events."""
+    """One attempt of a request on one worker: see the module docs for its events.
 
-    parts: AttemptParts
-    features: RequestFeatures
-    pool: WorkerPool
-    worker_taken: Worker
-    kv_taken: int
-    reason: str
-    version: str
-    queued_s: float = 0.0
-    started: float | None = None
-    """When the request reached the gateway (the driver's monotonic clock): the version
-    outcome's latency and TTFT count from there (``None``: from the placement)."""
-    wrote_affinity: bool = False
-    bound: Affinity | None = None
-    """The binding in force after this attempt's write (a retry expects it)."""
-    affinity: Looked = UNREAD
-    """The binding the request was placed with (``UNREAD``: never read)."""
-    shares: Sequence[tuple[BlockHash, WorkerId]] = ()
-    """Prefix-state writes, made by ``sent``."""
-    state: AttemptState = field(init=False)
-    lease: Lease = field(init=False)
-    """The attempt's slot on its worker: taken when it is made, given back at its end."""
-    _sample: _Sample | None = field(init=False, default=None)
-    _settled: bool = field(init=False, default=False)
+    A plain class (no dataclass machinery): one is made for every attempt.
+    """
 
-    def __post_init__(self) -> None:
-        worker = self.worker_taken
-        now = self.parts.mono()
+    __slots__ = (
+        "_sample",
+        "_settled",
+        "affinity",
+        "bound",
+        "features",
+        "lease",
+        "parts",
+        "queued_s",
+        "reason",
+        "shares",
+        "started",
+        "state",
+        "version",
+        "worker",
+        "wrote_affinity",
+    )
+
+    def __init__(
+        self,
+        parts: AttemptParts,
+        features: RequestFeatures,
+        pool: WorkerPool,
+        worker: Worker,
+        kv_tokens: int,
+        *,
+        reason: str,
+        version: str,
+        queued_s: float = 0.0,
+        started: float | None = None,
+    ) -> None:
+        now = parts.mono()
+        routed = worker.routed
+        self.parts = parts
+        self.features = features
+        self.reason = reason
+        self.version = version
+        self.queued_s = queued_s
+        self.started: float = now if started is None else started
+        """When the request reached the gateway (the driver's monotonic clock): the
+        version outcome's latency and TTFT count from there (default: the placement)."""
+        self.wrote_affinity = False
+        self.bound: Affinity | None = None
+        """The binding in force after this attempt's write (a retry expects it)."""
+        self.affinity: Looked = UNREAD
+        """The binding the request was placed with (``UNREAD``: never read)."""
+        self.shares: Sequence[tuple[BlockHash, WorkerId]] = ()
+        """Prefix-state writes, made by ``sent``."""
         self.state = AttemptState(
             worker.id,
-            self.version,
+            version,
             now,
-            ahead_requests=worker.in_flight,
-            ahead_kv_tokens=worker.kv_in_flight_tokens,
+            ahead_requests=routed.in_flight,
+            ahead_kv_tokens=routed.kv_in_flight_tokens,
         )
-        if self.started is None:
-            self.started = now
-        self.lease = self.pool.lease(worker, self.kv_taken)
-
-    @property
-    def worker(self) -> Worker:
+        self._sample: _Sample | None = None
+        self._settled = False
+        self.worker = worker
         """The worker the attempt holds a slot on."""
-        return self.lease.worker
+        self.lease: Lease = pool.lease(worker, kv_tokens)
+        """The attempt's slot on its worker: taken here, given back at its end."""
 
     @property
     def kv_tokens(self) -> int:
@@ -192,6 +212,7 @@ class Attempt:
             parts.policy.on_dropped(self.features, self.worker.id, parts.wall())
         self.state.moved(worker.id, version)
         self.lease.move(worker)
+        self.worker = worker
         self.version = version
         if routed:
             parts.policy.on_routed(self.features, worker.id, parts.wall())
@@ -218,14 +239,14 @@ class Attempt:
 
     def sent(self) -> None:
         """The request is written to the worker: share what the placement adds, once."""
-        worker, kv = self.worker, self.kv_tokens
-        signals = worker.signals
-        ahead = Ahead(
-            worker.in_flight - 1,
-            worker.kv_in_flight_tokens - kv,
+        routed = self.worker.routed
+        signals = routed.signals
+        self.state.sent(
+            self.parts.mono(),
+            routed.in_flight - 1,
+            routed.kv_in_flight_tokens - self.lease.kv_tokens,
             signals.waiting if signals is not None else None,
         )
-        self.state.sent(self.parts.mono(), ahead)
         writes = self.shares
         if writes:
             self.shares = ()
@@ -268,17 +289,26 @@ class Attempt:
         """Say whose fault an ``UNSETTLED`` end was: ``fault`` charges the worker and its
         version; either way it is settled, once. Nothing for any other end."""
         end = self.state.end
-        if end is None or end.judgement is not Judgement.UNSETTLED or self._settled:
+        if end is None or end.judgement is not _UNSETTLED or self._settled:
             return
         self._settled = True
         if fault:
             self._charge()
 
+    @property
+    def renews(self) -> bool:
+        """True when a completed attempt renews its session's binding (``refresh``): it
+        has one, read by the placement, and did not write it itself."""
+        return (
+            self.features.affinity_key is not None
+            and not self.wrote_affinity
+            and not isinstance(self.affinity, Unread)
+        )
+
     async def refresh(self) -> None:
-        """After a completed attempt: renew the session's binding (unless this attempt
-        wrote it, or the binding was never read)."""
+        """After a completed attempt: renew the session's binding (when ``renews``)."""
         key = self.features.affinity_key
-        if key is not None and not self.wrote_affinity and not isinstance(self.affinity, Unread):
+        if key is not None and self.renews:
             await self.parts.bindings.touch(key)
 
     async def remember(self, key: SessionKey) -> None:
@@ -300,14 +330,14 @@ class Attempt:
         self.lease.release()  # first: waiters need not wait on the feedback below
         tell_policy(parts.policy, features, end, parts.wall())
         judgement = end.judgement
-        if judgement is Judgement.OK:
+        if judgement is _OK:
             parts.passive.success(self.worker)
-        elif judgement is Judgement.FAULT:
+        elif judgement is _FAULT:
             self._charge()
         recorder = parts.outcomes
-        if recorder is not None and end.kind is EndKind.COMPLETED and judgement is Judgement.OK:
+        if recorder is not None and judgement is _OK and end.kind is _COMPLETED:
             ok = end.status < 400
-            started = self.started if self.started is not None else end.placed_at
+            started = self.started
             first = end.first_token_at
             recorder.finished(
                 features.model,
@@ -332,6 +362,11 @@ class Attempt:
         self.parts.passive.failure(self.worker)
         if self.parts.outcomes is not None:
             self.parts.outcomes.attempt_failed(self.features.model, self.state.version)
+
+
+_OK, _FAULT, _UNSETTLED = Judgement.OK, Judgement.FAULT, Judgement.UNSETTLED
+_COMPLETED = EndKind.COMPLETED
+"""Module constants: on 3.11 each ``Enum.MEMBER`` is a slow ``EnumType`` lookup."""
 
 
 class Placer(Protocol):

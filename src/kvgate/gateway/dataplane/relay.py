@@ -235,7 +235,7 @@ class Relay:
                 attempt.completed()
             else:  # failed (already ended), or the client went first
                 attempt.cancelled()
-        if done or outcome.answered:
+        if (done or outcome.answered) and attempt.renews:
             await attempt.refresh()
 
     async def _stream(
