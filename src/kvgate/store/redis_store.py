@@ -68,6 +68,8 @@ from kvgate.store.cluster import (
 from kvgate.store.epoch import Epoch
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import Clock, MemoryStore
+from kvgate.store.readcache import ReadCache
+from kvgate.store.resync import push_dirty
 from kvgate.store.scripts import Scripts
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
@@ -123,6 +125,7 @@ class RedisStore(AffinityStore):
         epoch_check_s: Seconds = 1.0,
         cluster_shards: int = 16,
         touch_interval_s: Seconds = 5.0,
+        read_cache: bool = True,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
@@ -167,6 +170,11 @@ class RedisStore(AffinityStore):
         self.data_lost_total = 0
         self._holder_writes = HolderWrites(self._write_holders)
         self._touches = TouchThrottle(touch_interval_s)
+        self._cache = (
+            ReadCache(self._redis, self._scripts.prefix)
+            if read_cache and isinstance(self._redis, Redis) and not self.cluster
+            else None
+        )
 
     @property
     def degraded(self) -> bool:
@@ -198,11 +206,20 @@ class RedisStore(AffinityStore):
     # -- bindings ---------------------------------------------------------------
 
     async def get(self, key: SessionKey) -> Affinity | None:
-        """The live binding for ``key``, or ``None``."""
+        """The live binding for ``key``, or ``None``: from the read cache while Redis has
+        not said it changed (``store.readcache``), else read."""
+        cache, now = self._cache, self.local.clock()
+        if cache is not None and (hit := cache.get(key, now)) is not None:
+            return hit
+        ticket = cache.ticket() if cache is not None else 0
         reply = await self._remote(lambda: self._scripts.get(key))
         if reply is _DOWN:
             return await self.local.get(key)
-        return await self._mirror_read(key, reply)
+        decoded = Scripts.decode_get(key, reply)
+        await self._mirror(key, decoded)
+        if cache is not None and decoded is not None:
+            cache.put(ticket, key, decoded[0], now, now + decoded[1])
+        return None if decoded is None else decoded[0]
 
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for many keys, pipelined into one round trip."""
@@ -224,7 +241,8 @@ class RedisStore(AffinityStore):
         if replies is _DOWN:
             return await self.local.get_many(keys)
         return [
-            await self._mirror_read(key, reply) for key, reply in zip(keys, replies, strict=True)
+            await self._mirror(key, Scripts.decode_get(key, reply))
+            for key, reply in zip(keys, replies, strict=True)
         ]
 
     async def get_holders(self, blocks: Sequence[BlockHash]) -> list[WorkerId | None]:
@@ -282,6 +300,7 @@ class RedisStore(AffinityStore):
 
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""
+        self._changing(affinity.session_key)
         reply = await self._remote(lambda: self._scripts.set(affinity, ttl))
         if reply is _DOWN:
             self._mark_dirty(affinity.session_key, None)
@@ -291,6 +310,7 @@ class RedisStore(AffinityStore):
         self, key: SessionKey, expected_worker: WorkerId | None, affinity: Affinity, ttl: Seconds
     ) -> Affinity:
         """Atomically bind ``key`` unless another binding is in force; the binding in force."""
+        self._changing(key)
         reply = await self._remote(
             lambda: self._scripts.compare_and_set(key, expected_worker, affinity, ttl)
         )
@@ -311,6 +331,7 @@ class RedisStore(AffinityStore):
         """
         if not self._touches.due(key, self.local.clock()) and await self.local.touch(key, now, ttl):
             return True
+        self._changing(key)
         reply = await self._remote(lambda: self._scripts.touch(key, now, ttl))
         local = await self.local.touch(key, now, ttl)
         if reply is _DOWN:
@@ -323,6 +344,7 @@ class RedisStore(AffinityStore):
 
     async def delete(self, key: SessionKey) -> bool:
         """Forget ``key``'s binding; False if there was none."""
+        self._changing(key)
         reply = await self._remote(lambda: self._scripts.delete(key))
         known = await self.local.get(key)
         await self.local.delete(key)
@@ -330,6 +352,11 @@ class RedisStore(AffinityStore):
             self._mark_dirty(key, known.worker if known else _ANY_WORKER)
             return known is not None
         return bool(int(reply))
+
+    def _changing(self, key: SessionKey) -> None:
+        """This process writes ``key``: its cached read is stale from now on."""
+        if self._cache is not None:
+            self._cache.drop(key)
 
     async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
         """Bindings to ``worker``, least recently active first (local ones while degraded)."""
@@ -410,6 +437,8 @@ class RedisStore(AffinityStore):
         """Stop probing, close connections, forget the local map."""
         self._closed = True
         await self._holder_writes.close()
+        if self._cache is not None:
+            await self._cache.stop()
         for task in (self._recovery, self._epoch_watch):
             if task is not None:
                 task.cancel()
@@ -425,6 +454,8 @@ class RedisStore(AffinityStore):
         if self._epoch_watch is None and not self._closed:
             # Started by the first call, so the store can be made outside an event loop.
             self._epoch_watch = asyncio.get_running_loop().create_task(self._watch_epoch())
+        if self._cache is not None and not self._degraded and not self._closed:
+            self._cache.start()  # (again, after its connections were lost)
         for attempt in range(_ATTEMPTS):
             if self._degraded:  # also when another call degraded it during our first try
                 self.fallbacks_total += 1
@@ -451,8 +482,9 @@ class RedisStore(AffinityStore):
             raise asyncio.CancelledError
         return reply
 
-    async def _mirror_read(self, key: SessionKey, reply: Any) -> Affinity | None:
-        found = Scripts.decode_get(key, reply)
+    async def _mirror(
+        self, key: SessionKey, found: tuple[Affinity, Seconds] | None
+    ) -> Affinity | None:
         if found is None:
             await self.local.delete(key)
             return None
@@ -473,6 +505,8 @@ class RedisStore(AffinityStore):
             return
         self._degraded = True
         self.degraded_total += 1
+        if self._cache is not None:
+            self._cache.clear()  # invalidations may be missed from now on
         logger.warning(
             "affinity store degraded: redis at %s unreachable (%s: %s); "
             "serving from the local fallback map until it returns",
@@ -549,40 +583,13 @@ class RedisStore(AffinityStore):
             pushed += 1
             batch = [self._dirty.popitem() for _ in range(min(_RESYNC_BATCH, len(self._dirty)))]
             try:
-                await self._push(batch)
+                # On a cluster each call runs at once: a script a node lacks (after a
+                # failover, Redis does not replicate its script cache) is reloaded only
+                # outside a pipeline.
+                pipe = None if self.cluster else self._redis.pipeline(transaction=False)
+                await push_dirty(batch, self.local, self._scripts, pipe, self._dirty)
             except _FAILURES:
                 for key, deleted_from in batch:
                     self._dirty.setdefault(key, deleted_from)
                 raise
         return True
-
-    async def _push(self, batch: list[tuple[SessionKey, WorkerId | None]]) -> None:
-        t = self.local.clock()
-        # On a cluster each call runs at once: a script a node lacks (after a failover,
-        # Redis does not replicate its script cache) is reloaded only outside a pipeline.
-        pipe = None if self.cluster else self._redis.pipeline(transaction=False)
-        direct: list[Any] = []
-        queued: list[tuple[SessionKey, Seconds] | None] = []  # one per queued command
-        for key, deleted_from in batch:
-            if deleted_from is not None:
-                direct.append(await self._scripts.delete(key, deleted_from, pipe))
-                queued.append(None)
-                continue
-            affinity = self.local.table.get(key, t)
-            deadline = self.local.table.deadline(key, t)
-            if affinity is None or deadline is None:
-                continue  # expired locally meanwhile: nothing to claim
-            direct.append(
-                await self._scripts.compare_and_set(
-                    key, affinity.worker, affinity, deadline - t, pipe
-                )
-            )
-            queued.append((key, deadline - t))
-        if not queued:
-            return
-        replies = direct if pipe is None else await pipe.execute()
-        for pushed, reply in zip(queued, replies, strict=True):
-            if pushed is not None and pushed[0] not in self._dirty:
-                key, ttl = pushed  # adopt what is in force, unless rewritten locally since
-                _, in_force = Scripts.decode_cas(key, reply)
-                await self.local.set(in_force, ttl)
