@@ -121,3 +121,15 @@ def test_match_agrees_with_each_workers_own_walk(seed: int) -> None:
         index.store(f"w{w}", keys[:depth] + other, keys[:depth] + other, 16)
     expected = {w: index.depth(w, keys) for w in index.workers() if index.depth(w, keys)}
     assert index.match(keys) == expected
+
+
+def test_the_kv_gate_counts_a_tokenized_prompt_by_its_tokens() -> None:
+    from kvgate.core.features import request_features
+    from kvgate.core.pressure import PressureConfig, kv_demand_tokens
+
+    config = PressureConfig(default_output_tokens=10)
+    plain = request_features("a", "m", prompt_chars=4000, max_tokens=10)
+    counted = request_features("b", "m", prompt_chars=4000, max_tokens=10, token_ids=(1,) * 500)
+    assert kv_demand_tokens(plain, config) == 4000 // int(config.chars_per_token) + 10
+    assert kv_demand_tokens(counted, config) == 500 + 10
+    assert kv_demand_tokens(counted, config, shared_chars=2000) == 250 + 10

@@ -225,10 +225,10 @@ class PressureTracker:
 def kv_demand_tokens(
     request: RequestFeatures, config: PressureConfig, shared_chars: int = 0
 ) -> int:
-    """New KV tokens ``request`` is expected to take: its prompt (from its characters)
-    less the ``shared_chars`` whose KV requests in flight on its worker already hold
-    (``Decision.shared_chars``), plus a typical output (``default_output_tokens``,
-    less when its ``max_tokens`` is lower).
+    """New KV tokens ``request`` is expected to take: its prompt (its tokens where its
+    model has a tokenizer, else from its characters) less the ``shared_chars`` whose KV
+    requests in flight on its worker already hold (``Decision.shared_chars``), plus a
+    typical output (``default_output_tokens``, less when its ``max_tokens`` is lower).
 
     Blocks in use are shared in the engine: counting a common preamble again for
     every request in flight that reuses it had the KV gate hold requests on workers
@@ -244,7 +244,12 @@ def kv_demand_tokens(
     whole = request.prompt_chars
     shared = shared_chars if shared_chars > 0 else 0
     chars = whole - (whole if whole < shared else shared)
-    prompt = math.ceil(chars / config.chars_per_token)
+    tokens = len(request.token_ids)
+    if tokens and whole:
+        # The engine's own count (``tokenizers:``), less the shared part pro rata.
+        prompt = math.ceil(tokens * chars / whole)
+    else:
+        prompt = math.ceil(chars / config.chars_per_token)
     typical = config.default_output_tokens
     limit = request.max_tokens or typical
     demand = prompt + (typical if typical < limit else limit)
