@@ -63,7 +63,7 @@ SHAPES: tuple[Shape, ...] = (
 VARIANTS: tuple[Variant, ...] = (
     Variant("ttft", "ttft"),
     Variant("-learn", "ttft", {"learn": False}),
-    Variant("-engine_queue", "ttft", {"engine_queue": False}),
+    Variant("+engine_queue", "ttft", {"engine_queue": True}),
     Variant("-evict", "ttft", {"evict": 0.0}),
     Variant("default", "default"),
     Variant("cache_aware", "cache_aware"),

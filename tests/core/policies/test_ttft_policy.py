@@ -250,9 +250,10 @@ def test_a_slow_worker_is_learned_and_gets_less_work() -> None:
 
 def test_the_engines_own_queue_counts_other_replicas_work() -> None:
     workers = (replace(THREE[0], waiting=6, running=2), *THREE[1:])
-    chosen = TtftPolicy().pick(request(hashes=chain(1, 4)), ctx(fleet(*workers)))
+    seeing = TtftPolicy(TtftConfig(engine_queue=True))
+    chosen = seeing.pick(request(hashes=chain(1, 4)), ctx(fleet(*workers)))
     assert chosen.worker != "a"
-    blind = TtftPolicy(TtftConfig(engine_queue=False))
+    blind = TtftPolicy()
     assert blind.pick(request(hashes=chain(1, 4)), ctx(fleet(*workers))).worker == "a"
 
 

@@ -13,7 +13,8 @@ version, no new conversation where memory is pressured), it predicts::
   blocks restorable from disk count as held on every worker at ``restorable_credit``.
 - ``queued_w``, ``running_w``: the uncached tokens sent to ``w`` not yet at their first
   token, and the requests decoding there: this replica's exact book (``core.speed``),
-  raised by what the engine reports waiting beyond it (another replica's work).
+  raised, with ``engine_queue``, by what the engine reports waiting beyond it (another
+  replica's work).
 - ``overhead_w``, ``prefill_w``, ``decode_w``: ``w``'s speed, learned from every observed
   TTFT by recursive least squares (``core.speed.FleetSpeed``), starting from the configured
   prior; a worker not yet seen gets the fleet's. A worker that slows down gets less work

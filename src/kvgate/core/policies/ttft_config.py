@@ -22,9 +22,12 @@ class TtftConfig(PolicyConfig):
     """Learn each worker's speed from its observed TTFTs (``core.speed``); off: the prior."""
     forgetting: float = Field(default=0.96, gt=0.5, le=1)
     """Weight each older observation keeps per newer one in the speed fit."""
-    engine_queue: bool = True
+    engine_queue: bool = False
     """Count the work the engine reports waiting beyond this replica's own (another
-    replica's); off: this replica's book alone."""
+    replica's); off: this replica's book alone. Off by default: in the simulator's
+    single-replica shapes the scrape's lag reads finished work as others' (mixed
+    no-reuse p50 0.95x with it off, ``docs/runs/ablation_ttft.json``); a fleet shared by
+    several replicas is where it can earn its place."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the predicted cost of what a placement evicts (0: not counted)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
