@@ -108,10 +108,7 @@ class WorkerConfig(_Model):
     """Overrides ``admission.worker_max_in_flight`` for this worker."""
     labels: dict[str, str] = Field(default_factory=dict)
     api_key: str | None = None
-    offload_url: str | None = None
-    """Where to ask the worker to offload sessions' KV (default ``url + /kv/offload``). Set,
-    it also says the worker keeps what it offloads (a CPU tier), so sessions away on a tool
-    call have their KV offloaded there at once (``core.toolcalls``)."""
+    offload_url: str | None = None  # set: the worker keeps what it offloads (core.toolcalls)
     engine: Literal["openai", "llamacpp"] = "openai"
     """``llamacpp``: a llama.cpp server whose slots the gateway pins, saves and restores
     (``slots:`` section; the server needs ``--slot-save-path``)."""
