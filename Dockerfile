@@ -1,14 +1,15 @@
 # kvgate gateway image: small, non-root, `kvgate serve` as the entry point.
 #
-#   docker build -t kvgate:0.1.0 .                              # the gateway only
-#   docker build --build-arg EXTRAS=sim -t kvgate:0.1.0-sim .   # + simulator/bench/demo
-#   docker build --build-arg EXTRAS=llamacpp,sim ...            # + real llama.cpp workers
+#   docker build -t kvgate:0.1.0 .                              # the gateway (+ KV events)
+#   docker build --build-arg EXTRAS=kvevents,sim -t kvgate:0.1.0-sim .   # + simulator/bench/demo
+#   docker build --build-arg EXTRAS=kvevents,llamacpp,sim ...   # + real llama.cpp workers
+#   (kvevents: pyzmq and msgspec, for workers' kv_events; tokenizer: tokenizers and jinja2)
 #
 # BASE is any Debian-like image with Python >= 3.11 (python3 and python3-venv).
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
-ARG EXTRAS=""
+ARG EXTRAS="kvevents"
 # pip reads these from the environment: a build behind a TLS-intercepting proxy or a
 # mirror passes them (e.g. --build-arg PIP_CERT=/ca.crt with the CA mounted there).
 ARG PIP_CERT

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from kvgate.core.exact_index import ExactIndex, ExactIndexConfig
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policy import Resident
+from kvgate.extras import require
 from kvgate.types import WorkerId
 
 if TYPE_CHECKING:
@@ -46,10 +47,8 @@ class EngineCaches:
         added while the gateway runs (discovery, the admin API) is followed at once."""
         if not worker.kv_events or worker.id in self._subscribers:
             return
-        from kvgate.kvevents import MISSING_EXTRA, available
-
-        if not available():
-            raise RuntimeError(MISSING_EXTRA)
+        require("zmq", "kvevents")  # a clear error naming the extra, not a traceback
+        require("msgspec", "kvevents")
         from kvgate.kvevents.subscriber import KVEventSubscriber
 
         subscriber = KVEventSubscriber(
