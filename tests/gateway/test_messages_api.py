@@ -17,7 +17,7 @@ from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
-from .conftest import every_worker_up, gateway_config
+from .conftest import every_worker_up, gateway_config, set_faults
 
 pytestmark = pytest.mark.usefixtures("both_servers")
 
@@ -165,3 +165,24 @@ async def test_the_tool_use_stop_reaches_the_client_through_the_gateway(
             streamed = await stream.get_final_message()
     assert message.stop_reason == streamed.stop_reason == "tool_use"
     await wait_until(lambda: gw.gateway.proxy.in_flight == 0, message="requests done")
+
+
+async def test_a_messages_stream_cut_by_the_worker_ends_in_an_anthropic_error_event(
+    workers: list[WorkerHandle],
+) -> None:
+    config = gateway_config(workers, outlier={"consecutive_failures": 1000})
+    async with running_gateway(config) as gw:
+        await every_worker_up(gw)
+        for worker in workers:
+            await set_faults(worker, close_mid_stream_after=3)
+        async with _claude(gw) as claude:
+            with pytest.raises(anthropic.APIStatusError) as cut:
+                async with claude.messages.stream(
+                    model="demo", max_tokens=32, messages=[{"role": "user", "content": "go"}]
+                ) as stream:
+                    async for _ in stream:
+                        pass
+    assert isinstance(cut.value.body, dict)
+    assert cut.value.body["type"] == "error"
+    assert cut.value.body["error"]["type"] == "api_error"
+    assert "broke off" in cut.value.body["error"]["message"]

@@ -218,7 +218,7 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    sender = _ChunkSender(request, response, worker)
+    sender = ChunkSender(request, response, worker)
     try:
         sent_tokens = 0
         if header.endpoint == "chat":
@@ -251,7 +251,7 @@ async def _stream(
     return response
 
 
-class _ChunkSender:
+class ChunkSender:
     """Writes stream chunks, dropping the connection when the fault says so."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse, worker: Worker) -> None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvgate.core.messages import MessagesShapeError, as_chat, user_id
 from kvgate.engine.records import EngineRequest
-from kvgate.workersim.completions import Run, settle
+from kvgate.workersim.completions import ChunkSender, Run, settle
 from kvgate.workersim.driver import EngineUnavailableError, Tokens
 from kvgate.workersim.protocol import (
     ApiError,
@@ -170,13 +170,14 @@ async def _run(
                 "usage": _usage(run.usage()),
             }
             return web.json_response(answer)
-        return await _stream(request, run, head, turn)
+        return await _stream(request, worker, run, head, turn)
     finally:
         settle(worker, run, message_id, turn.finish)
 
 
 async def _stream(
     request: web.Request,
+    worker: Worker,
     run: Run,
     head: dict[str, Any],
     turn: _Turn,
@@ -186,48 +187,49 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await stream.prepare(request)
+    sender = ChunkSender(request, stream, worker)  # obeys the close_mid_stream fault
     sent = 0
     try:
         while not run.finished:
             event = await run.next()
             if isinstance(event, Tokens):
                 if sent == 0:
-                    await _open(stream, run, head, turn)
+                    await _open(sender, run, head, turn)
                 text = filler(sent, event.count)
                 sent += event.count
                 if tool is None:
                     delta = {"type": "text_delta", "text": text}
-                    await stream.write(_event("content_block_delta", {"index": 0, "delta": delta}))
+                    await sender.write(_event("content_block_delta", {"index": 0, "delta": delta}))
                 else:
-                    await stream.write(_event("ping", {}))  # the input comes whole, at the end
+                    await sender.write(_event("ping", {}))  # the input comes whole, at the end
         if sent == 0:
-            await _open(stream, run, head, turn)
+            await _open(sender, run, head, turn)
         if tool is not None:
             whole = json.dumps({"input": filler(0, run.completion_tokens)})
             delta = {"type": "input_json_delta", "partial_json": whole}
-            await stream.write(_event("content_block_delta", {"index": 0, "delta": delta}))
-        await stream.write(_event("content_block_stop", {"index": 0}))
+            await sender.write(_event("content_block_delta", {"index": 0, "delta": delta}))
+        await sender.write(_event("content_block_stop", {"index": 0}))
         usage = _usage(run.usage())
-        await stream.write(
+        await sender.write(
             _event(
                 "message_delta",
                 {"delta": {"stop_reason": turn.stop, "stop_sequence": None}, "usage": usage},
             )
         )
-        await stream.write(_event("message_stop", {}))
+        await sender.write(_event("message_stop", {}))
     except ConnectionError:
         return stream  # the client went away: the caller aborts the request
     await stream.write_eof()
     return stream
 
 
-async def _open(stream: web.StreamResponse, run: Run, head: dict[str, Any], turn: _Turn) -> None:
+async def _open(sender: ChunkSender, run: Run, head: dict[str, Any], turn: _Turn) -> None:
     """``message_start`` (the input's usage, known once the first token is out) and the
     content block's start."""
     usage = _usage(Usage(run.prompt_tokens, 1, run.cached_tokens or 0))
     start = {**head, "content": [], "stop_reason": None, "usage": usage}
-    await stream.write(_event("message_start", {"message": start}))
+    await sender.write(_event("message_start", {"message": start}))
     block = _content("", turn.tool, turn.call_id)
     if turn.tool is not None:
         block["input"] = {}
-    await stream.write(_event("content_block_start", {"index": 0, "content_block": block}))
+    await sender.write(_event("content_block_start", {"index": 0, "content_block": block}))
