@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,3 +146,15 @@ def test_the_engine_cached_exactly_these_ids(
     _post(url + "/v1/chat/completions", {"messages": messages, "max_tokens": 1, "id_slot": 0})
     other = _post(url + "/v1/completions", {"prompt": changed, "max_tokens": 1, "id_slot": 0})
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] <= 20
+
+
+def test_kvgate_engine_tokenizer_writes_the_same_tokenizer(tmp_path: Path, hf: HFTokenizer) -> None:
+    from typer.testing import CliRunner
+
+    from kvgate.cli import app
+
+    result = CliRunner().invoke(app, ["engine", "tokenizer", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = HFTokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), chat_special_tokens=True))
+    for text in COMPLETIONS:
+        assert written.completion(text) == hf.completion(text)

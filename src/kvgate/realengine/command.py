@@ -90,3 +90,25 @@ def llamacpp(
     except (LlamaCppUnavailableError, ModelUnavailableError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+
+
+@engine_app.command("tokenizer")
+def tokenizer(
+    out: Annotated[Path, typer.Argument(help="Folder to write tokenizer.json into.")],
+    *,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="GGUF model file (default: the bundled Gemma 3 270M)."),
+    ] = None,
+) -> None:
+    """Write a GGUF model's own vocabulary as a Hugging Face tokenizer.json (with
+    llama.cpp's ChatML template) for ``tokenizers: {kind: hf, path: OUT}``."""
+    from kvgate.realengine.model import default_model_path
+    from kvgate.realengine.tokenizer import write_tokenizer
+
+    try:
+        path = model or default_model_path()
+        folder = write_tokenizer(path, out)
+    except (ModelUnavailableError, ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(f"wrote {folder / 'tokenizer.json'} and tokenizer_config.json from {path}")
