@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 _CHANNEL = "__redis__:invalidate"
 RETRY_S = 1.0
-"""Least time between two attempts to listen (each opens two connections)."""
+"""Least time between two attempts to listen (each opens two connections); doubled after
+each failed attempt up to ``RETRY_MAX_S`` (a Redis that refuses ``CLIENT TRACKING``)."""
+RETRY_MAX_S = 60.0
 MAX_AGE_S = 10.0
 """An entry is read again after this long anyway: the bound on staleness should the
 listening connection die without a word (a half-open TCP connection)."""
@@ -61,6 +63,8 @@ class ReadCache:
         """Invalidations heard so far: a reply is cached only if none came while it flew."""
         self._task: asyncio.Task[None] | None = None
         self._started_at = float("-inf")
+        self._retry_s = RETRY_S
+        self._failures = 0
         self._connections: list[AbstractConnection] = []
         self.hits = 0
         self.invalidations = 0
@@ -72,11 +76,11 @@ class ReadCache:
 
     def start(self) -> None:
         """Open the two connections and listen, in the background: a no-op while listening,
-        and at most once per ``RETRY_S`` (Redis away, or refusing ``CLIENT TRACKING``)."""
+        and at most once per retry interval (Redis away, or refusing ``CLIENT TRACKING``)."""
         if self._task is not None and not self._task.done():
             return
         loop = asyncio.get_running_loop()
-        if loop.time() - self._started_at < RETRY_S:
+        if loop.time() - self._started_at < self._retry_s:
             return
         self._started_at = loop.time()
         self._task = loop.create_task(self._listen())
@@ -164,20 +168,17 @@ class ReadCache:
             await tracker.read_response()
             self.clear()
             self._listening = True
+            self._retry_s, self._failures = RETRY_S, 0
             while True:
                 message = await listener.read_response(timeout=None, push_request=True)
-                if (
-                    isinstance(message, list)
-                    and len(message) == 3
-                    and message[0]
-                    in (
-                        b"message",
-                        "message",
-                    )
-                ):
+                kind = message[0] if isinstance(message, list) and len(message) == 3 else None
+                if kind in (b"message", "message"):
                     self._invalidated(message[2])
         except (RedisError, OSError) as exc:
-            log.info("store read cache off (invalidations not heard): %s", exc)
+            self._failures += 1
+            self._retry_s = min(RETRY_MAX_S, RETRY_S * 2**self._failures)
+            if self._failures == 1:  # once per episode, not once per attempt
+                log.info("store read cache off (invalidations not heard): %s", exc)
         finally:
             self._listening = False
             self.clear()
