@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from kvgate.core.decision import Affinity, Decision
@@ -15,6 +16,23 @@ from kvgate.types import SessionSource
 def worker(worker_id: str, **fields: Any) -> WorkerState:
     """A worker of model ``m`` with the given fields."""
     return WorkerState(id=worker_id, model="m", **fields)
+
+
+THREE = (worker("a"), worker("b"), worker("c"))
+CHARS_PER_S = 12_000 * 4
+"""Prompt characters prefilled per second at the priors (12,000 tokens/s, 4 characters a
+token): one 256-character block is 64 tokens, 5.33 ms."""
+
+
+def with_loads(**loads: int) -> tuple[WorkerState, ...]:
+    """``THREE`` with the given requests in flight (worker id -> count; others 0)."""
+    return tuple(replace(w, in_flight=loads.get(w.id, 0)) for w in THREE)
+
+
+def queue(policy: Policy, where: str, seconds: float, name: str = "filler") -> None:
+    """Route an uncached request of ``seconds`` of prefill to ``where`` at time 0."""
+    filler = request(name, hashes=(hash(name),), prompt_chars=round(seconds * CHARS_PER_S))
+    policy.on_routed(filler, where, 0.0)
 
 
 def fleet(*workers: WorkerState, now: float = 0.0) -> FleetSnapshot:
@@ -69,3 +87,28 @@ def pick_on_loads(policy: Policy, loads: dict[str, int], hashes: tuple[int, ...]
     requests in flight (a table row: worker id -> in flight)."""
     snapshot = fleet(*(worker(w, in_flight=n) for w, n in loads.items()))
     return policy.pick(request(hashes=hashes), ctx(snapshot))
+
+
+def place_concurrently(
+    policy: Policy,
+    workers: int,
+    opening: int,
+    tails: list[int],
+    work: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """Route headerless requests sharing an ``opening``-block opening, none finishing.
+
+    Requests per worker; ``work``, when given, gets each worker's own-tail blocks.
+    """
+    fleet_workers = [worker(f"w{i}") for i in range(workers)]
+    loads = dict.fromkeys((w.id for w in fleet_workers), 0)
+    for n, tail in enumerate(tails):
+        snapshot = fleet(*(replace(w, in_flight=loads[w.id]) for w in fleet_workers))
+        hashes = (*chain(1, opening), *(10_000 * (n + 1) + i for i in range(tail)))
+        decision = policy.pick(request(f"r{n}", hashes=hashes), ctx(snapshot))
+        assert decision.worker is not None and decision.affinity is None
+        policy.on_routed(request(f"r{n}", hashes=hashes), decision.worker, 0.0)
+        loads[decision.worker] += 1
+        if work is not None:
+            work[decision.worker] = work.get(decision.worker, 0) + tail
+    return loads

@@ -10,27 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kvgate.core.fleet import Health, Pressure
 from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
-from kvgate.core.policy import RouteContext
 
-from .tables import chain, ctx, fleet, request, worker
-
-THREE = (worker("a"), worker("b"), worker("c"))
-CHARS_PER_S = 12_000 * 4
-
-
-def with_loads(**loads: int) -> tuple:
-    return tuple(replace(w, in_flight=loads.get(w.id, 0)) for w in THREE)
-
-
-def queue(policy: DefaultPolicy, where: str, seconds: float, name: str = "filler") -> None:
-    """Route an uncached request of ``seconds`` of prefill to ``where`` at time 0."""
-    filler = request(name, hashes=(hash(name),), prompt_chars=round(seconds * CHARS_PER_S))
-    policy.on_routed(filler, where, 0.0)
+from .tables import CHARS_PER_S, THREE, chain, ctx, fleet, queue, request, with_loads, worker
 
 
 @pytest.mark.parametrize(
@@ -70,15 +54,6 @@ def test_explicit_sessions_keep_their_stickiness(
         assert decision.affinity is not None
         assert decision.affinity.expected == "a"
         assert decision.affinity.worker == decision.worker
-
-
-def test_new_session_goes_where_its_prefix_is_cached_and_is_bound_there() -> None:
-    policy = DefaultPolicy()
-    policy.on_routed(request("w", hashes=chain(1, 8)), "c", -10.0)  # done by now
-    decision = policy.pick(request(session="s", hashes=chain(1, 8)), ctx(fleet(*with_loads(c=1))))
-    assert (decision.worker, decision.reason) == ("c", "prefix_match")
-    assert decision.affinity is not None
-    assert (decision.affinity.session_key, decision.affinity.expected) == ("s", None)
 
 
 def test_a_session_over_the_sticky_cap_stays_where_leaving_would_recompute_more() -> None:
@@ -173,14 +148,6 @@ def test_a_warm_worker_is_left_only_when_its_expected_ttft_is_clearly_worse(
     assert (decision.worker, decision.reason) == (chosen, reason)
 
 
-def test_the_longest_cached_match_wins() -> None:
-    policy = DefaultPolicy()
-    policy.on_routed(request("short", hashes=chain(1, 4)), "a", -10.0)
-    policy.on_routed(request("long", hashes=chain(1, 40)), "b", -10.0)
-    decision = policy.pick(request("q", hashes=(*chain(1, 40), 7)), ctx(fleet(*THREE)))
-    assert (decision.worker, decision.reason) == ("b", "prefix_match")
-
-
 def test_a_decision_says_how_much_of_its_prompt_requests_in_flight_there_hold() -> None:
     """What the KV gate counts as new KV on the chosen worker (``Decision.shared_chars``).
 
@@ -239,104 +206,11 @@ def test_a_request_that_ends_with_no_usage_leaves_the_queue_too() -> None:
     assert policy.queued_tokens("c", 0.1) == 0
 
 
-def test_a_busy_worker_loses_new_work_to_idle_ones() -> None:
-    policy = DefaultPolicy()
-    queue(policy, "a", 0.5)
-    decision = policy.pick(request(hashes=chain(5, 8)), ctx(fleet(*THREE)))
-    assert decision.worker in ("b", "c")
-
-
-def test_another_replicas_placement_reaches_this_one_through_the_store_holders() -> None:
-    """Replica B never routed the conversation; the store says A sent 40 blocks to b."""
-    replica_b = DefaultPolicy()
-    hashes = (*chain(1, 40), 5, 6)
-    context = RouteContext(fleet(*THREE).without(frozenset()), None, ctx(fleet()).rng, {"b": 40})
-    decision = replica_b.pick(request("turn2", hashes=hashes), context)
-    assert (decision.worker, decision.reason) == ("b", "prefix_match")
-
-
-def test_a_trickle_at_zero_load_takes_turns() -> None:
-    """At low load every worker ties at zero: recent routing, not the id, breaks it."""
-    policy = DefaultPolicy()
-    chosen = []
-    for n in range(6):
-        snapshot = fleet(*THREE, now=float(n))
-        hashes = chain(100 + n, 4)
-        decision = policy.pick(request(f"r{n}", hashes=hashes), ctx(snapshot))
-        assert decision.worker is not None
-        policy.on_routed(request(f"r{n}", hashes=hashes), decision.worker, float(n))
-        chosen.append(decision.worker)
-    assert sorted(chosen) == ["a", "a", "b", "b", "c", "c"]
-
-
 def test_migration_with_nowhere_under_threshold_refuses() -> None:
     config = DefaultConfig(threshold_kind="in_flight", threshold=3)
     workers = with_loads(a=3, b=3, c=5)
     decision = DefaultPolicy(config).pick(request(session="s"), ctx(fleet(*workers), "a"))
     assert (decision.shed, decision.reason) == (True, "capacity_full")
-
-
-def test_no_prompt_goes_least_loaded_unbound() -> None:
-    decision = DefaultPolicy().pick(request(), ctx(fleet(*with_loads(a=1, b=0, c=2))))
-    assert (decision.worker, decision.reason, decision.affinity) == ("b", "least_loaded", None)
-
-
-def place_concurrently(
-    workers: int,
-    opening: int,
-    tails: list[int],
-    policy: DefaultPolicy | None = None,
-    work: dict[str, int] | None = None,
-) -> dict[str, int]:
-    """Route headerless requests sharing an ``opening``-block opening, none finishing.
-
-    Requests per worker; ``work``, when given, gets each worker's own-tail blocks.
-    """
-    policy = policy if policy is not None else DefaultPolicy()
-    fleet_workers = [worker(f"w{i}") for i in range(workers)]
-    loads = dict.fromkeys((w.id for w in fleet_workers), 0)
-    for n, tail in enumerate(tails):
-        snapshot = fleet(*(replace(w, in_flight=loads[w.id]) for w in fleet_workers))
-        hashes = (*chain(1, opening), *(10_000 * (n + 1) + i for i in range(tail)))
-        decision = policy.pick(request(f"r{n}", hashes=hashes), ctx(snapshot))
-        assert decision.worker is not None and decision.affinity is None
-        policy.on_routed(request(f"r{n}", hashes=hashes), decision.worker, 0.0)
-        loads[decision.worker] += 1
-        if work is not None:
-            work[decision.worker] = work.get(decision.worker, 0) + tail
-    return loads
-
-
-def test_headerless_requests_sharing_an_opening_spread_instead_of_herding() -> None:
-    """Issue 11's failure: a shared opening made all traffic one "session" on one worker."""
-    loads = place_concurrently(8, 8, [6] * 40)
-    assert min(loads.values()) >= 3
-    assert max(loads.values()) <= 7
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    workers=st.integers(2, 8),
-    opening=st.integers(1, 32),
-    tails=st.lists(st.integers(4, 48), min_size=4, max_size=12),
-    rounds=st.integers(2, 4),
-)
-def test_property_requests_sharing_only_an_opening_are_not_all_on_one_worker(
-    workers: int, opening: int, tails: list[int], rounds: int
-) -> None:
-    """At concurrency (nothing finishes), strangers behind one opening use several workers.
-
-    Each request's own tail is at least an eighth of the opening, and there are at
-    least two requests per worker: then no single worker may take all, nor more
-    than three quarters of the work (the tails' blocks). Load is what requests cost,
-    not how many they are: with tails of 15 and 4 blocks, two long ones on one of two
-    workers and eight short ones on the other is balanced (32 blocks against 40).
-    """
-    tails = [max(t, opening // 8) for t in tails] * max(rounds, -(-2 * workers // len(tails)))
-    work: dict[str, int] = {}
-    loads = place_concurrently(workers, opening, tails, work=work)
-    assert sum(1 for n in loads.values() if n) >= 2
-    assert max(work.values()) <= 0.75 * sum(tails)
 
 
 def test_time_scale_puts_the_models_rates_on_the_drivers_clock() -> None:
