@@ -38,10 +38,8 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +47,9 @@ from typing import Any
 import aiohttp
 
 import side_by_side
-from kvgate.testing import free_port, wait_until_sync
+from kvgate.bench.processes import cpu_seconds, free_port, running
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -145,23 +142,6 @@ def run_load(
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def _healthy(url: str) -> bool:
-    async def probe() -> bool:
-        try:
-            async with aiohttp.ClientSession() as s, s.get(url) as r:
-                return r.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    return asyncio.run(probe())
-
-
 def start_rollout(gateway_url: str) -> None:
     """A rollout of demo v1 -> v2 parked at 50% (admin API on loopback needs no token)."""
     spec = {
@@ -182,21 +162,6 @@ def start_rollout(gateway_url: str) -> None:
                 raise SystemExit(f"could not start the rollout: {r.status} {await r.text()}")
 
     asyncio.run(post())
-
-
-@contextlib.contextmanager
-def process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A subprocess running until the block ends, started once ``ready_url`` answers 200."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_sync(lambda: _healthy(ready_url), timeout=30, interval=0.1)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def measure(name: str, direct: Result, through: Result, cpu: float, stream: bool) -> dict[str, Any]:
@@ -333,7 +298,7 @@ def main() -> None:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(
-                process(
+                running(
                     [
                         KVGATE,
                         "worker-sim",
@@ -351,6 +316,8 @@ def main() -> None:
                         "warning",
                     ],
                     url + "/health",
+                    timeout=30,
+                    interval=0.1,
                 )
             )
             urls.append(url)
@@ -359,13 +326,17 @@ def main() -> None:
         serve = [KVGATE, "serve", "--port", str(gport), "--policy", opts.policy]
         for url in urls:
             serve += ["--worker", url]
-        gateway = stack.enter_context(process(serve, gateway_url + "/readyz"))
+        gateway = stack.enter_context(
+            running(serve, gateway_url + "/readyz", timeout=30, interval=0.1)
+        )
         if opts.compare_rollout:
             rport = free_port()
             rollout_url = f"http://127.0.0.1:{rport}"
             rserve = [*serve]
             rserve[rserve.index("--port") + 1] = str(rport)
-            rollout_gw = stack.enter_context(process(rserve, rollout_url + "/readyz"))
+            rollout_gw = stack.enter_context(
+                running(rserve, rollout_url + "/readyz", timeout=30, interval=0.1)
+            )
             start_rollout(rollout_url)
             print(
                 f"{opts.workers} workers (fast, x{opts.time_scale:g}, half v1, half v2), "
@@ -405,41 +376,22 @@ def main() -> None:
                 before = cpu_seconds(gateway.pid)
                 through = run_load([gateway_url], level, opts.duration, stream, opts.clients)
                 cpu = cpu_seconds(gateway.pid) - before
-                d50, d99 = quantile(direct.latencies, 0.5), quantile(direct.latencies, 0.99)
-                g50, g99 = quantile(through.latencies, 0.5), quantile(through.latencies, 0.99)
-                ttft = statistics.median(through.ttfts or [0.0]) - statistics.median(
-                    direct.ttfts or [0.0]
-                )
-                per_req = 1000 * cpu / max(1, len(through.latencies))
                 name = f"{'stream' if stream else 'plain'} c={level}"
+                row = measure(name, direct, through, cpu, stream)
+                ttft = row["added_ttft_p50_ms"]
                 print(
-                    f"{name:<16}{d50 * 1e3:>9.2f}/{d99 * 1e3:<10.2f}{g50 * 1e3:>10.2f}/"
-                    f"{g99 * 1e3:<10.2f}{(g50 - d50) * 1e3:>8.2f}/{(g99 - d99) * 1e3:<10.2f}"
-                    f"{(ttft * 1e3 if stream else float('nan')):>16.2f}"
-                    f"{through.throughput / max(direct.throughput, 1e-9):>12.2f}"
-                    f"{per_req:>12.3f}{direct.errors + through.errors:>8}"
+                    f"{name:<16}{row['direct_p50_ms']:>9.2f}/{row['direct_p99_ms']:<10.2f}"
+                    f"{row['gateway_p50_ms']:>10.2f}/{row['gateway_p99_ms']:<10.2f}"
+                    f"{row['added_p50_ms']:>8.2f}/{row['added_p99_ms']:<10.2f}"
+                    f"{(ttft if ttft is not None else float('nan')):>16.2f}"
+                    f"{row['throughput_ratio']:>12.2f}"
+                    f"{row['cpu_ms_per_req']:>12.3f}{row['errors']:>8}"
                 )
                 print(
                     f"{'':<16}direct {direct.throughput:,.0f} req/s, "
                     f"gateway {through.throughput:,.0f} req/s"
                 )
-                rows.append(
-                    {
-                        "load": name,
-                        "direct_p50_ms": d50 * 1e3,
-                        "direct_p99_ms": d99 * 1e3,
-                        "gateway_p50_ms": g50 * 1e3,
-                        "gateway_p99_ms": g99 * 1e3,
-                        "added_p50_ms": (g50 - d50) * 1e3,
-                        "added_p99_ms": (g99 - d99) * 1e3,
-                        "added_ttft_p50_ms": ttft * 1e3 if stream else None,
-                        "direct_rps": direct.throughput,
-                        "gateway_rps": through.throughput,
-                        "throughput_ratio": through.throughput / max(direct.throughput, 1e-9),
-                        "cpu_ms_per_req": per_req,
-                        "errors": direct.errors + through.errors,
-                    }
-                )
+                rows.append(row)
         if opts.json is not None:
             meta = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), **vars(opts)}
             meta["json"] = str(opts.json)

@@ -26,16 +26,13 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import wrk_load
+from kvgate.bench.processes import free_port, running
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
-from kvgate.testing import free_port, wait_until_sync
 from mock_worker import RequestProtocol
 
 MOCK = str(Path(__file__).with_name("mock_worker.py"))
@@ -177,29 +174,6 @@ def serve_uvicorn(port: int, worker: str) -> None:
 CANDIDATES = {"aiohttp": serve_aiohttp, "llhttp+uvloop": serve_llhttp, "uvicorn": serve_uvicorn}
 
 
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], ready: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv)
-    try:
-        wait_until_sync(lambda: _ok(ready), timeout=60, interval=0.2)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def main() -> None:
     """Run every candidate beside the others, interleaved; print CPU per request."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -221,13 +195,13 @@ def main() -> None:
         wport = free_port()
         worker = f"http://127.0.0.1:{wport}"
         mock = [sys.executable, MOCK, "--port", str(wport), "--events", str(opts.events)]
-        stack.enter_context(_process(mock, worker + "/health"))
+        stack.enter_context(running(mock, worker + "/health", quiet=False))
         servers: dict[str, tuple[int, str]] = {}
         for name in names:
             port = free_port()
             argv = [sys.executable, __file__, "--serve", name, "--port", str(port)]
             proc = stack.enter_context(
-                _process([*argv, "--worker", worker], f"http://127.0.0.1:{port}/health")
+                running([*argv, "--worker", worker], f"http://127.0.0.1:{port}/health", quiet=False)
             )
             servers[name] = (proc.pid, f"http://127.0.0.1:{port}")
         for _pid, url in servers.values():

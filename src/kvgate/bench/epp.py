@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,10 +37,9 @@ from typing import Any
 
 import aiohttp
 
-from kvgate.waiting import wait_until_sync
+from kvgate.bench.processes import cpu_seconds, free_port, running
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
-_TICKS = os.sysconf("SC_CLK_TCK")
 _USAGE_BODY = json.dumps(
     {
         "id": "chatcmpl-bench",
@@ -100,44 +97,6 @@ class EppBenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _answers(url: str) -> bool:
-    async def probe() -> bool:
-        try:
-            async with aiohttp.ClientSession() as session, session.get(url) as resp:
-                return resp.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    return asyncio.run(probe())
-
-
-@contextlib.contextmanager
-def _process(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_sync(lambda: _answers(ready_url), timeout=60, interval=0.2, message=ready_url)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @contextlib.contextmanager
@@ -312,12 +271,12 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
             url = f"http://127.0.0.1:{port}"
             args = [KVGATE, "worker-sim", "--port", str(port), "--model", "demo"]
             args += ["--profile", "fast", "--time-scale", "1000", "--seed", str(seed)]
-            stack.enter_context(_process(args, url + "/health"))
+            stack.enter_context(running(args, url + "/health"))
             urls.append(url)
         workers = [a for url in urls for a in ("--worker", url)]
         grpc_port, http_port = free_port(), free_port()
         picker = stack.enter_context(
-            _process(
+            running(
                 [KVGATE, "epp", *workers, "--port", str(grpc_port), "--http-port", str(http_port)],
                 f"http://127.0.0.1:{http_port}/readyz",
             )
@@ -327,7 +286,7 @@ def run(requests: int = 2000, concurrency: int = 8, sequential: int = 500) -> Ep
         )
         proxy_port = free_port()
         proxy = stack.enter_context(
-            _process(
+            running(
                 [KVGATE, "serve", *workers, "--port", str(proxy_port)],
                 f"http://127.0.0.1:{proxy_port}/readyz",
             )
