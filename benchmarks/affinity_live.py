@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 import tempfile
 import time
@@ -32,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from kvgate.bench import run_bench, workload_bound
+from kvgate.bench.fleet import spawn, wait_answering
 from kvgate.bench.report import results_document
 from kvgate.core.policies import default_registry, with_time_scale
-from kvgate.testing import free_port, wait_until
+from kvgate.testing import free_port
 from kvgate.testing_redis import RedisServer
 from kvgate.workload.options import write_results
 from kvgate.workload.synthetic import build_workload
@@ -98,55 +97,6 @@ class Options:
     chars_per_token: int
 
 
-class Subprocess:
-    """A child process of this benchmark, stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
-        self.proc = proc
-        self.name = name
-
-    async def stop(self, timeout_s: float = 30.0) -> int:
-        """Terminate and wait; the exit status."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        return self.proc.returncode or 0
-
-
-async def _spawn(args: list[str], name: str, log: Path) -> Subprocess:
-    with log.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
-        )
-    return Subprocess(proc, name)
-
-
-async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
-    try:
-        async with session.get(url) as resp:
-            return resp.status == 200
-    except aiohttp.ClientError:
-        return False
-
-
-async def _wait_answering(procs: Sequence[Subprocess], urls: Sequence[str]) -> None:
-    """Wait until every URL answers 200; fail early if a process exits."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-
-        async def ready() -> bool:
-            for proc in procs:
-                if proc.proc.returncode is not None:
-                    raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}")
-            answers = await asyncio.gather(*(_answers(session, url) for url in urls))
-            return all(answers)
-
-        await wait_until(ready, timeout=60, interval=0.05, message=", ".join(urls))
-
-
 @contextlib.asynccontextmanager
 async def fleet(opts: Options, ports: Sequence[int], logs: Path) -> AsyncIterator[list[str]]:
     """Fresh emulated workers (cold caches) on ``ports`` for the block; their URLs."""
@@ -159,12 +109,13 @@ async def fleet(opts: Options, ports: Sequence[int], logs: Path) -> AsyncIterato
                 "--time-scale", str(opts.time_scale), "--seed", str(opts.seed + i),
                 "--log-level", "warning",
             ]  # fmt: skip
-            procs.append(await _spawn(args, f"worker {port}", logs / f"worker-{i}.log"))
+            procs.append(await spawn(args, f"worker {port}", logs / f"worker-{i}.log"))
         urls = [f"http://127.0.0.1:{port}" for port in ports]
-        await _wait_answering(procs, [url + "/health" for url in urls])
+        health = [url + "/health" for url in urls]
+        await wait_answering(procs, health, within_s=60, interval=0.05, message=", ".join(health))
         yield urls
     finally:
-        await asyncio.gather(*(proc.stop() for proc in procs))
+        await asyncio.gather(*(proc.stop(30.0) for proc in procs))
 
 
 @contextlib.asynccontextmanager
@@ -194,12 +145,13 @@ async def gateway(
     path = logs / f"gateway-{policy}-{processes}.yaml"
     path.write_text(yaml.safe_dump(config))
     log = logs / f"gateway-{policy}-{processes}.log"
-    proc = await _spawn([KVGATE, "serve", "--config", str(path)], f"gateway {policy}", log)
+    proc = await spawn([KVGATE, "serve", "--config", str(path)], f"gateway {policy}", log)
+    ready = f"http://127.0.0.1:{port}/readyz"
     try:
-        await _wait_answering([proc], [f"http://127.0.0.1:{port}/readyz"])
+        await wait_answering([proc], [ready], within_s=60, interval=0.05, message=ready)
         yield f"http://127.0.0.1:{port}"
     finally:
-        status = await proc.stop()
+        status = await proc.stop(30.0)
         if status != 0:
             raise RuntimeError(f"gateway ({policy}, {processes} processes) exited {status}: {log}")
 

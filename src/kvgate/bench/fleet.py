@@ -5,7 +5,8 @@ fresh ``kvgate worker-sim`` processes (cold caches) with per-worker latency
 profiles, a router from ``kvgate.bench.routers`` started before them and waited
 for until it routes, the workers' own counters read from their ``/metrics``
 (finished requests, prefill computed, model time lost to a busy machine), and a
-worker's speed changed mid-run through ``POST /admin/faults``.
+worker's speed changed mid-run through ``POST /admin/faults``. ``benchmarks/affinity_live.py``
+starts its own fleet and gateway as the same children (``spawn``, ``wait_answering``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +21,12 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvgate.bench.processes import free_port
 from kvgate.bench.routers import KVGATE, MODEL, Launch, Router
 from kvgate.waiting import wait_until
 
 MAX_MODEL_LEN = 262_144
 """Long-context prompts must not be refused by the emulated workers."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free at the moment of asking (the OS may hand it out again later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -118,14 +111,8 @@ async def emulated_fleet(spec: FleetSpec, logs: Path) -> AsyncIterator[list[str]
                 argv += ["--cpu-offload-blocks", str(spec.cpu_offload_blocks)]
             children.append(await spawn(argv, f"worker {i}", logs / f"worker-{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-
-            async def healthy() -> bool:
-                for child in children:
-                    child.check()
-                return all(await asyncio.gather(*(_ok(session, u + "/health") for u in urls)))
-
-            await wait_until(healthy, timeout=90, interval=0.1, message="workers healthy")
+        health = [url + "/health" for url in urls]
+        await wait_answering(children, health, within_s=90, interval=0.1, message="workers healthy")
         yield urls
     finally:
         await asyncio.gather(*(child.stop() for child in children))
@@ -137,6 +124,25 @@ async def _ok(session: aiohttp.ClientSession, url: str) -> bool:
             return resp.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
+
+
+async def wait_answering(
+    children: Sequence[Child],
+    urls: Sequence[str],
+    *,
+    within_s: float,
+    interval: float,
+    message: str,
+) -> None:
+    """Wait until every one of ``urls`` answers 200; raise at once if a child exits."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+        async def ready() -> bool:
+            for child in children:
+                child.check()
+            return all(await asyncio.gather(*(_ok(session, url) for url in urls)))
+
+        await wait_until(ready, timeout=within_s, interval=interval, message=message)
 
 
 async def _probe(session: aiohttp.ClientSession, base: str) -> bool:
