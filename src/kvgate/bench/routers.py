@@ -102,40 +102,30 @@ def _venv_bin(launch: Launch, command: str) -> str:
     return str(launch.venv / "bin" / command)
 
 
-def _sglang_router(launch: Launch) -> list[str]:
+def _cache_aware(launch: Launch, log_level: str) -> list[str]:
+    """The options the Rust routers (sglang-router, smg, vllm-router) share: the fleet,
+    ``cache_aware``, their Prometheus port, a quick startup check."""
     return [
-        _venv_bin(launch, "python"), "-m", "sglang_router.launch_router",
         "--host", "127.0.0.1", "--port", str(launch.port),
         "--worker-urls", *launch.workers,
         "--policy", "cache_aware",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
         "--worker-startup-check-interval", "1",
-        "--log-level", "warn",
+        "--log-level", log_level,
     ]  # fmt: skip
+
+
+def _sglang_router(launch: Launch) -> list[str]:
+    python = _venv_bin(launch, "python")
+    return [python, "-m", "sglang_router.launch_router", *_cache_aware(launch, "warn")]
 
 
 def _smg(launch: Launch) -> list[str]:
-    return [
-        _venv_bin(launch, "smg"), "launch",
-        "--host", "127.0.0.1", "--port", str(launch.port),
-        "--worker-urls", *launch.workers,
-        "--policy", "cache_aware",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
-        "--worker-startup-check-interval", "1",
-        "--log-level", "warn",
-    ]  # fmt: skip
+    return [_venv_bin(launch, "smg"), "launch", *_cache_aware(launch, "warn")]
 
 
 def _vllm_router(launch: Launch) -> list[str]:
-    return [
-        _venv_bin(launch, "vllm-router"),
-        "--host", "127.0.0.1", "--port", str(launch.port),
-        "--worker-urls", *launch.workers,
-        "--policy", "cache_aware",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
-        "--worker-startup-check-interval", "1",
-        "--log-level", "warning",
-    ]  # fmt: skip
+    return [_venv_bin(launch, "vllm-router"), *_cache_aware(launch, "warning")]
 
 
 def haproxy_config(port: int, workers: Sequence[str]) -> str:
