@@ -16,6 +16,19 @@ from kvgate.gateway.config import (
     with_overrides,
 )
 
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="The gateway's YAML config file.")
+]
+WorkerOption = Annotated[
+    list[str] | None,
+    typer.Option("--worker", "-w", help="A worker's base URL (repeat for each worker)."),
+]
+PolicyOption = Annotated[str | None, typer.Option(help="Routing policy name.")]
+StoreOption = Annotated[
+    str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
+]
+"""The options ``serve`` and ``epp`` share: one spelling, one help text."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to the ``kvgate`` CLI."""
@@ -25,19 +38,12 @@ def register(app: typer.Typer) -> None:
 
 def serve(
     *,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="The gateway's YAML config file.")
-    ] = None,
-    worker: Annotated[
-        list[str] | None,
-        typer.Option("--worker", "-w", help="A worker's base URL (repeat for each worker)."),
-    ] = None,
-    policy: Annotated[str | None, typer.Option(help="Routing policy name.")] = None,
+    config: ConfigOption = None,
+    worker: WorkerOption = None,
+    policy: PolicyOption = None,
     port: Annotated[int | None, typer.Option(help="TCP port to listen on.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
-    store: Annotated[
-        str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
-    ] = None,
+    store: StoreOption = None,
     processes: Annotated[
         int | None,
         typer.Option(
@@ -80,36 +86,27 @@ def serve(
 
         default_registry().build(cfg.policy.name, cfg.policy.options)
     except (ConfigError, UnknownPolicyError, ValueError) as exc:
-        typer.echo(f"kvgate serve: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _refused("serve", exc) from None
 
     from kvgate.gateway.server import run
 
     try:
         status = run(cfg, source)
     except ConfigError as exc:
-        typer.echo(f"kvgate serve: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _refused("serve", exc) from None
     raise typer.Exit(status)
 
 
 def epp(
     *,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="The gateway's YAML config file.")
-    ] = None,
-    worker: Annotated[
-        list[str] | None,
-        typer.Option("--worker", "-w", help="A worker's base URL (repeat for each worker)."),
-    ] = None,
+    config: ConfigOption = None,
+    worker: WorkerOption = None,
     port: Annotated[int | None, typer.Option(help="The ext_proc gRPC port (epp.port).")] = None,
     http_port: Annotated[
         int | None, typer.Option(help="The HTTP port: metrics, readiness, admin (listen.port).")
     ] = None,
-    policy: Annotated[str | None, typer.Option(help="Routing policy name.")] = None,
-    store: Annotated[
-        str | None, typer.Option(help="Affinity store: memory or redis://HOST:PORT/DB.")
-    ] = None,
+    policy: PolicyOption = None,
+    store: StoreOption = None,
 ) -> None:
     """Serve as the endpoint picker of an Envoy-based gateway (ext_proc over gRPC)."""
     try:
@@ -123,9 +120,14 @@ def epp(
 
         default_registry().build(cfg.policy.name, cfg.policy.options)
     except (ConfigError, UnknownPolicyError, ValueError) as exc:
-        typer.echo(f"kvgate epp: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _refused("epp", exc) from None
 
     from kvgate.gateway.epp import run
 
     raise typer.Exit(run(cfg))
+
+
+def _refused(command: str, exc: Exception) -> typer.Exit:
+    """Say why ``kvgate COMMAND`` cannot start; the exit (status 2) to raise."""
+    typer.echo(f"kvgate {command}: {exc}", err=True)
+    return typer.Exit(2)
