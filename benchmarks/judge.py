@@ -85,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.rows:
         saved = [json.loads(path.read_text(encoding="utf-8")) for path in args.rows]
         runs = merge_runs(*(s["runs"] for s in saved))
-        plan = {k: v for s in saved for k, v in s.get("plan", {}).items() if v}
+        plan = {}
+        for s in saved:  # a later file's settings win, unless empty
+            plan.update({k: v for k, v in s.get("plan", {}).items() if v or k not in plan})
     else:
         options: dict[str, object] = {}
         for item in args.option:

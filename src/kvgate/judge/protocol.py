@@ -205,6 +205,12 @@ def judge_scenario(
         # Live: the most model time any worker lost to a busy machine (it inflates TTFT).
         "lost_model_share": max((r.get("lost_model_share") or 0.0 for r in mine), default=0.0),
         "failed": sum(1 for r in mine if "error" in r),
+        # Requests refused or failed, per router: a router that sheds answers fewer, faster.
+        "refused": {
+            n: sum((r.get("errors") or 0) + (r.get("shed") or 0) for r in mine if r["router"] == n)
+            for n in sorted({r["router"] for r in mine})
+        },
+        "requests": sum(r.get("requests") or 0 for r in own_runs),
     }
 
 

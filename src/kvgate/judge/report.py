@@ -67,6 +67,13 @@ def summary_cells(j: Mapping[str, Any]) -> list[str]:
         mode += f" (lost {j['lost_model_share']:.0%})"
     if j.get("failed"):
         mode += f" ({j['failed']} failed)"
+    refused = {n: c for n, c in (j.get("refused") or {}).items() if c}
+    if refused:
+        mode += (
+            f" (refused of {j['requests']}: "
+            + ", ".join(f"{n} {c}" for n, c in refused.items())
+            + ")"
+        )
     return [
         j["scenario"],
         mode,
@@ -176,7 +183,11 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
         "with a 95% t interval (hit rate: the mean difference in points), paired by seed. "
         "Each shape has bars from issue 46 (below); a bar is *met* where its whole interval "
         "is on the good side, a **LOSS** only where its whole interval is past the bar, and "
-        "*open* where the interval holds it. A shape is a LOSS where any bar is. "
+        "*open* where the interval holds it. A shape is a LOSS where any bar is. Hit rates and "
+        "TTFTs are over the requests answered: the mode column counts those a router refused "
+        "(429) or failed, over the judged router's requests, and live, the most model time a "
+        "worker lost to the busy machine (*lost*: where it is large, TTFT measured the "
+        "machine as much as the router). "
         f"This run: {seeds}; the judged policy `{own}`.",
         "",
         *(_markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])),
