@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -37,6 +38,14 @@ from kvgate.workload.synthetic import parse_options
 SIM_SEEDS = "500-507"
 """Held-out seeds: tune on others, judge on these."""
 LIVE_SEEDS = "500-502"
+
+
+def commit() -> str | None:
+    """The checkout's commit (the tree the runs judged), when git can tell."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -96,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = [] if args.no_sim else run_all(scenarios, seeds, routers, jobs=args.jobs,
                                                progress=console.print)  # fmt: skip
         plan: dict[str, object] = {"sim_seeds": [] if args.no_sim else seeds, "own": args.own,
-                                   "own_options": options}  # fmt: skip
+                                   "own_options": options, "commit": commit()}  # fmt: skip
         if args.live:
             with contextlib.ExitStack() as stack:
                 logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -83,7 +83,11 @@ def run_judge() -> dict[str, Any]:
     """The judge's protocol in the simulator on every shape and the held-out seeds."""
     scenarios = judged()
     runs = run_all(scenarios, JUDGE_SEEDS)
-    plan = {"sim_seeds": list(JUDGE_SEEDS), "own": "default", "own_options": {}}
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    plan = {"sim_seeds": list(JUDGE_SEEDS), "own": "default", "own_options": {},
+            "commit": head.stdout.strip() or None}  # fmt: skip
     return document(scenarios, runs, judge(scenarios, runs), **plan)
 
 

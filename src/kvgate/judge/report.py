@@ -163,6 +163,7 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
     sim_seeds: list[int] = next((p["sim_seeds"] for p in plans if p.get("sim_seeds")), [])
     live_seeds: list[int] = next((p["live_seeds"] for p in plans if p.get("live_seeds")), [])
     own = next((p["own"] for p in plans if p.get("own")), "default")
+    commits = sorted({str(p["commit"]) for p in plans if p.get("commit")})
     seeds = f"simulator seeds {_span(sim_seeds)}" if sim_seeds else "no simulator runs"
     if live_seeds:
         seeds += f", live seeds {_span(live_seeds)}"
@@ -188,7 +189,9 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
         "(429) or failed, over the judged router's requests, and live, the most model time a "
         "worker lost to the busy machine (*lost*: where it is large, TTFT measured the "
         "machine as much as the router). "
-        f"This run: {seeds}; the judged policy `{own}`.",
+        f"This run: {seeds}; the judged policy `{own}`"
+        + (f" at {', '.join(commits)}" if commits else "")
+        + ".",
         "",
         *(_markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])),
         "",
