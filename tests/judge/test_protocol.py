@@ -159,7 +159,7 @@ def test_the_section_and_tables_say_what_was_judged() -> None:
     doc = document([SHAPE], runs, judgments, sim_seeds=[0, 1], own="default")
     page = section([doc], ["benchmarks/judge.py"])
     assert page.startswith(f"## {SECTION_TITLE}")
-    assert "simulator seeds 0, 1" in page
+    assert "simulator seeds 0, 1" in page and "The judged policy: `default`" in page
     assert "4 x h100-llama3-8b, the GPU's KV, 64 in flight; worker 0 at 0.5x speed" in page
 
 

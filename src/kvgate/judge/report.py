@@ -160,13 +160,14 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
     for d in documents:
         scenarios.update(d["scenarios"])
     plans = [d.get("plan", {}) for d in documents]
-    sim_seeds: list[int] = next((p["sim_seeds"] for p in plans if p.get("sim_seeds")), [])
-    live_seeds: list[int] = next((p["live_seeds"] for p in plans if p.get("live_seeds")), [])
     own = next((p["own"] for p in plans if p.get("own")), "default")
-    commits = sorted({str(p["commit"]) for p in plans if p.get("commit")})
-    seeds = f"simulator seeds {_span(sim_seeds)}" if sim_seeds else "no simulator runs"
-    if live_seeds:
-        seeds += f", live seeds {_span(live_seeds)}"
+    parts = []
+    for p in plans:
+        for key, what in (("sim_seeds", "simulator"), ("live_seeds", "live")):
+            if p.get(key):
+                at = f" at {p['commit']}" if p.get("commit") else ""
+                parts.append(f"{what} seeds {_span(p[key])}{at}")
+    seeds = "; ".join(parts) or "no runs"
     lines = [
         f"## {SECTION_TITLE}",
         "",
@@ -189,9 +190,7 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
         "(429) or failed, over the judged router's requests, and live, the most model time a "
         "worker lost to the busy machine (*lost*: where it is large, TTFT measured the "
         "machine as much as the router). "
-        f"This run: {seeds}; the judged policy `{own}`"
-        + (f" at {', '.join(commits)}" if commits else "")
-        + ".",
+        f"The judged policy: `{own}`; the runs: {seeds}.",
         "",
         *(_markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])),
         "",
