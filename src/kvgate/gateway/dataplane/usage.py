@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,25 +126,21 @@ class StreamTap:
 
     def usage(self) -> Usage | None:
         """The last non-null ``usage`` among the kept events, if any."""
-        tail = bytes(self._tail)
-        if b'"usage"' not in tail:
-            return None
-        for event in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):
-            if b'"usage"' not in event:
-                continue
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    continue
-                try:
-                    found = usage_from(json.loads(data))
-                except ValueError:
-                    continue
+        for event in self._kept_events(b'"usage"'):
+            for payload in _event_payloads(event):
+                found = usage_from(payload)
                 if found is not None:
                     return found
         return None
+
+    def _kept_events(self, marker: bytes) -> Iterator[bytes]:
+        """The kept events that hold ``marker``, newest first."""
+        tail = bytes(self._tail)
+        if marker not in tail:
+            return
+        for event in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):
+            if marker in event:
+                yield event
 
 
 class MessagesTap(StreamTap):
@@ -182,12 +178,7 @@ class MessagesTap(StreamTap):
 
     def usage(self) -> Usage | None:
         """The stream's usage once a ``message_delta`` with usage arrived (``None`` before)."""
-        tail = bytes(self._tail)
-        if b"message_delta" not in tail:
-            return None
-        for event in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):
-            if b"message_delta" not in event:
-                continue
+        for event in self._kept_events(b"message_delta"):
             for payload in _event_payloads(event):
                 delta = payload.get("usage")
                 if payload.get("type") == "message_delta" and isinstance(delta, dict):
