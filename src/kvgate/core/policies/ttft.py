@@ -171,10 +171,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         else:
             opens = ctx.affinity is None
         self._last = (request.request_id, held, opens)
-        holding: Container[WorkerId] = ()
-        if request.session_key is None and held:
-            holding = Holding(held, -(-request.prompt_chars // 2))
-        pool = candidates(request, ctx, None, holding)
+        pool = self._candidates(request, ctx, held)
         home, why = affinity_status(request, ctx, "fraction", 1.0)
         if not pool:
             return refuse(request, ctx, cfg.retry_after_s)
@@ -200,6 +197,17 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
                 reason = "prefix_match" if mine >= top else "least_ttft"
         keyed = request.session_key is not None
         return route(best, reason, request if keyed else None, old, shared)
+
+    @staticmethod
+    def _candidates(
+        request: RequestFeatures, ctx: RouteContext, held: dict[WorkerId, int]
+    ) -> list[WorkerState]:
+        """Where ``request`` may go (``candidates``); a headerless one may also go to a
+        worker under soft pressure that holds at least half its prompt (``held``: chars)."""
+        holding: Container[WorkerId] = ()
+        if request.session_key is None and held:
+            holding = Holding(held, -(-request.prompt_chars // 2))
+        return candidates(request, ctx, None, holding)
 
     def _restorable(self, request: RequestFeatures) -> int:
         """Characters of the prompt restorable from disk, at their credit (module docs)."""
@@ -266,10 +274,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         other candidate by the same cost (0: it is not the cheaper), the wait for KV room
         left out: the KV hold waits only for a worker worth it (``core.route``)."""
         held = self.residency.held(request, ctx)
-        holding: Container[WorkerId] = ()
-        if request.session_key is None and held:
-            holding = Holding(held, -(-request.prompt_chars // 2))
-        pool = candidates(request, ctx, None, holding)
+        pool = self._candidates(request, ctx, held)
         if len(pool) < 2:
             return 0.0
         opens = self._last[2] if self._last[0] == request.request_id else False
