@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import wrk_load
-from kvgate.bench.processes import free_port, running
+from kvgate.bench import wrk
+from kvgate.bench.processes import free_port, running, tree_cpu_seconds
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from mock_worker import RequestProtocol
 
@@ -205,8 +205,8 @@ def main() -> None:
             )
             servers[name] = (proc.pid, f"http://127.0.0.1:{port}")
         for _pid, url in servers.values():
-            wrk_load.run_wrk([url], 8, 1, False)
-            wrk_load.run_wrk([url], 8, 1, True)
+            wrk.run_wrk([url], 8, 1, False)
+            wrk.run_wrk([url], 8, 1, True)
         print(
             f"c={opts.concurrency}, {opts.duration:g}s per run, {opts.events} events per stream, "
             f"load average {os.getloadavg()[0]:.2f}"
@@ -217,9 +217,9 @@ def main() -> None:
                 order = names if run % 2 else names[::-1]
                 for name in order:
                     pid, url = servers[name]
-                    before = wrk_load.tree_cpu_seconds(pid)
-                    result = wrk_load.run_wrk([url], opts.concurrency, opts.duration, stream)
-                    cpu = wrk_load.tree_cpu_seconds(pid) - before
+                    before = tree_cpu_seconds(pid)
+                    result = wrk.run_wrk([url], opts.concurrency, opts.duration, stream)
+                    cpu = tree_cpu_seconds(pid) - before
                     row = {
                         "server": name,
                         "stream": stream,

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import wrk_load
 from kvgate.bench import routers as peer_routers
+from kvgate.bench import wrk
+from kvgate.bench.processes import tree_cpu_seconds
 from kvgate.testing import free_port, wait_until_sync
 from kvgate.testing_redis import RedisServer, find_redis_server
 
@@ -61,7 +62,7 @@ class Target:
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by the router's process tree and its store."""
         pids = [p for p in (self.pid, self.store_pid) if p is not None]
-        return sum(wrk_load.tree_cpu_seconds(p) for p in pids)
+        return sum(tree_cpu_seconds(p) for p in pids)
 
 
 def _ok(url: str) -> bool:
@@ -208,9 +209,7 @@ def _measure(targets: list[Target], opts: argparse.Namespace) -> list[dict[str, 
                 measured: dict[str, dict[str, Any]] = {}
                 for target in order:
                     before = target.cpu_seconds()
-                    result = wrk_load.run_wrk(
-                        target.urls, level, opts.duration, stream, opts.sessions
-                    )
+                    result = wrk.run_wrk(target.urls, level, opts.duration, stream, opts.sessions)
                     cpu = target.cpu_seconds() - before
                     row = {
                         "load": load,
@@ -250,7 +249,7 @@ def _first_events(targets: list[Target], opts: argparse.Namespace) -> list[dict[
     for run in range(1, opts.repeat + 1):
         order = targets if run % 2 else targets[::-1]
         for target in order:
-            times = wrk_load.first_event_times(target.urls[0], opts.ttft_requests)
+            times = wrk.first_event_times(target.urls[0], opts.ttft_requests)
             rows.append(
                 {
                     "run": run,
@@ -427,8 +426,8 @@ def run(opts: argparse.Namespace) -> None:
             )
         # Warm every path (connections, caches) before anything is measured.
         for target in targets:
-            wrk_load.run_wrk(target.urls, 8, 1, False)
-            wrk_load.run_wrk(target.urls, 8, 1, True)
+            wrk.run_wrk(target.urls, 8, 1, False)
+            wrk.run_wrk(target.urls, 8, 1, True)
         print(
             f"{opts.workers} mock workers ({opts.events} events per stream, "
             f"{opts.event_gap_ms:g} ms apart), wrk -t1, "

@@ -36,6 +36,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and all its descendants alive now."""
+    found = [pid]
+    for current in found:
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                found.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid`` and its live descendants."""
+    total = 0.0
+    for each in tree_pids(pid):
+        try:
+            total += cpu_seconds(each)
+        except OSError:
+            continue
+    return total
+
+
 def answers(url: str) -> bool:
     """Whether a GET of ``url`` answers 200 now."""
 

@@ -1,4 +1,4 @@
-"""Load from ``wrk`` (Debian's package), time to first event, and CPU of a process tree.
+"""Load from ``wrk`` (Debian's package) and time to first event, for the overhead benchmarks.
 
 ``wrk`` is a C load generator: it leaves most of the machine to the router being
 measured, where a Python client would take a core of its own. It cannot see
@@ -8,7 +8,6 @@ that at one connection from a plain blocking socket.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -16,8 +15,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -172,27 +169,3 @@ def first_event_times(url: str, n: int) -> list[float]:
         if sock is not None:
             sock.close()
     return times
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and all its descendants alive now."""
-    found = [pid]
-    for current in found:
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                found.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                continue
-    return found
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds used so far by ``pid`` and its live descendants."""
-    total = 0.0
-    for each in tree_pids(pid):
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
