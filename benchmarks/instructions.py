@@ -13,7 +13,7 @@ the same tree; these figures do not:
   over the same requests (each one a kernel entry, a few microseconds here).
 
 The gateway runs ``--policy`` (round robin by default, as ``overhead.py``) in front
-of two mock workers (``mock_worker.py``) with its health checks an hour apart (each
+of two mock workers (``kvgate.bench.mock_worker``) with its health checks an hour apart (each
 probe round under callgrind would add ~30k instructions a request).
 ``--kvgate-src NAME=SRC`` measures other source trees beside this one (first on
 ``PYTHONPATH``, so a mypyc build's extension modules load in place of the ``.py``
@@ -59,7 +59,7 @@ from pathlib import Path
 
 from kvgate.testing import free_port, wait_until_sync
 
-MOCK = str(Path(__file__).with_name("mock_worker.py"))
+MOCK = ("-m", "kvgate.bench.mock_worker")
 BODY = b'{"model":"demo","prompt":"hello world","max_tokens":4}'
 STREAM_BODY = b'{"model":"demo","prompt":"hello world","max_tokens":16,"stream":true}'
 
@@ -459,7 +459,7 @@ def main() -> None:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvgate-ir-")))
         ports = [free_port(), free_port()]
         for i, port in enumerate(ports):
-            argv = [sys.executable, MOCK, "--port", str(port), "--events", str(opts.events)]
+            argv = [sys.executable, *MOCK, "--port", str(port), "--events", str(opts.events)]
             argv += ["--gap-ms", str(opts.gap_ms if opts.stream else 0.0)]
             stack.enter_context(started(argv, port, "/health", scratch / f"worker{i}.log"))
         config = scratch / "gateway.yaml"

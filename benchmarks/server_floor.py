@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.bench import wrk
+from kvgate.bench.mock_worker import RequestProtocol
 from kvgate.bench.processes import free_port, running, tree_cpu_seconds
 from kvgate.gateway.upstream.transport import Timeouts, Upstream
-from mock_worker import RequestProtocol
 
-MOCK = str(Path(__file__).with_name("mock_worker.py"))
+MOCK = ("-m", "kvgate.bench.mock_worker")
 _TIMEOUTS = Timeouts(connect=5.0, first_byte=30.0, total=60.0)
 _HEADERS = {"Content-Type": "application/json"}
 
@@ -194,7 +194,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         wport = free_port()
         worker = f"http://127.0.0.1:{wport}"
-        mock = [sys.executable, MOCK, "--port", str(wport), "--events", str(opts.events)]
+        mock = [sys.executable, *MOCK, "--port", str(wport), "--events", str(opts.events)]
         stack.enter_context(running(mock, worker + "/health", quiet=False))
         servers: dict[str, tuple[int, str]] = {}
         for name in names:

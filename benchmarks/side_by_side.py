@@ -4,7 +4,7 @@ Targets: the workers directly, HAProxy (the floor: no routing logic), kvgate wit
 one process and with N (sharing a Redis store), with ``--routers ...,kvgate-redis``
 also one process on Redis beside the one on the memory store, sglang-router and vllm-router,
 all round robin by default over the same fast mock workers
-(``mock_worker.py``); the peers are installed and started by ``kvgate.bench.routers``
+(``kvgate.bench.mock_worker``); the peers are installed and started by ``kvgate.bench.routers``
 (PyPI releases in throwaway virtualenvs, HAProxy from Debian) with their policy
 swapped for ``--peer-policy``. For each load (plain or streamed, at each concurrency)
 and each repeat, every target gets one ``wrk`` run, in an order that alternates
@@ -45,7 +45,7 @@ from kvgate.testing import free_port, wait_until_sync
 from kvgate.testing_redis import RedisServer, find_redis_server
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
-MOCK = str(Path(__file__).with_name("mock_worker.py"))
+MOCK = ("-m", "kvgate.bench.mock_worker")
 
 
 @dataclass
@@ -401,7 +401,7 @@ def run(opts: argparse.Namespace) -> None:
         urls = []
         for i in range(opts.workers):
             port = free_port()
-            argv = [sys.executable, MOCK, "--port", str(port), "--events", str(opts.events)]
+            argv = [sys.executable, *MOCK, "--port", str(port), "--events", str(opts.events)]
             argv += ["--gap-ms", str(opts.event_gap_ms)]
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(_process(argv, url + "/health", scratch / f"worker{i}.log"))

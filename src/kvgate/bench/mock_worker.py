@@ -9,7 +9,7 @@ write (so a router relays them one by one, as it would tokens). It answers the
 probes routers send (``/health``, ``/v1/models``, ``/metrics``, and any other GET
 with a small model card).
 
-    .venv/bin/python benchmarks/mock_worker.py --port 8101 --events 16
+    .venv/bin/python -m kvgate.bench.mock_worker --port 8101 --events 16
 """
 
 from __future__ import annotations
