@@ -14,6 +14,8 @@ from kvgate.core.pressure import (
     kv_committed_tokens,
     kv_demand_tokens,
     kv_fits,
+    kv_output_tokens,
+    kv_started_tokens,
     projected_level,
     projected_usage,
 )
@@ -105,20 +107,51 @@ def test_projected_level_raises_to_soft_only(
 
 
 @pytest.mark.parametrize(
-    ("state", "demand", "config", "fits"),
+    ("state", "demand", "output", "config", "fits"),
     [
-        (worker(tokens=800), 150, CFG, True),  # 950 = the hard mark
-        (worker(tokens=800), 151, CFG, False),
-        (worker(tokens=100, kv=0.9), 100, CFG, False),  # the scrape says it is fuller
-        (worker(in_flight=0, tokens=0, kv=0.9), 5000, CFG, True),  # alone it always runs
-        (worker(tokens=800, cap=None), 10_000, CFG, True),  # unknown size: no gate
-        (worker(tokens=800), 1000, PressureConfig(kv_gate=False), True),
+        # One request in flight, at its typical output (256): 800 tokens started.
+        (worker(tokens=1056), 150, 0, CFG, True),  # 950 = the hard mark
+        (worker(tokens=1056), 151, 0, CFG, False),
+        # The request's own output still to grow is not waited for: room for its prompt.
+        (worker(tokens=1056), 406, 256, CFG, True),
+        (worker(tokens=1056), 407, 256, CFG, False),
+        # Four in flight: 1,024 of the 1,800 committed is output still to grow.
+        (worker(in_flight=4, tokens=1800), 150, 0, CFG, True),
+        # Past the soft mark by the scrape, growth preempts now: all of it counts.
+        (worker(in_flight=4, tokens=1800, kv=0.86), 150, 0, CFG, False),
+        (worker(tokens=800, kv=0.86), 90, 80, CFG, True),  # 860 + 90 = the hard mark
+        (worker(tokens=800, kv=0.86), 91, 80, CFG, False),
+        (worker(tokens=100, kv=0.9), 100, 0, CFG, False),  # the scrape says it is fuller
+        (worker(in_flight=0, tokens=0, kv=0.9), 5000, 0, CFG, True),  # alone it always runs
+        (worker(tokens=800, cap=None), 10_000, 0, CFG, True),  # unknown size: no gate
+        (worker(tokens=800), 1000, 0, PressureConfig(kv_gate=False), True),
     ],
 )
-def test_kv_fits_keeps_committed_kv_under_the_hard_mark(
-    state: WorkerState, demand: int, config: PressureConfig, fits: bool
+def test_kv_fits_keeps_started_kv_under_the_hard_mark(
+    state: WorkerState, demand: int, output: int, config: PressureConfig, fits: bool
 ) -> None:
-    assert kv_fits(state, demand, config) is fits
+    assert kv_fits(state, demand, config, output) is fits
+
+
+@pytest.mark.parametrize(
+    ("state", "started"),
+    [
+        (worker(tokens=1056), 800.0),
+        (worker(in_flight=2, tokens=300), 0.0),  # never below nothing
+        (worker(in_flight=2, tokens=300, kv=0.5), 500.0),  # the scrape holds grown output
+        (worker(tokens=1056, cap=None), 0.0),
+    ],
+)
+def test_started_tokens_leave_out_output_still_to_grow(state: WorkerState, started: float) -> None:
+    assert kv_started_tokens(state, CFG) == started
+
+
+@pytest.mark.parametrize(("max_tokens", "expected"), [(None, 256), (100, 100), (10_000, 256)])
+def test_kv_output_tokens_is_the_typical_output_under_the_limit(
+    max_tokens: int | None, expected: int
+) -> None:
+    request = RequestFeatures("r", "m", prompt_chars=400, max_tokens=max_tokens)
+    assert kv_output_tokens(request, CFG) == expected
 
 
 @pytest.mark.parametrize(

@@ -187,27 +187,35 @@ FULL = {"in_flight": 4}
             ("shed", INVALID_DECISION),
             id="unknown-worker",
         ),
-        # The KV hold: 200 tokens of demand against 950 of headroom on 1000.
+        # The KV hold: 100 prompt tokens (and 100 of output) against 950 of headroom on
+        # 1000; the one request in flight has its typical output (100) still to grow.
         pytest.param(
-            (w("a", in_flight=1, kv_in_flight=700, capacity=1000),),
+            (w("a", in_flight=1, kv_in_flight=950, capacity=1000),),
             {},
             ("place", "a"),
             id="kv-fits",
         ),
         pytest.param(
-            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            (w("a", in_flight=1, kv_in_flight=1000, capacity=1000),),
             {},
             ("hold", "a"),
             id="kv-hold",
         ),
+        # Three in flight: 300 of their 1,100 is output still to grow, not waited for.
         pytest.param(
-            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            (w("a", in_flight=3, kv_in_flight=1100, capacity=1000),),
+            {},
+            ("place", "a"),
+            id="kv-output-still-to-grow-not-waited-for",
+        ),
+        pytest.param(
+            (w("a", in_flight=1, kv_in_flight=1000, capacity=1000),),
             {"held_s": 10.0},
             ("place", "a"),
             id="kv-hold-ran-out",
         ),
         pytest.param(
-            (w("a", in_flight=1, kv_in_flight=800, capacity=1000),),
+            (w("a", in_flight=1, kv_in_flight=1000, capacity=1000),),
             {"config": RouteConfig(AdmissionConfig())},
             ("place", "a"),
             id="kv-gate-off",
@@ -235,7 +243,7 @@ def test_a_place_carries_the_decision_and_the_kv_demand() -> None:
 
 
 def test_a_hold_waits_what_is_left_of_its_time_and_knows_where_to_go() -> None:
-    workers = (w("a", in_flight=1, kv_in_flight=800, capacity=1000),)
+    workers = (w("a", in_flight=1, kv_in_flight=1000, capacity=1000),)
     verdict = verdict_of(workers, held_s=4.0)
     assert isinstance(verdict, Hold)
     assert verdict.max_wait == pytest.approx(6.0)
@@ -243,10 +251,10 @@ def test_a_hold_waits_what_is_left_of_its_time_and_knows_where_to_go() -> None:
 
 
 def test_a_prompt_cached_on_a_near_full_worker_is_placed_not_held() -> None:
-    # 800 of 1000 tokens committed, the hard mark at 950: the whole prompt (100 tokens
-    # and 100 of output) does not fit; with its prompt cached there, only the output
-    # needs new KV (shared blocks are not taken twice).
-    workers = (w("a", in_flight=1, kv_in_flight=800, capacity=1000),)
+    # 900 of 1000 tokens started (one request in flight, 100 of output still to grow),
+    # the hard mark at 950: its 100-token prompt does not fit; with its prompt cached
+    # there, it needs no new KV to start (shared blocks are not taken twice).
+    workers = (w("a", in_flight=1, kv_in_flight=1000, capacity=1000),)
     cold = verdict_of(workers, decision=Decision("a", "prefix_match"))
     assert isinstance(cold, Hold) and cold.place.kv_tokens == 200
     warm = verdict_of(workers, decision=Decision("a", "prefix_match", shared_chars=100))
@@ -490,7 +498,8 @@ class Worth(PolicyBase):
         return self.worth
 
 
-FULL_KV = {"in_flight": 1, "kv_in_flight": 800, "capacity": 1000}  # 200 more do not fit
+# 900 started (100 of the 1,000 is output still to grow): a 100-token prompt does not fit.
+FULL_KV = {"in_flight": 1, "kv_in_flight": 1000, "capacity": 1000}
 ROOM = {"in_flight": 1, "kv_in_flight": 100, "capacity": 1000}
 
 

@@ -23,7 +23,9 @@ typical output, never its declared limit) is added to its worker's in-flight
 estimate until it ends. ``projected_level`` marks a worker ``SOFT`` as soon as that
 estimate reaches the soft mark (new sessions go elsewhere before a scrape shows it),
 and ``kv_fits`` is the gate: a request is held at the gateway rather than sent to a
-worker whose estimate would pass the hard mark with it.
+worker that could not start it under the hard mark (its prompt on what the engine
+holds or must hold to start what is in flight; output still to grow is the
+engine's to handle by preemption until its scrape passes the soft mark).
 
 Example config::
 
@@ -250,10 +252,16 @@ def kv_demand_tokens(
         prompt = math.ceil(tokens * chars / whole)
     else:
         prompt = math.ceil(chars / config.chars_per_token)
+    demand = prompt + kv_output_tokens(request, config)
+    return demand if demand > 1 else 1
+
+
+def kv_output_tokens(request: RequestFeatures, config: PressureConfig) -> int:
+    """The output part of ``kv_demand_tokens``: a typical output (``default_output_tokens``),
+    less when the request's ``max_tokens`` is lower."""
     typical = config.default_output_tokens
     limit = request.max_tokens or typical
-    demand = prompt + (typical if typical < limit else limit)
-    return demand if demand > 1 else 1
+    return typical if typical < limit else limit
 
 
 def kv_committed_tokens(worker: WorkerState) -> float:
@@ -294,18 +302,48 @@ def projected_level(level: Pressure, worker: WorkerState, config: PressureConfig
     return level
 
 
-def kv_fits(worker: WorkerState, demand: int, config: PressureConfig) -> bool:
-    """True when ``worker`` has KV headroom for ``demand`` more tokens.
+def kv_fits(worker: WorkerState, demand: int, config: PressureConfig, output: int = 0) -> bool:
+    """True when ``worker`` has KV room to start a request of ``demand`` tokens, ``output``
+    of them its expected output (``kv_output_tokens``).
 
-    Headroom is the hard mark of its capacity less ``kv_committed_tokens``.
-    Always True with unknown capacity, with the gate off, or when nothing of
-    ours is in flight there (a request larger than the headroom runs alone
-    rather than never).
+    While the worker's scraped KV use is under the soft mark, the room is what the
+    engine needs to admit the request (its demand less its output) under the hard
+    mark, against ``kv_started_tokens``: output still to grow is not waited for. An
+    engine with free blocks absorbs it, and one that runs out while decoding
+    preempts a request and recomputes its uncached tokens, while a hold waits for a
+    request to end, a whole decode. Counting every request in flight at its typical
+    output held 49 of 128 requests of SGLang's shared-prefix burst (16 x 8, tight
+    KV) at the gateway for ~3 s on engines that could start them at once: TTFT p99
+    3.3x the peers' rule. Once the scrape shows the engine past the soft mark, its
+    growth preempts now: the room is the hard mark less ``kv_committed_tokens`` and
+    the whole demand (without that, on the 24 x 10 shape the one worker a pressured
+    fleet's scrape showed under the hard mark took every held request at once, ~50
+    in flight, and thrashed; a scrape under the soft mark taken before such a flood
+    still lets it in).
+
+    Always True with unknown capacity, with the gate off, or when nothing of ours
+    is in flight there (a request larger than the headroom runs alone rather than
+    never).
     """
     capacity = worker.kv_capacity_tokens
     if not config.kv_gate or not capacity or worker.in_flight == 0:
         return True
-    return kv_committed_tokens(worker) + demand <= config.hard_watermark * capacity
+    room = config.hard_watermark * capacity
+    if (worker.kv_usage or 0.0) >= config.soft_watermark:
+        return kv_committed_tokens(worker) + demand <= room
+    return kv_started_tokens(worker, config) + demand - output <= room
+
+
+def kv_started_tokens(worker: WorkerState, config: PressureConfig) -> float:
+    """``kv_committed_tokens`` less the output requests in flight are expected to grow:
+    the in-flight estimate less a typical output (``default_output_tokens``) per
+    request, or scraped use (which holds the output grown so far) if higher."""
+    capacity = worker.kv_capacity_tokens
+    if not capacity:
+        return 0.0
+    scraped = (worker.kv_usage or 0.0) * capacity - worker.kv_freed_tokens
+    started = worker.kv_in_flight_tokens - worker.in_flight * config.default_output_tokens
+    return float(max(started, scraped, 0.0))
 
 
 class MigrationCostModel(BaseModel):

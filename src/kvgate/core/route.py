@@ -22,13 +22,14 @@ The steps, in order (each may end it):
    (``overflow_decision``); else it queues (``Queue``) or sheds as admission
    says at full saturation.
    Any other refusal is the policy's own shed.
-6. The KV hold: a pick whose worker lacks KV headroom for the request's demand
-   is held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all;
-   past that it is placed anyway (the gate delays, never refuses). A pick the
-   policy says is worth nothing to the request (``Policy.hold_worth``: another
-   worker would serve it as soon) is not waited for: the policy picks again
-   among the workers with room for it (``KV_HOLD_MOVED``), and the hold goes on
-   only where none has. Without it a bound session whose home had evicted its
+6. The KV hold: a pick whose worker lacks KV room to start the request
+   (``core.pressure.kv_fits``: its prompt; output still to grow is not counted) is
+   held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all; past
+   that it is placed anyway (the gate delays, never refuses). A pick the policy
+   says is worth nothing to the request (``Policy.hold_worth``: another worker
+   would serve it as soon) is not waited for: the policy picks again among the
+   workers with room for it (``KV_HOLD_MOVED``), and the hold goes on only where
+   none has. Without it a bound session whose home had evicted its
    history was held there for seconds, only to recompute it there all the same.
    (Moving a pick that is worth something once held that long, the ski-rental
    rule, gave sessions' caches up for waits that would have ended: not done.)
@@ -68,6 +69,7 @@ from kvgate.core.pressure import (
     fleet_pressure,
     kv_demand_tokens,
     kv_fits,
+    kv_output_tokens,
     overflow_decision,
     overflow_fleet,
     should_shed,
@@ -239,7 +241,7 @@ def route(
         affinity=decision.affinity,
         kv_tokens=demand,
     )
-    if gate is None or kv_fits(state, demand, gate):
+    if gate is None or kv_fits(state, demand, gate, kv_output_tokens(request, gate)):
         return place
     waited = held_s if held_s is not None else 0.0
     left = config.kv_gate_max_wait_s - waited
@@ -300,8 +302,10 @@ def _with_room(
     request (nothing of it counted as shared), or ``None`` where none has room or the
     policy picks none of them."""
     fleet = ctx.fleet
-    whole = kv_demand_tokens(request, gate)
-    lacking = frozenset(w.id for w in fleet.workers if w.id == pick or not kv_fits(w, whole, gate))
+    whole, output = kv_demand_tokens(request, gate), kv_output_tokens(request, gate)
+    lacking = frozenset(
+        w.id for w in fleet.workers if w.id == pick or not kv_fits(w, whole, gate, output)
+    )
     if len(lacking) == len(fleet.workers):
         return None
     view = fleet.without(lacking)
