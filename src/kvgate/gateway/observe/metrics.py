@@ -5,18 +5,18 @@ process-wide registry), so several gateways can run side by side in one test.
 Per-worker gauges (what routing sees: in flight, health, KV usage, queue, pressure,
 GPU memory and temperature, scrape age) are read from the worker pool at scrape
 time rather than updated on the hot path. ``*_created`` series are left out
-unless ``created=True``.
+unless ``created=True``. This module is the declarations (names, help, labels,
+buckets, what a scrape-time value is read from); ``observe.exposition`` is the
+machinery that collects and renders them, and names nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvgate.core.fleet import ROUTABLE_HEALTH, Health, Pressure
 from kvgate.core.speed import SpeedReport
@@ -25,6 +25,13 @@ from kvgate.gateway.observe.cells import CellCache
 # Re-exported: the other planes hold cells, and ``observe.metrics`` is their interface.
 from kvgate.gateway.observe.cells import CounterCell as CounterCell  # noqa: PLC0414
 from kvgate.gateway.observe.cells import HistogramCell as HistogramCell  # noqa: PLC0414
+from kvgate.gateway.observe.exposition import (
+    KeyedCollector,
+    RowCollector,
+    RowGauge,
+    ValueCollector,
+    render,
+)
 from kvgate.store.health import StoreHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -90,120 +97,62 @@ class WorkerGaugeRow:
     signals_fresh: bool = False
 
 
-def _gauge(name: str, doc: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=["worker", "model", "version"])
+def _mib(value: float | None) -> float | None:
+    return None if value is None else value * _MIB
 
 
-class _WorkerCollector(Collector):
-    """Reads per-worker gauges from the pool when Prometheus scrapes."""
-
-    def __init__(self, rows: Callable[[], Iterable[WorkerGaugeRow]]) -> None:
-        self._rows = rows
-
-    def describe(self) -> Iterator[Metric]:
-        """The families ``collect`` yields, without reading the pool."""
-        return iter(self._families())
-
-    def _families(self) -> list[GaugeMetricFamily]:
-        return [
-            _gauge("kvgate_worker_in_flight", "Requests in flight here, per worker."),
-            _gauge("kvgate_worker_max_in_flight", "In-flight limit: past it, full."),
-            _gauge("kvgate_worker_healthy", "1: takes traffic (healthy, degraded)."),
-            GaugeMetricFamily(
-                "kvgate_worker_health_state",
-                "1 for the health state the worker is in, 0 for the others (healthy, degraded, "
-                "draining, ejected).",
-                labels=["worker", "model", "version", "state"],
-            ),
-            _gauge(
-                "kvgate_worker_routing_pressure_level",
-                "Memory pressure routing sees: 0 normal, 1 soft, 2 hard (the scraped level "
-                "raised by the gateway's in-flight KV estimate).",
-            ),
-            _gauge(
-                "kvgate_worker_kv_in_flight_tokens",
-                "KV tokens the requests in flight here will hold at their end (the gateway's "
-                "estimate).",
-            ),
-            _gauge("kvgate_worker_running_requests", "Requests the worker reports running."),
-            _gauge("kvgate_worker_waiting_requests", "Requests the worker reports waiting."),
-            _gauge("kvgate_worker_kv_usage_ratio", "KV-cache usage the worker reports, 0..1."),
-            _gauge("kvgate_worker_kv_capacity_tokens", "The worker's KV-cache size in tokens."),
-            _gauge("kvgate_worker_gpu_temperature_celsius", "GPU temperature (DCGM), worst GPU."),
-            _gauge("kvgate_worker_gpu_memory_used_bytes", "GPU memory used (DCGM), fullest GPU."),
-            _gauge("kvgate_worker_gpu_memory_free_bytes", "GPU memory free (DCGM), fullest GPU."),
-            _gauge("kvgate_worker_scrape_age_seconds", "Seconds since the last good scrape."),
-            _gauge(
-                "kvgate_worker_signals_fresh",
-                "1 when the last scrape is younger than health.stale_after (routing uses it).",
-            ),
-        ]
-
-    def collect(self) -> Iterator[Metric]:
-        """Every family, one sample per worker (scraped readings only when known)."""
-        families = self._families()
-        (
-            in_flight,
-            max_in_flight,
-            healthy,
-            health_state,
-            pressure,
-            kv_tokens,
-            running,
-            waiting,
-            kv_usage,
-            kv_capacity,
-            temp,
-            mem_used,
-            mem_free,
-            age,
-            fresh,
-        ) = families
-        for row in self._rows():
-            labels = [row.worker, row.model, row.version]
-            in_flight.add_metric(labels, row.in_flight)
-            max_in_flight.add_metric(labels, row.max_in_flight)
-            healthy.add_metric(labels, 1.0 if row.health in _ROUTABLE else 0.0)
-            for state in HEALTH_STATES:
-                health_state.add_metric([*labels, state], 1.0 if row.health == state else 0.0)
-            pressure.add_metric(labels, PRESSURE_VALUES.get(row.pressure, 0.0))
-            kv_tokens.add_metric(labels, row.kv_in_flight_tokens)
-            fresh.add_metric(labels, 1.0 if row.signals_fresh else 0.0)
-            _maybe(running, labels, row.running)
-            _maybe(waiting, labels, row.waiting)
-            _maybe(kv_usage, labels, row.kv_usage)
-            _maybe(kv_capacity, labels, row.kv_capacity_tokens)
-            _maybe(temp, labels, row.gpu_temp_c)
-            _maybe(age, labels, row.scrape_age_s)
-            if row.gpu_mem_used_mib is not None:
-                mem_used.add_metric(labels, row.gpu_mem_used_mib * _MIB)
-                if row.gpu_mem_total_mib is not None:
-                    free = max(0.0, row.gpu_mem_total_mib - row.gpu_mem_used_mib)
-                    mem_free.add_metric(labels, free * _MIB)
-        yield from families
+def _free_bytes(row: WorkerGaugeRow) -> float | None:
+    used, total = row.gpu_mem_used_mib, row.gpu_mem_total_mib
+    return None if used is None or total is None else max(0.0, total - used) * _MIB
 
 
-def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
-    """Add a sample only for a known reading: an unknown one is absent, never zero."""
-    if value is not None:
-        family.add_metric(labels, float(value))
+WORKER_LABELS = ("worker", "model", "version")
 
 
-class _WithoutCreated:
-    """A registry's view without the ``*_created`` samples (``render(created=False)``).
+def _worker_labels(row: WorkerGaugeRow) -> list[str]:
+    return [row.worker, row.model, row.version]
 
-    prometheus_client's ``disable_created_metrics()`` is process-wide; this keeps
-    the choice per registry, so one gateway's setting cannot change another's.
-    """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._registry.collect():
-            if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
-                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-            yield family
+WORKER_GAUGES: tuple[RowGauge[WorkerGaugeRow], ...] = (
+    ("kvgate_worker_in_flight", "Requests in flight here, per worker.", None,
+     lambda r: r.in_flight),
+    ("kvgate_worker_max_in_flight", "In-flight limit: past it, full.", None,
+     lambda r: r.max_in_flight),
+    ("kvgate_worker_healthy", "1: takes traffic (healthy, degraded).", None,
+     lambda r: 1.0 if r.health in _ROUTABLE else 0.0),
+    ("kvgate_worker_health_state",
+     "1 for the health state the worker is in, 0 for the others (healthy, degraded, "
+     "draining, ejected).", "state",
+     lambda r: {state: 1.0 if r.health == state else 0.0 for state in HEALTH_STATES}),
+    ("kvgate_worker_routing_pressure_level",
+     "Memory pressure routing sees: 0 normal, 1 soft, 2 hard (the scraped level "
+     "raised by the gateway's in-flight KV estimate).", None,
+     lambda r: PRESSURE_VALUES.get(r.pressure, 0.0)),
+    ("kvgate_worker_kv_in_flight_tokens",
+     "KV tokens the requests in flight here will hold at their end (the gateway's "
+     "estimate).", None, lambda r: r.kv_in_flight_tokens),
+    ("kvgate_worker_running_requests", "Requests the worker reports running.", None,
+     lambda r: r.running),
+    ("kvgate_worker_waiting_requests", "Requests the worker reports waiting.", None,
+     lambda r: r.waiting),
+    ("kvgate_worker_kv_usage_ratio", "KV-cache usage the worker reports, 0..1.", None,
+     lambda r: r.kv_usage),
+    ("kvgate_worker_kv_capacity_tokens", "The worker's KV-cache size in tokens.", None,
+     lambda r: r.kv_capacity_tokens),
+    ("kvgate_worker_gpu_temperature_celsius", "GPU temperature (DCGM), worst GPU.", None,
+     lambda r: r.gpu_temp_c),
+    ("kvgate_worker_gpu_memory_used_bytes", "GPU memory used (DCGM), fullest GPU.", None,
+     lambda r: _mib(r.gpu_mem_used_mib)),
+    ("kvgate_worker_gpu_memory_free_bytes", "GPU memory free (DCGM), fullest GPU.", None,
+     _free_bytes),
+    ("kvgate_worker_scrape_age_seconds", "Seconds since the last good scrape.", None,
+     lambda r: r.scrape_age_s),
+    ("kvgate_worker_signals_fresh",
+     "1 when the last scrape is younger than health.stale_after (routing uses it).", None,
+     lambda r: 1.0 if r.signals_fresh else 0.0),
+)  # fmt: skip
+"""What routing sees, per worker, read from the pool when Prometheus scrapes: name, help,
+the extra label, the row's value (``None``: unknown, the sample left out)."""
 
 
 class GatewayMetrics:
@@ -367,7 +316,7 @@ class GatewayMetrics:
             ["model", "version", "worker", "reason"],
         )
         if worker_rows is not None:
-            r.register(_WorkerCollector(worker_rows))
+            r.register(RowCollector(worker_rows, _worker_labels, WORKER_LABELS, WORKER_GAUGES))
         self.cells = CellCache(_CHILDREN_MAX)
         """The request path's handles on labelled series (``observe.cells``)."""
 
@@ -375,17 +324,15 @@ class GatewayMetrics:
 
     def watch_store(self, health: Callable[[], StoreHealth]) -> None:
         """Export the affinity store's health counters, read when Prometheus scrapes."""
-        self.registry.register(_StoreCollector(health))
+        self.registry.register(ValueCollector(lambda: _store_readings(health())))
 
     def watch_speeds(self, speeds: Callable[[], Mapping[str, SpeedReport]]) -> None:
         """Export each worker's learned speed (``Policy.speeds``), read when Prometheus scrapes."""
-        self.registry.register(_SpeedCollector(speeds))
+        self.registry.register(KeyedCollector(speeds, "worker", _SPEED_GAUGES))
 
     def render(self) -> bytes:
         """The text exposition of every metric (``*_created`` only when asked for)."""
-        if self.created:
-            return generate_latest(self.registry)
-        return generate_latest(_WithoutCreated(self.registry))
+        return render(self.registry, created=self.created)
 
 
 _STORE_COUNTERS = (
@@ -406,22 +353,13 @@ _STORE_COUNTERS = (
 """The store's counters: exported name, ``StoreHealth`` field, help."""
 
 
-class _StoreCollector(Collector):
+def _store_readings(h: StoreHealth) -> list[tuple[str, str, str, float]]:
     """The store's own counters (a Redis outage is answered locally, so no request fails
     and ``kvgate_store_errors_total`` alone would not show it)."""
-
-    def __init__(self, health: Callable[[], StoreHealth]) -> None:
-        self._health = health
-
-    def collect(self) -> Iterator[Metric]:
-        h = self._health()
-        yield GaugeMetricFamily(
-            "kvgate_store_degraded",
-            "1 while the store's backend is unreachable and calls are answered locally.",
-            value=1.0 if h.degraded else 0.0,
-        )
-        for name, field, text in _STORE_COUNTERS:
-            yield CounterMetricFamily(name, text, value=getattr(h, field))
+    degraded = ("gauge", "kvgate_store_degraded",
+                "1 while the store's backend is unreachable and calls are answered locally.",
+                1.0 if h.degraded else 0.0)  # fmt: skip
+    return [degraded, *(("counter", n, text, getattr(h, f)) for n, f, text in _STORE_COUNTERS)]
 
 
 _SPEED_GAUGES: tuple[tuple[str, str, Callable[[SpeedReport], float | None]], ...] = (
@@ -441,21 +379,6 @@ _SPEED_GAUGES: tuple[tuple[str, str, Callable[[SpeedReport], float | None]], ...
      lambda r: r.observations),
 )  # fmt: skip
 """Each worker's learned speed (``Policy.speeds``): name, help, value of its report."""
-
-
-class _SpeedCollector(Collector):
-    """Each worker's learned speed and how well it predicts, read when Prometheus scrapes."""
-
-    def __init__(self, speeds: Callable[[], Mapping[str, SpeedReport]]) -> None:
-        self._speeds = speeds
-
-    def collect(self) -> Iterator[Metric]:
-        reports = self._speeds()
-        for name, text, value in _SPEED_GAUGES:
-            family = GaugeMetricFamily(name, text, labels=["worker"])
-            for worker, report in reports.items():
-                _maybe(family, [worker], value(report))
-            yield family
 
 
 class SlotMetrics:
