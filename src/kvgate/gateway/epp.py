@@ -32,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kvgate.gateway.app import Gateway, make_runner
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.dataplane.extproc import ExtProc, PickerSettings
+from kvgate.gateway.observe.metrics import EppMetrics
 from kvgate.store.base import AffinityStore
 from kvgate.waiting import wait_until
 
@@ -79,6 +80,7 @@ class Picker:
                 max_body_bytes=config.limits.max_body_bytes,
                 stream_usage=config.stream_usage,
             ),
+            metrics=EppMetrics(gw.metrics.registry),
         )
         self.health = _Health(self)
         self.server: grpc.aio.Server | None = None

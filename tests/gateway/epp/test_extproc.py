@@ -94,9 +94,14 @@ async def test_shedding_is_an_immediate_429_with_retry_after() -> None:
                 shed = await client.request(chat("second"))
             finally:
                 lease.release()
+            registry = picker.gateway.metrics.registry
+            shed_count = registry.get_sample_value(
+                "kvgate_epp_decisions_total", {"outcome": "shed"}
+            )
     assert shed.immediate and shed.status == 429
     assert int(shed.headers["retry-after"]) >= 1
     assert json.loads(shed.body)["error"]["type"] == "rate_limit_error"
+    assert shed_count == 1
 
 
 async def test_bad_requests_are_answered_by_the_picker() -> None:

@@ -76,6 +76,7 @@ from kvgate.gateway.dataplane.relay import (
     public_worker_name,
 )
 from kvgate.gateway.dataplane.usage import client_wants_stream_usage, with_stream_usage
+from kvgate.gateway.observe.metrics import EppMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.routing import Routing
 
@@ -126,6 +127,8 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
         relay: Relay,
         passive: PassiveHealth,
         settings: PickerSettings,
+        *,
+        metrics: EppMetrics | None = None,
     ) -> None:
         self.router = router
         self.pool = pool
@@ -137,6 +140,9 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
         self.protocol_errors = 0
         """Streams that broke the protocol's order (for tests and the soak)."""
         self._endpoints: dict[str, str] = {}
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.streams.set_function(lambda: self.streams)
 
     def endpoint(self, worker: Worker) -> str:
         """``ip:port`` of ``worker`` (kept per worker id)."""
@@ -174,6 +180,17 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
             stream.close()
 
 
+def _outcome_of(exc: GatewayError) -> str:
+    """The ``EppMetrics.OUTCOMES`` word for a request the picker refused."""
+    if isinstance(exc, OverloadedError):
+        return "shed"
+    if isinstance(exc, DrainingError):
+        return "draining"
+    if isinstance(exc, NoHealthyWorkerError):
+        return "no_endpoint"
+    return "bad_request" if exc.status < 500 else "error"
+
+
 class _Stream:
     """The state of one request's ext_proc stream."""
 
@@ -196,9 +213,12 @@ class _Stream:
         self.features: RequestFeatures | None = None
         self.payload: dict[str, Any] | None = None
         self.aliased = False
+        self.arrived = 0.0
+        """When the message being answered arrived (``perf_counter``)."""
 
     async def on(self, request: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         """The answers to one message (none while a full-duplex body is still coming)."""
+        self.arrived = time.perf_counter()
         if self.first:
             self.first = False
             if request.HasField("protocol_config"):
@@ -260,6 +280,7 @@ class _Stream:
         self.body += message.body
         if len(self.body) > self.server.settings.max_body_bytes:
             self.finished = True
+            self._decided("bad_request")
             return [immediate(BodyTooLargeError("the request body is too large"))]
         if message.end_of_stream or not self.full_duplex:
             # Buffered: the one body message is the whole body (trailers may follow).
@@ -279,8 +300,10 @@ class _Stream:
         except GatewayError as exc:
             self.finished = True
             self._refused(exc)
+            self._decided(_outcome_of(exc))
             return [immediate(exc)]
         self.picked = picked
+        self._decided("picked")
         value = ",".join(self.picked_endpoints)
         set_headers = [header(DESTINATION, value)]
         rewritten = self._rewritten(picked)
@@ -310,6 +333,14 @@ class _Stream:
                 last = body_ends and i == len(chunks) - 1
                 answers.append(streamed_request(chunk, last))
         return answers
+
+    def _decided(self, outcome: str) -> None:
+        """Count the decision and the time since its message arrived (``EppMetrics``)."""
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.decisions.labels(outcome).inc()
+            elapsed = time.perf_counter() - self.arrived
+            metrics.decision_seconds.labels(outcome).observe(elapsed)
 
     def _rewritten(self, picked: PickedRequest) -> bytes | None:
         """The body to forward when it is not the client's (``None``: unchanged): an alias

@@ -521,3 +521,37 @@ class RolloutMetrics:
             "1 while this replica holds the rollout controller lease.",
             registry=r,
         )
+
+
+class EppMetrics:
+    """The endpoint picker's decisions (``kvgate epp``, ``dataplane.extproc``); in the
+    gateway's registry only when a picker is what serves, so ``kvgate serve``'s page
+    does not carry them."""
+
+    OUTCOMES = ("picked", "shed", "no_endpoint", "draining", "bad_request", "error")
+    """``outcome``: an endpoint picked, or the immediate response the picker gave instead
+    (429 shed, 503 none ready or none of the subset, 503 draining, 4xx, other)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "kvgate_epp_decisions_total",
+            "Requests the endpoint picker decided, by outcome (picked, shed, no_endpoint, "
+            "draining, bad_request, error).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in self.OUTCOMES:
+            self.decisions.labels(outcome)
+        self.decision_seconds = Histogram(
+            "kvgate_epp_decision_seconds",
+            "Time from the ext_proc message that completed a request (its headers, or its "
+            "body's end) to the picker's answer: routing and any admission queue wait.",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.streams = Gauge(
+            "kvgate_epp_streams_open",
+            "ext_proc streams open now (one per request Envoy is processing).",
+            registry=r,
+        )
