@@ -7,10 +7,13 @@ from typing import Any
 import aiohttp
 import pytest
 from anthropic import AsyncAnthropic
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.core.routed import Scraped
 from kvgate.gateway.control.toolcalls import ToolCallPlane
-from kvgate.gateway.observe.pool import Worker
+from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.observe.metrics import GatewayMetrics
+from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
@@ -122,3 +125,59 @@ async def test_away_sessions_are_offloaded_once_to_a_lossless_tier_past_the_thre
         assert asked == [(full.id, ["b"], "tool_call"), (full.id, ["c"], "tool_call")]
         # Offloaded KV is off the GPU: no longer reserved there; the calm worker's still is.
         assert calm.routed.kv_reserved_tokens == 1000 and full.routed.kv_reserved_tokens == 0
+
+
+async def _scrape(gw: GatewayHandle) -> dict[str, float]:
+    """The unlabelled samples of the gateway's ``/metrics`` page, by name."""
+    async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as reply:
+        assert reply.status == 200
+        text = await reply.text()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
+
+
+async def test_tool_calls_away_sessions_and_the_learned_horizon_are_on_metrics(
+    workers: list[WorkerHandle],
+) -> None:
+    async with running_gateway(gateway_config(workers)) as gw:
+        await every_worker_up(gw)
+        plane = gw.gateway.tool_calls
+        assert plane is not None
+        before = await _scrape(gw)
+        assert before["kvgate_tool_call_sessions_away"] == 0
+        assert before["kvgate_tool_call_horizon_seconds"] == plane.book.pauses.prior_s
+        await _chat(gw, "agent-a", "required", stream=False)
+        await _chat(gw, "agent-b", "required", stream=False)
+        await wait_until(lambda: plane.tool_calls == 2, message="both tool calls seen")
+        away = await _scrape(gw)
+        assert away["kvgate_tool_call_sessions_away"] == 2
+        assert away["kvgate_tool_calls_total"] == 2
+        assert away["kvgate_tool_call_bookings_total"] == 2
+        assert away["kvgate_tool_call_returns_total"] == 0
+        await _chat(gw, "agent-a", "none", stream=False)  # the tool's result comes back
+        await wait_until(lambda: plane.book.pauses.samples == 1, message="the pause learned")
+        back = await _scrape(gw)
+    assert back["kvgate_tool_call_sessions_away"] == 1
+    assert back["kvgate_tool_call_returns_total"] == 1
+    assert back["kvgate_tool_calls_total"] == 2  # a turn that calls no tool books nothing
+    # One pause is fewer than ToolPauses.min_samples: the horizon is still the prior.
+    assert back["kvgate_tool_call_horizon_seconds"] == plane.book.pauses.horizon()
+
+
+def test_the_horizon_gauge_follows_the_pauses_learned() -> None:
+    now = [0.0]
+    plane = ToolCallPlane(WorkerPool([], 5.0, AdmissionQueue(1)), offload=None, mono=lambda: now[0])
+    metrics = GatewayMetrics()
+    metrics.watch_tool_calls(plane.reading)
+    worker_id = "http://w"
+    for n in range(plane.book.pauses.min_samples):  # pauses of 1..8 s
+        plane.book.left(f"s{n}", worker_id, 10, now[0])
+        now[0] += n + 1.0
+        plane.returned(f"s{n}")
+    horizon = metrics.registry.get_sample_value("kvgate_tool_call_horizon_seconds")
+    assert horizon == plane.book.pauses.horizon() == 8.0  # the 0.9 quantile of 1..8
+    assert metrics.registry.get_sample_value("kvgate_tool_call_returns_total") == 8

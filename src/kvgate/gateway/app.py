@@ -137,6 +137,8 @@ class Gateway:
         )
         """Sessions away on a tool call: their KV reserved, offloaded under pressure (with
         pressure handling, as the simulator's ``sim.toolcalls``)."""
+        if self.tool_calls is not None:
+            self.metrics.watch_tool_calls(self.tool_calls.reading)
         self.health = HealthChecker(
             self.pool,
             config.health,

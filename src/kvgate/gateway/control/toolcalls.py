@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kvgate.core.toolcalls import OFFLOAD_AT, AwaySessions
+from kvgate.gateway.observe.metrics import ToolCallReading
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.types import SessionKey
 
@@ -55,11 +56,16 @@ class ToolCallPlane:
         self.mono = mono
         self.tool_calls = 0
         """Answers seen ending in a tool call."""
+        self.bookings = 0
+        """Sessions booked away (answers with a session key ending in a tool call)."""
+        self.returns = 0
+        """Sessions back from a tool call while booked."""
         self._tasks: set[asyncio.Task[bool]] = set()
 
     def returned(self, key: SessionKey | None) -> None:
         """A request of session ``key`` arrived: if it was away, it is back."""
         if key is not None and self.book.returned(key, self.mono()) is not None:
+            self.returns += 1
             self._reserve()
 
     def left(self, key: SessionKey | None, worker: Worker, kv_tokens: int) -> None:
@@ -68,6 +74,7 @@ class ToolCallPlane:
         if key is None:
             return  # a headerless agent: its next turn is found by its chain
         self.book.left(key, worker.id, kv_tokens, self.mono())
+        self.bookings += 1
         if self.offload is None or not self.lossless(worker):
             self._reserve()
             return
@@ -79,6 +86,17 @@ class ToolCallPlane:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self._reserve()
+
+    def reading(self) -> ToolCallReading:
+        """What ``/metrics`` shows of the plane (``GatewayMetrics.watch_tool_calls``)."""
+        book = self.book
+        return ToolCallReading(
+            away=len(book),
+            tool_calls=self.tool_calls,
+            bookings=self.bookings,
+            returns=self.returns,
+            horizon_s=book.pauses.horizon(),
+        )
 
     def _reserve(self) -> None:
         """Each worker's ``kv_reserved_tokens``, from the book (changed ones replaced)."""

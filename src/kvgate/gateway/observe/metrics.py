@@ -326,6 +326,10 @@ class GatewayMetrics:
         """Export the affinity store's health counters, read when Prometheus scrapes."""
         self.registry.register(ValueCollector(lambda: _store_readings(health())))
 
+    def watch_tool_calls(self, reading: Callable[[], ToolCallReading]) -> None:
+        """Export the sessions away on a tool call (``control.toolcalls``), read at scrape."""
+        self.registry.register(ValueCollector(lambda: _tool_call_readings(reading())))
+
     def watch_speeds(self, speeds: Callable[[], Mapping[str, SpeedReport]]) -> None:
         """Export each worker's learned speed (``Policy.speeds``), read when Prometheus scrapes."""
         self.registry.register(KeyedCollector(speeds, "worker", _SPEED_GAUGES))
@@ -360,6 +364,37 @@ def _store_readings(h: StoreHealth) -> list[tuple[str, str, str, float]]:
                 "1 while the store's backend is unreachable and calls are answered locally.",
                 1.0 if h.degraded else 0.0)  # fmt: skip
     return [degraded, *(("counter", n, text, getattr(h, f)) for n, f, text in _STORE_COUNTERS)]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallReading:
+    """The tool-call plane's state for ``/metrics`` (``ToolCallPlane.reading``)."""
+
+    away: int
+    tool_calls: int
+    bookings: int
+    returns: int
+    horizon_s: float
+
+
+_TOOL_CALLS = (
+    ("gauge", "kvgate_tool_call_sessions_away", "away",
+     "Sessions away on a tool call now: their KV kept (reserved) on their worker."),
+    ("counter", "kvgate_tool_calls_total", "tool_calls",
+     "Answers that ended in a tool call (finish_reason tool_calls, stop_reason tool_use)."),
+    ("counter", "kvgate_tool_call_bookings_total", "bookings",
+     "Sessions booked away on a tool call (answers with a session key ending in one)."),
+    ("counter", "kvgate_tool_call_returns_total", "returns",
+     "Sessions back from a tool call (their next request arrived while booked)."),
+    ("gauge", "kvgate_tool_call_horizon_seconds", "horizon_s",
+     "How long an away session's KV is kept: the learned quantile of tool-call pauses "
+     "(core.toolcalls.ToolPauses; its prior until enough pauses were seen)."),
+)  # fmt: skip
+"""The tool-call plane's families: kind, name, ``ToolCallReading`` field, help."""
+
+
+def _tool_call_readings(r: ToolCallReading) -> list[tuple[str, str, str, float]]:
+    return [(kind, name, text, float(getattr(r, f))) for kind, name, f, text in _TOOL_CALLS]
 
 
 _SPEED_GAUGES: tuple[tuple[str, str, Callable[[SpeedReport], float | None]], ...] = (
