@@ -426,58 +426,51 @@ class SlotMetrics:
     """
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.saves = Counter(
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        histogram = partial(Histogram, registry=r)
+        self.saves = counter(
             "kvgate_slot_saves_total",
             "Slots saved to disk (offloads), by worker and result (ok, error).",
             ["worker", "result"],
-            registry=r,
         )
-        self.restores = Counter(
+        self.restores = counter(
             "kvgate_slot_restores_total",
             "Saved slots restored into a worker's slot, by worker and result (ok, error).",
             ["worker", "result"],
-            registry=r,
         )
-        self.migrations = Counter(
+        self.migrations = counter(
             "kvgate_slot_migrations_total",
             "Sessions moved between workers with their KV (save there, restore here).",
             ["from_worker", "to_worker", "result"],
-            registry=r,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = counter(
             "kvgate_slot_recompute_fallbacks_total",
             "Turns recomputed because a restore or a migration failed, by worker and step.",
             ["worker", "step"],
-            registry=r,
         )
-        self.turns = Counter(
+        self.turns = counter(
             "kvgate_slot_turns_total",
             "Turns sent to llama.cpp workers, by where their KV came from (tier).",
             ["worker", "tier"],
-            registry=r,
         )
-        self.saved_bytes = Gauge(
+        self.saved_bytes = gauge(
             "kvgate_slot_saved_bytes",
             "Bytes of saved slots the gateway keeps on disk.",
-            registry=r,
         )
-        self.saved_sessions = Gauge(
+        self.saved_sessions = gauge(
             "kvgate_slot_saved_sessions",
             "Sessions whose KV is saved on disk.",
-            registry=r,
         )
         buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-        self.save_seconds = Histogram(
+        self.save_seconds = histogram(
             "kvgate_slot_save_seconds",
             "Seconds to save a slot, as the gateway waited for it.",
             buckets=buckets,
-            registry=r,
         )
-        self.restore_seconds = Histogram(
+        self.restore_seconds = histogram(
             "kvgate_slot_restore_seconds",
             "Seconds to restore a slot, as the gateway waited for it.",
             buckets=buckets,
-            registry=r,
         )
 
 
@@ -491,70 +484,60 @@ class RolloutMetrics:
     """
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.attempts = Counter(
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        self.attempts = counter(
             "kvgate_version_attempts_total",
             "Attempts on workers of each model version, by outcome (ok, error).",
             ["model", "version", "outcome"],
-            registry=r,
         )
-        self.weight = Gauge(
+        self.weight = gauge(
             "kvgate_version_weight_percent",
             "Share of new traffic each model version receives, in percent.",
             ["model", "version"],
-            registry=r,
         )
-        self.state = Gauge(
+        self.state = gauge(
             "kvgate_rollout_state",
             "1 for the state each rollout is in (pending, progressing, paused, ...), else 0.",
             ["rollout", "state"],
-            registry=r,
         )
-        self.step = Gauge(
+        self.step = gauge(
             "kvgate_rollout_step",
             "The step each rollout is at, counting from 1.",
             ["rollout"],
-            registry=r,
         )
-        self.canary_weight = Gauge(
+        self.canary_weight = gauge(
             "kvgate_rollout_canary_weight_percent",
             "The canary's weight in each rollout, in percent.",
             ["rollout"],
-            registry=r,
         )
-        self.gate_value = Gauge(
+        self.gate_value = gauge(
             "kvgate_rollout_gate_value",
             "Each gate's value at the last evaluation (ratios for *_vs_baseline gates).",
             ["rollout", "gate"],
-            registry=r,
         )
-        self.evaluations = Counter(
+        self.evaluations = counter(
             "kvgate_rollout_evaluations_total",
             "Rollout evaluations, by result (waiting, advanced, inconclusive, rolled_back, ...).",
             ["rollout", "result"],
-            registry=r,
         )
-        self.rollbacks = Counter(
+        self.rollbacks = counter(
             "kvgate_rollout_rollbacks_total",
             "Rollouts rolled back automatically, by the gate that failed.",
             ["rollout", "gate"],
-            registry=r,
         )
-        self.alerts = Counter(
+        self.alerts = counter(
             "kvgate_rollout_alerts_total",
             "Rollout alerts raised, by reason, and whether the webhook took them.",
             ["rollout", "reason", "delivery"],
-            registry=r,
         )
-        self.quality_scores = Counter(
+        self.quality_scores = counter(
             "kvgate_quality_samples_total",
             "Sampled responses sent to the quality evaluator, by result (scored, dropped, failed).",
             ["model", "version", "result"],
-            registry=r,
         )
-        self.leader = Gauge(
+        self.leader = gauge(
             "kvgate_rollout_controller_leader",
             "1 while this replica holds the rollout controller lease.",
-            registry=r,
         )
 
 
@@ -568,25 +551,24 @@ class EppMetrics:
     (429 shed, 503 none ready or none of the subset, 503 draining, 4xx, other)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.decisions = Counter(
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        histogram = partial(Histogram, registry=r)
+        self.decisions = counter(
             "kvgate_epp_decisions_total",
             "Requests the endpoint picker decided, by outcome (picked, shed, no_endpoint, "
             "draining, bad_request, error).",
             ["outcome"],
-            registry=r,
         )
         for outcome in self.OUTCOMES:
             self.decisions.labels(outcome)
-        self.decision_seconds = Histogram(
+        self.decision_seconds = histogram(
             "kvgate_epp_decision_seconds",
             "Time from the ext_proc message that completed a request (its headers, or its "
             "body's end) to the picker's answer: routing and any admission queue wait.",
             ["outcome"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.streams = Gauge(
+        self.streams = gauge(
             "kvgate_epp_streams_open",
             "ext_proc streams open now (one per request Envoy is processing).",
-            registry=r,
         )
