@@ -163,3 +163,17 @@ def test_a_run_never_has_more_out_than_the_clients_concurrency() -> None:
     assert summary["finished"] + summary["shed"] == 200
     assert summary["client_queued"] > 0
     assert most <= 3
+
+
+def test_a_request_a_finish_releases_is_not_held_behind_another_workers_fused_decode() -> None:
+    # A decodes 400 tokens alone on w0 (its steps fused while nothing can arrive); B ends
+    # soon on w1 and its slot releases C, which round robin sends to w0. C starts at the
+    # next step there, not when a fused run of A's steps ends (seconds later).
+    a = SimRequest.of(0.0, "a", ((1, 64),), 400)
+    b = SimRequest.of(0.0, "b", ((2, 64),), 2)
+    c = SimRequest.of(0.0, "c", ((3, 64),), 2)
+    config = SimConfig(workers=2, kv_blocks=(1_000,), block_size=16, client_concurrency=2)
+    run = Simulation(config, [a, b, c], "round_robin").run()
+    assert run.summary["finished"] == 3
+    assert run.summary["duration_s"] > 2.0  # A's decode: the fused run C must not wait for
+    assert max(run.recorder.ttft) < 0.1

@@ -76,6 +76,12 @@ class Arrivals:
         """Turns held now, waiting for their previous turn to end."""
         return len(self._waiting)
 
+    @property
+    def releasable(self) -> bool:
+        """Whether a request's end would release one now (a held turn, or one due past the
+        concurrency cap): its arrival is then any end's, not ``upcoming``'s."""
+        return bool(self._waiting or self._blocked)
+
     def take(self) -> SimRequest | None:
         """Remove the upcoming request and return it, or ``None`` if it must wait
         for its previous turn (it comes back, at that turn's end, through ``ended``)."""

@@ -6,8 +6,9 @@ pulled from the workload one at a time, so memory is bounded by the fleet.
 
 Each worker alternates ``engine.step(now, horizon)`` and the step's end. The
 horizon is the time to the next arrival (or, while requests wait in the
-gateway's queue, to the next event of any kind): nothing can reach the engine
-before then, so fusing decode-only iterations up to it changes no result.
+gateway's queue or at the clients for an end to release them, to the next event
+of any kind): nothing can reach the engine before then, so fusing decode-only
+iterations up to it changes no result.
 A request held for KV headroom asks again when its hold's wait runs out (a timer
 event), as the live router's does, not only when a release wakes it.
 """
@@ -348,8 +349,9 @@ class Simulation:
         horizon = upcoming.arrival - now if upcoming is not None else _NO_ARRIVAL_HORIZON
         # The next scrape must read the engine as it is then, not after a fused step.
         horizon = min(horizon, self._next_scrape - now, self._next_speed_change - now)
-        if self.gateway.queue_depth and self._events:
-            # A finish elsewhere would hand a waiter to any worker, this one included.
+        if (self.gateway.queue_depth or self._arrivals.releasable) and self._events:
+            # A finish elsewhere would hand a waiter to any worker, this one included, or
+            # release a client's request (a held turn, one due past the concurrency cap).
             horizon = min(horizon, self._events[0][0] - now)
         return max(horizon, 0.0)
 
