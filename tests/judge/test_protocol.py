@@ -127,6 +127,31 @@ def test_noisy_seeds_leave_a_bar_open_rather_than_lost() -> None:
     assert judge_scenario(SHAPE, "live", _runs(rows, share=0.2)) is None
 
 
+def test_a_bar_on_returning_turns_judges_only_those() -> None:
+    agents = SCENARIOS["agent-tools"]
+    assert [c.metric for c in agents.criteria] == ["hit_rate", "ttft_return_p50", "ttft_return_p99"]
+    roles = {"mine": "own", "peer": "peer", "rr": "baseline"}
+    # Slower than the peer over all turns, twice as fast on the turns back from a tool.
+    runs = [
+        record(agents, seed, name, roles[name], mode="live", hit_rate=0.9, ttft_p50=2.0,
+               ttft_p99=4.0, ttft_return_p50=back, ttft_return_p99=2 * back)
+        for seed in range(3)
+        for name, back in (("mine", 0.5 + seed / 10), ("peer", 1.0 + seed / 5), ("rr", 3.0))
+    ]  # fmt: skip
+    for r in runs:
+        if r["router"] != "mine":
+            r["ttft_p50"] = 1.0
+    j = judge_scenario(agents, "live", runs)
+    assert j is not None
+    assert j["comparisons"]["ttft_return_p50"]["ratio"]["value"] == pytest.approx(0.5)
+    verdicts = {b["metric"]: b["verdict"] for b in j["bars"]}
+    assert verdicts == {"hit_rate": MET, "ttft_return_p50": MET, "ttft_return_p99": MET}
+    # A scenario without such a bar does not compare them.
+    alike = {"mine": [(0.5, 1.0, 1.0)], "peer-a": [(0.5, 1.0, 1.0)]}
+    plain = judge_scenario(SHAPE, "sim", _runs(alike, share=0.2))
+    assert plain is not None and "ttft_return_p50" not in plain["comparisons"]
+
+
 def test_a_simulated_scenario_runs_every_router_on_the_seed() -> None:
     small = Scenario(
         name="small",

@@ -77,6 +77,7 @@ def summarize(
     missing_usage = 0
     waits: list[float] = []
     worker_ttfts: list[float] = []
+    worker_returns: list[float] = []
     for outcome in sorted(outcomes, key=lambda o: o.arrival):
         answer = outcome.answer
         recorder.arrived(outcome.arrival * time_scale)
@@ -93,6 +94,8 @@ def summarize(
             missing_usage += 1
         if answer.worker_ttft is not None:
             worker_ttfts.append(answer.worker_ttft)
+            if outcome.returning:
+                worker_returns.append(answer.worker_ttft)
         first = answer.first_token if answer.first_token is not None else answer.finished
         floor = None
         if ttft_floor is not None and answer.prompt_tokens is not None:
@@ -135,6 +138,14 @@ def summarize(
                 "worker_ttft_mean": round(sum(worker_ttfts) / len(worker_ttfts), 6),
                 "worker_ttft_p50": _percentile(worker_ttfts, 50),
                 "worker_ttft_p99": _percentile(worker_ttfts, 99),
+            }
+        )
+    if worker_returns:
+        # The turns back from a tool call, on the same clocks (agent shapes).
+        summary.update(
+            {
+                "worker_ttft_return_p50": _percentile(worker_returns, 50),
+                "worker_ttft_return_p99": _percentile(worker_returns, 99),
             }
         )
     return summary

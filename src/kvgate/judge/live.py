@@ -120,8 +120,9 @@ async def run_live(
         hit_rate=s["hit_rate"],
         ttft_p50=s.get("worker_ttft_p50"),
         ttft_p99=s.get("worker_ttft_p99"),
-        ttft_return_p50=s.get("ttft_return_p50"),  # the client's clock, in model seconds
-        ttft_return_p99=s.get("ttft_return_p99"),
+        # Turns back from a tool call, on the workers' model clock as the other TTFTs.
+        ttft_return_p50=s.get("worker_ttft_return_p50"),
+        ttft_return_p99=s.get("worker_ttft_return_p99"),
         slowed_share=share,
         requests=s["requests"],
         finished=s["finished"],
@@ -173,6 +174,9 @@ def _line(r: dict[str, Any]) -> str:
         return f"{where}: FAILED {r['error']}"
     p50, p99 = r.get("ttft_p50") or 0.0, r.get("ttft_p99") or 0.0
     share = f", slowed share {r['slowed_share']:.3f}" if r.get("slowed_share") else ""
+    back = r.get("ttft_return_p50")
+    if back is not None:
+        share += f", returning {back * 1000:.0f}/{(r.get('ttft_return_p99') or 0) * 1000:.0f} ms"
     return (
         f"{where}: hit {r['hit_rate']:.1%}, TTFT {p50 * 1000:.0f}/{p99 * 1000:.0f} ms, "
         f"per worker {r['per_worker']}{share}, lost {r['lost_model_share']:.1%}, "

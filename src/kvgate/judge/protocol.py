@@ -32,7 +32,10 @@ from kvgate.judge.stats import (
 COMPARED = ("hit_rate", "ttft_p50", "ttft_p99")
 """The metrics every scenario compares with the best peer."""
 
-LOWER_IS_BETTER = frozenset({"ttft_p50", "ttft_p99"})
+RETURNING = ("ttft_return_p50", "ttft_return_p99")
+"""Compared too where a scenario sets a bar on them (the turns back from a tool call)."""
+
+LOWER_IS_BETTER = frozenset({"ttft_p50", "ttft_p99", *RETURNING})
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ def judge_scenario(
     comparisons: dict[str, Any] = {}
     best_of: dict[str, str | None] = {}
     values: dict[str, dict[str, dict[int, float]]] = {}
-    for metric in (*COMPARED, "slowed_share"):
+    barred = {c.metric for c in scenario.criteria}
+    for metric in (*COMPARED, *(m for m in RETURNING if m in barred), "slowed_share"):
         own = _by_seed(own_runs, metric)
         others = {
             n: _by_seed((r for r in mine if r["router"] == n), metric)
