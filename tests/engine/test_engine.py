@@ -109,6 +109,27 @@ def test_offloaded_session_is_restored_faster_than_recomputed() -> None:
     assert gpu_hit < ttft["restored"] < ttft["recomputed"]
 
 
+def test_a_copied_session_is_served_from_the_gpu_while_it_lasts_then_restored() -> None:
+    tokens = 2000
+    hot = offload_engine(cpu_offload_blocks=1000)
+    run(hot, [Arrival(0.0, req("t1", tokens, session="s"))])
+    copied = hot.offload(session_ids=["s"], now=1.0, copy=True)
+    assert (copied.copied, copied.freed) == (tokens // BS, 0)  # a backup: nothing freed
+    assert hot.residency("s").gpu == hot.stats(1.0).cpu_offload_blocks_used == tokens // BS
+    kept = run(hot, [Arrival(0.0, req("t2", tokens, session="s"))])
+    assert hot.stats(kept.end).restored_blocks == 0  # the GPU's copy was still there
+    # Once other work evicted the GPU's copy, the tier's is restored, not recomputed.
+    evicted = offload_engine(cpu_offload_blocks=1000)
+    run(evicted, [Arrival(0.0, req("t1", tokens, session="s"))])
+    evicted.offload(session_ids=["s"], now=1.0, copy=True)
+    run(evicted, [Arrival(0.0, req("other", 400 * BS - BS, family=9))])
+    assert evicted.residency("s").gpu < tokens // BS
+    back = run(evicted, [Arrival(0.0, req("t2", tokens, session="s"))])
+    assert back.first_tokens["t2"] == (tokens - 1) // BS * BS
+    assert evicted.stats(back.end).restored_blocks > 0
+    assert kept.finished["t2"].ttft < back.finished["t2"].ttft
+
+
 def test_offload_skips_blocks_in_use_and_unknown_blocks() -> None:
     engine = offload_engine(cpu_offload_blocks=100)
     engine.submit(req("a", 64, 100, session="s"), 0.0)

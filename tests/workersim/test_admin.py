@@ -65,6 +65,24 @@ async def test_offload_by_session_moves_its_blocks(offload_worker: WorkerHandle)
         assert engine.stats(offload_worker.worker.driver.now()).restored_blocks > 0
 
 
+async def test_offload_with_copy_keeps_the_gpu_blocks_beside_the_tier(
+    offload_worker: WorkerHandle,
+) -> None:
+    async with AsyncOpenAI(base_url=offload_worker.url + "/v1", api_key="x") as client:
+        ask = {"model": OFFLOAD.model, "messages": MESSAGES, "max_tokens": 8}
+        await client.chat.completions.create(**ask, extra_headers={"X-Session-ID": "bob"})  # type: ignore[call-overload]
+        engine = offload_worker.engine
+        on_gpu = engine.residency("bob").gpu
+        status, body = await post(
+            offload_worker.url + "/kv/offload", {"session_ids": ["bob"], "copy": True}
+        )
+        assert status == 200
+        assert body["copied"] == on_gpu > 0 and body["offloaded"] == 0
+        assert engine.residency("bob").gpu == on_gpu  # still served from the GPU
+        await client.chat.completions.create(**ask, extra_headers={"X-Session-ID": "bob"})  # type: ignore[call-overload]
+        assert engine.stats(offload_worker.worker.driver.now()).restored_blocks == 0
+
+
 async def test_offload_by_prompt_names_its_prefix_blocks(offload_worker: WorkerHandle) -> None:
     text = "A completion prompt whose prefix blocks we offload by text. " * 6
     async with AsyncOpenAI(base_url=offload_worker.url + "/v1", api_key="x") as client:

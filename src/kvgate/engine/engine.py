@@ -157,12 +157,19 @@ class Engine:
         session_ids: Iterable[str] = (),
         block_hashes: Iterable[BlockHash] = (),
         now: Seconds = 0.0,
+        *,
+        copy: bool = False,
     ) -> OffloadResult:
         """Move the named sessions' and blocks' cached KV that no request holds off the GPU.
 
         Blocks go to the CPU tier (then disk, LRU), or are dropped when there is
         no offload capacity. A later request whose chain reaches them brings them
         back for their transfer time instead of recomputing them.
+
+        ``copy``: copy them to the tier and leave them on the GPU as cached KV (in use
+        or not), as a KV connector stores a finished request's blocks: a request that
+        finds them still there pays nothing, one that finds them evicted restores
+        them. A backup, not a relief: it frees no GPU block.
         """
         self._thermal.advance(now, 0.0)
         wanted: dict[BlockHash, None] = {}
@@ -171,7 +178,7 @@ class Engine:
         wanted.update(dict.fromkeys(block_hashes))
         pool = self._scheduler.pool
         store = self._scheduler.offload
-        offloaded = dropped = in_use = not_resident = 0
+        offloaded = copied = dropped = in_use = not_resident = 0
         seconds = 0.0
         # Tail blocks first, so a chain's head is the most recent entry of the tier
         # and the last to be demoted or dropped.
@@ -179,8 +186,13 @@ class Engine:
             count = pool.refs.get(block)
             if count is None:
                 not_resident += 1
-            elif count:
+            elif count and not copy:
                 in_use += 1
+            elif copy:
+                cost = store.put(block)
+                if cost is not None:
+                    copied += 1
+                    seconds += cost
             else:
                 pool.discard(block)
                 cost = store.put(block)
@@ -189,8 +201,8 @@ class Engine:
                 else:
                     offloaded += 1
                     seconds += cost
-        self._counters.offloaded_blocks += offloaded
-        return OffloadResult(offloaded, dropped, in_use, not_resident, seconds)
+        self._counters.offloaded_blocks += offloaded + copied
+        return OffloadResult(offloaded, dropped, in_use, not_resident, seconds, copied)
 
     def forget(self, block_hashes: Iterable[BlockHash]) -> int:
         """Drop these cached blocks that no request holds (overwritten); returns how many.

@@ -1,8 +1,10 @@
 """The offload tiers below the GPU: CPU memory, then disk, each LRU-bounded.
 
-A block lives in at most one place: on the GPU, in the CPU tier, or on disk.
-Putting a block in a full CPU tier demotes the CPU tier's least recently used
-block to disk; a full disk tier drops its oldest block.
+A block lives in one tier at most: the CPU tier or disk. It is usually off the GPU
+too (moved there), unless it was copied (``Engine.offload(copy=True)``): then the GPU's
+copy is used while it lasts, and the tier's once it is evicted. Putting a block in a
+full CPU tier demotes the CPU tier's least recently used block to disk; a full disk tier
+drops its oldest block.
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ class OffloadStore:
         return len(self.cpu.blocks) + len(self.disk.blocks)
 
     def put(self, block: BlockHash) -> Seconds | None:
-        """Store ``block`` in the first tier with capacity; its copy time, or None if dropped."""
+        """Store ``block`` in the first tier with capacity; its copy time, or None if dropped.
+
+        A block stored already is stored afresh (one copy: its place in the tier's LRU)."""
+        self.disk.blocks.pop(block, None)
         for tier in (self.cpu, self.disk):
             if tier.capacity > 0:
                 self._insert(tier, block)

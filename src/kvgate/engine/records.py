@@ -82,7 +82,8 @@ class OffloadResult:
     ``offloaded`` went to the CPU or disk tier, ``dropped`` were freed with nowhere
     to go (no offload capacity), ``in_use`` stayed because running requests hold
     them, ``not_resident`` were not on the GPU. ``transfer_seconds`` is the copy time
-    the offload costs (device to host); it does not stall the engine.
+    the offload costs (device to host); it does not stall the engine. ``copied`` went to a
+    tier and stayed on the GPU too (``Engine.offload(copy=True)``).
     """
 
     offloaded: int = 0
@@ -90,6 +91,7 @@ class OffloadResult:
     in_use: int = 0
     not_resident: int = 0
     transfer_seconds: Seconds = 0.0
+    copied: int = 0
 
     @property
     def freed(self) -> int:

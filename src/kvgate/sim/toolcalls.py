@@ -4,11 +4,11 @@ The simulator's side of ``core.toolcalls``, as the live gateway's: a turn that e
 tool call books its session away on its worker (the KV its prompt and answer hold); a
 worker's ``kv_reserved_tokens`` is the KV of its sessions away and expected back, which
 the policy counts in the eviction cost of placing other work there. A worker with a CPU
-tier (``SimConfig.cpu_offload_blocks``) has its away sessions' KV moved there
-(``Engine.offload``, ``core.toolcalls.OFFLOAD_AT``), from where their return restores
-it instead of recomputing it; a worker without one keeps it (an offload would drop it).
-Runs only where the gateway handles memory pressure (``SimConfig.pressure``): a peer
-router does none of it.
+tier (``SimConfig.cpu_offload_blocks``) has its away sessions' KV copied there
+(``Engine.offload(copy=True)``, ``core.toolcalls.OFFLOAD_AT``), from where their return
+restores it, if the GPU's copy was evicted meanwhile, instead of recomputing it; a worker
+without one keeps it (an offload would drop it). Runs only where the gateway handles memory
+pressure (``SimConfig.pressure``): a peer router does none of it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class SimToolCalls:
             return  # nowhere to keep it: an offload would drop it
         due = self.book.offload_due(worker.id, worker.engine.kv_usage, self.offload_at)
         if due:
-            worker.engine.offload(session_ids=due, now=now)
+            worker.engine.offload(session_ids=due, now=now, copy=True)
             self.offloads += len(due)
         self._reserve(now)
 

@@ -71,10 +71,13 @@ class OffloadRequest(BaseModel):
     session_ids: list[str] = Field(default_factory=list)
     prompts: list[str | list[ChatMessage]] = Field(default_factory=list)
     block_hashes: list[int] = Field(default_factory=list)
+    copy_: bool = Field(default=False, alias="copy")
+    """Copy the blocks to the tier and leave them on the GPU (``Engine.offload``'s ``copy``)."""
 
 
 async def offload(request: web.Request) -> web.Response:
-    """``POST /kv/offload``: move sessions' or prompts' blocks to the offload tier.
+    """``POST /kv/offload``: move (``copy``: copy) sessions' or prompts' blocks to the
+    offload tier.
 
     Text prompts are hashed as ``/v1/completions`` hashes them, message lists as
     ``/v1/chat/completions`` does, so the blocks named are those the prompt's
@@ -88,7 +91,10 @@ async def offload(request: web.Request) -> web.Response:
         text = prompt if isinstance(prompt, str) else render_chat(prompt)
         hashes.extend(chain_hashes(tokenize(text), block_size))
     result = worker.engine.offload(
-        session_ids=tuple(body.session_ids), block_hashes=tuple(hashes), now=worker.driver.now()
+        session_ids=tuple(body.session_ids),
+        block_hashes=tuple(hashes),
+        now=worker.driver.now(),
+        copy=body.copy_,
     )
     worker.driver.wake()
     return web.json_response(

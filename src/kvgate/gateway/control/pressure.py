@@ -298,11 +298,16 @@ class PressureDriver:
         return moved
 
     async def offload_sessions(self, worker: Worker, keys: list[SessionKey], reason: str) -> bool:
-        """Ask ``worker`` to offload these sessions' KV (sessions away on a tool call)."""
-        return await self._offload(worker, keys, reason)
+        """Ask ``worker`` to keep a copy of these sessions' KV in its offload tier (sessions
+        away on a tool call): their KV stays usable on the GPU until evicted, then is
+        restored from the copy rather than recomputed (a llama.cpp slot is saved and freed)."""
+        return await self._offload(worker, keys, reason, copy=True)
 
-    async def _offload(self, worker: Worker, keys: list[SessionKey], reason: str) -> bool:
-        """Ask ``worker`` to move these sessions' KV to its offload tier; True if it answered."""
+    async def _offload(
+        self, worker: Worker, keys: list[SessionKey], reason: str, *, copy: bool = False
+    ) -> bool:
+        """Ask ``worker`` to move (``copy``: copy) these sessions' KV to its offload tier;
+        True if it answered."""
         if not self.settings.offload:
             return False
         if self.slots is not None and self.slots.manages(worker):
@@ -313,7 +318,10 @@ class PressureDriver:
         ids = [k for k in keys if not k.startswith(PREFIX_KEY_TAG)]
         if not ids:
             return False
-        body = json.dumps({"session_ids": ids}).encode()
+        ask: dict[str, object] = {"session_ids": ids}
+        if copy:
+            ask["copy"] = True
+        body = json.dumps(ask).encode()
         headers = {"Content-Type": "application/json"}
         if worker.config.api_key:
             headers["Authorization"] = f"Bearer {worker.config.api_key}"

@@ -9,8 +9,9 @@ the eviction cost of placing other work there. On a worker with a lossless tier
 (``lossless``: a llama.cpp worker under slot offload, whose slot is saved to disk; a
 worker with an explicit ``offload_url``, whose operator says it keeps offloaded KV) the
 session's KV is offloaded (``PressureDriver.offload_sessions``, ``core.toolcalls.
-OFFLOAD_AT``) and restored when it returns, instead of recomputed; elsewhere an offload
-would drop it, so it stays. The decisions are
+OFFLOAD_AT``: a copy the emulated worker keeps beside the GPU's) and restored when it
+returns, if evicted meanwhile, instead of recomputed; elsewhere an offload would drop it,
+so it stays. The decisions are
 ``core.toolcalls.AwaySessions``'s; this plane only carries them out.
 """
 
