@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.toolcalls import AwaySessions, ToolPauses
+from kvgate.core.attempt import AttemptEnd, AttemptState, ToolCalled
+from kvgate.core.toolcalls import AwaySessions, ToolPauses, leaves_away
 
 
 def test_the_horizon_is_the_prior_until_enough_pauses_then_their_quantile() -> None:
@@ -70,3 +71,38 @@ def test_sessions_away_far_past_the_horizon_are_forgotten() -> None:
     book.left("b", "w1", 1, now=35.0)
     book.expire(now=41.0)
     assert book.get("a") is None and book.get("b") is not None
+
+
+def _ended(how: str, *, called: bool = True, usage: bool = True) -> AttemptEnd:
+    """An attempt's end: ``how`` it ended, its answer calling a tool, its usage read."""
+    state = AttemptState("w1", "v1", 0.0)
+    state.token(0.1)
+    if usage:
+        state.usage(1000, 600, 40)
+    if called:
+        state.step(ToolCalled(0.2))
+    end = {
+        "completed": lambda: state.completed(0.3),
+        "failed": lambda: state.failed(0.3, "broken"),
+        "cancelled": lambda: state.cancelled(0.3),
+    }[how]()
+    assert end is not None and end.tool_call is called
+    return end
+
+
+def test_a_session_is_away_after_an_attempt_whose_client_got_its_tool_call() -> None:
+    assert leaves_away(_ended("completed")) == 1040  # its prompt's and answer's KV
+    assert leaves_away(_ended("completed", usage=False)) == 0
+    # The client went at the end of the stream, its usage read: it has the call.
+    assert leaves_away(_ended("cancelled")) == 1040
+    # Went before the end, or the worker broke it off: the turn is sent again, not away.
+    assert leaves_away(_ended("cancelled", usage=False)) is None
+    assert leaves_away(_ended("failed")) is None
+    assert leaves_away(_ended("completed", called=False)) is None
+
+
+def test_a_tool_call_reported_after_the_end_changes_nothing() -> None:
+    state = AttemptState("w1", "v1", 0.0)
+    end = state.completed(1.0)
+    state.tool_call(2.0)
+    assert end is not None and not end.tool_call and state.end is end

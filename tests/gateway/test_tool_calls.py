@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from anthropic import AsyncAnthropic
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvgate.core.attempt import AttemptEnd, EndKind
 from kvgate.core.routed import Scraped
 from kvgate.gateway.control.toolcalls import ToolCallPlane
 from kvgate.gateway.dataplane.queue import AdmissionQueue
@@ -181,3 +185,84 @@ def test_the_horizon_gauge_follows_the_pauses_learned() -> None:
     horizon = metrics.registry.get_sample_value("kvgate_tool_call_horizon_seconds")
     assert horizon == plane.book.pauses.horizon() == 8.0  # the 0.9 quantile of 1..8
     assert metrics.registry.get_sample_value("kvgate_tool_call_returns_total") == 8
+
+
+_CALL = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"tool_calls":[{"index":0,"id":"t1","type":"function","function":{"name":"run",'
+    b'"arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":null}\n\n'
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":'
+    b'{"prompt_tokens":900,"completion_tokens":12,"total_tokens":912}}\n\n'
+)
+
+
+@contextlib.asynccontextmanager
+async def _calling_worker() -> AsyncIterator[str]:
+    """A worker whose every answer streams a tool call and its usage (``"usage": null`` on
+    the other events, as vLLM and SGLang send once it is asked for), then ends with
+    ``[DONE]``, or, for a request whose session id starts with ``cut``, breaks off."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_CALL)
+        if request.headers.get("session_id", "").startswith("cut"):
+            assert request.transport is not None
+            request.transport.close()  # no end of the chunked body: a broken stream
+            return response
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
+
+    app = web.Application()
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.usefixtures("both_servers")
+async def test_a_session_is_booked_away_by_its_attempts_end_and_only_if_it_got_the_call() -> None:
+    ends: list[AttemptEnd] = []
+    async with _calling_worker() as url:
+        config = {"workers": [{"url": url}], "health": {"interval_s": 0.1, "timeout_s": 2.0},
+                  "retries": {"count": 0}}  # fmt: skip
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as http:
+            await wait_until(gw.gateway.ready, message="the worker is up")
+            gw.gateway.router.add_end_listener(lambda f, end: ends.append(end))
+            plane = gw.gateway.tool_calls
+            assert plane is not None
+            for session in ("whole", "cut"):
+                body = {"model": "demo", "stream": True, "tools": TOOLS,
+                        "messages": [{"role": "user", "content": "go"}]}  # fmt: skip
+                async with http.post(
+                    gw.openai_base + "/chat/completions", json=body, headers={"session_id": session}
+                ) as reply:
+                    text = await reply.text()
+                assert '"tool_calls"' in text
+            await wait_until(lambda: len(ends) == 2, message="both attempts ended")
+    whole, cut = ends
+    # Streamed to its end: its end says it called a tool, and the session is away.
+    assert (whole.kind, whole.tool_call) == (EndKind.COMPLETED, True)
+    away = plane.book.get("whole")
+    assert away is not None and away.kv_tokens == 912
+    # Broken off after the call: the worker failed the attempt, the client sees an error
+    # and sends the turn again; nothing is booked.
+    assert "stream_broken" in text
+    assert (cut.kind, cut.tool_call) == (EndKind.FAILED, False)
+    assert plane.book.get("cut") is None and plane.tool_calls == 1

@@ -12,6 +12,8 @@ the same events, with the time it read from its own clock::
     answered(at, status)  the response's status line and headers arrived
     token(at)             a chunk of the answer arrived (the first one is the first token)
     usage(prompt, cached, completion)   the worker's ``usage`` was read
+    tool_call(at)         the answer ended its turn calling a tool (``finish_reason:
+                          tool_calls``, ``stop_reason: tool_use``): its session is coming back
     completed(at)         the answer reached its end (the client has all of it)
     failed(at, kind, status)            the worker failed it (see ``Judgement``)
     cancelled(at)         the attempt was abandoned: the client went, or its driver stopped
@@ -21,9 +23,10 @@ its ``AttemptEnd``; every later event returns ``None`` and changes nothing, so a
 may report an end from every path (a ``finally`` included) and it counts once. The
 end says everything the driver must then do, once: give the lease back, tell the
 policy (``tell_policy``: its usage, or that nothing more is owed), give passive health
-its ``judgement``, and record the outcome; it also carries what a speed estimator
-learns from (time to first token, tokens, the work queued ahead at placement, the
-gaps between chunks).
+its ``judgement``, book its session away if it went to run a tool (``core.toolcalls.
+leaves_away``), and record the outcome; it also carries what a speed estimator learns
+from (time to first token, tokens, the work queued ahead at placement, the gaps between
+chunks).
 
 An attempt is judged by how it *ends*, never by its response headers: a worker that
 answers 200 and then cuts the stream has failed that attempt.
@@ -120,6 +123,13 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCalled:
+    """The answer ended its turn calling a tool."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
     """The answer reached its end."""
 
@@ -143,7 +153,7 @@ class Cancelled:
     at: float
 
 
-Event = Routed | Sent | Answered | Token | Usage | Completed | Failed | Cancelled
+Event = Routed | Sent | Answered | Token | Usage | ToolCalled | Completed | Failed | Cancelled
 
 
 @dataclass(slots=True)
@@ -182,6 +192,8 @@ class AttemptEnd:
     cached_tokens: int | None
     completion_tokens: int | None
     """The worker's ``usage`` (``None``: none was read)."""
+    tool_call: bool = False
+    """The answer ended its turn calling a tool (as far as its data plane read it)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -238,6 +250,7 @@ class AttemptState:
         "_routed",
         "_sent",
         "_status",
+        "_tool_call",
         "_usage",
         "ahead_kv_tokens",
         "ahead_requests",
@@ -271,6 +284,7 @@ class AttemptState:
         self._last: float | None = None
         self._max_gap = 0.0
         self._usage: Usage | None = None
+        self._tool_call = False
         self._end: AttemptEnd | None = None
 
     @property
@@ -354,6 +368,11 @@ class AttemptState:
         if self._end is None:
             self._usage = Usage(prompt, cached, completion)
 
+    def tool_call(self, at: float) -> None:
+        """The answer ended its turn calling a tool."""
+        if self._end is None:
+            self._tool_call = True
+
     def completed(self, at: float) -> AttemptEnd | None:
         """The answer reached its end; the attempt's end, or ``None`` if it had ended."""
         return self._finish(at, _COMPLETED, None, None)
@@ -381,6 +400,8 @@ class AttemptState:
                 self.token(at)
             case Usage(prompt, cached, completion):
                 self.usage(prompt, cached, completion)
+            case ToolCalled(at):
+                self.tool_call(at)
             case Completed(at):
                 return self.completed(at)
             case Failed(at, kind, status):
@@ -418,6 +439,7 @@ class AttemptState:
             prompt_tokens=usage.prompt if usage is not None else None,
             cached_tokens=usage.cached if usage is not None else None,
             completion_tokens=usage.completion if usage is not None else None,
+            tool_call=self._tool_call,
         )
         return end
 

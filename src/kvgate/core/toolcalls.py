@@ -9,6 +9,9 @@ worker's cache, first in line for LRU eviction. Two things follow, both pure:
   end in a tool call to the session's next request), as a bounded sample of the most
   recent pauses; its ``horizon`` (a high quantile, ``quantile``) is how long an away
   session's KV is worth keeping. Until ``min_samples`` pauses were seen, ``prior_s``.
+- ``leaves_away`` says from an attempt's end (``core.attempt.AttemptEnd``) whether its
+  session is away and with how much KV, so every data plane (the proxy, the endpoint
+  picker, the simulator) books it on every path through the one end of the attempt.
 - ``AwaySessions`` books each session away: its worker, the KV tokens it holds there,
   since when. ``reserved`` sums, per worker, the KV of sessions away for less than the
   horizon: the eviction cost of placing other work there counts it as taken (a policy
@@ -27,9 +30,10 @@ import bisect
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from kvgate.core.attempt import AttemptEnd, EndKind
 from kvgate.types import Seconds, SessionKey, WorkerId
 
-__all__ = ["OFFLOAD_AT", "Away", "AwaySessions", "ToolPauses"]
+__all__ = ["OFFLOAD_AT", "Away", "AwaySessions", "ToolPauses", "leaves_away"]
 
 OFFLOAD_AT = 0.0
 """KV use at which an away session's KV goes to its worker's lossless tier: any. The tier
@@ -39,6 +43,22 @@ model) instead of a recompute (~80 ms per 1k tokens) when it does not. Only a wo
 such a tier is asked (an offload elsewhere drops the KV). On agent-tools (tuning seeds 1-8,
 900 blocks + 8,000 CPU blocks) a copy rather than a move cut returning turns' TTFT p50 by
 30% (77 -> 52 ms, every seed), p99 and hit rate unchanged."""
+
+
+def leaves_away(end: AttemptEnd) -> int | None:
+    """The KV tokens a session holds on ``end.worker`` once its attempt ended so, when that
+    leaves it away on a tool call (else ``None``): its answer ended calling a tool and the
+    client has it, completed or cancelled past its usage (a client that went at the end of
+    the stream). A failed attempt leaves nothing away: its client never got the call and
+    sends the turn again."""
+    if not end.tool_call:
+        return None
+    if end.kind is _FAILED or (end.kind is _CANCELLED and end.prompt_tokens is None):
+        return None
+    return (end.prompt_tokens or 0) + (end.completion_tokens or 0)
+
+
+_FAILED, _CANCELLED = EndKind.FAILED, EndKind.CANCELLED
 
 
 class ToolPauses:

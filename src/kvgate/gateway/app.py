@@ -175,6 +175,7 @@ class Gateway:
             passive=self.health,
             outcomes=self.control.recorder,
             caches=self.caches,
+            end_listeners=[self.tool_calls.ended] if self.tool_calls is not None else [],
         )
         self.warm_ups = WarmUps(
             self.pool,

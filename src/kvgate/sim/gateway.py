@@ -56,7 +56,7 @@ from kvgate.core.route import (
     queue_timeout,
     route,
 )
-from kvgate.core.toolcalls import OFFLOAD_AT
+from kvgate.core.toolcalls import OFFLOAD_AT, leaves_away
 from kvgate.core.versions import ModelVersions, assign_version
 from kvgate.engine import EngineRequest, FinishedRequest
 from kvgate.sim.kvfeed import KVFeed
@@ -435,6 +435,8 @@ class SimGateway:
         if done.finish_time > done.first_token_time:
             attempt.token(done.finish_time)
         attempt.usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+        if flight.request.tool_call:
+            attempt.tool_call(now)  # the turn ended calling its tool
         end = attempt.completed(now)
         assert end is not None  # a flight ends once: it left ``flights`` above
         worker.load(-1, -flight.kv_tokens)
@@ -447,9 +449,10 @@ class SimGateway:
         key = features.affinity_key
         if key is not None and not flight.wrote_affinity:
             self.table.touch(key, now, now + self.ttl, now)
-        if key is not None and flight.request.tool_call and self.tool_calls is not None:
-            kv = done.prompt_tokens + done.output_tokens
-            self.tool_calls.left(key, worker, kv, now)
+        if key is not None and self.tool_calls is not None:
+            kv = leaves_away(end)  # as the live gateway books it, from the attempt's end
+            if kv is not None:
+                self.tool_calls.left(key, worker, kv, now)
         arrival = flight.request.arrival
         self.recorder.finish(
             worker.index,

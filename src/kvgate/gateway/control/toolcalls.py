@@ -2,8 +2,11 @@
 
 The request path tells this plane two things: a session's request arrived
 (``returned``: if it was away, it is back, and its pause teaches ``core.toolcalls.
-ToolPauses``), and a session's answer ended in a tool call (``left``: the relay saw
-``finish_reason: tool_calls`` or ``stop_reason: tool_use``). While a session is away
+ToolPauses``), and an attempt ended (``ended``, an end listener of the router's attempts:
+if its answer ended in a tool call, ``finish_reason: tool_calls`` or ``stop_reason:
+tool_use``, and the client has it, ``core.toolcalls.leaves_away``, its session is away).
+Both data planes (the proxy and the endpoint picker) report the first; the attempt's one
+end, on whichever path it ends, reports the second. While a session is away
 its worker's ``Routed.kv_reserved_tokens`` carries its KV, so the policy counts it in
 the eviction cost of placing other work there. On a worker with a lossless tier
 (``lossless``: a llama.cpp worker under slot offload, whose slot is saved to disk; a
@@ -23,7 +26,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvgate.core.toolcalls import OFFLOAD_AT, AwaySessions
+from kvgate.core.attempt import AttemptEnd
+from kvgate.core.features import RequestFeatures
+from kvgate.core.toolcalls import OFFLOAD_AT, AwaySessions, leaves_away
 from kvgate.gateway.observe.metrics import ToolCallReading
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.types import SessionKey
@@ -68,6 +73,15 @@ class ToolCallPlane:
         if key is not None and self.book.returned(key, self.mono()) is not None:
             self.returns += 1
             self._reserve()
+
+    def ended(self, features: RequestFeatures, end: AttemptEnd) -> None:
+        """An attempt ended (``EndListener``): book its session away if it left to run a tool."""
+        if not end.tool_call:
+            return
+        kv_tokens = leaves_away(end)
+        worker = self.pool.get(end.worker)
+        if kv_tokens is not None and worker is not None:
+            self.left(features.session_key, worker, kv_tokens)
 
     def left(self, key: SessionKey | None, worker: Worker, kv_tokens: int) -> None:
         """Session ``key``'s answer on ``worker`` ended in a tool call, its KV there."""

@@ -10,6 +10,7 @@ relay, or an ext_proc stream) then reports the attempt's events to it::
     attempt.answered(status)       the response's status and headers arrived
     attempt.token()                a chunk of the answer arrived (first: TTFT)
     attempt.usage(p, c, n)         the worker's usage (prompt, cached, completion)
+    attempt.tool_call()            the answer ended its turn calling a tool
     attempt.completed()            the client has the whole answer
     attempt.failed(kind, status)   the worker failed it (``UpstreamError.kind``)
     attempt.cancelled()            abandoned: the client went, or the driver stopped
@@ -18,7 +19,8 @@ The first of the last three ends it, exactly once (later ones return ``None`` an
 do nothing): the lease is given back, the policy told (``core.attempt.tell_policy``),
 passive health given the judgement (a broken stream is a failure, whatever its
 headers said), the version's outcome recorded and the end listeners told (the
-``AttemptEnd``: time to first token, tokens, work queued ahead, chunk gaps).
+``AttemptEnd``: time to first token, tokens, work queued ahead, chunk gaps, whether it
+ended in a tool call: the tool-call plane books its session away from there).
 ``async with attempt`` cancels it on any path that left it running. A 5xx answer
 that the request takes elsewhere is ``UNSETTLED``: the request's later attempts say
 whose fault it was, and ``settle`` charges the worker (or not), once. After a
@@ -268,6 +270,10 @@ class Attempt:
     def usage(self, prompt: int, cached: int, completion: int) -> None:
         """The worker's usage was read."""
         self.state.usage(prompt, cached, completion)
+
+    def tool_call(self) -> None:
+        """The answer ended its turn calling a tool (its end says so to the listeners)."""
+        self.state.tool_call(self.parts.mono())
 
     def keep_sample(self, request: bytes, response: bytes) -> None:
         """Hand this answer to the quality evaluator if the attempt completes."""

@@ -174,7 +174,6 @@ class Proxy:
             outcomes=outcomes,
             traffic=traffic,
             wall=wall,
-            away=away,
         )
         """Writes each answer out and records the request's outcome."""
         self.in_flight = 0

@@ -84,13 +84,11 @@ _ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 
 
 class AwaySessions(Protocol):
-    """Where sessions away on a tool call are booked (``gateway.control.toolcalls``)."""
+    """Where sessions away on a tool call are booked (``gateway.control.toolcalls``): told
+    of each session's request as it arrives; its leaving is its attempt's end's."""
 
     def returned(self, key: str | None) -> None:
         """A request of session ``key`` arrived."""
-
-    def left(self, key: str | None, worker: Worker, kv_tokens: int) -> None:
-        """Session ``key``'s answer on ``worker`` ended in a tool call, its KV there."""
 
 
 @dataclass(slots=True)
@@ -122,9 +120,6 @@ class Outcome:
     """The model a refused request named when no worker serves it (access log only)."""
     messages: bool = False
     """Anthropic's Messages API: its stream's usage and errors are in Anthropic's events."""
-    tool_call: bool = False
-    """The answer ended its turn calling a tool (``finish_reason: tool_calls``, ``stop_reason:
-    tool_use``): its session is coming back."""
 
 
 class Relay:
@@ -140,10 +135,7 @@ class Relay:
         outcomes: OutcomeRecorder | None,
         traffic: TrafficWindow | None,
         wall: Callable[[], float],
-        away: AwaySessions | None = None,
     ) -> None:
-        self.away = away
-        """Told of each answer ending in a tool call (``None``: nobody is)."""
         self.metrics = metrics
         self.access_log = access_log
         self.response_headers = response_headers
@@ -210,8 +202,8 @@ class Relay:
                 outcome.usage = usage = usage_from_body(data)  # whoever reads the answer
                 if usage is not None:
                     attempt.usage(usage.prompt, usage.cached, usage.completion)
-                if self.away is not None and ends_in_tool_call(data):
-                    self._left(attempt, outcome)  # the turn is over: before the client hears
+                if upstream.status < 300 and ends_in_tool_call(data):
+                    attempt.tool_call()  # booked at the attempt's end, whichever it is
                 await request.send(upstream.status, headers, data)
                 done = outcome.answered = True
                 if outcome.answer_key is not None:
@@ -335,22 +327,12 @@ class Relay:
             outcome.answered = usage is not None
             if usage is not None:
                 attempt.usage(usage.prompt, usage.cached, usage.completion)
-            if self.away is not None:
-                seen = stripper.tool_call if stripper is not None else None
-                if seen if seen is not None else tap is not None and tap.tool_call():
-                    self._left(attempt, outcome)
+            if stripper.tool_call if stripper is not None else tap is not None and tap.tool_call():
+                attempt.tool_call()  # booked at the attempt's end, whichever it is
         outcome.answered = True
         with contextlib.suppress(ConnectionResetError):  # gone at ``[DONE]``: answered
             await request.end()
         return True
-
-    def _left(self, attempt: Attempt, outcome: Outcome) -> None:
-        """The answer ended its turn in a tool call: its session is away, its KV held."""
-        assert self.away is not None
-        outcome.tool_call = True
-        usage = outcome.usage
-        kv = usage.prompt + usage.completion if usage is not None else 0
-        self.away.left(attempt.features.session_key, attempt.worker, kv)
 
     async def _remember_answer(self, data: bytes, attempt: Attempt, tag: str) -> None:
         """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""

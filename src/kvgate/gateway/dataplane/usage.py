@@ -25,8 +25,9 @@ _TOOL_STOP = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"(?:tool_calls|
 
 
 def ends_in_tool_call(data: bytes) -> bool:
-    """True when an answer (a whole body, or a stream's last events) ends in a tool call."""
-    return _TOOL_STOP.search(data) is not None
+    """True when an answer (a whole body, or a stream's last events) ends in a tool call
+    (a plain substring test first: most answers, some of them megabytes, call none)."""
+    return b"tool_" in data and _TOOL_STOP.search(data) is not None
 
 
 @dataclass(frozen=True, slots=True)
