@@ -81,6 +81,7 @@ class Picker:
                 stream_usage=config.stream_usage,
             ),
             metrics=EppMetrics(gw.metrics.registry),
+            away=gw.tool_calls,
         )
         self.health = _Health(self)
         self.server: grpc.aio.Server | None = None

@@ -285,3 +285,38 @@ async def test_trailers_end_the_request_body_and_the_response_in_full_duplex() -
         assert (await client._read(call)).WhichOneof("response") == "response_trailers"
         await wait_until(lambda: leases_released(picker), message="released at the trailers")
         assert _prompt_tokens(picker) == 7  # the usage the body carried
+
+
+@pytest.mark.parametrize("mode", ["buffered", "full_duplex"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_ending_in_a_tool_call_is_booked_away_through_the_picker(
+    mode: str, stream: bool
+) -> None:
+    """As through the built-in proxy: the attempt's end books the session away (its KV
+    reserved on its worker), and its next request, picked, brings it back."""
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+    session = {"session_id": "agent-7"}
+    async with (
+        worker_fleet(2) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker, mode, chunk=32) as client,  # type: ignore[arg-type]
+    ):
+        plane = picker.gateway.tool_calls
+        assert plane is not None
+        calls = await client.request(
+            chat("agent " * 100, stream=stream, tools=tools, tool_choice="required"),
+            headers=session,
+        )
+        assert calls.status == 200 and b"tool_calls" in calls.body
+        await wait_until(lambda: plane.bookings == 1, message="the session booked away")
+        away = plane.book.get("agent-7")
+        assert away is not None and away.worker == "http://" + calls.served
+        reserved = {w.id: w.routed.kv_reserved_tokens for w in picker.gateway.pool}
+        assert reserved[away.worker] == away.kv_tokens > 0
+        back = await client.request(
+            chat("agent " * 100, stream=stream, tools=tools, tool_choice="none"), headers=session
+        )
+        assert back.status == 200 and back.served == calls.served
+        await wait_until(lambda: leases_released(picker), message="released")
+        assert plane.returns == 1 and plane.book.get("agent-7") is None
+        assert sum(w.routed.kv_reserved_tokens for w in picker.gateway.pool) == 0

@@ -71,6 +71,7 @@ from kvgate.gateway.dataplane.relay import (
     REASON_HEADER,
     VERSION_HEADER,
     WORKER_HEADER,
+    AwaySessions,
     Outcome,
     Relay,
     public_worker_name,
@@ -129,7 +130,10 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
         settings: PickerSettings,
         *,
         metrics: EppMetrics | None = None,
+        away: AwaySessions | None = None,
     ) -> None:
+        self.away = away
+        """Sessions away on a tool call: told of each session's request (``None``: none)."""
         self.router = router
         self.pool = pool
         self.relay = relay
@@ -381,6 +385,8 @@ class _Stream:
             if len(excluded) == len(server.pool):
                 raise NoHealthyWorkerError("no endpoint of the proxy's subset is eligible")
         self.features = features
+        if server.away is not None:
+            server.away.returned(features.session_key)  # back from a tool call, if away
         looked = await router.lookup(features)
         attempt = await router.place(features, looked, excluded, started=self.started)
         picked = PickedRequest(

@@ -23,6 +23,7 @@ from kvgate.gateway.dataplane.usage import (
     StreamTap,
     Usage,
     UsageStripper,
+    ends_in_tool_call,
     usage_from_body,
 )
 from kvgate.gateway.observe.pool import Worker
@@ -155,6 +156,7 @@ class PickedRequest:
         outcome.answered = outcome.status < 400
         if usage is not None:
             self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+        self._tool_call()
         self.attempt.completed()
         self._record()
         if usage is not None:
@@ -171,8 +173,21 @@ class PickedRequest:
             self.relay.metrics.client_disconnects.labels(self.features.model).inc()
         else:
             self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+        self._tool_call()
         self.attempt.cancelled()
         self._record()
+
+    def _tool_call(self) -> None:
+        """Tell the attempt when the answer ended its turn calling a tool: its end books the
+        session away (``core.toolcalls.leaves_away``), as on the built-in proxy."""
+        if self.outcome.status >= 300:
+            return
+        if self._tap is not None:  # a stream: every chunk went through the tap
+            called = self._tap.tool_call()
+        else:
+            called = ends_in_tool_call(bytes(self._body))
+        if called:
+            self.attempt.tool_call()
 
     def _usage(self) -> Usage | None:
         if self._stripper is not None and self._stream and self._stripper.usage is not None:
