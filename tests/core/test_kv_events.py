@@ -8,6 +8,7 @@ import pytest
 
 from kvgate.core.exact_index import ExactIndex, ExactIndexConfig
 from kvgate.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Follower, Offer
+from kvgate.core.policy import Resident
 from kvgate.engine.blocks import chain_hashes
 
 
@@ -133,3 +134,39 @@ def test_the_kv_gate_counts_a_tokenized_prompt_by_its_tokens() -> None:
     assert kv_demand_tokens(plain, config) == 4000 // int(config.chars_per_token) + 10
     assert kv_demand_tokens(counted, config) == 500 + 10
     assert kv_demand_tokens(counted, config, shared_chars=2000) == 250 + 10
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_match_groups_name_each_holder_once_at_its_depth(seed: int) -> None:
+    rng = random.Random(seed)
+    index = ExactIndex()
+    keys = chain_hashes(list(range(16 * 64)), 16)
+    for w in range(rng.randrange(1, 70)):
+        depth = rng.choice([0, 64, 32, rng.randrange(65)])
+        index.store(f"w{w}", keys[:depth], keys[:depth], 16)
+    for _ in range(2):  # the second time from the remembered holder sets
+        groups = index.match_groups(keys)
+        named = [w for _, workers in groups for w in workers]
+        assert len(named) == len(set(named))
+        assert {w: d for d, workers in groups for w in workers} == index.match(keys)
+    index.remove_worker("w0")
+    index.track("new")  # takes w0's bit: the remembered sets must not name w0
+    index.store("new", keys[:5], keys[:5], 16)
+    held = {w for _, workers in index.match_groups(keys) for w in workers}
+    assert "w0" not in held
+    assert index.match(keys)["new"] == 5
+
+
+def test_held_token_groups_hash_once_per_block_size() -> None:
+    index = ExactIndex()
+    tokens = list(range(256))
+    index.store("a", *[chain_hashes(tokens[:64], 16)] * 2, 16)
+    index.store("b", *[chain_hashes(tokens[:128], 32)] * 2, 32)
+    index.store("c", *[chain_hashes(tokens[:64], 16)] * 2, 16)
+    groups = index.held_token_groups(tokens)
+    assert sorted((n, sorted(ws)) for n, ws in groups) == [(64, ["a", "c"]), (128, ["b"])]
+    assert index.held_tokens(tokens) == {"a": 64, "b": 128, "c": 64}
+    resident = Resident.of_tokens(groups, 256, 1000, {"a", "b", "c"})
+    assert resident.chars == {"a": 250, "b": 500, "c": 250}  # int(held * 1000 / 256)
+    assert resident.groups is not None
+    assert sorted(resident.groups) == [(250, ("a", "c")), (500, ("b",))]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kvgate.core.chain import pieces_chain_hashes
 from kvgate.core.exact_index import ExactIndex
@@ -111,21 +110,23 @@ def exact_decision(
     chars = sum(map(len, pieces))
     picks = [rng.choice(prompts) for _ in range(64)]
     exact = frozenset(ids)
-    state: dict[str, Any] = {"n": 0}
+    chains = {id(p): chain_hashes(p, block_size) for p in picks}  # hashed with the tokens
+    # Each request's features come with its tokens, before the decision (not timed).
+    tokens_of = [tuple(p) for p in picks]
+    requests = [
+        (request_features(f"r{n}", "m", prefix_hashes=hashes, prompt_chars=chars,
+                          token_ids=tokens_of[n % len(picks)]), picks[n % len(picks)])
+        for n in range(2 * runs + 2)
+    ]  # fmt: skip
+    state = {"n": 0}
 
     def request() -> tuple[RequestFeatures, list[int]]:
         state["n"] += 1
-        tokens = picks[state["n"] % len(picks)]
-        features = request_features(f"r{state['n']}", "m", prefix_hashes=hashes,
-                                    prompt_chars=chars, token_ids=tuple(tokens))  # fmt: skip
-        return features, tokens
-
-    chains = {id(p): chain_hashes(p, block_size) for p in picks}  # hashed with the tokens
+        return requests[state["n"] % len(requests)]
 
     def resident(features: RequestFeatures, chain: list[int]) -> Resident:
-        per = features.prompt_chars / len(features.token_ids)
-        held = index.match(chain)
-        return Resident({w: int(d * block_size * per) for w, d in held.items()}, exact)
+        held = [(depth * block_size, w) for depth, w in index.match_groups(chain)]
+        return Resident.of_tokens(held, len(features.token_ids), features.prompt_chars, exact)
 
     def hashing() -> None:
         chain_hashes(picks[0], block_size)

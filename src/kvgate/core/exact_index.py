@@ -40,6 +40,9 @@ from kvgate.types import BlockHash, WorkerId
 
 EngineHash = int | bytes
 
+_MASKS = 4096
+"""Holder sets remembered with their workers (``ExactIndex._of_mask``) before starting over."""
+
 
 class ExactIndexConfig(BaseModel):
     """Size bounds of the exact index.
@@ -77,6 +80,9 @@ class ExactIndex:
         self._workers: dict[WorkerId, _Worker] = {}
         self._by_bit: list[WorkerId | None] = []
         self._holders: dict[BlockHash, int] = {}
+        # Holder bitmask -> its workers, as lookups met them (a fleet's chains end on
+        # few distinct sets: every worker, a group's few), forgotten when a bit changes.
+        self._masks: dict[int, tuple[WorkerId, ...]] = {}
         self.orphans = 0
         """Stored blocks whose parent the index did not know (events missed): not keyed."""
         self.ignored = 0
@@ -97,6 +103,7 @@ class ExactIndex:
             bit = len(self._by_bit)
             self._by_bit.append(worker)
         self._workers[worker] = _Worker(bit)
+        self._masks.clear()
 
     def tracks(self, worker: WorkerId) -> bool:
         """Whether the index answers for ``worker`` (it publishes events)."""
@@ -112,6 +119,7 @@ class ExactIndex:
         state = self._workers.pop(worker, None)
         if state is not None:
             self._by_bit[state.bit] = None
+            self._masks.clear()
 
     def blocks(self, worker: WorkerId) -> int:
         """Blocks ``worker`` holds by its events (its KV use between scrapes)."""
@@ -255,7 +263,15 @@ class ExactIndex:
 
     def match(self, chain: Sequence[BlockHash]) -> dict[WorkerId, int]:
         """For every tracked worker holding the chain's first block: how many leading
-        blocks it holds (``chain``: keys at that worker's block size).
+        blocks it holds (``chain``: keys at that worker's block size)."""
+        result: dict[WorkerId, int] = {}
+        for depth, workers in self.match_groups(chain):
+            result.update(dict.fromkeys(workers, depth))
+        return result
+
+    def match_groups(self, chain: Sequence[BlockHash]) -> list[tuple[int, tuple[WorkerId, ...]]]:
+        """``match``'s answer by depth: ``(blocks held, the workers holding that many)``,
+        each worker once, deepest last.
 
         Engines evict a chain's blocks tail first (vLLM frees a request's blocks last
         to first into its LRU queue, and a block in use holds its whole prefix in use;
@@ -263,12 +279,13 @@ class ExactIndex:
         prefix of it. The walk gallops over blocks where the set of workers still
         holding does not change, and bisects where it does: some ``2 log n`` probes
         per worker whose chain ends, not one per block (a 4k-token prompt is 256
-        blocks of 16 tokens).
+        blocks of 16 tokens). Workers are told by set, not one by one: a fleet whose
+        64 workers all hold a shared opening costs one entry, not 64.
         """
         n = len(chain)
         get = self._holders.get
         alive = get(chain[0], 0) if n else 0
-        result: dict[WorkerId, int] = {}
+        groups: list[tuple[int, tuple[WorkerId, ...]]] = []
         last = 0  # every worker in ``alive`` holds blocks 0..last
         while alive:
             step = 1
@@ -291,21 +308,33 @@ class ExactIndex:
                 else:
                     high = mid
             kept = alive & get(chain[high], 0)
-            self._record(alive & ~kept, high, result)
+            groups.append((high, self._of_mask(alive & ~kept)))
             alive = kept
             last = high
-        self._record(alive, last + 1, result)
-        return result
+        if alive:
+            groups.append((last + 1, self._of_mask(alive)))
+        return groups
 
     def held_tokens(self, tokens: Sequence[int]) -> dict[WorkerId, int]:
         """For every tracked worker: leading tokens of ``tokens`` its cache holds."""
-        sizes = {state.block_size for state in self._workers.values() if state.block_size}
         result: dict[WorkerId, int] = {}
-        for size in sizes:
-            for worker, depth in self.match(chain_hashes(tokens, size)).items():
-                if self._workers[worker].block_size == size:
-                    result[worker] = depth * size
+        for held, workers in self.held_token_groups(tokens):
+            result.update(dict.fromkeys(workers, held))
         return result
+
+    def held_token_groups(self, tokens: Sequence[int]) -> list[tuple[int, tuple[WorkerId, ...]]]:
+        """``held_tokens`` by count (``match_groups``): ``(leading tokens held, the
+        workers holding that many)``; the prompt is hashed once per block size."""
+        states = self._workers
+        sizes = {state.block_size for state in states.values() if state.block_size}
+        groups = []
+        for size in sizes:
+            for depth, holding in self.match_groups(chain_hashes(tokens, size)):
+                workers = holding
+                if len(sizes) > 1:
+                    workers = tuple(w for w in holding if states[w].block_size == size)
+                groups.append((depth * size, workers))
+        return groups
 
     def depth(self, worker: WorkerId, chain: Sequence[BlockHash]) -> int:
         """Leading blocks of ``chain`` that ``worker`` holds."""
@@ -320,12 +349,19 @@ class ExactIndex:
             n += 1
         return n
 
-    def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
-        """Workers of ``mask`` hold ``depth`` blocks."""
-        by_bit = self._by_bit
-        while mask:
-            low = mask & -mask
+    def _of_mask(self, mask: int) -> tuple[WorkerId, ...]:
+        """The tracked workers of a holder bitmask (remembered: masks recur)."""
+        workers = self._masks.get(mask)
+        if workers is not None:
+            return workers
+        by_bit, found, rest = self._by_bit, [], mask
+        while rest:
+            low = rest & -rest
             worker = by_bit[low.bit_length() - 1]
             if worker is not None:
-                result[worker] = depth
-            mask ^= low
+                found.append(worker)
+            rest ^= low
+        if len(self._masks) >= _MASKS:
+            self._masks.clear()
+        workers = self._masks[mask] = tuple(found)
+        return workers

@@ -8,7 +8,7 @@ default to doing nothing. The driver (live gateway or simulator) calls them.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +34,30 @@ class Resident:
 
     chars: Mapping[WorkerId, int]
     exact: Collection[WorkerId]
+    groups: tuple[tuple[int, tuple[WorkerId, ...]], ...] | None = None
+    """``chars`` by count, where the driver had it so: ``(chars held, the workers holding
+    that many)``, each worker once (a lookup's few depths, not one entry a worker)."""
+
+    @classmethod
+    def of_tokens(
+        cls,
+        groups: Iterable[tuple[int, Iterable[WorkerId]]],
+        prompt_tokens: int,
+        prompt_chars: int,
+        exact: Collection[WorkerId],
+    ) -> Resident:
+        """From the exact index's answer by count (``ExactIndex.held_token_groups``:
+        leading tokens held, the workers holding that many), in the prompt's characters
+        (``prompt_chars`` over ``prompt_tokens`` a token): one conversion a count."""
+        per_token = prompt_chars / prompt_tokens if prompt_tokens else 0.0
+        chars: dict[WorkerId, int] = {}
+        by_chars = []
+        for held, workers in groups:
+            held_chars = min(prompt_chars, int(held * per_token))
+            ws = tuple(workers)
+            chars.update(dict.fromkeys(ws, held_chars))
+            by_chars.append((held_chars, ws))
+        return cls(chars, exact, tuple(by_chars))
 
 
 @dataclass(frozen=True, slots=True)

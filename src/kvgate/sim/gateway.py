@@ -249,14 +249,11 @@ class SimGateway:
         feed.pump(now)  # idle probes
         if waiter.blocks is None:
             waiter.blocks = self.codec.engine_blocks(waiter.request.segments)
-        request, features = waiter.request, waiter.features
-        per_token = features.prompt_chars / request.prompt_tokens if request.prompt_tokens else 0.0
         size = self.codec.block_size
-        chars = {
-            w: min(features.prompt_chars, int(depth * size * per_token))
-            for w, depth in feed.index.match(waiter.blocks).items()
-        }
-        return Resident(chars, frozenset(feed.index.workers()))
+        groups = [(depth * size, ws) for depth, ws in feed.index.match_groups(waiter.blocks)]
+        prompt = waiter.request.prompt_tokens
+        exact = frozenset(feed.index.workers())
+        return Resident.of_tokens(groups, prompt, waiter.features.prompt_chars, exact)
 
     def _enqueue(self, waiter: _Waiter, verdict: Queue | Hold, now: Seconds) -> None:
         self._note_wait(waiter, verdict, now)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.claims import ClaimTrust
+from kvgate.core.policies.claims import ClaimTrust, exact_matches
+from kvgate.core.policies.running import RunningBlocks
+from kvgate.core.policy import Resident
+from kvgate.types import WorkerId
 
 
 @pytest.mark.parametrize(
@@ -69,3 +72,34 @@ def test_pending_placements_are_bounded() -> None:
     assert trust.trust == 0.0
     trust.note_usage("r4", "a", 1_000, 250, 250)
     assert trust.trust == pytest.approx(0.1)
+
+
+def test_exact_matches_read_the_same_by_count_as_by_worker() -> None:
+    chars = {WorkerId(f"w{i}"): (i % 3) * 600 for i in range(9)}
+    exact = frozenset(chars) | {WorkerId("idle")}
+    flat = Resident(chars, exact)
+    by_count: dict[int, list[WorkerId]] = {}
+    for worker, held in chars.items():
+        by_count.setdefault(held, []).append(worker)
+    grouped = Resident(chars, exact, tuple((n, tuple(ws)) for n, ws in by_count.items()))
+    found = {WorkerId("w1"): 7, WorkerId("other"): 2, WorkerId("idle"): 4}
+    expected = {WorkerId("other"): 2} | {w: min(n // 256, 3) for w, n in chars.items() if n >= 256}
+    for resident in (flat, grouped):
+        assert exact_matches(found, resident, lambda n: n // 256, 3) == expected
+
+
+def test_shared_depths_name_only_busy_workers_sharing_the_chain() -> None:
+    running = RunningBlocks()
+    running.add(WorkerId("a"), [1, 2, 3])
+    running.add(WorkerId("b"), [1, 2, 9])
+    running.add(WorkerId("c"), [7, 8])
+    running.add(WorkerId("d"), [1])
+    running.remove(WorkerId("d"), [1])
+    among = {WorkerId("a"), WorkerId("c"), WorkerId("d")}
+    assert dict(running.shared_depths([1, 2, 3, 4], among)) == {"a": 3}
+    assert dict(running.shared_depths([1, 2, 3, 4], among | {WorkerId("b")})) == {"a": 3, "b": 2}
+    assert dict(running.shared_depths([], among)) == {}
+    for w in ("a", "b", "c", "d"):
+        assert running.shared_depth(WorkerId(w), [1, 2, 3, 4]) == dict(
+            running.shared_depths([1, 2, 3, 4], {WorkerId(w)})
+        ).get(w, 0)

@@ -126,8 +126,14 @@ def exact_matches(
     characters into the whole blocks they cover; no claim exceeds ``blocks``."""
     exact = resident.exact
     matches = {w: d for w, d in found.items() if w not in exact}
-    for worker, chars in resident.chars.items():
+    groups = resident.groups
+    if groups is None:  # workers hold a chain to few depths: one conversion a depth
+        by_chars: dict[int, list[WorkerId]] = {}
+        for worker, chars in resident.chars.items():
+            by_chars.setdefault(chars, []).append(worker)
+        groups = tuple((chars, tuple(ws)) for chars, ws in by_chars.items())
+    for chars, workers in groups:
         depth = depth_within(chars)
         if depth:
-            matches[worker] = depth if depth < blocks else blocks
+            matches.update(dict.fromkeys(workers, depth if depth < blocks else blocks))
     return matches

@@ -48,9 +48,7 @@ class Residency(PrefixLearning):
             return found
         self._told = (request.request_id, resident.exact)
         found = exact_matches(found, resident, self.index.depth_within, len(hashes))
-        running = self._queues.running
-        for worker in resident.exact:
-            depth = running.shared_depth(worker, hashes)
+        for worker, depth in self._queues.running.shared_depths(hashes, resident.exact):
             if depth > found.get(worker, 0):
                 found[worker] = depth
         return found

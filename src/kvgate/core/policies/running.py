@@ -10,7 +10,7 @@ less everything the worker has cached.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Iterator, Sequence
 
 from kvgate.types import BlockHash, WorkerId
 
@@ -55,6 +55,24 @@ class RunningBlocks:
                 break
             depth += 1
         return depth
+
+    def shared_depths(
+        self, hashes: Sequence[BlockHash], among: Container[WorkerId]
+    ) -> Iterator[tuple[WorkerId, int]]:
+        """``shared_depth`` for each worker of ``among`` some request in flight on which
+        shares a block with ``hashes`` (workers sharing none are left out): one look
+        at the first block a busy worker, none an idle one."""
+        if not hashes:
+            return
+        first = hashes[0]
+        for worker, counts in self._counts.items():
+            if first in counts and worker in among:
+                depth = 1
+                for h in hashes[1:]:
+                    if h not in counts:
+                        break
+                    depth += 1
+                yield worker, depth
 
     def forget(self, worker: WorkerId) -> None:
         """Drop what ``worker`` holds (it left the fleet)."""

@@ -98,12 +98,9 @@ class EngineCaches:
         if not self._subscribers or not features.token_ids:
             return None
         tokens = features.token_ids
-        per_token = features.prompt_chars / len(tokens)
-        chars = {
-            worker: min(features.prompt_chars, int(held * per_token))
-            for worker, held in self.index.held_tokens(tokens).items()
-        }
-        return Resident(chars, self._subscribers.keys())
+        groups = self.index.held_token_groups(tokens)
+        exact = self._subscribers.keys()
+        return Resident.of_tokens(groups, len(tokens), features.prompt_chars, exact)
 
 
 _KV_EVENT_COUNTERS = (
