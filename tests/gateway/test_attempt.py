@@ -169,12 +169,16 @@ async def test_a_client_leaving_mid_stream_cancels_the_attempt_once() -> None:
 
 
 async def client_leaves_mid_stream(gw: GatewayHandle) -> None:
-    """Read the head and a first chunk of a long stream, then go away."""
+    """Read the head and a long stream's first token, then go away (the role chunk the
+    worker opens with is not a token: ``usage.opening_only``)."""
     body = chat("leaver", stream=True, max_tokens=2000)
     async with aiohttp.ClientSession() as session:
         resp = await session.post(gw.openai_base + "/chat/completions", json=body)
         assert resp.status == 200
-        await resp.content.readany()
+        line = b""
+        while b'"content":"' not in line or b'"content":""' in line:
+            line = await asyncio.wait_for(resp.content.readline(), 30)
+            assert line, "the stream ended before its first token"
         resp.close()
     await asyncio.sleep(0)
 

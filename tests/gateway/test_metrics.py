@@ -133,7 +133,9 @@ async def test_latency_histograms_and_decisions_are_labelled_by_worker(
         stream = await client.chat.completions.create(
             model="demo",
             messages=[{"role": "user", "content": "count to ten"}],
-            max_tokens=12,
+            # Long enough that its tokens come in several chunks past the first token (the
+            # worker fuses a few milliseconds of decode steps into one chunk).
+            max_tokens=400,
             stream=True,
         )
         chunks = [c async for c in stream]

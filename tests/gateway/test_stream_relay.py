@@ -16,9 +16,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policies.round_robin import RoundRobin
+from kvgate.core.speed import Observation
+from kvgate.gateway.dataplane.usage import opening_only
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.gateway.upstream import http1
 from kvgate.testing import wait_until
+from kvgate.types import Seconds, WorkerId
 
 pytestmark = pytest.mark.usefixtures("both_servers")
 
@@ -181,3 +186,93 @@ async def test_a_client_gone_mid_stream_drops_the_worker_connection() -> None:
         (worker,) = list(gw.gateway.pool)
         assert worker.in_flight == 0
     assert sent[0] < FLOOD_EVENTS
+
+
+class _Told(RoundRobin):
+    """Round robin that records the first tokens and TTFTs it is told of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_tokens: list[str] = []
+        self.ttfts: list[float | None] = []
+
+    def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        self.first_tokens.append(request.request_id)
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        self.ttfts.append(observed.ttft)
+
+
+async def test_a_chat_streams_opening_role_chunk_is_not_its_first_token() -> None:
+    # An engine (the emulated worker, some servers) sends the role at once, the first
+    # token after the prefill: the TTFT the policy learns from is the latter's.
+    release = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        opening = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+        await response.write(b"data: " + opening + b"\n\n")
+        await asyncio.wait_for(release.wait(), STEP_S)
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+        usage = b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
+        await response.write(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    policy = _Told()
+    config = {
+        "workers": [{"url": f"http://127.0.0.1:{runner.addresses[0][1]}"}],
+        "health": {"interval_s": 0.1, "timeout_s": 2.0},
+    }
+    try:
+        async with (
+            running_gateway(config, policy=policy) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            await wait_until(gw.gateway.ready, message="the worker is up")
+            body = {"model": "demo", "messages": [{"role": "user", "content": "x"}], "stream": True}
+            async with session.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                line = await asyncio.wait_for(resp.content.readline(), STEP_S)
+                assert b'"role"' in line
+                assert policy.first_tokens == []  # the opening went through, no token yet
+                release.set()
+                rest = await asyncio.wait_for(resp.content.read(), STEP_S)
+            assert b"[DONE]" in rest
+            await wait_until(lambda: bool(policy.ttfts), message="the attempt ended")
+    finally:
+        await runner.cleanup()
+    assert len(policy.first_tokens) == 1
+    assert policy.ttfts[0] is not None and policy.ttfts[0] > 0.0
+
+
+@pytest.mark.parametrize(
+    ("chunk", "opening"),
+    [
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n', True),
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n', True),
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"A"}}]}\n\n', False),
+        (b'data: {"choices":[{"index":0,"delta":{"content":"A"}}]}\n\n', False),
+        (b'data: {"choices":[{"index":0,"text":"role"}]}\n\n', False),
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":"stop"}]}\n\n',
+         False),
+        (b'event: message_start\ndata: {"type":"message_start","message":{"role":"assistant"}}\n\n'
+         b'event: ping\ndata: {"type":"ping"}\n\n', True),
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assi', False),  # cut: a token
+        (b"data: [DONE]\n\n", False),
+    ],
+)  # fmt: skip
+def test_opening_only_tells_the_opening_from_a_token(chunk: bytes, opening: bool) -> None:
+    assert opening_only(chunk) is opening

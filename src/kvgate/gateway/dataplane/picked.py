@@ -24,6 +24,7 @@ from kvgate.gateway.dataplane.usage import (
     Usage,
     UsageStripper,
     ends_in_tool_call,
+    opening_only,
     usage_from_body,
 )
 from kvgate.gateway.observe.pool import Worker
@@ -129,9 +130,11 @@ class PickedRequest:
         if not data:
             return
         now = time.monotonic()
-        self.attempt.token(now)
         outcome = self.outcome
-        if outcome.ttft is None:
+        if outcome.ttft is not None:
+            self.attempt.token(now)
+        elif not (self._stream and opening_only(data)):  # the first token, not the opening
+            self.attempt.token(now)
             outcome.ttft = now - self.started
         if self._stream:
             outcome.last_chunk = now - self.started

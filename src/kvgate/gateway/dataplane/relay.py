@@ -34,6 +34,7 @@ from kvgate.gateway.dataplane.usage import (
     Usage,
     UsageStripper,
     ends_in_tool_call,
+    opening_only,
     usage_from_body,
 )
 from kvgate.gateway.observe.logs import AccessLog, AccessRecord
@@ -257,6 +258,7 @@ class Relay:
         # the chunks straight from the upstream connection (no task wake per chunk).
         token = attempt.state.token
         pump = _Pump(request, stripper, tap, token) if request.writes_now else None
+        opening = True  # no chunk yet (the first names the answer: ``_remember_answer``)
         try:
             while True:
                 chunk = upstream.take()
@@ -277,11 +279,15 @@ class Relay:
                 if not chunk:
                     break
                 last = clock()
-                token(last)
-                if outcome.ttft is None:
-                    outcome.ttft = last - started
-                    if outcome.answer_key is not None:
+                if outcome.ttft is not None:
+                    token(last)
+                else:
+                    if opening and outcome.answer_key is not None:
                         await self._remember_answer(chunk, attempt, outcome.answer_key)
+                    opening = False
+                    if not opening_only(chunk):  # the first token: the policy hears it
+                        attempt.token(last)
+                        outcome.ttft = last - started
                 data = stripper.feed(chunk) if stripper is not None else chunk
                 if not data:
                     continue

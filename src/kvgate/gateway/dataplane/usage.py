@@ -70,6 +70,43 @@ def usage_from(payload: object) -> Usage | None:
     return Usage(prompt, completion, cached if isinstance(cached, int) else 0)
 
 
+_OPENING_TYPES = frozenset({"message_start", "content_block_start", "ping"})
+"""The Messages API's events before its first token."""
+
+
+def opening_only(chunk: bytes) -> bool:
+    """True when ``chunk`` holds only events sent before the first token: a chat stream's
+    opening ``delta`` with the role and no content (the emulated worker sends it at once,
+    as some servers do), the Messages API's ``message_start``. Such a chunk is not the
+    time to first token. Anything else, or an event cut across chunks, is a token."""
+    if b'"role"' not in chunk and b"message_start" not in chunk and b"ping" not in chunk:
+        return False  # the common chunk, read without decoding
+    seen = False
+    for line in chunk.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            return False
+        if not isinstance(event, dict):
+            return False
+        if event.get("type") in _OPENING_TYPES:
+            seen = True
+            continue
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return False
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict) or choice.get("finish_reason") is not None:
+                return False
+            if any(v for k, v in delta.items() if k != "role"):
+                return False
+        seen = True
+    return seen
+
+
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _DECODER = json.JSONDecoder()
 
