@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import random
+import statistics
 
 import pytest
 
@@ -79,10 +81,10 @@ def test_a_new_worker_gets_the_fleets_estimate() -> None:
 
 def test_queue_ahead_counts_what_has_not_started_and_the_engines_others() -> None:
     model = FleetSpeed(PRIOR)
-    model.sent("a", "w", 0.0, 12_000)  # one second of prefill ahead
-    assert model.queue("w", 0.5) == (12_000, 0)
+    model.sent("a", "w", 0.0, 12_000)  # one second of prefill ahead, half done at 0.5
+    assert model.queue("w", 0.5) == (pytest.approx(6_000), 0)
     alone = PRIOR.ttft(1200, 0)
-    assert model.predict("w", 1200, 0.5) == pytest.approx(PRIOR.ttft(13_200, 0))
+    assert model.predict("w", 1200, 0.5) == pytest.approx(PRIOR.ttft(7_200, 0))
     model.first_token("a", 0.6)
     assert model.queue("w", 0.7) == (0, 1)
     assert model.predict("w", 1200, 0.7) == pytest.approx(PRIOR.ttft(1200, 1))
@@ -114,3 +116,54 @@ def test_queued_requests_teach_the_per_token_rate() -> None:
             model.observed(rid, done - now)
         now = done + 1.0
     assert close(model.speed("w").prefill_s, truth.prefill_s, 0.15)
+
+
+def test_the_queue_ahead_drains_at_the_workers_rate_and_restarts_at_each_first_token() -> None:
+    """An engine prefills its queue as it comes: a request sent while another is half done
+    waits for the other half only. A first token later than the drain says means the rest
+    is still all to do."""
+    model = FleetSpeed(PRIOR)
+    model.sent("a", "w", 0.0, 6_000)  # half a second
+    model.sent("b", "w", 0.25, 1_200)  # a quarter second of a's left
+    assert model.queue("w", 0.25) == (pytest.approx(3_000 + 1_200), 0)
+    assert model.queue("w", 10.0)[0] == 0.0  # all drained by the rate (and past b's start)
+    model = FleetSpeed(PRIOR)
+    model.sent("a", "w", 0.0, 6_000)
+    model.sent("b", "w", 0.0, 6_000)
+    model.first_token("a", 1.5)  # the worker is slower than thought: b is all still to do
+    assert model.queue("w", 1.5) == (pytest.approx(6_000), 1)
+    assert model.predict("w", 1_200, 1.5) == pytest.approx(PRIOR.ttft(7_200, 1))
+
+
+def serve_fcfs(truth: Speed, rng: random.Random, n: int, model: FleetSpeed) -> list[float]:
+    """Poisson arrivals at a worker that prefills one request after another (first come,
+    first served, at ``truth``'s rate; its overhead on top, not holding the worker), each
+    event told in time order: each prediction's relative error, in order."""
+    now = free = 0.0
+    errors = []
+    pending: list[tuple[float, str, float, int]] = []  # first token at, id, sent at, tokens
+
+    def until(t: float) -> None:
+        while pending and pending[0][0] <= t:
+            first, rid, at, tokens = heapq.heappop(pending)
+            model.first_token(rid, first)
+            model.ended(rid, tokens, 0)
+            model.observed(rid, first - at)
+
+    for i in range(n):
+        now += rng.expovariate(1.0 / 0.15)  # ~60% busy at ~1,100 tokens a request
+        until(now)
+        tokens = rng.randint(200, 2_000)
+        predicted = model.sent(f"r{i}", "w", now, tokens)
+        free = max(free, now) + truth.prefill_s * tokens
+        first = free + truth.overhead_s
+        heapq.heappush(pending, (first, f"r{i}", now, tokens))
+        errors.append(abs(predicted - (first - now)) / (first - now))
+    until(float("inf"))
+    return errors
+
+
+def test_predicts_a_busy_fcfs_worker_within_a_few_percent_once_warm() -> None:
+    truth = Speed(overhead_s=0.02, prefill_s=1 / 8_000, decode_s=0.0)
+    errors = serve_fcfs(truth, random.Random(5), 300, FleetSpeed(PRIOR))
+    assert statistics.median(errors[100:]) < 0.05

@@ -13,8 +13,12 @@ observation weighted by 1 / its predicted TTFT, since TTFTs span orders of magni
 outliers clipped to ``clip`` times the running error scale (Huber): a stall of one request
 cannot drag the estimate, a worker that slows down moves it within a few dozen requests.
 
-What is queued ahead is this model's own book of the requests sent (``sent``): those sent
-earlier to the same worker and not yet at their first token when this one was sent. Their
+What is queued ahead is this model's own book of the requests sent (``sent``): the uncached
+tokens of those sent earlier to the same worker and not yet at their first token, less what
+the worker has prefilled of them since: the engine works through its queue as it comes
+(chunked prefill: the head of the queue is part done when the next request arrives), so the
+book drains at the worker's learned prefill rate from each send, and starts over from what
+is still unstarted at each first token (everything sent before it is done, in order). Their
 uncached tokens are the caller's guess at send time and the truth from ``usage`` once they
 end. Where the engine reports its own queue (``waiting``, ``running`` from a scrape), the
 others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
@@ -90,7 +94,8 @@ class _Sent:
     uncached: float  # the guess at send; usage's truth when it ends
     predicted: Seconds
     ahead: tuple[str, ...]  # requests not at their first token when it was sent (up to 32)
-    queued: float  # their uncached tokens as guessed then (all of them)
+    guessed: float  # their uncached tokens as guessed then (all of them)
+    queued: float  # what of them was still to prefill (``_Book.ahead``)
     waiting: int  # how many they were
     running: int
     started: bool = False  # at its first token, or past its predicted time
@@ -107,6 +112,14 @@ class _Book:
     tokens: float = 0.0
     unstarted: int = 0
     fit: _Fit | None = None  # the worker's fit, once it has one
+    backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
+    as_of: float = 0.0
+
+    def ahead(self, now: Seconds, prefill_s: float) -> float:
+        """Uncached tokens still to prefill at ``now``: the backlog drained at ``prefill_s``
+        seconds a token since ``as_of``, at most the unstarted requests' tokens."""
+        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
+        return min(self.tokens, left) if left > 0.0 else 0.0
 
     def start(self, sent: _Sent) -> None:
         if not sent.started:
@@ -185,14 +198,16 @@ class FleetSpeed:
         return self._fleet
 
     def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:
-        """This replica's book of ``worker`` at ``now``: uncached tokens not yet at their
-        first token (past its predicted time a request counts as started), and the rest
-        of its requests in flight (decoding)."""
+        """This replica's book of ``worker`` at ``now``: uncached tokens still to prefill
+        (of requests not yet at their first token, past its predicted time a request counts
+        as started; drained at the worker's rate), and the rest of its requests in flight
+        (decoding)."""
         book = self._books.get(worker)
         if book is None:
             return 0.0, 0
         book.settle(now)
-        return book.tokens, len(book.sent) - book.unstarted
+        ahead = book.ahead(now, self.speed(worker).prefill_s) if book.unstarted else 0.0
+        return ahead, len(book.sent) - book.unstarted
 
     def predict(
         self,
@@ -219,13 +234,14 @@ class FleetSpeed:
             starts = book.starts
             if starts and starts[0][0] <= now:
                 book.settle(now)
-            tokens, unstarted = book.tokens, book.unstarted
-            decoding = len(book.sent) - unstarted
             fit = book.fit
             if fit is not None:
                 mean = fit.uncached
                 if fit.n >= self._warm and fit.speed is not None:
                     speed = fit.speed
+            unstarted = book.unstarted
+            tokens = book.ahead(now, speed.prefill_s) if unstarted else 0.0
+            decoding = len(book.sent) - unstarted
         decoding = max(decoding, in_flight - unstarted)
         ahead = unstarted
         if waiting is not None and waiting + (running or 0) > decoding + unstarted:
@@ -264,11 +280,15 @@ class FleetSpeed:
         running = len(book.sent) - waiting
         predicted = self.predict(worker, uncached, at)
         uncached = max(uncached, 0.0)
-        sent = _Sent(worker, at, uncached, predicted, ahead, book.tokens, waiting, running)
+        queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
+        sent = _Sent(worker, at, uncached, predicted, ahead, book.tokens, queued, waiting, running)
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
         book.unstarted += 1
-        heapq.heappush(book.starts, (at + predicted, request_id))
+        book.backlog, book.as_of = queued + uncached, at
+        # Unreported (a non-streamed answer's first token is its end), it counts as started
+        # past twice its predicted time: a first token reported late still finds it queued.
+        heapq.heappush(book.starts, (at + 2.0 * predicted, request_id))
         while len(self._pending) > self._max_pending:
             self._forget(next(iter(self._pending)))
         return predicted
@@ -277,7 +297,10 @@ class FleetSpeed:
         """``request_id``'s first token arrived at ``at``: it no longer queues ahead of others."""
         sent = self._pending.get(request_id)
         if sent is not None:
-            self._books[sent.worker].start(sent)
+            book = self._books[sent.worker]
+            book.start(sent)
+            # All sent before it are done too: what is left is what is still unstarted.
+            book.backlog, book.as_of = book.tokens, at
 
     def ended(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
         """``request_id`` ended with ``usage``: it leaves the book; ``observed`` may fit it."""
@@ -295,7 +318,9 @@ class FleetSpeed:
         sent = self._done.get(request_id)
         if sent is None or ttft is None or ttft <= 0.0 or not math.isfinite(ttft):
             return
-        ahead = sum(self._tokens(rid) for rid in sent.ahead) if sent.ahead else sent.queued
+        ahead = sent.queued
+        if sent.ahead and sent.guessed > 0.0:  # usage's truth over the guesses, to scale
+            ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
         fit = self._fit(sent.worker)
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
         features = (1.0, ahead + sent.uncached, float(sent.running), float(sent.waiting))
