@@ -12,7 +12,10 @@ slot erased).
 
 Reported per policy: TTFT p50/p99 (all turns and second turns), the cached-token
 ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
-in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker.
+in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker,
+and for a policy that learns each worker's speed (``core.speed``) the median error
+of the TTFT it predicted at each send (issue 46's bar: 35% on llama.cpp). ``--rate``
+sets the session rate (0.1/s: the rate of the runs in docs/benchmarks.md; 4x: 0.4).
 
 ``--engine emulated`` runs the same sessions on kvgate's emulated workers with
 the ``cpu-small`` profile instead (the simulator's engine model, in real time
@@ -104,6 +107,9 @@ class PolicyRun:
     policy: str
     turns: list[Turn] = field(default_factory=list)
     wall_s: float = 0.0
+    learned: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Per worker URL, what the policy learned of its speed (``core.speed``; empty: a policy
+    that learns none): observations, median |predicted - observed| / observed TTFT, rates."""
 
 
 def load_questions(path: Path) -> list[tuple[str, str]]:
@@ -276,6 +282,17 @@ async def run_policy(
                 )
             )
             run.wall_s = time.perf_counter() - started
+        run.learned = {
+            str(worker): {
+                "observations": r.observations,
+                "ttft_error": r.ttft_error,
+                "prefill_tokens_per_s": 1.0 / r.speed.prefill_s if r.speed.prefill_s else None,
+                "overhead_s": r.speed.overhead_s,
+                "decode_s": r.speed.decode_s,
+                "queue_s": r.speed.queue_s,
+            }
+            for worker, r in gateway.gateway.policy.speeds().items()
+        }
     run.turns = [turn for turns in done for turn in turns]
     return run
 
@@ -296,6 +313,7 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         return cached / prompt if prompt else 0.0
 
     served = Counter(t.answer.worker for t in ok)
+    errors = [e for w in run.learned.values() if (e := w["ttft_error"]) is not None]
     return {
         "requests": len(run.turns),
         "errors": len(run.turns) - len(ok),
@@ -311,6 +329,8 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         else 0.0,
         "served": [served.get(url, 0) for url in urls],
         "wall_s": run.wall_s * time_scale,
+        "learned": run.learned,
+        "ttft_error": statistics.median(errors) if errors else None,
         "turns": [
             {
                 "session": t.session,
@@ -416,13 +436,15 @@ def table(results: dict[str, Any]) -> Table:
     )
     out = Table(
         title=title,
-        caption="TTFT in seconds (model seconds for emulated workers); a shared machine is noisy.",
+        caption="TTFT in seconds (model seconds for emulated workers); a shared machine is noisy. "
+        "Prediction error: per worker, the median |predicted - observed| / observed TTFT of the "
+        "policy's learned speed (core.speed), as predicted when each request was sent.",
         title_justify="left",
         caption_justify="left",
     )
     columns = (
         "policy", "done", "errors", "cached", "turn-2 cached", "TTFT p50", "TTFT p99",
-        "turn-2 p50", "turn-2 p99", "served", "wall",
+        "turn-2 p50", "turn-2 p99", "served", "prediction error", "wall",
     )  # fmt: skip
     for column in columns:
         out.add_column(column, justify="left" if column == "policy" else "right")
@@ -438,6 +460,10 @@ def table(results: dict[str, Any]) -> Table:
             _s(s["turn2_ttft_p50"]),
             _s(s["turn2_ttft_p99"]),
             "/".join(str(n) for n in s["served"]),
+            " ".join(
+                "-" if (e := w["ttft_error"]) is None else f"{e:.0%}" for w in s["learned"].values()
+            )
+            or "-",
             f"{s['wall_s']:.0f} s",
         )
     return out

@@ -96,6 +96,11 @@ def _kvgate(policy: str, **options: object) -> Callable[[Launch], list[str]]:
     return argv
 
 
+def kvgate_router(policy: str, **options: object) -> Router:
+    """kvgate serving any registered ``policy`` (with ``options``), started as the others."""
+    return Router(f"kvgate-{policy}", f"kvgate, policy {policy}", _kvgate(policy, **options))
+
+
 def _venv_bin(launch: Launch, command: str) -> str:
     if launch.venv is None:
         raise RuntimeError("this router runs from its own virtualenv, which was not prepared")

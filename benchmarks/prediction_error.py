@@ -1,0 +1,122 @@
+"""Predicted against observed TTFT, live on the emulated fleet, one table per shape (issue 46).
+
+Per scenario and seed (``kvgate.bench.prediction``): a fresh emulated fleet, kvgate in
+front of it, the shape's workload replayed; the gateway's own median |predicted -
+observed| / observed TTFT per worker (``kvgate_worker_ttft_prediction_error_ratio``). The
+bar is 25% per shape. Observed TTFTs are on the gateway's clock: the machine's load is
+printed beside each figure, and ``client/model`` (the clients' TTFT p50 over the
+workers' own model-clock p50) says how much a crowded machine stretched the wall clock.
+
+    .venv/bin/python benchmarks/prediction_error.py                          # six shapes, 1 seed
+    .venv/bin/python benchmarks/prediction_error.py --scenarios uniform-mixed --seeds 500-502
+    .venv/bin/python benchmarks/prediction_error.py --policy ttft --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvgate.bench.prediction import measure, summary
+from kvgate.judge.protocol import parse_seeds
+from kvgate.judge.scenarios import by_names
+
+SHAPES = (
+    "uniform-mixed,groups-16x8-tight,conversation-trace,session-docs,headerless-chat,agent-preamble"
+)
+BAR = 0.25
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def tables(runs: Sequence[dict[str, Any]]) -> list[Table]:
+    """Per shape, a row per run (each worker's error); then the shapes against the bar."""
+    out = []
+    for name in dict.fromkeys(r["scenario"] for r in runs):
+        t = Table(title=f"{name}: |predicted - observed| / observed TTFT, median per worker")
+        for column in ("seed", "workers", "median", "client/model", "lost", "load", "wall"):
+            t.add_column(column, justify="right")
+        for r in (r for r in runs if r["scenario"] == name):
+            ratio = r["client_over_model"]
+            t.add_row(
+                str(r["seed"]),
+                " ".join(_pct(w.get("error")) for w in r["workers"].values()),
+                _pct(r["median_error"]),
+                "-" if ratio is None else f"{ratio:.2f}",
+                f"{r['lost_model_share']:.1%}",
+                f"{r['load_average'][0]:.1f}",
+                f"{r['wall_s']:.0f} s",
+            )
+        out.append(t)
+    t = Table(title=f"Prediction error per shape (bar: <= {BAR:.0%})")
+    for column in ("shape", "runs", "median", "worst worker", "client/model", "max load", "bar"):
+        t.add_column(column, justify="left" if column == "shape" else "right")
+    for name, s in summary(runs).items():
+        ratio = s["client_over_model"]
+        t.add_row(
+            name,
+            str(s["runs"]),
+            _pct(s["median_error"]),
+            _pct(s["max_worker_error"]),
+            "-" if ratio is None else f"{ratio:.2f}",
+            f"{s['load']:.1f}",
+            "met" if s["median_error"] <= BAR else "NOT met",
+        )
+    out.append(t)
+    return out
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every scenario and seed in turn; a run that fails is reported and skipped."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kvgate-prediction-") as tmp:
+        for scenario in by_names(args.scenarios.split(",")):
+            for seed in parse_seeds(args.seeds):
+                logs = Path(tmp) / f"{scenario.name}-{seed}"
+                logs.mkdir()
+                try:
+                    r = await measure(
+                        scenario, seed, logs, policy=args.policy, requests=args.requests
+                    )
+                except (RuntimeError, OSError, TimeoutError) as exc:
+                    print(f"{scenario.name} seed {seed}: FAILED {exc}")
+                    continue
+                print(
+                    f"{scenario.name} seed {seed}: median {_pct(r['median_error'])}, "
+                    f"load {r['load_average'][0]:.1f}, {r['wall_s']:.0f} s",
+                    flush=True,
+                )
+                runs.append(r)
+    return runs
+
+
+def main() -> None:
+    """Run, print the tables, optionally write the runs as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--scenarios", default=SHAPES, help="comma-separated scenario names")
+    parser.add_argument("--seeds", default="500", help="e.g. 500-502")
+    parser.add_argument("--policy", default="default", help="a kvgate policy that learns speed")
+    parser.add_argument("--requests", type=int, default=None, help="cap each run's requests")
+    parser.add_argument("--json", type=Path, default=None, help="write the runs here")
+    args = parser.parse_args()
+    runs = asyncio.run(run(args))
+    console = Console(width=140)
+    for t in tables(runs):
+        console.print(t)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"runs": runs, "summary": summary(runs)}, indent=2))
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
