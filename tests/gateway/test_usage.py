@@ -34,6 +34,14 @@ def test_usage_from_a_whole_body() -> None:
     assert usage_from_body(b'{"usage": ') is None
 
 
+def test_usage_carries_the_engines_own_ttft_where_it_reports_one() -> None:
+    timed = {**USAGE, "kvgate_timing": {"ttft_s": 0.25, "e2e_s": 1.0, "worker": "GPU-1"}}
+    got = usage_from_body(json.dumps({"usage": timed}).encode())
+    assert got == Usage(prompt=40, completion=8, cached=32, engine_ttft=0.25)
+    bad = {**USAGE, "kvgate_timing": {"ttft_s": "soon"}}
+    assert usage_from_body(json.dumps({"usage": bad}).encode()) == Usage(40, 8, 32)
+
+
 def test_stream_tap_finds_the_final_usage_across_split_chunks() -> None:
     stream = b"".join(
         [_event({"choices": [{"text": str(i)}], "usage": None}) for i in range(50)]

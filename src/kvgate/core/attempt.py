@@ -120,6 +120,8 @@ class Usage:
     prompt: int
     cached: int
     completion: int
+    engine_ttft: float | None = None
+    """The engine's own time to first token, where it reports one (in its own seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +196,9 @@ class AttemptEnd:
     """The worker's ``usage`` (``None``: none was read)."""
     tool_call: bool = False
     """The answer ended its turn calling a tool (as far as its data plane read it)."""
+    engine_ttft_s: float | None = None
+    """The engine's own time to first token, as its ``usage`` reported it (the emulated
+    worker's ``kvgate_timing``, in model seconds; ``None``: not reported)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -363,10 +368,12 @@ class AttemptState:
         self._last = at
         self.chunks += 1
 
-    def usage(self, prompt: int, cached: int, completion: int) -> None:
+    def usage(
+        self, prompt: int, cached: int, completion: int, engine_ttft: float | None = None
+    ) -> None:
         """The worker's usage was read (the latest read counts)."""
         if self._end is None:
-            self._usage = Usage(prompt, cached, completion)
+            self._usage = Usage(prompt, cached, completion, engine_ttft)
 
     def tool_call(self, at: float) -> None:
         """The answer ended its turn calling a tool."""
@@ -440,6 +447,7 @@ class AttemptState:
             cached_tokens=usage.cached if usage is not None else None,
             completion_tokens=usage.completion if usage is not None else None,
             tool_call=self._tool_call,
+            engine_ttft_s=usage.engine_ttft if usage is not None else None,
         )
         return end
 
@@ -467,5 +475,6 @@ def tell_policy(policy: Policy, features: RequestFeatures, end: AttemptEnd, now:
         end.cached_tokens or 0,
         end.completion_tokens or 0,
         end.inter_token_s,
+        end.engine_ttft_s,
     )
     policy.on_observed(features, end.worker, observed, now)

@@ -68,13 +68,16 @@ class Speed:
 class Observation:
     """What the gateway saw of one attempt, reported at its end: ``ttft`` from sending it
     to the first token (``None``: none came), ``usage``'s tokens, the mean time between
-    output tokens after the first (``itl``, ``None``: not streamed)."""
+    output tokens after the first (``itl``, ``None``: not streamed), and the engine's own
+    TTFT where its ``usage`` reports one (``engine_ttft``, in the engine's seconds: the
+    emulated worker's model clock), free of the network and of the gateway's machine."""
 
     ttft: Seconds | None
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int = 0
     itl: Seconds | None = None
+    engine_ttft: Seconds | None = None
 
 
 @dataclass(frozen=True, slots=True)

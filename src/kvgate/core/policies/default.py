@@ -160,8 +160,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         super().__init__(self.config.index)
         cfg = self.config
         self._tokens_per_char = 1.0 / cfg.index.chars_per_token
-        # The model's rates and times, in the driver's clock.
-        scale = cfg.time_scale
+        # The model's rates and times, in the driver's clock (an engine's own TTFT too).
+        scale = self.engine_seconds = cfg.time_scale
         self._rate = cfg.prefill_tokens_per_s * scale
         self._decode_s = cfg.decode_s / scale
         self._half_s = cfg.busy_half_s / scale

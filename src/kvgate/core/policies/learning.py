@@ -23,6 +23,9 @@ class SpeedLearning(PolicyBase):
     speed: FleetSpeed
     learn: bool = True
     """Whether observed TTFTs move the fit (off: the prior stands, the book is still kept)."""
+    engine_seconds: float = 1.0
+    """The engine's seconds per driver second (an emulated fleet's time scale): an engine's
+    own TTFT, where it reports one, is read in the driver's clock through it."""
 
     def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Its prefill is done: it no longer queues ahead of others."""
@@ -31,9 +34,13 @@ class SpeedLearning(PolicyBase):
     def on_observed(
         self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
     ) -> None:
-        """Fit ``worker``'s speed to the attempt's TTFT (from its send)."""
+        """Fit ``worker``'s speed to the attempt's TTFT: the engine's own where it reports
+        one (the worker's speed, without the network's and the gateway machine's time),
+        else the gateway's, from the send."""
         if self.learn:
-            self.speed.observed(request.request_id, observed.ttft)
+            engine = observed.engine_ttft
+            ttft = engine / self.engine_seconds if engine is not None else observed.ttft
+            self.speed.observed(request.request_id, ttft)
 
     def speeds(self) -> Mapping[WorkerId, SpeedReport]:
         """Each worker's learned speed and TTFT prediction error (``core.speed``)."""

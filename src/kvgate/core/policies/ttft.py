@@ -82,6 +82,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
                       cfg.decode_s / scale)  # fmt: skip
         self.speed = FleetSpeed(prior, forgetting=cfg.forgetting, max_pending=cfg.index.max_pending)
         self.learn = cfg.learn
+        self.engine_seconds = scale
         self._reuse: dict[WorkerId, float] = {}  # measured hit ratio per worker
         self._fill: dict[WorkerId, float] = {}  # ``PrefixIndex.fill``, as of its last change
         # The blocks requests in flight hold on each worker (what a new one need not add to

@@ -267,9 +267,11 @@ class Attempt:
         if first:
             self.parts.policy.on_first_token(self.features, self.worker.id, self.parts.wall())
 
-    def usage(self, prompt: int, cached: int, completion: int) -> None:
-        """The worker's usage was read."""
-        self.state.usage(prompt, cached, completion)
+    def usage(
+        self, prompt: int, cached: int, completion: int, engine_ttft: float | None = None
+    ) -> None:
+        """The worker's usage was read (with the engine's own TTFT, where it reports one)."""
+        self.state.usage(prompt, cached, completion, engine_ttft)
 
     def tool_call(self) -> None:
         """The answer ended its turn calling a tool (its end says so to the listeners)."""

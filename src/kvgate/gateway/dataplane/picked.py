@@ -158,7 +158,7 @@ class PickedRequest:
         usage = outcome.usage = self._usage()
         outcome.answered = outcome.status < 400
         if usage is not None:
-            self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+            self.attempt.usage(usage.prompt, usage.cached, usage.completion, usage.engine_ttft)
         self._tool_call()
         self.attempt.completed()
         self._record()
@@ -175,7 +175,7 @@ class PickedRequest:
             outcome.status = status
             self.relay.metrics.client_disconnects.labels(self.features.model).inc()
         else:
-            self.attempt.usage(usage.prompt, usage.cached, usage.completion)
+            self.attempt.usage(usage.prompt, usage.cached, usage.completion, usage.engine_ttft)
         self._tool_call()
         self.attempt.cancelled()
         self._record()

@@ -202,7 +202,7 @@ class Relay:
                 outcome.status = upstream.status
                 outcome.usage = usage = usage_from_body(data)  # whoever reads the answer
                 if usage is not None:
-                    attempt.usage(usage.prompt, usage.cached, usage.completion)
+                    attempt.usage(usage.prompt, usage.cached, usage.completion, usage.engine_ttft)
                 if upstream.status < 300 and ends_in_tool_call(data):
                     attempt.tool_call()  # booked at the attempt's end, whichever it is
                 await request.send(upstream.status, headers, data)
@@ -332,7 +332,7 @@ class Relay:
             outcome.usage = usage = _seen_usage(stripper, tap)
             outcome.answered = usage is not None
             if usage is not None:
-                attempt.usage(usage.prompt, usage.cached, usage.completion)
+                attempt.usage(usage.prompt, usage.cached, usage.completion, usage.engine_ttft)
             if stripper.tool_call if stripper is not None else tap is not None and tap.tool_call():
                 attempt.tool_call()  # booked at the attempt's end, whichever it is
         outcome.answered = True

@@ -37,6 +37,9 @@ class Usage:
     prompt: int
     completion: int
     cached: int
+    engine_ttft: float | None = None
+    """The engine's own time to first token, where ``usage`` carries it (the emulated
+    worker's ``kvgate_timing.ttft_s``, in its model seconds)."""
 
 
 def usage_from(payload: object) -> Usage | None:
@@ -67,7 +70,10 @@ def usage_from(payload: object) -> Usage | None:
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt, completion, cached if isinstance(cached, int) else 0)
+    timing = usage.get("kvgate_timing")
+    ttft = timing.get("ttft_s") if isinstance(timing, dict) else None
+    engine_ttft = float(ttft) if isinstance(ttft, int | float) and ttft >= 0 else None
+    return Usage(prompt, completion, cached if isinstance(cached, int) else 0, engine_ttft)
 
 
 _OPENING_TYPES = frozenset({"message_start", "content_block_start", "ping"})

@@ -1,0 +1,36 @@
+"""``SpeedLearning`` fits a worker's speed to the engine's own TTFT where it reports one."""
+
+from __future__ import annotations
+
+from kvgate.core.features import RequestFeatures
+from kvgate.core.policies.learning import SpeedLearning
+from kvgate.core.speed import FleetSpeed, Observation, Speed
+from kvgate.types import Seconds, WorkerId
+
+
+class _Fits(FleetSpeed):
+    """A ``FleetSpeed`` that keeps the TTFTs it was fitted to."""
+
+    def __init__(self) -> None:
+        super().__init__(Speed(0.0, 1e-4, 0.0))
+        self.fitted: list[Seconds | None] = []
+
+    def observed(self, request_id: str, ttft: Seconds | None) -> None:
+        self.fitted.append(ttft)
+
+
+class _Learner(SpeedLearning):
+    def __init__(self, engine_seconds: float) -> None:
+        self.speed = _Fits()
+        self.engine_seconds = engine_seconds
+
+
+def test_the_engines_own_ttft_is_read_in_the_drivers_clock_else_the_gateways() -> None:
+    policy = _Learner(engine_seconds=10.0)  # an emulated fleet ten times real time
+    request, worker = RequestFeatures(request_id="r", model="m"), WorkerId("w")
+    policy.on_observed(request, worker, Observation(0.9, 100, 0, engine_ttft=5.0), 1.0)
+    policy.on_observed(request, worker, Observation(0.9, 100, 0), 1.0)
+    assert policy.speed.fitted == [0.5, 0.9]
+    policy.learn = False
+    policy.on_observed(request, worker, Observation(0.9, 100, 0, engine_ttft=5.0), 1.0)
+    assert policy.speed.fitted == [0.5, 0.9]
