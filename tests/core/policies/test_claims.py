@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.claims import ClaimTrust, exact_matches
+from kvgate.core.policies.claims import ClaimShares, ClaimTrust, exact_matches
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import Resident
 from kvgate.types import WorkerId
@@ -103,3 +103,21 @@ def test_shared_depths_name_only_busy_workers_sharing_the_chain() -> None:
         assert running.shared_depth(WorkerId(w), [1, 2, 3, 4]) == dict(
             running.shared_depths([1, 2, 3, 4], {WorkerId(w)})
         ).get(w, 0)
+
+
+@pytest.mark.parametrize(
+    ("band", "past", "expected", "likely"),
+    [
+        (1.0, 0.0, 600.0, 600),  # the start: the band trusted, nothing past it
+        (0.8, 0.6, 100 + 0.8 * 500 + 0.6 * 400, 1000),  # each part more likely hit: all
+        (0.8, 0.4, 100 + 0.8 * 500 + 0.4 * 400, 600),  # past the band: more likely missed
+        (0.3, 0.9, 100 + 0.3 * 500 + 0.9 * 400, 100),  # a prefix: past a miss nothing hits
+    ],
+)
+def test_likely_counts_each_part_of_a_claim_whole_where_it_more_likely_hits(
+    band: float, past: float, expected: float, likely: int
+) -> None:
+    shares = ClaimShares()
+    shares.band.trust, shares.past.trust = band, past
+    assert shares.expected(100, 600, 1000) == pytest.approx(expected)
+    assert shares.likely(100, 600, 1000) == likely

@@ -170,10 +170,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._queues = Queues(self._rate, self._recent_half_s, horizon, cfg.index.max_pending)
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
         self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))  # ``learning``
-        # What a conversation brings over its life: explicit sessions (prefill seconds
-        # routed with a session id over sessions placed for the first time), and
-        # headerless conversations (``Conversations``: an opening's prefill, and a later
-        # turn's times the turns a conversation has).
+        # What a conversation brings over its life: explicit sessions (prefill seconds routed
+        # with a session id over sessions placed for the first time), and headerless ones
+        # (``Conversations``: an opening's prefill, and a later turn's times its turns).
         self._sessions = _Life()
         self._chains = Conversations(self._recent_half_s, cfg.chain_ends)
         self._waste = Waste(cfg.waste, self._half_s)  # what prefill done twice costs
@@ -218,7 +217,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         seconds = (prompt - cached) * self._tokens_per_char / self._rate
         hashes = tuple(request.prefix_hashes)
         self._queues.routed(rid, worker, seconds, hashes, now)
-        self.speed.sent(rid, worker, now, seconds * self._rate)
+        likely = prompt - self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
+        self.speed.sent(rid, worker, now, likely * self._tokens_per_char)
         self._waste.pace.note(now)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
