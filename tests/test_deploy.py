@@ -209,6 +209,8 @@ def test_the_inference_pool_overlay_routes_through_the_picker(tmp_path: Path) ->
     config = _gateway_config(docs, tmp_path)
     assert config.epp.port == ref["port"]["number"]
     assert [p.name for p in config.discovery.inference_pools] == ["vllm-llama3-8b"]
+    pool_target = config.discovery.inference_pools[0]
+    assert (pool_target.kv_events_port, pool_target.kv_events_replay_port) == (5557, 5558)
     assert config.store.url.startswith("redis://")  # replicas are active-active over Redis
     # ... with a service account allowed to read exactly that
     assert pod["spec"]["serviceAccountName"] == "kvgate-epp"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from kvgate.gateway.control.kube import pod_url
+from kvgate.gateway.control.config import InferencePoolTarget
+from kvgate.gateway.control.kube import PoolWatch, pod_url
+from kvgate.gateway.control.membership import Membership
 from kvgate.gateway.testing import running_gateway
 from kvgate.testing import free_port, wait_until
 from kvgate.workersim import WorkerOptions, running_worker
@@ -28,6 +31,24 @@ def test_only_a_running_ready_pod_with_an_ip_is_a_worker() -> None:
     pending = pod("a", "10.0.0.1")
     pending["status"]["phase"] = "Pending"
     assert pod_url(pending, 8000) is None
+
+
+def test_a_pools_pods_are_followed_on_their_kv_event_ports() -> None:
+    target = InferencePoolTarget(
+        name="vllm", namespace="inference", ca_path=None, kv_events_port=5557,
+        kv_events_replay_port=5558,
+    )  # fmt: skip
+    watch = PoolWatch(target, cast(Membership, None))
+    worker = watch._worker("http://10.0.0.1:8000")
+    assert (worker.kv_events, worker.kv_events_replay) == (
+        "tcp://10.0.0.1:5557",
+        "tcp://10.0.0.1:5558",
+    )
+    worker = watch._worker("http://[fd00::1]:8000")
+    assert worker.kv_events == "tcp://[fd00::1]:5557"
+    plain = PoolWatch(InferencePoolTarget(name="vllm", namespace="inference", ca_path=None),
+                      cast(Membership, None))  # fmt: skip
+    assert plain._worker("http://10.0.0.1:8000").kv_events is None
 
 
 @pytest.mark.asyncio

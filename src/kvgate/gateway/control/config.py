@@ -184,7 +184,7 @@ class InferencePoolTarget(_Model):
     pod found. Example::
 
         discovery:
-          inference_pools: [{name: vllm-llama3-8b, model: llama-3-8b}]
+          inference_pools: [{name: vllm-llama3-8b, model: llama-3-8b, kv_events_port: 5557}]
     """
 
     name: str = Field(min_length=1)
@@ -200,6 +200,11 @@ class InferencePoolTarget(_Model):
     api_key: str | None = Field(default=None, repr=False)
     labels: dict[str, str] = Field(default_factory=dict)
     max_in_flight: int | None = Field(default=None, ge=1)
+    kv_events_port: int | None = Field(default=None, ge=1, le=65535)
+    """Each pod publishes KV events on its IP at this port (vLLM's and SGLang's
+    ``--kv-events-config`` endpoint, e.g. 5557): followed into the exact index."""
+    kv_events_replay_port: int | None = Field(default=None, ge=1, le=65535)
+    """And answers replays at this one (``replay_endpoint``, e.g. 5558)."""
 
 
 class DiscoveryConfig(_Model):

@@ -30,11 +30,10 @@ import dns.asyncresolver
 import dns.exception
 import dns.nameserver
 import dns.resolver
-from yarl import URL
 
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.config import DiscoveryConfig, DnsTarget, split_host_port
-from kvgate.gateway.control.kube import PoolWatch
+from kvgate.gateway.control.kube import PoolWatch, kv_event_endpoints
 from kvgate.gateway.control.membership import Membership
 from kvgate.gateway.dataplane.errors import GatewayError
 
@@ -61,9 +60,7 @@ def worker_url(target: DnsTarget, host: str, port: int) -> str:
 
 def worker_config(target: DnsTarget, url: str) -> WorkerConfig:
     """The worker config of one found address: the target's worker fields, this URL."""
-    host = URL(url).host or ""
-    shown = f"[{host}]" if ":" in host else host
-    events, replay = target.kv_events_port, target.kv_events_replay_port
+    events, replay = kv_event_endpoints(url, target.kv_events_port, target.kv_events_replay_port)
     return WorkerConfig(
         url=url,
         model=target.model,
@@ -71,8 +68,8 @@ def worker_config(target: DnsTarget, url: str) -> WorkerConfig:
         api_key=target.api_key,
         labels={**target.labels, "discovered_from": target.name},
         max_in_flight=target.max_in_flight,
-        kv_events=f"tcp://{shown}:{events}" if events else None,
-        kv_events_replay=f"tcp://{shown}:{replay}" if events and replay else None,
+        kv_events=events,
+        kv_events_replay=replay,
     )
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.config import InferencePoolTarget
@@ -144,6 +145,19 @@ class KubeApi:
             self._session = None
 
 
+def kv_event_endpoints(
+    url: str, events: int | None, replay: int | None
+) -> tuple[str | None, str | None]:
+    """A found worker's ``kv_events`` and ``kv_events_replay`` endpoints: its host at the
+    target's ports (none without an events port; IPv6 in brackets)."""
+    host = URL(url).host or ""
+    shown = f"[{host}]" if ":" in host else host
+    return (
+        f"tcp://{shown}:{events}" if events else None,
+        f"tcp://{shown}:{replay}" if events and replay else None,
+    )
+
+
 class PoolWatch:
     """Keeps the pool's workers in step with the pods one ``InferencePool`` selects."""
 
@@ -229,6 +243,7 @@ class PoolWatch:
 
     def _worker(self, url: str) -> WorkerConfig:
         t = self.target
+        events, replay = kv_event_endpoints(url, t.kv_events_port, t.kv_events_replay_port)
         return WorkerConfig(
             url=url,
             model=t.model,
@@ -236,6 +251,8 @@ class PoolWatch:
             api_key=t.api_key,
             labels={**t.labels, "inference_pool": t.name},
             max_in_flight=t.max_in_flight,
+            kv_events=events,
+            kv_events_replay=replay,
         )
 
     async def run(self) -> None:
