@@ -17,7 +17,17 @@ from kvgate.core.policies.default import DefaultPolicy
 from kvgate.core.policies.ttft import TtftPolicy
 from kvgate.core.policy import Policy, RouteContext
 
-from .tables import THREE, chain, ctx, fleet, place_concurrently, queue, request, with_loads
+from .tables import (
+    THREE,
+    chain,
+    ctx,
+    fleet,
+    place_concurrently,
+    queue,
+    request,
+    with_loads,
+    worker,
+)
 
 POLICIES = pytest.mark.parametrize("make", [DefaultPolicy, TtftPolicy], ids=["default", "ttft"])
 
@@ -118,3 +128,23 @@ def test_property_requests_sharing_only_an_opening_are_not_all_on_one_worker(
     loads = place_concurrently(make(), workers, opening, tails, work=work)
     assert sum(1 for n in loads.values() if n) >= 2
     assert max(work.values()) <= 0.75 * sum(tails)
+
+
+@POLICIES
+@pytest.mark.parametrize("away_on", ["a", "b"])
+def test_kv_reserved_for_sessions_away_on_a_tool_call_steers_new_work_off_it(
+    make: Callable[[], Policy], away_on: str
+) -> None:
+    """Both workers hold an earlier conversation's KV and are alike but for the KV of
+    sessions away on a tool call (``kv_reserved_tokens``, core.toolcalls): new work goes
+    where it evicts nothing that is coming back, whichever worker that is."""
+    policy = make()
+    policy.on_routed(request("x", hashes=chain(2, 40)), "a", -10.0)
+    policy.on_routed(request("y", hashes=chain(3, 40)), "b", -10.0)
+    both = [
+        worker(w, kv_capacity_tokens=20_000, kv_usage=0.5,
+               kv_reserved_tokens=18_000 if w == away_on else 0)
+        for w in ("a", "b")
+    ]  # fmt: skip
+    decision = policy.pick(request("new", hashes=chain(9, 40)), ctx(fleet(*both)))
+    assert decision.worker == ("b" if away_on == "a" else "a")
