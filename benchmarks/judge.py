@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import tempfile
@@ -69,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--live-scenarios", default=None, help="scenarios run live (default: --scenarios)"
     )
+    parser.add_argument(
+        "--live-requests",
+        type=int,
+        default=None,
+        help="requests per live run instead of the scenario's (e.g. its simulator length)",
+    )
     parser.add_argument("--no-sim", action="store_true", help="only the live runs")
     parser.add_argument("--logs", type=Path, default=None, help="keep the live runs' logs here")
     parser.add_argument(
@@ -87,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         seeds = parse_seeds(args.seeds)
         live_seeds = parse_seeds(args.live_seeds)
         live = by_names(args.live_scenarios.split(",")) if args.live_scenarios else scenarios
+        if args.live_requests is not None:
+            live = [dataclasses.replace(s, live_requests=args.live_requests) for s in live]
     except ValueError as exc:
         parser.error(str(exc))
     console = Console(width=200)
@@ -111,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory()))
                 runs += asyncio.run(run_all_live(live, live_seeds, logs, progress=console.print))
             plan.update(live_seeds=live_seeds, live_routers=list(LIVE_ROUTERS.all))
+            if args.live_requests is not None:
+                plan.update(live_requests=args.live_requests)
     judgments = judge(scenarios, runs)
     for table in tables(judgments, f"{plan.get('own', 'default')} against the best peer"):
         console.print(table)
