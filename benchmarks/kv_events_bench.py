@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/kv_events_bench.py [--tokenizer DIR] [--workers 64]
                                                    [--runs 2000] [--json PATH]
+    .venv/bin/python benchmarks/kv_events_bench.py --eviction 1-8 [--kv-blocks 150]
+                                                   [--peers cache_aware] [--jobs 2]
 
 Tokenizing: the bundled Gemma 3 270M's vocabulary (262,144 pieces) as a
 ``tokenizer.json`` built from its GGUF (``realengine.tokenizer``; or ``--tokenizer``
@@ -19,6 +21,11 @@ restarted and a worker restarted (``sim.kvfeed.fault_run``): how many
 batches until the index equalled the engine again, and the share of placements
 that credited a block the worker no longer held. ``--redis``: the same lookup if
 the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a local server: a floor).
+
+``--eviction SEEDS``: only the simulator's comparison of precise and approximate
+routing on caches under eviction (``kvgate.bench.eviction``: shared-prefix groups at
+KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker),
+each figure with its 95% interval over the seeds.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ import json
 import tempfile
 from pathlib import Path
 
+from kvgate.bench.eviction import compare, lines
 from kvgate.bench.kvevents import (
     chat_of_tokens,
     exact_decision,
     store_lookup,
     timed,
 )
+from kvgate.judge.protocol import parse_seeds
 from kvgate.sim.kvfeed import fault_run
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.hf import HFTokenizer
@@ -52,7 +61,20 @@ def main() -> None:
     parser.add_argument(
         "--redis", action="store_true", help="also time the index-in-Redis alternative"
     )
+    parser.add_argument("--eviction", default=None, help="seeds, e.g. 1-8: only the comparison")
+    parser.add_argument("--kv-blocks", type=int, default=150, help="with --eviction: a worker's")
+    parser.add_argument("--peers", default="", help="with --eviction: policies run beside")
+    parser.add_argument("--jobs", type=int, default=1, help="with --eviction: processes")
     args = parser.parse_args()
+    if args.eviction is not None:
+        peers = [p for p in args.peers.split(",") if p]
+        found = compare(
+            parse_seeds(args.eviction), kv_blocks=args.kv_blocks, peers=peers, jobs=args.jobs
+        )
+        print("\n".join(lines(found)))
+        if args.json is not None:
+            args.json.write_text(json.dumps(found, indent=2))
+        return
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.tokenizer

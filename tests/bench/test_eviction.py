@@ -1,0 +1,18 @@
+"""The eviction comparison of benchmarks/kv_events_bench.py: paired figures over seeds."""
+
+from __future__ import annotations
+
+from kvgate.bench.eviction import APPROXIMATE, PRECISE, compare, lines
+
+
+def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_seed() -> None:
+    found = compare([1, 2], shapes=["shared-prefix-groups"])
+    row = found["shared-prefix-groups"]
+    assert row["seeds"] == [1, 2]
+    for policy in (APPROXIMATE, PRECISE):
+        share = row[f"{policy} of reference %"]
+        assert share["n"] == 2 and 50.0 < share["value"] < 150.0
+    assert row["hit, events - approximate, pt"]["n"] == 2
+    assert row["ttft_p99, events / approximate"]["value"] > 0.0
+    text = lines(found)
+    assert text[0] == "shared-prefix-groups (seeds 1-2, n=2)"
