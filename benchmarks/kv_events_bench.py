@@ -23,7 +23,7 @@ that credited a block the worker no longer held. ``--redis``: the same lookup if
 the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a local server: a floor).
 
 ``--eviction SEEDS``: only the simulator's comparison of precise and approximate
-routing on caches under eviction (``kvgate.bench.eviction``: shared-prefix groups at
+routing on caches under eviction (``kvgate.sim.eviction``: shared-prefix groups at
 KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker),
 each figure with its 95% interval over the seeds.
 """
@@ -36,7 +36,6 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvgate.bench.eviction import compare, lines
 from kvgate.bench.kvevents import (
     chat_of_tokens,
     exact_decision,
@@ -44,6 +43,7 @@ from kvgate.bench.kvevents import (
     timed,
 )
 from kvgate.judge.protocol import parse_seeds
+from kvgate.sim.eviction import compare, lines
 from kvgate.sim.kvfeed import fault_run
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.hf import HFTokenizer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvgate.bench.eviction import APPROXIMATE, PRECISE, compare, lines
+from kvgate.sim.eviction import APPROXIMATE, PRECISE, compare, lines
 
 
 def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_seed() -> None:

@@ -23,6 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from kvgate.judge.stats import Estimate, mean_interval, paired_points, paired_ratio
+from kvgate.sim.experiment import Experiment
+from kvgate.sim.simulation import SimConfig
+from kvgate.workload.synthetic import build_workload
 
 APPROXIMATE, PRECISE = "default", "default+kv_events"
 
@@ -42,10 +45,6 @@ def run_shape(
     shape: str, seed: int, kv_blocks: int, policies: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
     """One seed of one shape: each policy's summary (``hit_rate_of_reference`` included)."""
-    from kvgate.sim.experiment import Experiment
-    from kvgate.sim.simulation import SimConfig
-    from kvgate.workload.synthetic import build_workload
-
     spec, blocks, requests = SHAPES[shape]
     config = SimConfig(
         workers=4, kv_blocks=(blocks or kv_blocks,), seed=seed, max_requests=requests
