@@ -167,3 +167,24 @@ def test_predicts_a_busy_fcfs_worker_within_a_few_percent_once_warm() -> None:
     truth = Speed(overhead_s=0.02, prefill_s=1 / 8_000, decode_s=0.0)
     errors = serve_fcfs(truth, random.Random(5), 300, FleetSpeed(PRIOR))
     assert statistics.median(errors[100:]) < 0.05
+
+
+def test_a_prior_a_hundred_times_off_is_rescaled_at_the_first_observations() -> None:
+    """A CPU engine behind an H100 prior: the first observation rescales the prior, and a
+    worker not yet warm is predicted with the fleet's estimate of those seen at all."""
+    truth = Speed(overhead_s=0.3, prefill_s=1 / 150, decode_s=0.05)
+    model = FleetSpeed(PRIOR)
+    rng = random.Random(7)
+    now, errors = 0.0, []
+    for i in range(16):
+        tokens = rng.randint(100, 1_500)
+        predicted = model.sent(f"r{i}", "a", now, tokens)
+        ttft = truth.ttft(tokens, 0) * rng.uniform(0.95, 1.05)
+        model.first_token(f"r{i}", now + ttft)
+        model.ended(f"r{i}", tokens, 0)
+        model.observed(f"r{i}", ttft)
+        errors.append(abs(predicted - ttft) / ttft)
+        now += ttft + 1.0
+    assert errors[0] > 0.9  # the prior's
+    assert statistics.median(errors[1:]) < 0.15
+    assert close(model.speed("b").prefill_s, truth.prefill_s, 0.2)  # never seen: the fleet's

@@ -24,8 +24,11 @@ end. Where the engine reports its own queue (``waiting``, ``running`` from a scr
 others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
 
 Starts from a prior (the profile or config); a worker seen fewer than ``warm`` times is
-predicted with the fleet's estimate (the median of the warm workers' parameters). Pure: no
-clock (times are passed in), no I/O.
+predicted with the fleet's estimate (the median of the warm workers' parameters, or while
+none is warm of those seen at all). A prior off by more than twice is rescaled at a worker's
+first observations (a CPU engine against a GPU profile: the fit's relative steps would take
+hundreds of requests to cross a factor of a hundred). Pure: no clock (times are passed in),
+no I/O.
 """
 
 from __future__ import annotations
@@ -190,9 +193,11 @@ class FleetSpeed:
         return fit.speed
 
     def fleet(self) -> Speed:
-        """The median of the warm workers' estimates (the prior while none is warm)."""
+        """The median of the warm workers' estimates (while none is warm, of those seen at
+        all: the prior only until the first observation)."""
         if self._fleet is None:
             warm = [f.theta for f in self._fits.values() if f.n >= self._warm]
+            warm = warm or [f.theta for f in self._fits.values() if f.n]
             self._fleet = (
                 _speed([statistics.median(t[i] for t in warm) for i in range(_N)])
                 if warm
@@ -381,6 +386,18 @@ class FleetSpeed:
         x = [f * s for f, s in zip(features, _SCALE, strict=True)]
         theta, p, lam = fit.theta, fit.p, self._lambda
         predicted = sum(t * xi for t, xi in zip(theta, x, strict=True))
+        if fit.n < self._warm and predicted > 0.0 and not 0.5 <= y / predicted <= 2.0:
+            # A prior off by more than twice (an engine far slower or faster than the
+            # profile said, e.g. a CPU llama.cpp against an H100 prior): rescale it at
+            # once, in proportion. The fit's steps are relative, so from a prior a
+            # hundred times off they would take hundreds of requests to get there.
+            ratio = y / predicted
+            for i in range(_N):
+                if self._fitted[i]:
+                    theta[i] *= ratio
+                    for j in range(_N):
+                        p[i][j] *= ratio * (ratio if self._fitted[j] else 1.0)
+            predicted = y
         # Relative errors: weigh the observation by 1 / its size.
         w = 1.0 / max(predicted, y, 1e-6)
         x = [xi * w for xi in x]
@@ -415,7 +432,7 @@ class FleetSpeed:
         # The fleet's median is for workers not yet warm: refreshed as one turns warm, and
         # every 64 updates after (not on every one: it costs a sort per parameter).
         self._updates += 1
-        if fit.n == self._warm or self._updates % 64 == 0:
+        if fit.n <= self._warm or self._updates % 64 == 0:
             self._fleet = None
 
 
