@@ -188,3 +188,22 @@ def test_a_prior_a_hundred_times_off_is_rescaled_at_the_first_observations() -> 
     assert errors[0] > 0.9  # the prior's
     assert statistics.median(errors[1:]) < 0.15
     assert close(model.speed("b").prefill_s, truth.prefill_s, 0.2)  # never seen: the fleet's
+
+
+def test_a_queue_the_prior_never_saw_is_learned_after_a_rescale() -> None:
+    """Requests waiting for a slot (llama.cpp): each one waiting ahead adds seconds, where
+    the prior's queueing is nought; a rescale gives that parameter room to move."""
+    model = FleetSpeed(PRIOR)
+    errors: list[float] = []
+    for burst in range(12):
+        start = burst * 100.0
+        rids = [f"b{burst}-{k}" for k in range(6)]
+        predicted = [model.sent(rid, "w", start, 200) for rid in rids]
+        for k, rid in enumerate(rids):
+            ttft = 1.0 + 5.0 * k  # each one waits for the slot of the one before it
+            model.first_token(rid, start + ttft)
+            model.ended(rid, 200, 0)
+            model.observed(rid, ttft)
+            errors.append(abs(predicted[k] - ttft) / ttft)
+    assert model.speed("w").queue_s > 2.0
+    assert statistics.median(errors[-12:]) < 0.2

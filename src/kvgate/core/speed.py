@@ -101,7 +101,8 @@ class _Sent:
     predicted: Seconds
     ahead: tuple[str, ...]  # requests not at their first token when it was sent (up to 32)
     guessed: float  # their uncached tokens as guessed then (all of them)
-    queued: float  # what of them was still to prefill (``_Book.ahead``)
+    backlog: float  # the book's backlog then and as of when (``_Book.ahead``): drained
+    as_of: float  # again at the fit, at the rate learned by then
     waiting: int  # how many they were
     running: int
     started: bool = False  # at its first token, or past its predicted time
@@ -154,6 +155,7 @@ class _Fit:
     errors: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     uncached: float = 0.0  # mean uncached tokens a request (the engine's others' work)
     speed: Speed | None = None  # ``theta`` as a ``Speed``, rebuilt on each update
+    floor: float = 0.05  # the least spread of a parameter (``_spread``): grows with a rescale
 
 
 class FleetSpeed:
@@ -289,7 +291,10 @@ class FleetSpeed:
         predicted = self.predict(worker, uncached, at)
         uncached = max(uncached, 0.0)
         queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
-        sent = _Sent(worker, at, uncached, predicted, ahead, book.tokens, queued, waiting, running)
+        sent = _Sent(
+            worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
+            waiting, running,
+        )  # fmt: skip
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
         book.unstarted += 1
@@ -326,10 +331,15 @@ class FleetSpeed:
         sent = self._done.get(request_id)
         if sent is None or ttft is None or ttft <= 0.0 or not math.isfinite(ttft):
             return
-        ahead = sent.queued
-        if sent.ahead and sent.guessed > 0.0:  # usage's truth over the guesses, to scale
-            ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
         fit = self._fit(sent.worker)
+        # What was still to prefill ahead of it, drained at the rate learned by now (the
+        # rate at its send may have been the prior's, far off), scaled to usage's truth.
+        prefill, ahead = fit.theta[1] * _SCALE[1], 0.0
+        if sent.waiting and prefill > 0.0:
+            left = sent.backlog - (sent.at - sent.as_of) / prefill
+            ahead = min(sent.guessed, left) if left > 0.0 else 0.0
+        if ahead and sent.ahead and sent.guessed > 0.0:
+            ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
         features = (1.0, ahead + sent.uncached, float(sent.running), float(sent.waiting))
         self._update(fit, features, ttft)
@@ -397,6 +407,12 @@ class FleetSpeed:
                     theta[i] *= ratio
                     for j in range(_N):
                         p[i][j] *= ratio * (ratio if self._fitted[j] else 1.0)
+            # A parameter at nought is not rescaled: its room to move grows instead (a
+            # queue the prior never saw, e.g. a llama.cpp worker's requests waiting a slot).
+            fit.floor *= max(ratio, 1.0)
+            for i in range(_N):
+                if self._fitted[i]:
+                    p[i][i] = max(p[i][i], _spread(theta[i], fit.floor))
             predicted = y
         # Relative errors: weigh the observation by 1 / its size.
         w = 1.0 / max(predicted, y, 1e-6)
@@ -421,7 +437,7 @@ class FleetSpeed:
         # Forgetting inflates directions no observation excites: cap each variance at its
         # prior spread so a long run of look-alike requests cannot wind the gain up.
         for i in range(_N):
-            cap = _spread(theta[i]) if self._fitted[i] else 0.0
+            cap = _spread(theta[i], fit.floor) if self._fitted[i] else 0.0
             if p[i][i] > cap:
                 r = math.sqrt(cap / p[i][i]) if cap > 0.0 else 0.0
                 for j in range(_N):
@@ -440,6 +456,6 @@ def _speed(theta: list[float]) -> Speed:
     return Speed(*(t * s for t, s in zip(theta, _SCALE, strict=True)))
 
 
-def _spread(theta: float) -> float:
+def _spread(theta: float, floor: float = 0.05) -> float:
     """A parameter's prior variance: its own size (about 100% uncertain), with a floor."""
-    return max(theta, 0.05) ** 2 * 4.0
+    return max(theta, floor) ** 2 * 4.0
