@@ -322,31 +322,26 @@ def test_a_continuation_goes_back_to_the_worker_holding_its_state_whatever_the_p
 
 
 # Which workers a request may use while one is pressured: a pressured worker takes no
-# new conversations, but a headerless later turn comes back to its home (where its
-# earlier turn went, as its policy knows) under any pressure, its history being there
-# and nowhere else; a bound session's turns come back unless it is hard (hard pressure
+# new conversations; a bound session's turns come back unless it is hard (hard pressure
 # moves sessions away).
 @pytest.mark.parametrize(
-    ("pressure", "home", "bound", "expected"),
+    ("pressure", "bound", "expected"),
     [
-        pytest.param(S, None, None, ["a"], id="soft-new-conversation"),
-        pytest.param(S, "b", None, ["a", "b"], id="soft-later-turn-comes-home"),
-        pytest.param(S, "a", None, ["a"], id="soft-home-elsewhere"),
-        pytest.param(H, "b", None, ["a", "b"], id="hard-later-turn-comes-home"),
-        pytest.param(H, None, None, ["a"], id="hard-new-conversation"),
-        pytest.param(S, None, "b", ["a", "b"], id="soft-session-comes-back"),
-        pytest.param(H, None, "b", ["a"], id="hard-session-moved-away"),
-        pytest.param(N, None, None, ["a", "b"], id="normal"),
+        pytest.param(S, None, ["a"], id="soft-new-conversation"),
+        pytest.param(H, None, ["a"], id="hard-new-conversation"),
+        pytest.param(S, "b", ["a", "b"], id="soft-session-comes-back"),
+        pytest.param(H, "b", ["a"], id="hard-session-moved-away"),
+        pytest.param(N, None, ["a", "b"], id="normal"),
     ],
 )
-def test_a_later_turn_may_come_back_to_its_pressured_home(
-    pressure: Pressure, home: str | None, bound: str | None, expected: list[str]
+def test_a_session_may_come_back_to_its_pressured_worker(
+    pressure: Pressure, bound: str | None, expected: list[str]
 ) -> None:
     request = RequestFeatures(request_id="r", model="m", prefix_hashes=tuple(range(10)))
     fleet = FleetSnapshot(0.0, (w("a"), w("b", pressure=pressure)))
     affinity = Affinity("s", bound, "v1") if bound is not None else None
     ctx = RouteContext(fleet, affinity, random.Random(0))
-    assert [x.id for x in candidates(request, ctx, home)] == expected  # type: ignore[arg-type]
+    assert [x.id for x in candidates(request, ctx)] == expected
 
 
 # A worker holding most of a request's prompt (its policy says which) still takes it
@@ -368,7 +363,7 @@ def test_a_soft_worker_takes_a_request_whose_prompt_it_holds(
     request = RequestFeatures(request_id="r", model="m", prefix_hashes=tuple(range(10)))
     fleet = FleetSnapshot(0.0, (w("a"), w("b", pressure=pressure)))
     ctx = RouteContext(fleet, None, random.Random(0))
-    got = candidates(request, ctx, None, holding)  # type: ignore[arg-type]
+    got = candidates(request, ctx, holding)  # type: ignore[arg-type]
     assert [x.id for x in got] == expected
 
 

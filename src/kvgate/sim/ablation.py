@@ -7,17 +7,29 @@ machine's load), and ``summarize`` gives, per shape and variant, the mean of hit
 TTFT p50/p99 over the seeds with a 95% interval, and the same for the ratio of each
 variant's figure to a baseline variant's on the same seed (paired: the seeds' own
 variation cancels). ``benchmarks/ablation.py`` prints the table and keeps the JSON.
+
+Two line-ups: ``ttft``'s terms on five shapes of its own (``SHAPES``, ``VARIANTS``), and
+``default``'s terms on the judge's scenarios as the judge runs ``default`` there
+(``judge_shapes``, ``DEFAULT_VARIANTS``: each term off by a neutral value of its weight,
+or by ``DefaultConfig.off`` where it has none). ``verdict`` says where a term earns its
+place: switching it off is significantly worse (an interval excludes parity on the bad
+side).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
+from kvgate.core.policies.default_config import Term
+from kvgate.judge.scenarios import Scenario, judged
+from kvgate.judge.simulated import sim_config
 from kvgate.sim.simulation import SimConfig, Simulation
 from kvgate.workload.synthetic import build_workload
 
@@ -71,13 +83,51 @@ VARIANTS: tuple[Variant, ...] = (
 )
 
 
+DEFAULT_VARIANTS: tuple[Variant, ...] = (
+    Variant("default", "default"),
+    Variant("-stay", "default", {"stay": 0.0}),  # a warm cache's pull
+    Variant("-evict", "default", {"evict": 0.0}),  # what new blocks evict, by fill
+    Variant("-decode", "default", {"decode_s": 0.0}),  # requests on a worker delay its TTFT
+    Variant("-warming", "default", {"warm_min_blocks": 0}),  # shared prefixes copied ahead
+    Variant("-restorable", "default", {"restorable_credit": 0.0}),  # KV restorable from disk
+    *(Variant(f"-{term}", "default", {"off": frozenset({term})}) for term in get_args(Term)),
+)
+"""``default`` and each of its terms off (``DefaultConfig``; ``off`` where no weight has a
+neutral value): openings' life (sessions, headerless chains), a later turn's reach to its
+earlier turn's end and its home, judged claims, running blocks, the engine's waiting
+queue, soft-pressured workers holding the prompt."""
+
+
+CHAT_TIGHT = Shape(
+    "chat-tight",
+    "chat:rate=8,think_s=1,turns_mean=6,user_tokens=300,output_tokens=10",
+    300,
+    {"kv_blocks": (1000,), "block_size": 16, "scrape_interval": 2.0},
+)
+"""Explicit sessions on KV that holds a few conversations a worker (``tests/sim/
+test_agreement.py``'s shape): where a new session opens decides its hits. No judge
+scenario has explicit sessions on a tight cache; ``default``'s line-up adds it."""
+
+
+def judge_shapes(scenarios: Sequence[Scenario] | None = None) -> tuple[Shape, ...]:
+    """The judge's scenarios (``kvgate.judge.scenarios``) as shapes, on the fleet the judge
+    runs ``default`` on (``sim_config``)."""
+    shapes = []
+    for scenario in judged() if scenarios is None else scenarios:
+        config = sim_config(scenario, 0, as_peer=False)
+        fleet = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        del fleet["seed"], fleet["max_requests"]
+        shapes.append(Shape(scenario.name, scenario.workload, scenario.requests, fleet))
+    return tuple(shapes)
+
+
 def run_one(shape: Shape, variant: Variant, seed: int) -> dict[str, float]:
     """One run: the variant on the shape at ``seed``; its hit rate and TTFT p50/p99."""
     config = dataclasses.replace(SimConfig(), seed=seed, **dict(shape.fleet))
     requests = build_workload(shape.workload, seed=seed).requests()
     config = dataclasses.replace(config, max_requests=shape.requests)
     run = Simulation(config, requests, variant.policy, dict(variant.options)).run()
-    return {m: float(run.summary[m]) for m in METRICS}
+    return {m: float(run.summary[m]) for m in (*METRICS, "shed")}
 
 
 def run_all(
@@ -85,16 +135,21 @@ def run_all(
     variants: Sequence[Variant],
     seeds: Sequence[int],
     progress: Callable[[str], None] | None = None,
+    *,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
-    """Every variant on every shape and seed: one row each."""
+    """Every variant on every shape and seed: one row each (``jobs`` runs at once)."""
+    plan = [(shape, variant, seed) for shape in shapes for seed in seeds for variant in variants]
     rows = []
-    for shape in shapes:
-        for seed in seeds:
-            for variant in variants:
-                figures = run_one(shape, variant, seed)
-                rows.append({"shape": shape.name, "variant": variant.name, "seed": seed, **figures})
-                if progress is not None:
-                    progress(f"{shape.name} s{seed} {variant.name}: {figures}")
+    with contextlib.ExitStack() as stack:
+        done: Iterable[dict[str, float]] = map(run_one, *zip(*plan, strict=True))
+        if jobs > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(jobs))
+            done = pool.map(run_one, *zip(*plan, strict=True))
+        for (shape, variant, seed), figures in zip(plan, done, strict=True):
+            rows.append({"shape": shape.name, "variant": variant.name, "seed": seed, **figures})
+            if progress is not None:
+                progress(f"{shape.name} s{seed} {variant.name}: {figures}")
     return rows
 
 
@@ -132,3 +187,20 @@ def summarize(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, A
                 entry[f"{m}_vs"] = interval([a / b if b > 0 else 1.0 for a, b in paired])
         out.append(entry)
     return out
+
+
+def verdict(entry: Mapping[str, Any]) -> str:
+    """``worse`` where an interval against the baseline lies wholly on the bad side of
+    parity (hit rate down, a TTFT up), ``better`` where one lies on the good side and none
+    on the bad, else ``-`` (the baseline's own rows and missing pairs too)."""
+    bad = good = False
+    for m in METRICS:
+        vs = entry.get(f"{m}_vs")
+        if vs is None:
+            continue
+        low, high = vs[0] - vs[1], vs[0] + vs[1]
+        if m == "hit_rate":  # points, parity 0
+            bad, good = bad or high < 0.0, good or low > 0.0
+        else:  # ratios, parity 1
+            bad, good = bad or low > 1.0, good or high < 1.0
+    return "worse" if bad else "better" if good else "-"

@@ -136,17 +136,12 @@ FAR_STRANGER = (*PREAMBLE, *chain(4, 9))  # the same, the preamble less than hal
         # b have it (``candidates``' ``holding``); with less than half there it does not.
         (Pressure.SOFT, None, STRANGER, "b"),
         (Pressure.SOFT, None, FAR_STRANGER, "a"),
-        # A scrape read b full (its turns running, this conversation's among them):
-        # hard pressure keeps new conversations off b, not this one's next turn.
-        (Pressure.HARD, 0.97, NEXT, "b"),
+        # Hard pressure keeps every new request off b.
+        (Pressure.HARD, 0.97, NEXT, "a"),
         (Pressure.HARD, 0.97, STRANGER, "a"),
-        (Pressure.HARD, 0.97, FAR_STRANGER, "a"),
-        # At ``kv_high`` under the hard mark: the same.
-        (Pressure.SOFT, 0.92, NEXT, "b"),
-        (Pressure.SOFT, 0.92, STRANGER, "a"),
     ],
 )
-def test_a_later_turn_stays_on_its_pressured_worker_a_new_conversation_only_if_held_there(
+def test_a_soft_pressured_worker_takes_a_request_only_if_it_holds_most_of_it(
     pressure: Pressure, kv_usage: float | None, hashes: tuple[int, ...], expected: str
 ) -> None:
     """b took the first turn and has since reached a pressure mark; a is idle and cold."""

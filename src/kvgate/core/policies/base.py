@@ -6,17 +6,10 @@ pinned version if one is pinned, and either accepts new sessions (no memory
 pressure) or is the request's *home*: a pressured worker takes no new conversations,
 but its own keep coming back. The home is the worker the request's session is bound
 to, while it is not under hard pressure (hard pressure moves sessions away: a binding
-can be moved, and its idle KV offloaded), or, without a session, the one a policy
-that follows headerless conversations knows its earlier turn went to (``default``:
-``ChainEnds.through``), under any pressure. Moving such a turn off its home
-recomputes its whole context elsewhere, more KV on a fleet already short of memory,
-where at home it adds only its new tokens; the KV gate (``core.route``) holds it at
-the gateway until those fit. On a long-context trace whose workers hovered about the
-soft mark, later turns left their caches whenever a scrape read 85%; headerless agents
-whose turns of ~10k tokens filled their worker (KV 0.99 at a scrape, freed as they
-ended) all left it together, recomputed their histories on the others and pushed those
-to the hard mark in turn (``agent:session_ids=False``, seeds 140-151: 2.2 points and a
-third of p99 TTFT lost, against keeping them home).
+can be moved, and its idle KV offloaded). Moving a session off its home recomputes
+its whole context elsewhere, more KV on a fleet already short of memory, where at
+home it adds only its new tokens; the KV gate (``core.route``) holds it at the
+gateway until those fit.
 
 Under soft pressure a worker also takes a headerless request whose prompt it holds
 most of (``holding``, as the policy's index knows: a group's system prompt, a shared
@@ -76,17 +69,15 @@ class Holding:
 def candidates(
     request: RequestFeatures,
     ctx: RouteContext,
-    home: WorkerId | None = None,
     holding: Container[WorkerId] = (),
 ) -> list[WorkerState]:
     """The workers ``request`` may be sent to, in fleet order (see the module docs);
-    ``home``: where its headerless conversation's earlier turn went, if known;
     ``holding``: the workers holding most of its prompt, taken under soft pressure."""
     bound = ctx.affinity.worker if ctx.affinity is not None else None
     pinned = request.pinned_version
     # Comprehensions with inlined ``routable`` / ``full``: this runs over every
     # worker on every request (``holding`` asked of soft workers only).
-    if bound is None and home is None and pinned is None:
+    if bound is None and pinned is None:
         return [
             w
             for w in ctx.fleet.workers
@@ -100,11 +91,7 @@ def candidates(
         if w.health in _ROUTABLE
         and w.in_flight < w.max_in_flight
         and (pinned is None or w.version == pinned)
-        and (
-            w.pressure is _NORMAL
-            or w.id == home
-            or (w.pressure is _SOFT and (w.id == bound or w.id in holding))
-        )
+        and (w.pressure is _NORMAL or (w.pressure is _SOFT and (w.id == bound or w.id in holding)))
     ]
 
 

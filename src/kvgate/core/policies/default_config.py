@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from kvgate.core.policies.base import PolicyConfig, ThresholdKind
 from kvgate.core.prefix_index import PrefixIndexConfig
+
+Term = Literal["session_life", "chain_life", "tail", "claims", "running", "holding"]
+"""A term ``DefaultConfig.off`` can switch off (``core.policies.default``'s module docs)."""
 
 
 class DefaultConfig(PolicyConfig):
@@ -13,25 +18,17 @@ class DefaultConfig(PolicyConfig):
 
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
-    sticky_load_factor: float | None = Field(default=2.0, ge=1)
-    sticky_slack: int = Field(default=4, ge=0)
     prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
     """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
     decode_s: float = Field(default=0.002, ge=0)
     """Time to first token each request already on a worker adds (its decode steps)."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
-    busy_half_s: float = Field(default=3.0, gt=0)
-    """Queued prefill seconds at which the pull of a worker's cache is halved."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
-    waste: float = Field(default=2.0, ge=0)
-    """At most how many times over recomputing a prefix another worker holds delays the
-    requests behind it on a backlogged fleet (``core.policies.waste``)."""
-    kv_high: float = Field(default=0.9, gt=0, le=1)
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break), and of
-    the counts that measure what a session brings over its life."""
+    the counts that measure what a conversation brings over its life."""
     outstanding_horizon_s: float = Field(default=600.0, gt=0)
     """A routed request never reported back is dropped from the queue estimate after this."""
     time_scale: float = Field(default=1.0, gt=0)
@@ -49,3 +46,11 @@ class DefaultConfig(PolicyConfig):
     idle worker, where the next opening behind them would copy them (``core.warmup``; a
     prefix is shared once two openings matched it, ``core.policies.openers``; 0: never)."""
     index: PrefixIndexConfig = PrefixIndexConfig()
+    off: frozenset[Term] = frozenset()
+    """Terms switched off that no neutral value of a weight above switches off, for the
+    ablation (``benchmarks/ablation.py --baseline default``); ``a+b`` from a string."""
+
+    @field_validator("off", mode="before")
+    @classmethod
+    def _terms(cls, value: object) -> object:
+        return frozenset(filter(None, value.split("+"))) if isinstance(value, str) else value

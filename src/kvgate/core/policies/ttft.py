@@ -208,7 +208,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         holding: Container[WorkerId] = ()
         if request.session_key is None and held:
             holding = Holding(held, -(-request.prompt_chars // 2))
-        return candidates(request, ctx, None, holding)
+        return candidates(request, ctx, holding)
 
     def _restorable(self, request: RequestFeatures) -> int:
         """Characters of the prompt restorable from disk, at their credit (module docs)."""
