@@ -99,6 +99,24 @@ def test_usage_stripper_on_a_whole_stream_in_one_chunk(crlf: bool) -> None:
     assert whole.feed(upstream) + whole.flush() == _stream(content, crlf)
 
 
+@pytest.mark.parametrize("null_usage", [False, True])
+@pytest.mark.parametrize("step", [1, 7, 10_000])
+def test_usage_stripper_sees_a_turn_end_in_a_tool_call(null_usage: bool, step: int) -> None:
+    """With or without the ``"usage": null`` some workers put on every event."""
+    extra = {"usage": None} if null_usage else {}
+    events: list[object] = [
+        {"choices": [{"delta": {"content": f"t{i}"}}], **extra} for i in range(4)
+    ]
+    call = {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], **extra}
+    for finish, called in ((call, True), ({**call, "choices": [{"finish_reason": "stop"}]}, False)):
+        upstream = _stream([*events, finish, {"choices": [], "usage": USAGE}])
+        stripper = UsageStripper()
+        for start in range(0, len(upstream), step):
+            stripper.feed(upstream[start : start + step])
+        stripper.flush()
+        assert (stripper.tool_call, stripper.usage) == (called, Usage(40, 8, 32))
+
+
 def test_usage_stripper_passes_other_events_unchanged() -> None:
     stripper = UsageStripper()
     text = _event({"choices": [{"text": 'the word "usage" in quotes'}]})

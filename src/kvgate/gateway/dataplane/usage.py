@@ -285,8 +285,8 @@ class UsageStripper:
         self._buf = bytearray()
         self.usage: Usage | None = None
         self.tool_call = False
-        """The stream's turn ended in a tool call (its finish event carries the usage field,
-        null, as every event does once usage is asked)."""
+        """The stream's turn ended in a tool call (its finish event said so, with or without
+        the ``"usage": null`` vLLM and SGLang put on every event once usage is asked)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (and of earlier partial events) to forward now."""
@@ -295,12 +295,16 @@ class UsageStripper:
         if not buf:
             at = chunk.find(b'"usage"')
             if at < 0 and chunk.endswith(b"\n\n"):
+                if not self.tool_call:
+                    self.tool_call = ends_in_tool_call(chunk)
                 return chunk  # the common case: whole events, nothing to change
             # Whole events before the first "usage" pass as they are; only the rest is
             # cut into events (events coalesce into one chunk when the relay lags).
             cut = _last_event_end(chunk, at if at >= 0 else len(chunk))
             if cut:
                 head, chunk = chunk[:cut], chunk[cut:]
+                if not self.tool_call:
+                    self.tool_call = ends_in_tool_call(head)
         buf += chunk
         out = bytearray()
         start = 0
@@ -317,10 +321,10 @@ class UsageStripper:
         return self._filter(rest) if rest else b""
 
     def _filter(self, event: bytes) -> bytes:
+        if not self.tool_call:
+            self.tool_call = ends_in_tool_call(event)
         if b'"usage"' not in event:
             return event
-        if not self.tool_call and b"tool_" in event:
-            self.tool_call = ends_in_tool_call(event)
         stripped = _NULL_USAGE.sub(b"", event)
         if b'"usage"' not in stripped:
             return stripped  # only null usage, on every content event: no JSON to decode
