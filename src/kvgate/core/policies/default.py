@@ -254,7 +254,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         other open worker by this policy's cost (``_place``: queue, prefill with its claims
         judged, the cache a move would evict), the wait for KV room left out. The KV hold
         does not wait for a worker worth nothing (``core.route``): a home that evicted a
-        session's history, or one ``_place`` would skip (KV at ``kv_high``)."""
+        session's history, or one ``_place`` would not choose."""
         kind, limit = self.config.threshold_kind, self.config.threshold
         cands = candidates(request, ctx, self._holding(request, ctx, None))  # ``pick``'s
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
@@ -265,7 +265,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         costs = {w.id: cost for cost, w in self._scored}
         mine = costs.pop(worker, math.inf)
         other = min(costs.values(), default=math.inf)
-        # Chosen against its scored cost (the waste or claims terms moved it): all the wait.
+        # Chosen against its scored cost (the judged claims moved it): all the wait.
         return other - mine if other >= mine else math.inf
 
     def _aside(
