@@ -4,7 +4,9 @@
 before routing with ``tokenizers: {kind: hf}``, and hashing its tokens into the
 engine's block chain happens once with it; the decision is the exact index's match
 (every worker's depth along that chain) plus the default policy's ``pick`` with
-that residency, on a fleet whose workers each hold many chains.
+that residency, on a fleet whose workers each hold many chains, by a policy that has
+routed as many chats before (the request's own among them: its approximate index holds
+a deep match, which a fleet that all publishes events need not look up).
 """
 
 from __future__ import annotations
@@ -100,8 +102,20 @@ def exact_decision(
             for w in ids
         ),
     )  # fmt: skip
-    policy = DefaultPolicy()
+    policy, approximate = DefaultPolicy(), DefaultPolicy()
     config = FeatureConfig()
+    # Both policies have routed (and heard back from) as many chats as the fleet
+    # holds chains: their approximate indexes are as full as a running gateway's.
+    for n in range(chains_per_worker * workers // 8):
+        done, _ = chat_canonical_pieces(chat_of_tokens(3000, seed + n % 500))
+        routed = request_features(
+            f"w{n}", "m", prompt_chars=sum(map(len, done)),
+            prefix_hashes=pieces_chain_hashes(done, config.block_chars, config.max_blocks,
+                                              coarse_factor=config.coarse_factor),
+        )  # fmt: skip
+        for warmed in (policy, approximate):
+            warmed.on_routed(routed, ids[n % workers], float(n))
+            warmed.on_usage(routed, ids[n % workers], 3000, 0, float(n) + 0.5)
     messages = chat_of_tokens(3000, seed)
     pieces, _ = chat_canonical_pieces(messages)
     hashes = pieces_chain_hashes(
@@ -139,8 +153,6 @@ def exact_decision(
         features, tokens = request()
         ctx = RouteContext(fleet, None, rng, {}, resident(features, chains[id(tokens)]))
         policy.pick(features, ctx)
-
-    approximate = DefaultPolicy()
 
     def decide_approximate() -> None:
         features, _ = request()

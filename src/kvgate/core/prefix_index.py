@@ -32,7 +32,7 @@ a worker with 500k tokens of KV in 64-token blocks about 1.6 MB.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, KeysView, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -120,6 +120,10 @@ class PrefixIndex:
     def __len__(self) -> int:
         """Block entries held over all workers (what the memory bound counts)."""
         return sum(len(lru) for lru in self._lru.values())
+
+    def known_workers(self) -> KeysView[WorkerId]:
+        """Workers the index currently knows, as a set."""
+        return self._lru.keys()
 
     def workers(self) -> Iterator[WorkerId]:
         """Workers the index currently knows."""

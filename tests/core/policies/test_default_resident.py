@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.core.policies.default import DefaultPolicy
-from kvgate.core.policy import RouteContext
+from kvgate.core.policy import Resident, RouteContext
 
 from .tables import chain, ctx, fleet, request, worker
 
@@ -109,3 +109,17 @@ def test_the_stores_claims_count_as_far_as_usage_has_confirmed_them(
         teach(confirmed)
     replica_b.on_routed(filler, "b", 0.0)
     assert replica_b.pick(request("t", hashes=hashes), turn()).worker == chosen
+
+
+@pytest.mark.parametrize("exact", [frozenset({"a", "b"}), {"a": 1, "b": 2}.keys(), ("a", "b")])
+def test_a_fleet_all_publishing_events_is_read_from_the_engines_alone(exact: object) -> None:
+    policy = learned()
+    first = request("t1", hashes=chain(1, 10))
+    policy.on_routed(first, "a", -100.0)  # the index: a holds 10 (and the turn ended)
+    policy.on_usage(first, "a", 640, 0, -99.0)
+    turn = request("t2", hashes=chain(1, 12))
+    snapshot = fleet(*WORKERS)
+    told = RouteContext(snapshot, None, ctx(snapshot).rng, {}, Resident({"b": 256 * 3}, exact))  # type: ignore[arg-type]
+    assert policy.matches(turn, told) == {"b": 3}  # a's claim was the index's: replaced
+    some = RouteContext(snapshot, None, ctx(snapshot).rng, {}, Resident({"b": 256 * 3}, ("b",)))
+    assert policy.matches(turn, some) == {"a": 10, "b": 3}  # a publishes none: its index

@@ -19,6 +19,7 @@ Three sources answer it, best first:
 from __future__ import annotations
 
 from collections.abc import Collection
+from collections.abc import Set as AbstractSet
 
 from kvgate.core.features import RequestFeatures
 from kvgate.core.policies.books import Queues
@@ -39,11 +40,17 @@ class Residency(PrefixLearning):
         """Blocks of the request's chain each worker holds: the index's or the store's,
         deeper; for a worker that publishes KV events, what its engine says."""
         hashes = request.prefix_hashes
-        found = self.index.match(hashes) if hashes else {}
-        for worker, depth in ctx.holders.items():
-            if depth > found.get(worker, 0):
-                found[worker] = min(depth, len(hashes))
         resident = ctx.resident
+        found: dict[WorkerId, int] = {}
+        # Where every worker the index or the store could name publishes events, their
+        # claims would all be replaced by the engines' word: not looked up (~11 µs).
+        if resident is None or not _within(
+            resident.exact, self.index.known_workers(), ctx.holders.keys()
+        ):
+            found = self.index.match(hashes) if hashes else {}
+            for worker, depth in ctx.holders.items():
+                if depth > found.get(worker, 0):
+                    found[worker] = min(depth, len(hashes))
         if resident is None:
             return found
         self._told = (request.request_id, resident.exact)
@@ -57,3 +64,10 @@ class Residency(PrefixLearning):
         """Whether ``worker``'s claim on ``request`` (``matches``) is its engine's word."""
         rid, exact = self._told
         return rid == request.request_id and worker in exact
+
+
+def _within(exact: Collection[WorkerId], *known: AbstractSet[WorkerId]) -> bool:
+    """Whether every worker of ``known`` is in ``exact``."""
+    if isinstance(exact, AbstractSet):
+        return all(k <= exact for k in known)
+    return all(w in exact for k in known for w in k)
