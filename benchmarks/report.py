@@ -59,12 +59,13 @@ KEPT_SECTIONS = (
     "Live affinity benchmark (4 worker processes, 1 and 4 gateway processes)",
     "Memory pressure (live)",
     "Gateway overhead",
+    "TTFT prediction (live, issue 46)",
     "Real engine (llama.cpp, Gemma 3 270M)",
     "Real KV offload and migration (llama.cpp slots)",
     "Peers: sglang-router, smg, vllm-router, HAProxy (live, issue 11)",
 )
 """Sections other scripts write into the doc (``benchmarks/real_engine.py``,
-``benchmarks/real_offload.py``): a rerun
+``benchmarks/real_offload.py``, ``benchmarks/prediction_error.py``): a rerun
 keeps them as they are, after the generated ones."""
 
 
