@@ -5,9 +5,9 @@ and each against the baseline on the same seeds: the hit rate's difference in po
 the TTFT ratios, and whether switching the term off is significantly ``worse`` (an
 interval excludes parity on the bad side) or ``better``. A term earns its place where
 switching it off makes some shape significantly worse. ``--baseline ttft`` (the default)
-runs ``ttft``'s terms on its five shapes; ``--baseline default`` runs ``default``'s terms
-on every scenario of the judge (``benchmarks/judge.py``) and on ``chat-tight`` (explicit
-sessions, tight KV), tune seeds 0-7 (the judge holds out 500-507). ``--json`` keeps the
+runs ``ttft``'s terms on every scenario of the judge (``benchmarks/judge.py``);
+``--baseline default`` runs ``default``'s terms there and on ``chat-tight`` (explicit
+sessions, tight KV); tune seeds 0-7 (the judge holds out 500-507). ``--json`` keeps the
 rows and the summary (docs/runs/)::
 
     .venv/bin/python benchmarks/ablation.py --seeds 8 --json docs/runs/ablation_ttft.json
@@ -31,7 +31,6 @@ from rich.table import Table
 from kvgate.sim.ablation import (
     CHAT_TIGHT,
     DEFAULT_VARIANTS,
-    SHAPES,
     VARIANTS,
     Shape,
     Variant,
@@ -42,7 +41,7 @@ from kvgate.sim.ablation import (
 )
 
 LINE_UPS: dict[str, tuple[tuple[Shape, ...], tuple[Variant, ...]]] = {
-    "ttft": (SHAPES, VARIANTS),
+    "ttft": (judge_shapes(), VARIANTS),
     "default": ((*judge_shapes(), CHAT_TIGHT), DEFAULT_VARIANTS),
 }
 """Per baseline: the shapes and variants it is ablated on."""

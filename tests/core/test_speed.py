@@ -207,3 +207,21 @@ def test_a_queue_the_prior_never_saw_is_learned_after_a_rescale() -> None:
             errors.append(abs(predicted[k] - ttft) / ttft)
     assert model.speed("w").queue_s > 2.0
     assert statistics.median(errors[-12:]) < 0.2
+
+
+def test_a_worker_within_the_tolerance_of_the_fleet_is_predicted_with_the_fleets_speed() -> None:
+    """Like workers differ by their fits' noise: inside the tolerance the fleet's estimate
+    predicts them all alike; a worker truly slower keeps its own."""
+    like = Speed(overhead_s=0.02, prefill_s=1 / 10_000, decode_s=0.002)
+    near = Speed(overhead_s=0.02, prefill_s=1 / 9_500, decode_s=0.002)
+    slow = Speed(overhead_s=0.02, prefill_s=1 / 5_000, decode_s=0.002)
+    for tolerance, alike in ((0.15, True), (0.0, False)):
+        model = FleetSpeed(PRIOR, tolerance=tolerance, fitted=(True, True, False, False))
+        rng = random.Random(5)
+        for worker, truth in (("a", like), ("b", like), ("c", near), ("d", slow)):
+            drive(model, truth, rng, 40, worker=worker)
+        c, a = model.predict("c", 2000, 1e9), model.predict("a", 2000, 1e9)
+        fleet = model.fleet().ttft(2000, 0)
+        assert (c == pytest.approx(fleet)) is alike
+        assert a == pytest.approx(fleet) or not alike
+        assert model.predict("d", 2000, 1e9) > 1.5 * fleet

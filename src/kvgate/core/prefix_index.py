@@ -138,19 +138,21 @@ class PrefixIndex:
         """What ``worker``'s entries weigh, in fine blocks (what its capacity bounds)."""
         return self._weight.get(worker, 0)
 
-    def fill(self, worker: WorkerId) -> float:
-        """How full ``worker``'s KV cache is with its recent chains (0 to 1).
+    def fill(self, worker: WorkerId, most: float = 1.0) -> float:
+        """How full ``worker``'s KV cache is with its recent chains (0 to ``most``, at most
+        ``kv_overcommit``: the cache's size times over).
 
         The share remembers ``kv_overcommit`` times the KV capacity, so a worker
         whose recent chains just fill its cache reads 1 (not ``1 / kv_overcommit``,
         as the share's own fullness would): from there on every new block there
-        evicts one that a returning request asks for.
+        evicts one that a returning request asks for, and past 1 the share says how many
+        times over it is asked for.
         """
         weight = self._weight.get(worker, 0)
         if not weight:
             return 0.0
         fill = self.config.kv_overcommit * weight / self.capacity(worker)
-        return fill if fill < 1.0 else 1.0
+        return fill if fill < most else most
 
     def depth_chars(self, depth: int) -> int:
         """Characters covered by the first ``depth`` blocks of a chain."""

@@ -8,9 +8,9 @@ TTFT p50/p99 over the seeds with a 95% interval, and the same for the ratio of e
 variant's figure to a baseline variant's on the same seed (paired: the seeds' own
 variation cancels). ``benchmarks/ablation.py`` prints the table and keeps the JSON.
 
-Two line-ups: ``ttft``'s terms on five shapes of its own (``SHAPES``, ``VARIANTS``), and
-``default``'s terms on the judge's scenarios as the judge runs ``default`` there
-(``judge_shapes``, ``DEFAULT_VARIANTS``: each term off by a neutral value of its weight,
+Two line-ups, both on the judge's scenarios as the judge runs its policy there
+(``judge_shapes``; ``SHAPES``: five older shapes): ``ttft``'s terms (``VARIANTS``), and
+``default``'s (``DEFAULT_VARIANTS``: each term off by a neutral value of its weight,
 or by ``DefaultConfig.off`` where it has none). ``verdict`` says where a term earns its
 place: switching it off is significantly worse (an interval excludes parity on the bad
 side).
@@ -77,9 +77,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("-learn", "ttft", {"learn": False}),
     Variant("+engine_queue", "ttft", {"engine_queue": True}),
     Variant("-evict", "ttft", {"evict": 0.0}),
+    Variant("-delay", "ttft", {"delay_cap": 0.0}),  # the prefill later requests wait behind
+    Variant("-tolerance", "ttft", {"speed_tolerance": 0.0}),  # like workers' fits taken apart
+    Variant("decode_2ms", "ttft", {"decode_s": 0.002}),  # the old decode prior
     Variant("default", "default"),
-    Variant("cache_aware", "cache_aware"),
-    Variant("round_robin", "round_robin"),
 )
 
 

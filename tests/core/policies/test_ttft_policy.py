@@ -174,3 +174,20 @@ def test_hold_worth_is_the_lead_of_the_chosen_worker() -> None:
     assert decision.worker == "a"
     assert policy.hold_worth(features, "a", context) == pytest.approx(0.1, abs=0.01)
     assert policy.hold_worth(features, "b", context) == 0.0
+
+
+@pytest.mark.parametrize(("delay_cap", "chosen"), [(2.0, "a"), (0.0, "b")])
+def test_on_a_backlogged_fleet_a_sibling_stays_behind_its_groups_prompt(
+    delay_cap: float, chosen: str
+) -> None:
+    """A burst: every worker has a queue. Recomputing the group's 2,048-token prompt on b
+    would start this request sooner, but it is capacity the requests queued behind on b
+    wait for: counted (``delay_cap``), the sibling stays on a, where the prompt is."""
+    policy = TtftPolicy(TtftConfig(delay_cap=delay_cap))
+    group = chain(1, 32)
+    policy.on_routed(request("opener", hashes=group), "a", 0.0)
+    for i in range(16):  # the burst: many arrivals at once
+        queue(policy, "abc"[i % 3], 0.02, f"burst{i}")
+    queue(policy, "a", 0.25, "long")
+    sibling = request("sibling", hashes=(*group, 99), prompt_chars=32 * 256 + 256)
+    assert policy.pick(sibling, ctx(fleet(*THREE))).worker == chosen

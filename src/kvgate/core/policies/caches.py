@@ -69,11 +69,12 @@ class IndexResidency:
 
 
 def evicted_tokens(new_tokens: float, fill: float, reuse: float, reserved: float = 0.0) -> float:
-    """What ``new_tokens`` evict on a worker whose cache is ``fill`` full (0-1) costs later
+    """What ``new_tokens`` evict on a worker whose cache is ``fill`` full costs later
     requests, in prefill tokens (times the worker's prefill seconds a token: seconds): the
-    evicted share of them, each worth the chance it would have been hit (``reuse``, the
-    worker's measured hit ratio), or certainly where it is ``reserved`` (the share of the
-    cache held for sessions coming back, 0-1)."""
+    evicted share of them, each worth the chance it would have been hit (``reuse``, a
+    measured hit ratio), or certainly where it is ``reserved`` (the share of the cache held
+    for sessions coming back, 0-1). ``fill`` may pass 1: content sent there that is more
+    than the cache holds is more that returning requests will ask for."""
     if new_tokens <= 0.0 or fill <= 0.0:
         return 0.0
     return new_tokens * fill * (reuse * (1.0 - reserved) + reserved)

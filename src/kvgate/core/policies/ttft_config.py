@@ -8,14 +8,27 @@ from kvgate.core.policies.base import PolicyConfig
 from kvgate.core.prefix_index import PrefixIndexConfig
 
 
+class TtftIndexConfig(PrefixIndexConfig):
+    """``ttft``'s prefix index: it remembers four times a worker's KV, not two, so how full
+    a worker's cache is with what was sent there (``PrefixIndex.fill``, uncapped up to
+    that) still tells workers apart once every cache is full: with two, every worker of a
+    session fleet read "full" within 20 s and new sessions went by queue alone, piling onto
+    some workers until their sessions' histories evicted each other (session-docs: turns
+    missing at home 74k tokens a run against cache_aware's 30k)."""
+
+    kv_overcommit: float = Field(default=4.0, ge=0.1)
+
+
 class TtftConfig(PolicyConfig):
     """Options of ``ttft``: the speed prior, the eviction weight, and each term's switch
     (the ablation in ``benchmarks/ablation.py`` turns them off one at a time)."""
 
     prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
     """The prior of a worker's prefill rate (an H100 running an 8B model does 10-15k/s)."""
-    decode_s: float = Field(default=0.002, ge=0)
-    """The prior of the time to first token each request decoding on a worker adds."""
+    decode_s: float = Field(default=0.005, ge=0)
+    """The time to first token each request decoding on a worker adds: a prior, not fitted
+    (see ``TtftPolicy``). 5 ms: at 2 ms a worker slowed to half speed kept 40-50% of its
+    speed-proportional share (uniform-mixed-slowdown), the rest went to the faster ones."""
     overhead_s: float = Field(default=0.005, ge=0)
     """The prior of a worker's fixed time to first token (scheduling, the first step)."""
     learn: bool = True
@@ -28,6 +41,14 @@ class TtftConfig(PolicyConfig):
     single-replica shapes the scrape's lag reads finished work as others' (mixed
     no-reuse p50 0.95x with it off, ``docs/runs/ablation_ttft.json``); a fleet shared by
     several replicas is where it can earn its place."""
+    delay_cap: float = Field(default=2.0, ge=0)
+    """The most later requests a placement's prefill is counted to delay (0: not counted).
+    Per candidate: its share of the arrival rate times how long it stays busy (the
+    shortest queue among the candidates, plus this prefill there): a burst's rate says
+    more about the burst than about how many it will delay, hence the cap."""
+    speed_tolerance: float = Field(default=0.15, ge=0)
+    """A worker whose learned prefill rate is within this share of the fleet's is predicted
+    with the fleet's (``FleetSpeed``): like workers differ by their fits' noise alone."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the predicted cost of what a placement evicts (0: not counted)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
@@ -39,4 +60,4 @@ class TtftConfig(PolicyConfig):
     """What a prefix block restorable from disk is worth on any worker, against one in
     the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
     takes to recompute it (``benchmarks/real_offload.py``)."""
-    index: PrefixIndexConfig = PrefixIndexConfig()
+    index: TtftIndexConfig = TtftIndexConfig()
