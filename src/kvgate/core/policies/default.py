@@ -346,7 +346,8 @@ class DefaultPolicy(Warming, SpeedLearning):
                     queued = 0.0
                 elif queued > owed:
                     queued = owed
-            fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
+            if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
+                fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
             depth = get(wid, 0)
             key = depth if wid != tail_worker else ~depth  # the tail's worker: its own
             term = terms.get(key)
