@@ -251,9 +251,15 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         # Later requests a second per candidate, and the shortest queue among them: while
         # every candidate has one, what this request adds to a queue delays those behind it.
         rate = self._pace.rate(now) / len(open_) if cfg.delay_cap > 0.0 else 0.0
-        backlog = min(speed.queued_s(w.id, now) for w in open_) if rate else 0.0
+        backlog = inf = float("inf")
+        for w in open_ if rate else ():
+            queued = speed.queued_s(w.id, now)
+            backlog = queued if queued < backlog else backlog
+            if not queued:
+                break  # an idle candidate: nothing queues behind anyone
+        backlog = backlog if rate else 0.0
         scored: list[tuple[float, WorkerState]] = []
-        predict, held_get, inf = speed.predict, held.get, float("inf")
+        predict, held_get = speed.predict, held.get
         best, best_cost = open_[0], inf
         for w in open_:
             wid = w.id
