@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 
 from kvgate.gateway.dataplane.relay import REASON_HEADER, WORKER_HEADER
 from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.store import MemoryStore
 from kvgate.testing import wait_until
 
 from .conftest import every_worker_up, gateway_config, worker_fleet
@@ -100,4 +101,24 @@ async def test_a_subagent_lands_where_its_parents_prefix_is_cached() -> None:
         assert len(homes) > 1  # the preamble alone does not say where to go
         await _seen_idle(gw)
         turns = await _subagent(gw, TASK + SUBTASK, "Done: 3 tests fixed.")
+    _check(turns, parent, prompt)
+
+
+@pytest.mark.parametrize("policy", ["default", "ttft"])
+async def test_a_subagent_through_another_replica_lands_where_its_parent_is(policy: str) -> None:
+    """The subagent's replica has routed nothing yet (its policy learned nothing): the
+    parent's binding in the shared store, not what the replica learned, takes it there,
+    whichever policy routes (``core.route.under_parent``)."""
+    store, chosen = MemoryStore(), {"name": policy}
+    async with (
+        worker_fleet(3) as fleet,
+        running_gateway(gateway_config(fleet, policy=chosen), store=store) as first,
+        running_gateway(gateway_config(fleet, policy=chosen), store=store) as second,
+    ):
+        await every_worker_up(first)
+        await every_worker_up(second)
+        homes, parent, prompt = await _agents_and_parent(first)
+        assert len(homes) > 1
+        await _seen_idle(second)
+        turns = await _subagent(second, TASK + SUBTASK, "Done: 3 tests fixed.")
     _check(turns, parent, prompt)

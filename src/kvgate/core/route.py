@@ -15,6 +15,11 @@ The steps, in order (each may end it):
    work is refused near saturation; a fleet with no free slot queues or sheds.
 4. A continuation of state one worker holds (``previous_response_id``) goes back
    to that worker while it is routable: ``Place("continuation")``, no policy asked.
+   A subagent's request with no binding of its own (``under_parent``) is routed
+   under its parent's: the policy sees the parent's worker as the session's home,
+   so it goes where the parent's KV is, by the rules a session's own binding
+   follows (hard pressure, overload, a lost worker move it), and is bound there
+   (or where it went) under its own key.
 5. The policy picks. A ``CAPACITY_FULL`` refusal on a wholly pressured fleet
    overflows: the policy picks again among the workers an overflow may use
    (``overflow_fleet``), by its own measure (``default``: expected TTFT with its
@@ -62,7 +67,7 @@ from kvgate.core.admission import (
 from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
-from kvgate.core.holders import continues
+from kvgate.core.holders import continues, with_parent
 from kvgate.core.policy import Policy, Resident, RouteContext
 from kvgate.core.pressure import (
     PressureConfig,
@@ -92,6 +97,7 @@ __all__ = [
     "follows_binding",
     "queue_timeout",
     "route",
+    "under_parent",
 ]
 
 OVERFLOW = "pressure_overflow"
@@ -187,6 +193,7 @@ def route(
     config: RouteConfig,
     holders: Mapping[WorkerId, int] | None = None,
     resident: Resident | None = None,
+    parent: Affinity | None = None,
 ) -> Verdict:
     """The verdict for ``request`` on ``fleet`` (see the module docs for the steps).
 
@@ -197,8 +204,16 @@ def route(
     ``holders`` is the shared store's prefix state for the request
     (``core.holders``); a headerless later turn it shows resident is not new work.
     ``resident`` is what the engines that publish KV events hold of the prompt.
+    ``parent`` is the store's binding of the parent session a subagent's request names
+    (``RequestFeatures.parent_key``): without a binding of its own, it routes under it,
+    and the parent's worker holds as much of its prefix as any (``with_parent``).
     """
     holders = holders if holders is not None else {}
+    inherited = False
+    if parent is not None and affinity is None:
+        holders = with_parent(holders, parent.worker)
+        affinity = under_parent(request, None, parent)
+        inherited = affinity is not None
     # ``routable`` inlined, without a generator: this runs on every request.
     for worker in fleet.workers:
         if worker.health in ROUTABLE_HEALTH:
@@ -238,7 +253,7 @@ def route(
         worker=decision.worker,
         reason=decision.reason,
         version=decision.version,
-        affinity=decision.affinity,
+        affinity=_own_write(request, state, decision.version) if inherited else decision.affinity,
         kv_tokens=demand,
     )
     if gate is None or kv_fits(state, demand, gate, kv_output_tokens(request, gate)):
@@ -251,8 +266,42 @@ def route(
     if worth is not None and worth < _HOLD_TICK_S:
         moved = _with_room(request, ctx, policy, gate, place.worker)
         if moved is not None:
+            if inherited:
+                to = fleet.get(moved.worker)
+                assert to is not None  # ``_with_room`` picks from ``fleet``
+                moved = replace(moved, affinity=_own_write(request, to, moved.version))
             return moved
     return Hold(place, left)
+
+
+def under_parent(
+    request: RequestFeatures, affinity: Affinity | None, parent: Affinity | None
+) -> Affinity | None:
+    """The binding ``request`` is routed under: its own (``affinity``), else, for a
+    subagent's request (its own key, not a continuation), its parent's binding
+    (``parent``) given to its own key, as Dynamo binds a subagent under its parent.
+
+    The subagent's prompt opens with its parent's (the tool preamble, the task it was
+    handed), so the parent's worker holds most of it whatever a replica has learned
+    of the store's prefix state: a replica that has routed nothing yet sends it there
+    too. As a home, it keeps a home's limits (``core.policies.base.affinity_status``).
+    """
+    if affinity is not None or parent is None:
+        return affinity
+    key = request.affinity_key
+    if key is None or request.session_source is _CONTINUES:
+        return None
+    return Affinity(key, parent.worker, parent.version, parent.last_active)
+
+
+def _own_write(request: RequestFeatures, worker: WorkerState, version: str | None) -> AffinityWrite:
+    """The binding to write for a subagent placed under its parent's (``under_parent``):
+    its own key, where it went, new (``expected=None``: nothing was bound to it yet),
+    whatever the policy wrote for a home it took for the key's own (nothing on a hit,
+    the parent's worker as ``expected`` on a move)."""
+    key = request.affinity_key
+    assert key is not None  # ``under_parent`` inherits only for a keyed request
+    return AffinityWrite(key, worker.id, version or worker.version, expected=None)
 
 
 def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:

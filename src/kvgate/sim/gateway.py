@@ -43,7 +43,6 @@ from kvgate.core.holders import (
     holder_writes,
     holders_from,
     lookup_keys,
-    with_parent,
 )
 from kvgate.core.policy import Policy, Resident, RouteContext
 from kvgate.core.pressure import PressureTracker
@@ -55,6 +54,7 @@ from kvgate.core.route import (
     follows_binding,
     queue_timeout,
     route,
+    under_parent,
 )
 from kvgate.core.toolcalls import OFFLOAD_AT, leaves_away
 from kvgate.core.versions import ModelVersions, assign_version
@@ -199,7 +199,8 @@ class SimGateway:
         affinity = self.table.get(key, now) if key is not None else None
         version = None
         if self.versions is not None:
-            bound = affinity.version if affinity is not None else None
+            under = under_parent(features, affinity, self._parent(features, affinity, now))
+            bound = under.version if under is not None else None
             version, _ = assign_version(
                 self.versions, key, features.request_id, pinned=None, bound=bound
             )
@@ -224,10 +225,7 @@ class SimGateway:
         holders: Mapping[WorkerId, int] = (
             holders_from(waiter.features.checkpoints, seen) if keys else {}
         )
-        parent = waiter.features.parent_key
-        if parent is not None and waiter.affinity is None and holders:
-            bound = self.table.get(parent, now)  # a subagent's parent's worker
-            holders = with_parent(holders, bound.worker if bound is not None else None)
+        parent = self._parent(waiter.features, waiter.affinity, now)
         return route(
             waiter.features,
             waiter.affinity,
@@ -239,7 +237,17 @@ class SimGateway:
             config=self.config,
             holders=holders,
             resident=self._resident(waiter, now),
+            parent=parent,
         )
+
+    def _parent(
+        self, features: RequestFeatures, affinity: Affinity | None, now: Seconds
+    ) -> Affinity | None:
+        """A subagent's parent's binding while it has none of its own (the live router's)."""
+        parent = features.parent_key
+        if parent is None or affinity is not None:
+            return None
+        return self.table.get(parent, now)
 
     def _resident(self, waiter: _Waiter, now: Seconds) -> Resident | None:
         """What the engines hold of the request's prompt, by their KV events."""

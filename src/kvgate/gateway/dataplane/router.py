@@ -44,7 +44,6 @@ from kvgate.core.holders import (
     holder_writes,
     holders_from,
     lookup_keys,
-    with_parent,
 )
 from kvgate.core.policy import Policy, RouteContext
 from kvgate.core.route import (
@@ -57,6 +56,7 @@ from kvgate.core.route import (
     needs_affinity,
     queue_timeout,
     route,
+    under_parent,
 )
 from kvgate.core.warmup import WarmUp
 from kvgate.gateway.control.outcomes import OutcomeRecorder
@@ -233,8 +233,11 @@ class Router:
         if isinstance(looked, Unread) and not lazy and key is not None:
             looked = await self._read(key)  # a split appeared since ``lookup``
         affinity = None if isinstance(looked, Unread) else looked
+        # A subagent without a binding of its own routes under its parent's
+        # (``core.route.under_parent``), on its version where versions are split.
+        parent = None if lazy else await self._parent(features, affinity)
         if version is None and self.versions is not None:
-            version = self.versions.assign(features, affinity)
+            version = self.versions.assign(features, under_parent(features, affinity, parent))
         if lazy:
             # What this request adds to the shared prefix state is still written.
             keys = lookup_keys(features.prefix_hashes, features.checkpoints, affinity is not None)
@@ -242,7 +245,6 @@ class Router:
             holders: Mapping[WorkerId, int] = {}
         else:
             keys, seen, holders = await self._holders(features, affinity)
-            holders = await self._parent(features, affinity, holders)
         resident = self.caches.resident(features) if self.caches is not None else None
         while True:
             snap = self.pool.snapshot(features.model, self.wall(), self.mono(), version)
@@ -254,7 +256,7 @@ class Router:
                 if isinstance(looked, Unread) and key is not None:
                     looked = affinity = await self._read(key)
                 keys, seen, holders = await self._holders(features, affinity)
-                holders = await self._parent(features, affinity, holders)
+                parent = await self._parent(features, affinity)
                 continue  # the snapshot is stale after the awaits
             held_s = None if held_at is None else max(self.mono() - held_at, held_for)
             verdict = route(
@@ -268,6 +270,7 @@ class Router:
                 config=self.config,
                 holders=holders,
                 resident=resident,
+                parent=parent,
             )
             if isinstance(verdict, Place):
                 break
@@ -329,18 +332,20 @@ class Router:
         return keys, seen, holders_from(features.checkpoints, seen)
 
     async def _parent(
-        self, features: RequestFeatures, affinity: Affinity | None, holders: Mapping[WorkerId, int]
-    ) -> Mapping[WorkerId, int]:
-        """A new subagent's holders, its parent's worker counted (``core.holders.with_parent``)."""
+        self, features: RequestFeatures, affinity: Affinity | None
+    ) -> Affinity | None:
+        """The store's binding of the parent a subagent's request names, while the subagent
+        has none of its own: it routes under it (``core.route.under_parent``), its parent's
+        worker holding its shared prefix.
+        ``None``: not a subagent's, bound already, no parent binding, or a store error."""
         parent = features.parent_key
-        if parent is None or affinity is not None or not holders:
-            return holders
+        if parent is None or affinity is not None:
+            return None
         try:
-            bound = await self.store.get(parent)
+            return await self.store.get(parent)
         except Exception:
             self._store_failed("get")
-            return holders
-        return with_parent(holders, bound.worker if bound is not None else None)
+            return None
 
     def share(self, writes: Sequence[tuple[BlockHash, WorkerId]]) -> None:
         """Tell other replicas where an attempt's checkpoint blocks went (``Attempt.sent``).
