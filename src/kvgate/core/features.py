@@ -42,8 +42,8 @@ class RequestFeatures:
     gateway saved in the folder every worker reads): worth almost as much everywhere."""
     parent_key: SessionKey | None = None
     """The parent session a subagent's request names (``core.session.PARENT_SESSION_HEADERS``):
-    until the subagent has a binding of its own, its parent's worker counts as holding the
-    prefix they share."""
+    until the subagent has a binding of its own, it routes under its parent's
+    (``core.route.under_parent``)."""
     token_ids: tuple[int, ...] = ()
     """The prompt as the engine's tokens (``tokenizers:``; empty without a tokenizer):
     looked up in the exact index (``core.exact_index``)."""

@@ -9,7 +9,8 @@ so a client cannot make the affinity store hold arbitrarily large keys.
 A subagent names its parent (``PARENT_SESSION_HEADERS``: Dynamo's
 ``X-Dynamo-Parent-Session-ID``, Claude Code's ``x-claude-code-parent-agent-id``,
 Codex's ``x-codex-parent-thread-id``): ``parent_key_from`` reads it, and routing
-counts the parent's worker as holding what the parent shares with it.
+places the subagent under its parent's binding until it has its own
+(``core.route.under_parent``).
 """
 
 from __future__ import annotations
