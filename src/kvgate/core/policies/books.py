@@ -10,9 +10,14 @@ import math
 from collections import OrderedDict
 
 from kvgate.core.policies.running import RunningBlocks
+from kvgate.core.speed import FleetSpeed, Speed
 from kvgate.types import BlockHash, Seconds, WorkerId
 
 _Flight = tuple[WorkerId, float, Seconds, tuple[BlockHash, ...]]
+Cost = tuple[float, float, float, float, float, float, float, float]
+"""What a decision reads of a worker: its queue (backlog tokens, as of when, tokens owed),
+its fill, and its learned speed: prefill seconds a token, that over the prior's (its
+*pace*: a cost's prefill terms are in the prior's seconds), overhead and decode seconds."""
 
 
 class Book:
@@ -21,13 +26,14 @@ class Book:
     One object a worker, so a decision costs one dictionary probe per worker.
     """
 
-    __slots__ = ("busy_until", "fill", "owed_s", "recent", "recent_at")
+    __slots__ = ("as_of", "backlog", "fill", "owed", "recent", "recent_at")
 
     def __init__(self, now: Seconds) -> None:
-        self.busy_until = now
-        """When the prefill queued there is done, at the configured rate (virtual time)."""
-        self.owed_s = 0.0
-        """Prefill seconds of the requests routed there and not yet reported back."""
+        self.backlog = 0.0
+        """Prefill tokens queued there as of ``as_of``: drained at the worker's learned rate."""
+        self.as_of = now
+        self.owed = 0.0
+        """Prefill tokens of the requests routed there and not yet reported back."""
         self.fill = 0.0
         """How full its share of the prefix index is (``PrefixIndex.fill``)."""
         self.recent = 0.0
@@ -64,30 +70,36 @@ class Life:
 class Queues:
     """Each worker's prefill queue estimate, from the requests routed and not reported.
 
-    Each routed request adds its prefill seconds to its worker's queue, which drains
-    at the configured rate and is never more than the prefill of the requests still
-    in flight there (``owed_s``), so a wrong rate cannot make it drift. A request
-    never reported back is dropped after ``horizon_s``, or when more than
-    ``max_pending`` are in flight.
+    Each routed request adds its uncached prefill tokens to its worker's queue, which
+    drains at the worker's learned prefill rate (``FleetSpeed.speed``: the configured
+    rate is only its prior) and is never more than the tokens of the requests still in
+    flight there (``owed``), so a wrong rate cannot make it drift. A request never
+    reported back is dropped after ``horizon_s``, or when more than ``max_pending`` are
+    in flight.
     """
 
-    __slots__ = ("_flights", "books", "costs", "horizon_s", "max_pending", "rate",
-                 "recent_half_s", "running")  # fmt: skip
+    __slots__ = ("_flights", "books", "costs", "horizon_s", "idle", "max_pending",
+                 "prior_s", "recent_half_s", "running", "speed")  # fmt: skip
 
     def __init__(
-        self, rate: float, recent_half_s: Seconds, horizon_s: Seconds, max_pending: int
+        self, speed: FleetSpeed, recent_half_s: Seconds, horizon_s: Seconds, max_pending: int
     ) -> None:
-        self.rate = rate
+        self.speed = speed
+        self.prior_s = speed.prior.prefill_s
+        """The prior's prefill seconds a token: the unit of a cost's prefill terms."""
         self.recent_half_s = recent_half_s
         self.horizon_s = horizon_s
         self.max_pending = max_pending
         self.books: dict[WorkerId, Book] = {}
-        self.costs: dict[WorkerId, tuple[float, float, float]] = {}
-        """What a decision reads of each book, as one tuple (busy_until, owed_s, fill):
-        replaced whenever the book changes, so the hot loop unpacks instead of probing."""
+        self.costs: dict[WorkerId, Cost] = {}
+        """What a decision reads of each book, as one tuple (``Cost``): replaced whenever
+        the book or the worker's learned speed changes, so the hot loop unpacks instead of
+        probing."""
+        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, speed.fleet())
+        """The ``Cost`` of a worker with no book: nothing queued, the fleet's speed."""
         self.running = RunningBlocks()
         """The chains of the requests in flight, per worker."""
-        # Requests routed and not reported back: worker, prefill seconds, when routed,
+        # Requests routed and not reported back: worker, prefill tokens, when routed,
         # and their chains (counted in ``running`` while they are in flight).
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
 
@@ -96,7 +108,13 @@ class Queues:
         book = self.books.get(worker)
         if book is None:
             return 0.0
-        return min(max(0.0, book.busy_until - now), book.owed_s) * self.rate
+        return _left(book.backlog, book.as_of, book.owed, self.speed.speed(worker).prefill_s, now)
+
+    def repace(self) -> None:
+        """The learned speeds moved (an observation): every worker's ``Cost`` is read again."""
+        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self.speed.fleet())
+        for worker, book in self.books.items():
+            self._publish(worker, book)
 
     def recent(self, worker: WorkerId, now: Seconds) -> float:
         """Requests routed to ``worker`` lately, halved every ``recent_half_s``."""
@@ -111,24 +129,24 @@ class Queues:
         self,
         request_id: str,
         worker: WorkerId,
-        seconds: float,
+        tokens: float,
         hashes: tuple[BlockHash, ...],
         now: Seconds,
     ) -> None:
-        """Queue ``seconds`` of prefill on ``worker`` for a request with chain ``hashes``."""
+        """Queue ``tokens`` of prefill on ``worker`` for a request with chain ``hashes``."""
         book = self.books.get(worker)
         if book is None:
             book = self.books[worker] = Book(now)
         recent = self.recent(worker, now)
-        busy = book.busy_until
-        book.busy_until = (now if now > busy else busy) + seconds
-        book.owed_s += seconds
+        queued = self.queued_tokens(worker, now)
+        book.backlog, book.as_of = queued + tokens, now
+        book.owed += tokens
         book.recent, book.recent_at = recent + 1.0, now
         flights = self._flights
         old = flights.pop(request_id, None)
         if old is not None:
             self._settle(old)
-        flights[request_id] = (worker, seconds, now, hashes)
+        flights[request_id] = (worker, tokens, now, hashes)
         self.running.add(worker, hashes)
         horizon = now - self.horizon_s
         while flights:
@@ -158,13 +176,25 @@ class Queues:
         self.running.forget(worker)
 
     def _publish(self, worker: WorkerId, book: Book) -> None:
-        self.costs[worker] = (book.busy_until, book.owed_s, book.fill)
+        speed = self.speed.speed(worker)
+        self.costs[worker] = self._cost(book.backlog, book.as_of, book.owed, book.fill, speed)
+
+    def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:
+        pace = speed.prefill_s / self.prior_s
+        return (backlog, as_of, owed, fill, speed.prefill_s, pace, speed.overhead_s, speed.decode_s)
 
     def _settle(self, flight: _Flight) -> None:
-        worker, seconds, _, hashes = flight
+        worker, tokens, _, hashes = flight
         self.running.remove(worker, hashes)
         book = self.books.get(worker)
         if book is not None:
-            left = book.owed_s - seconds
-            book.owed_s = left if left > 1e-9 else 0.0
+            left = book.owed - tokens
+            book.owed = left if left > 1e-9 else 0.0
             self._publish(worker, book)
+
+
+def _left(backlog: float, as_of: float, owed: float, prefill_s: float, now: Seconds) -> float:
+    """Tokens of ``backlog`` (as of ``as_of``) still to prefill at ``now`` at ``prefill_s``
+    seconds a token, at most ``owed``."""
+    left = backlog - (now - as_of) / prefill_s
+    return 0.0 if left <= 0.0 else left if left < owed else owed

@@ -65,7 +65,7 @@ from kvgate.core.policies.learning import SpeedLearning
 from kvgate.core.policies.openers import Openers
 from kvgate.core.policies.warming import Warming
 from kvgate.core.policy import RouteContext
-from kvgate.core.speed import FleetSpeed, Speed
+from kvgate.core.speed import FleetSpeed, Observation, Speed
 from kvgate.types import Seconds, WorkerId
 
 __all__ = ["DefaultConfig", "DefaultPolicy"]
@@ -90,9 +90,10 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._decode_s = cfg.decode_s / scale
         self._recent_half_s = cfg.recent_half_life_s / scale
         horizon = cfg.outstanding_horizon_s / scale
-        self._queues = Queues(self._rate, self._recent_half_s, horizon, cfg.index.max_pending)
+        # Each worker's speed, learned (``learning``); the configured rates are its prior.
+        self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))
+        self._queues = Queues(self.speed, self._recent_half_s, horizon, cfg.index.max_pending)
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
-        self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))  # ``learning``
         # What a conversation brings over its life: explicit sessions (prefill seconds
         # routed with a session id over sessions placed for the first time), and
         # headerless conversations (``Conversations``: an opening's prefill, and a later
@@ -137,9 +138,10 @@ class DefaultPolicy(Warming, SpeedLearning):
         young, resident, depth = (self._chars(d, request, worker) for d in (young, resident, depth))
         self._trust.note_routed(rid, worker, young, resident, depth)
         cached = self._trust.expected(young, resident, depth)
-        seconds = (prompt - cached) * self._tokens_per_char / self._rate
+        tokens = (prompt - cached) * self._tokens_per_char
+        seconds = tokens / self._rate  # at the prior's rate: the unit of the lives' costs
         hashes = tuple(request.prefix_hashes)
-        self._queues.routed(rid, worker, seconds, hashes, now)
+        self._queues.routed(rid, worker, tokens, hashes, now)
         likely = prompt - self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         self.speed.sent(rid, worker, now, likely * self._tokens_per_char)
         if request.session_key is not None:
@@ -152,6 +154,14 @@ class DefaultPolicy(Warming, SpeedLearning):
             self._ends.note(request, worker, max(held.values(), default=0), end)
         super().on_routed(request, worker, now)
         self._queues.refill(worker, self.index.fill(worker))
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        """Fit the worker's speed (``SpeedLearning``): the costs read the speeds learned."""
+        super().on_observed(request, worker, observed, now)
+        if self.learn:
+            self._queues.repace()
 
     def session_life_s(self) -> float:
         """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
@@ -302,8 +312,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         fresh_all = prompt * per_char
         icfg = self.index.config
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
-        costs = self._costs.get
-        decode_s, evict = self._decode_s, cfg.evict
+        costs, idle = self._costs.get, self._queues.idle
+        evict = cfg.evict
         # An opening adds its conversation's whole life here, not this turn's; a
         # session's binding makes a pull buy nothing past this turn (module docs).
         stay, life, rid = cfg.stay * per_char, 0.0, request.request_id
@@ -336,16 +346,13 @@ class DefaultPolicy(Warming, SpeedLearning):
         # One pass over plain locals: this runs for every worker on every placement.
         for w in pool:
             wid = w.id
-            entry = costs(wid)
-            if entry is None:
-                queued = fill = 0.0
-            else:
-                until, owed, fill = entry
-                queued = until - now
-                if queued <= 0.0:
-                    queued = 0.0
-                elif queued > owed:
-                    queued = owed
+            # Its queue drained at its learned speed, and that speed (``Queues``).
+            backlog, as_of, owed, fill, per_token, pace, base, decode_s = costs(wid) or idle
+            queued = backlog - (now - as_of) / per_token
+            if queued <= 0.0:
+                queued = 0.0
+            elif queued > owed:
+                queued = owed
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
             depth = get(wid, 0)
@@ -361,9 +368,11 @@ class DefaultPolicy(Warming, SpeedLearning):
                 weight = evict * (fresh if fresh >= life else life)
                 terms[key] = term = (fresh, weight, stay * cached)
             fresh, weight, pull = term
-            cost = w.in_flight * decode_s + queued + fresh + weight * fill
+            # The terms in the prior's seconds, at the worker's pace.
+            cost = fresh + weight * fill
             if pull:
                 cost -= pull * (1.0 - fill)  # a full cache keeps new work only by evicting
+            cost = base + w.in_flight * decode_s + queued * per_token + pace * cost
             scored.append((cost, w))
             if cost < best_cost:
                 best, best_cost, best_tie = w, cost, None
@@ -414,10 +423,10 @@ class DefaultPolicy(Warming, SpeedLearning):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            fill = self._costs.get(wid, (0.0, 0.0, 0.0))[2]
+            _, _, _, fill, _, pace, _, _ = self._costs.get(wid) or self._queues.idle
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
-            extra = more - fresh + evict * fill * (max(more, life) - max(fresh, life))
+            extra = pace * (more - fresh + evict * fill * (max(more, life) - max(fresh, life)))
             at = next(i for i, (_, w) in enumerate(scored) if w is best)
             scored[at] = (scored[at][0] + extra, best)
             best = cheapest(scored, lambda w: self._tie(w, now))

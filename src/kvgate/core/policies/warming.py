@@ -33,7 +33,6 @@ class Warming(Residency):
     _openers: Openers
     _queues: Queues
     _tokens_per_char: float
-    _rate: float  # prefill tokens a second, in the driver's clock
 
     def _aside(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext, *, opening: bool
@@ -71,8 +70,8 @@ class Warming(Residency):
 
     def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
-        seconds = request.prompt_chars * self._tokens_per_char / self._rate
-        self._queues.routed(request.request_id, worker, seconds, request.prefix_hashes, now)
+        tokens = request.prompt_chars * self._tokens_per_char
+        self._queues.routed(request.request_id, worker, tokens, request.prefix_hashes, now)
         PrefixLearning.on_routed(self, request, worker, now)
         self._queues.refill(worker, self.index.fill(worker))
 
