@@ -1,4 +1,5 @@
-"""``default`` reasons with each worker's learned speed; the configured rates are its prior.
+"""With ``learned_speed``, ``default`` reasons with each worker's learned speed; the
+configured rates are only its prior.
 
 A worker learned 80x slower than the prior (a one-thread llama.cpp behind the H100
 prior: ~150 tokens/s against 12,000) has its queue drained at its own rate, so work
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.default import DefaultPolicy
+from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
 from kvgate.core.speed import Observation
 
 from .tables import chain, ctx, fleet, request, worker
@@ -34,13 +35,12 @@ def learn(policy: DefaultPolicy, where: str, slowness: float, at: float, n: int 
 
 @pytest.mark.parametrize("learned", [True, False])
 def test_a_worker_learned_slow_drains_its_queue_at_its_own_rate(learned: bool) -> None:
-    policy = DefaultPolicy()
-    policy.learn = learned
+    policy = DefaultPolicy(DefaultConfig(learned_speed=learned))
     now = learn(policy, "a", SLOW, 0.0)
     now = learn(policy, "b", 1.0, now)
-    if learned:
-        assert policy.speed.speed("a").prefill_s == pytest.approx(SLOW / PRIOR, rel=0.05)
-        assert policy.speed.speed("b").prefill_s == pytest.approx(1.0 / PRIOR, rel=0.05)
+    # Learned either way; only ``learned_speed`` makes the costs read it.
+    assert policy.speed.speed("a").prefill_s == pytest.approx(SLOW / PRIOR, rel=0.05)
+    assert policy.speed.speed("b").prefill_s == pytest.approx(1.0 / PRIOR, rel=0.05)
     # a holds the prompt's first 8 blocks, and 4,000 tokens were queued there 1 s ago.
     warm = request("warm", hashes=chain(1, 8))
     policy.on_routed(warm, "a", now - 5.0)
@@ -58,7 +58,7 @@ def test_a_worker_learned_slow_drains_its_queue_at_its_own_rate(learned: bool) -
 
 def test_a_worker_never_observed_is_costed_at_the_fleets_speed() -> None:
     """A worker with no book yet is costed at the fleet's learned speed, not the prior."""
-    policy = DefaultPolicy()
+    policy = DefaultPolicy(DefaultConfig(learned_speed=True))
     learn(policy, "a", SLOW, 0.0)
     assert policy.speed.fleet().prefill_s == pytest.approx(SLOW / PRIOR, rel=0.05)
     _, _, _, _, per_token, pace, _, _ = policy._queues.idle

@@ -71,20 +71,28 @@ class Queues:
     """Each worker's prefill queue estimate, from the requests routed and not reported.
 
     Each routed request adds its uncached prefill tokens to its worker's queue, which
-    drains at the worker's learned prefill rate (``FleetSpeed.speed``: the configured
-    rate is only its prior) and is never more than the tokens of the requests still in
-    flight there (``owed``), so a wrong rate cannot make it drift. A request never
-    reported back is dropped after ``horizon_s``, or when more than ``max_pending`` are
-    in flight.
+    drains at the worker's learned prefill rate (``FleetSpeed.speed``, where ``learned``;
+    else at the prior's, the configured rate) and is never more than the tokens of the
+    requests still in flight there (``owed``), so a wrong rate cannot make it drift. A
+    request never reported back is dropped after ``horizon_s``, or when more than
+    ``max_pending`` are in flight.
     """
 
-    __slots__ = ("_flights", "books", "costs", "horizon_s", "idle", "max_pending",
+    __slots__ = ("_flights", "books", "costs", "horizon_s", "idle", "learned", "max_pending",
                  "prior_s", "recent_half_s", "running", "speed")  # fmt: skip
 
     def __init__(
-        self, speed: FleetSpeed, recent_half_s: Seconds, horizon_s: Seconds, max_pending: int
+        self,
+        speed: FleetSpeed,
+        recent_half_s: Seconds,
+        horizon_s: Seconds,
+        max_pending: int,
+        *,
+        learned: bool = True,
     ) -> None:
         self.speed = speed
+        self.learned = learned
+        """Whether a worker's queue and costs are at its learned speed (else the prior's)."""
         self.prior_s = speed.prior.prefill_s
         """The prior's prefill seconds a token: the unit of a cost's prefill terms."""
         self.recent_half_s = recent_half_s
@@ -95,7 +103,7 @@ class Queues:
         """What a decision reads of each book, as one tuple (``Cost``): replaced whenever
         the book or the worker's learned speed changes, so the hot loop unpacks instead of
         probing."""
-        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, speed.fleet())
+        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, self._speed(None))
         """The ``Cost`` of a worker with no book: nothing queued, the fleet's speed."""
         self.running = RunningBlocks()
         """The chains of the requests in flight, per worker."""
@@ -108,11 +116,11 @@ class Queues:
         book = self.books.get(worker)
         if book is None:
             return 0.0
-        return _left(book.backlog, book.as_of, book.owed, self.speed.speed(worker).prefill_s, now)
+        return _left(book.backlog, book.as_of, book.owed, self._speed(worker).prefill_s, now)
 
     def repace(self) -> None:
         """The learned speeds moved (an observation): every worker's ``Cost`` is read again."""
-        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self.speed.fleet())
+        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self._speed(None))
         for worker, book in self.books.items():
             self._publish(worker, book)
 
@@ -176,8 +184,15 @@ class Queues:
         self.running.forget(worker)
 
     def _publish(self, worker: WorkerId, book: Book) -> None:
-        speed = self.speed.speed(worker)
+        speed = self._speed(worker)
         self.costs[worker] = self._cost(book.backlog, book.as_of, book.owed, book.fill, speed)
+
+    def _speed(self, worker: WorkerId | None) -> Speed:
+        """``worker``'s learned speed (``None``: the fleet's), or the prior if not ``learned``."""
+        speed = self.speed
+        if not self.learned:
+            return speed.prior
+        return speed.speed(worker) if worker is not None else speed.fleet()
 
     def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:
         pace = speed.prefill_s / self.prior_s

@@ -13,7 +13,8 @@ token plus the predicted cost of the cache its new blocks evict there (seconds):
            + evict × max(uncached prefill, life) × fill − stay × cached prefill × (1 − fill)
 
 - *queued prefill*: this policy's own estimate (``Queues``), draining at
-  ``prefill_tokens_per_s`` and never more than the requests in flight there still owe;
+  ``prefill_tokens_per_s`` and never more than the requests in flight there still owe
+  (with ``learned_speed``, every term at the worker's learned speed; off by default);
 - *uncached prefill*: the prompt less the worker's longest match (this replica's index,
   the store's holders, KV events, KV restorable from disk at ``restorable_credit``), a
   claim the index cannot vouch for counted at the share usage confirms (``ClaimShares``);
@@ -92,7 +93,10 @@ class DefaultPolicy(Warming, SpeedLearning):
         horizon = cfg.outstanding_horizon_s / scale
         # Each worker's speed, learned (``learning``); the configured rates are its prior.
         self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))
-        self._queues = Queues(self.speed, self._recent_half_s, horizon, cfg.index.max_pending)
+        self._queues = Queues(
+            self.speed, self._recent_half_s, horizon, cfg.index.max_pending,
+            learned=cfg.learned_speed,
+        )  # fmt: skip
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
         # What a conversation brings over its life: explicit sessions (prefill seconds
         # routed with a session id over sessions placed for the first time), and
@@ -158,9 +162,10 @@ class DefaultPolicy(Warming, SpeedLearning):
     def on_observed(
         self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
     ) -> None:
-        """Fit the worker's speed (``SpeedLearning``): the costs read the speeds learned."""
+        """Fit the worker's speed (``SpeedLearning``): the costs read the speeds learned
+        (``DefaultConfig.learned_speed``)."""
         super().on_observed(request, worker, observed, now)
-        if self.learn:
+        if self.learn and self._queues.learned:
             self._queues.repace()
 
     def session_life_s(self) -> float:
