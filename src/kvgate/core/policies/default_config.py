@@ -28,7 +28,7 @@ class DefaultConfig(PolicyConfig):
     at the rates above. Off: in the simulator the fit is not yet good enough to place by
     (a worker whose TTFT is mostly queueing is fitted 10-50x fast with a large overhead):
     on, the judge's held-out seeds lose uniform-mixed-slowdown's speed-proportional share
-    (1.07x -> 0.24x) and 2.3 points of session-docs' hit (``docs/runs``, notes: drain)."""
+    (1.07x -> 0.24x) and 2.3 points of session-docs' hit (``judge.py --own default``)."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
     evict: float = Field(default=1.0, ge=0)
