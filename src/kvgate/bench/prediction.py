@@ -24,9 +24,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.bench import run_bench
-from kvgate.bench.fleet import emulated_fleet, router_in_front, worker_counters
+from kvgate.bench.fleet import worker_counters
 from kvgate.bench.routers import MODEL, kvgate_router
-from kvgate.judge.live import fleet_spec
+from kvgate.judge.live import scenario_fleet
 from kvgate.judge.scenarios import Scenario
 from kvgate.workload.synthetic import build_workload
 
@@ -64,18 +64,7 @@ async def measure(
     router = kvgate_router(policy)
     count = requests or scenario.live_requests or scenario.requests
     started = time.monotonic()
-    async with (
-        emulated_fleet(fleet_spec(scenario, seed), logs) as urls,
-        router_in_front(
-            router,
-            None,
-            urls,
-            seed,
-            logs,
-            time_scale=scenario.time_scale,
-            offload_tier=scenario.cpu_offload_blocks > 0,
-        ) as (base, _),
-    ):
+    async with scenario_fleet(scenario, seed, router, None, logs) as (urls, base):
         ready = time.monotonic()
         before = await worker_counters(urls)
         results = await run_bench(

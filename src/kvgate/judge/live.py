@@ -15,8 +15,9 @@ finished from ``settle_s`` later to the end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,27 @@ def fleet_spec(scenario: Scenario, seed: int) -> FleetSpec:
     )
 
 
+@contextlib.asynccontextmanager
+async def scenario_fleet(
+    scenario: Scenario, seed: int, router: Router, venv: Path | None, logs: Path
+) -> AsyncIterator[tuple[list[str], str]]:
+    """The scenario's fresh emulated fleet for ``seed`` with ``router`` in front: the
+    workers' URLs and the router's."""
+    async with (
+        emulated_fleet(fleet_spec(scenario, seed), logs) as urls,
+        router_in_front(
+            router,
+            venv,
+            urls,
+            seed,
+            logs,
+            time_scale=scenario.time_scale,
+            offload_tier=scenario.cpu_offload_blocks > 0,
+        ) as (base, _),
+    ):
+        yield urls, base
+
+
 async def _slow_then_count(scenario: Scenario, urls: Sequence[str]) -> list[int]:
     """Carry out the slowdown on the replay's clock; the finished counts ``settle_s`` later."""
     slowdown = scenario.slowdown
@@ -69,18 +91,7 @@ async def run_live(
     workload = build_workload(scenario.workload, seed)
     requests = scenario.live_requests or scenario.requests
     started = time.monotonic()
-    async with (
-        emulated_fleet(fleet_spec(scenario, seed), logs) as urls,
-        router_in_front(
-            router,
-            venv,
-            urls,
-            seed,
-            logs,
-            time_scale=scenario.time_scale,
-            offload_tier=scenario.cpu_offload_blocks > 0,
-        ) as (base, _),
-    ):
+    async with scenario_fleet(scenario, seed, router, venv, logs) as (urls, base):
         ready = time.monotonic()
         before = await worker_counters(urls)
         marks = (
