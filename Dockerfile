@@ -3,7 +3,7 @@
 #   docker build -t kvgate:0.1.0 .                              # the gateway (+ KV events)
 #   docker build --build-arg EXTRAS=kvevents,sim -t kvgate:0.1.0-sim .   # + simulator/bench/demo
 #   docker build --build-arg EXTRAS=kvevents,llamacpp,sim ...   # + real llama.cpp workers
-#   (kvevents: pyzmq and msgspec, for workers' kv_events; tokenizer: tokenizers and jinja2)
+#   (kvevents: pyzmq and msgspec, for workers' kv_events; tokenizer: tokenizers, fastokens and jinja2)
 #
 # BASE is any Debian-like image with Python >= 3.11 (python3 and python3-venv).
 ARG BASE=python:3.11-slim-bookworm

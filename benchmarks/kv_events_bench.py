@@ -2,15 +2,19 @@
 
     .venv/bin/python benchmarks/kv_events_bench.py [--tokenizer DIR] [--workers 64]
                                                    [--runs 2000] [--json PATH]
+                                                   [--tokenize-runs 200] [--tokenize-only]
     .venv/bin/python benchmarks/kv_events_bench.py --eviction 1-8 [--kv-blocks 150]
                                                    [--peers cache_aware] [--jobs 2]
 
 Tokenizing: the bundled Gemma 3 270M's vocabulary (262,144 pieces) as a
 ``tokenizer.json`` built from its GGUF (``realengine.tokenizer``; or ``--tokenizer``
-a folder of your own), a ~3,500-token chat rendered through ChatML and tokenized
-(``tokenizers: {kind: hf}``): cold (every chat new: the chat generator's time is
-included) and a conversation's next turn (its earlier messages' pieces remembered,
-``tokens.spans``). Target: p50 <= 0.5 ms.
+a folder of your own), ~3,500-token chats rendered through ChatML and tokenized
+(``tokenizers: {kind: hf}``) by each library side by side (``tokenizers``, the
+reference, then ``fastokens``; ``kvgate.bench.tokenizing``): cold (every chat new,
+generated before the clock starts), the rendered text alone (the library's cost),
+chats opening with one of 8 shared system prompts, and a conversation's next turn
+(``tokens.spans``); wall and CPU time, the load average. Target: p50 <= 0.5 ms.
+``--tokenize-only``: just these.
 
 Decision: 64 workers each holding 200 chains of 4,096 tokens (16-token blocks, 16
 shared 2,048-token openings), the request's token chain looked up
@@ -36,17 +40,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvgate.bench.kvevents import (
-    chat_of_tokens,
-    exact_decision,
-    store_lookup,
-    timed,
-)
+from kvgate.bench.kvevents import exact_decision, store_lookup
+from kvgate.bench.tokenizing import tokenize_timings
 from kvgate.judge.protocol import parse_seeds
 from kvgate.sim.eviction import compare, lines
 from kvgate.sim.kvfeed import fault_run
-from kvgate.tokens.config import TokenizerConfig
-from kvgate.tokens.hf import HFTokenizer
 
 
 def main() -> None:
@@ -55,6 +53,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tokenize-runs", type=int, default=200, help="chats timed a workload")
+    parser.add_argument("--tokenize-only", action="store_true", help="only the tokenizing timings")
     parser.add_argument(
         "--faults", action="store_true", help="also run the simulator's fault scenario"
     )
@@ -83,21 +83,10 @@ def main() -> None:
             from kvgate.realengine.tokenizer import write_tokenizer
 
             folder = write_tokenizer(default_model_path(), Path(tmp))
-        hf = HFTokenizer(TokenizerConfig(kind="hf", path=str(folder)))
-        chats = iter(range(1_000_000))
-        cold = timed(lambda: hf.chat(chat_of_tokens(3300, next(chats))), 100)
-        messages = chat_of_tokens(3300)
-        tokens = len(hf.chat(messages))
-
-        def next_turn() -> None:
-            n = next(chats)
-            asked = {"role": "user", "content": f"question {n}: what of the river?"}
-            hf.chat([*messages, {"role": "assistant", "content": "ok " * 40}, asked])
-
-        results["tokenize_cold"] = {"prompt_tokens": tokens, **cold}
-        results["tokenize_next_turn"] = {"prompt_tokens": tokens + 60, **timed(next_turn, 500)}
-    results.update(exact_decision(workers=args.workers, runs=args.runs))
-    if args.redis:
+        results.update(tokenize_timings(folder, runs=args.tokenize_runs))
+    if not args.tokenize_only:
+        results.update(exact_decision(workers=args.workers, runs=args.runs))
+    if args.redis and not args.tokenize_only:
         from kvgate.testing_redis import RedisServer
 
         server = RedisServer()
@@ -106,7 +95,7 @@ def main() -> None:
             results["redis_lookup"] = asyncio.run(store_lookup(server.url))
         finally:
             server.stop()
-    if args.faults:
+    if args.faults and not args.tokenize_only:
         for seed in (1, 2, 3):
             results[f"faults_spg_seed{seed}"] = fault_run(
                 "shared-prefix-groups:groups=16,prompts=8,system_tokens=2048",

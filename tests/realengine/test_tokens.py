@@ -93,6 +93,7 @@ def test_hf_tokens_equal_llamacpps_on_every_request(
     llamacpp_worker: LlamaCppProcess, hf: HFTokenizer
 ) -> None:
     url = llamacpp_worker.url
+    assert hf.library == "fastokens"  # what is proven here is the fast path's ids
     for messages in CHATS:
         prompt = _post(url + "/apply-template", {"messages": messages})["prompt"]
         assert hf.render(messages) == prompt

