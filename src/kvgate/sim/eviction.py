@@ -23,8 +23,10 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from kvgate.judge.stats import Estimate, mean_interval, paired_points, paired_ratio
-from kvgate.sim.experiment import Experiment
+from kvgate.sim.experiment import Experiment, fleet_kv_blocks
 from kvgate.sim.simulation import SimConfig
+from kvgate.workload.pinned import pinned_reference, split_replay
+from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.synthetic import build_workload
 
 APPROXIMATE, PRECISE = "default", "default+kv_events"
@@ -51,7 +53,25 @@ def run_shape(
     )
     experiment = Experiment(lambda _: build_workload(spec, seed=seed), policies, config)
     (point,) = experiment.run()
-    return {run.policy: run.summary for run in point.runs}
+    assert point.reference is not None
+    reference = point.reference.hit_rate
+    codec = PromptCodec(config.block_size, config.features, model=config.model)
+    pools = [config.engine_config(i).num_gpu_blocks for i in range(config.workers)]
+    out: dict[str, dict[str, Any]] = {}
+    for run in point.runs:
+        summary = out[run.policy] = dict(run.summary)
+        served = list(config.limited(build_workload(spec, seed=seed).requests()))
+        replays = {
+            "pinned": pinned_reference(served, codec, fleet_kv_blocks(config), run.spans),
+            "split": split_replay(served, codec, pools, run.spans, "run"),
+            "greedy": split_replay(served, codec, pools, run.spans, "greedy"),
+        }
+        for name, bound in replays.items():
+            summary[f"{name}_hit_rate"] = bound.hit_rate
+            summary[f"{name}_of_reference"] = bound.hit_rate / reference if reference else None
+        pinned = replays["pinned"].hit_rate
+        summary["hit_rate_of_pinned"] = summary["hit_rate"] / pinned if pinned else None
+    return out
 
 
 def _column(rows: list[dict[str, dict[str, Any]]]) -> Any:
@@ -86,6 +106,13 @@ def compare(
             row[f"{policy} of reference %"] = _figure(
                 mean_interval([100.0 * x for x in of(policy, "hit_rate_of_reference")])
             )
+            row[f"{policy} of pinned reference %"] = _figure(
+                mean_interval([100.0 * x for x in of(policy, "hit_rate_of_pinned")])
+            )
+            for name in ("pinned", "split", "greedy"):
+                row[f"{policy}'s timing: {name} replay of reference %"] = _figure(
+                    mean_interval([100.0 * x for x in of(policy, f"{name}_of_reference")])
+                )
             row[f"{policy} ttft_p99 s"] = _figure(mean_interval(of(policy, "ttft_p99")), 2)
         row["hit, events - approximate, pt"] = _figure(
             paired_points(of(PRECISE, "hit_rate"), of(APPROXIMATE, "hit_rate")), 2

@@ -37,6 +37,7 @@ from kvgate.sim.kvfeed import KVFeed, split_policy
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
 from kvgate.workload.misses import Misses
+from kvgate.workload.pinned import Span
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.recorder import RunRecorder
 from kvgate.workload.request import SimRequest
@@ -181,6 +182,9 @@ class RunResult:
     summary: dict[str, Any]
     recorder: RunRecorder
     wall_s: float = 0.0  # wall-clock seconds the run took; never part of results.json
+    spans: dict[str, Span] = field(default_factory=dict)
+    """Request id -> when it ran (first token, last token) and on which worker index:
+    the timing of the replays in which running requests pin KV (``workload.pinned``)."""
 
 
 class Simulation:
@@ -260,6 +264,7 @@ class Simulation:
         self._next_scrape: Seconds = 0.0
         self._next_speed_change = math.inf
         self.step_calls = 0  # engine.step calls that ran something (a cost measure)
+        self.spans: dict[str, Span] = {}
 
     def _push(self, at: Seconds, kind: int, worker: int) -> None:
         heapq.heappush(self._events, (at, next(self._counter), kind, worker))
@@ -325,7 +330,7 @@ class Simulation:
         if self.feed is not None:
             summary["kv_events"] = self.feed.summary()
         wall = time.perf_counter() - started
-        return RunResult(self.policy_name, self.options, summary, self.recorder, wall)
+        return RunResult(self.policy_name, self.options, summary, self.recorder, wall, self.spans)
 
     def _change_speed(self, n: int, now: Seconds) -> None:
         """Slowdown ``n`` takes effect: later steps of its worker run at its speed."""
@@ -370,6 +375,11 @@ class Simulation:
                 for request_id, _ in result.first_tokens:
                     self.gateway.first_token(request_id, now)
                 for done in result.finished:
+                    self.spans[done.request_id] = (
+                        done.first_token_time,
+                        done.finish_time,
+                        index,
+                    )
                     self.gateway.finished(done, now)
             if not engine.has_work():
                 break

@@ -13,6 +13,11 @@ request's own output, which nothing hits but which takes room). It is
 what perfect routing could keep if the fleet's memory were one pool, so a
 router within a few percent of it has little left to gain at that cache size.
 
+Every request is instantaneous there: none of the fleet's KV is ever held by a
+running request. ``workload.pinned`` replays the same requests with the run's timing,
+running requests pinning their blocks (``pinned_reference``), and on one pool per
+worker (``split_replay``).
+
 Both use the engine's hit rule: whole blocks only, and the last prompt token is
 always computed. A policy's hit rate divided by them says how much of the
 reachable reuse it captured.
