@@ -14,7 +14,11 @@ Reported per policy: TTFT p50/p99 (all turns and second turns), the cached-token
 ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
 in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker,
 and for a policy that learns each worker's speed (``core.speed``) the median error
-of the TTFT it predicted at each send (issue 46's bar: 35% on llama.cpp). ``--rate``
+of the TTFT it predicted at each send (issue 46's bar: 35% on llama.cpp), over requests
+(each turn is sent with its own ``X-Request-ID``; the run's JSON has each turn's
+prediction beside its TTFT) and per worker. Each llama.cpp worker serves one short
+request before the runs (``prime``), so its ``/metrics`` report its prefill rate as a
+worker that has served does. ``--rate``
 sets the session rate (0.1/s: the rate of the runs in docs/benchmarks.md; 4x: 0.4).
 
 ``--engine emulated`` runs the same sessions on kvgate's emulated workers with
@@ -53,6 +57,7 @@ from rich.table import Table
 
 from kvgate.bench.client import Answer, BenchClient
 from kvgate.bench.payloads import CHAT_PATH, Payload
+from kvgate.core.speed import FleetSpeed
 from kvgate.demo.fleet import Fleet, FleetSpec, emulated_fleet
 from kvgate.gateway.testing import running_gateway
 from kvgate.realengine import DEFAULT_MODEL_NAME, running_llamacpp_fleet, small_options
@@ -91,6 +96,14 @@ class Turn:
     session: str
     index: int
     answer: Answer
+    predicted: float | None = None
+    """The TTFT the policy predicted when it sent the turn (``core.speed``; ``None``: a
+    policy that predicts none, or a turn it observed no first token of)."""
+
+    @property
+    def request_id(self) -> str:
+        """The ``X-Request-ID`` the turn was sent with (the gateway's request id)."""
+        return request_id(self.session, self.index)
 
     @property
     def ttft(self) -> float | None:
@@ -110,6 +123,11 @@ class PolicyRun:
     learned: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Per worker URL, what the policy learned of its speed (``core.speed``; empty: a policy
     that learns none): observations, median |predicted - observed| / observed TTFT, rates."""
+
+
+def request_id(session: str, index: int) -> str:
+    """The request id of ``session``'s turn ``index`` (0-based)."""
+    return f"{session}-t{index + 1}"
 
 
 def load_questions(path: Path) -> list[tuple[str, str]]:
@@ -171,6 +189,25 @@ def llamacpp_token_counter(url: str) -> Callable[[str], int]:
     return count
 
 
+def prime(url: str) -> None:
+    """One short request on a fresh llama.cpp worker, so that its ``/metrics`` report its
+    prefill rate (``prompt_seconds_total``) as a worker that has served does; the fleet is
+    made cold again before every policy (``Fleet.reset``) but keeps these counters."""
+    body = {
+        "model": DEFAULT_MODEL_NAME,
+        "messages": [{"role": "user", "content": SYSTEM_OPENING}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        response.read()
+
+
 def emulated_token_count(text: str) -> int:
     """Tokens of ``text`` as the emulated worker counts them (4 characters each)."""
     return len(text) // 4
@@ -183,6 +220,7 @@ def payload(
     max_tokens: int,
     *,
     headerless: bool = False,
+    index: int = 0,
 ) -> Payload:
     """One streamed chat request of ``session`` with the conversation so far (without
     its ``X-Session-ID`` when ``headerless``: followed by its prefix chain alone)."""
@@ -194,7 +232,10 @@ def payload(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    return Payload(CHAT_PATH, body, {} if headerless else {"X-Session-ID": session.key})
+    headers = {"X-Request-ID": request_id(session.key, index)}
+    if not headerless:
+        headers["X-Session-ID"] = session.key
+    return Payload(CHAT_PATH, body, headers)
 
 
 async def run_session(
@@ -217,7 +258,7 @@ async def run_session(
             await asyncio.sleep(session.think_s / time_scale)  # the user's own pause
         history.append({"role": "user", "content": question})
         answer = await client.send(
-            payload(session, system, history, max_tokens, headerless=headerless)
+            payload(session, system, history, max_tokens, headerless=headerless, index=index)
         )
         turns.append(Turn(session.key, index, answer))
         if not answer.ok:
@@ -293,7 +334,12 @@ async def run_policy(
             }
             for worker, r in gateway.gateway.policy.speeds().items()
         }
+        speed = getattr(gateway.gateway.policy, "speed", None)
+        log = speed.log if isinstance(speed, FleetSpeed) else ()
+        predicted = {rid: p for rid, _, p, _ in log}
     run.turns = [turn for turns in done for turn in turns]
+    for turn in run.turns:
+        turn.predicted = predicted.get(turn.request_id)
     return run
 
 
@@ -314,6 +360,14 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
 
     served = Counter(t.answer.worker for t in ok)
     errors = [e for w in run.learned.values() if (e := w["ttft_error"]) is not None]
+    # Each turn's |predicted - observed| / observed, both on the client's clock's terms: the
+    # prediction is the gateway's at the send, the TTFT the client's (the gateway's plus
+    # the loopback hop).
+    misses = [
+        abs(t.predicted - ttft) / ttft
+        for t in ok
+        if t.predicted is not None and (ttft := t.ttft) is not None and ttft > 0
+    ]
     return {
         "requests": len(run.turns),
         "errors": len(run.turns) - len(ok),
@@ -331,6 +385,8 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         "wall_s": run.wall_s * time_scale,
         "learned": run.learned,
         "ttft_error": statistics.median(errors) if errors else None,
+        "request_ttft_error": statistics.median(misses) if misses else None,
+        "predicted": len(misses),
         "turns": [
             {
                 "session": t.session,
@@ -339,6 +395,7 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
                 "prompt_tokens": t.answer.prompt_tokens,
                 "cached_tokens": t.answer.cached_tokens,
                 "ttft": None if t.ttft is None else t.ttft * time_scale,
+                "predicted_ttft": None if t.predicted is None else t.predicted * time_scale,
                 "error": t.answer.error,
             }
             for t in run.turns
@@ -352,6 +409,7 @@ async def open_fleet(args: argparse.Namespace) -> AsyncIterator[Fleet]:
     if args.engine == "llamacpp":
         options = small_options(threads=1, parallel=args.slots, ctx=SLOT_CTX * args.slots)
         async with running_llamacpp_fleet(args.workers, options) as fleet:
+            await asyncio.gather(*(asyncio.to_thread(prime, url) for url in fleet.urls))
             yield fleet
         return
     spec = FleetSpec(
@@ -437,8 +495,9 @@ def table(results: dict[str, Any]) -> Table:
     out = Table(
         title=title,
         caption="TTFT in seconds (model seconds for emulated workers); a shared machine is noisy. "
-        "Prediction error: per worker, the median |predicted - observed| / observed TTFT of the "
-        "policy's learned speed (core.speed), as predicted when each request was sent.",
+        "Prediction error: the median over requests of |predicted - observed| / observed TTFT, "
+        "as the policy predicted it when it sent each (core.speed); in brackets per worker, "
+        "on the gateway's clock.",
         title_justify="left",
         caption_justify="left",
     )
@@ -460,10 +519,11 @@ def table(results: dict[str, Any]) -> Table:
             _s(s["turn2_ttft_p50"]),
             _s(s["turn2_ttft_p99"]),
             "/".join(str(n) for n in s["served"]),
-            " ".join(
+            ("-" if (e := s.get("request_ttft_error")) is None else f"{e:.0%} (")
+            + " ".join(
                 "-" if (e := w["ttft_error"]) is None else f"{e:.0%}" for w in s["learned"].values()
             )
-            or "-",
+            + ("" if s.get("request_ttft_error") is None else ")"),
             f"{s['wall_s']:.0f} s",
         )
     return out

@@ -225,3 +225,44 @@ def test_a_worker_within_the_tolerance_of_the_fleet_is_predicted_with_the_fleets
         assert (c == pytest.approx(fleet)) is alike
         assert a == pytest.approx(fleet) or not alike
         assert model.predict("d", 2000, 1e9) > 1.5 * fleet
+
+
+def test_a_fleet_that_observed_nothing_is_predicted_at_the_engines_own_prefill_rate() -> None:
+    model = FleetSpeed(PRIOR)
+    model.engine("a", None, 1 / 60)
+    model.engine("b", None, 1 / 40)
+    # The median of the engines' reports, not the configured 12,000 tokens/s.
+    assert model.speed("a").prefill_s == pytest.approx((1 / 60 + 1 / 40) / 2)
+    assert model.predict("b", 600, 0.0) == pytest.approx(PRIOR.overhead_s + 600 * (1 / 48))
+
+
+def test_a_request_past_the_engines_slots_waits_for_one_to_free() -> None:
+    prior = Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0)
+    model = FleetSpeed(prior)
+    model.engine("w", 2, None)
+    assert model.predict("w", 100, 0.0) == pytest.approx(1.0)  # a slot free: its prefill
+    for rid in ("r1", "r2"):
+        model.sent(rid, "w", 0.0, 100)
+        model.first_token(rid, 0.0)  # decoding: both slots taken
+    # Until a hold is measured, a slot is held at least for the request's own prefill (1 s):
+    # the third request waits for one of two slots, one frees every 0.5 s.
+    assert model.predict("w", 100, 0.0) == pytest.approx(1.0 + 0.5)
+    model.ended("r1", 100, 0)
+    model.observed("r1", 0.5)
+    model.held("r1", 9.0)  # prefill (at the fit's rate) + 9 s of decoding
+    hold = model.speed("w").overhead_s + model.speed("w").prefill_s * 100 + 9.0
+    predicted = model.predict("w", 100, 0.0)
+    own = model.speed("w").overhead_s + model.speed("w").prefill_s * 100
+    # r2 alone holds a slot now: one is free.
+    assert predicted == pytest.approx(own)
+    model.sent("r3", "w", 0.0, 100)
+    model.first_token("r3", 0.0)
+    assert model.predict("w", 100, 0.0) == pytest.approx(own + hold / 2)
+
+
+def test_no_slots_reported_no_slot_wait() -> None:
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
+    for i in range(8):
+        model.sent(f"r{i}", "w", 0.0, 100)
+        model.first_token(f"r{i}", 0.0)
+    assert model.predict("w", 100, 0.0) == pytest.approx(1.0)

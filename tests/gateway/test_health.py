@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+from aiohttp import web
 
 from kvgate.core.fleet import Health
 from kvgate.gateway.config import WorkerConfig
@@ -82,3 +83,59 @@ async def test_failing_worker_is_ejected_and_comes_back_when_healthy(
                 assert resp.status == 200
                 served_by.add(resp.headers["X-Kvgate-Worker"])
     assert bad.url in served_by
+
+
+LLAMACPP_METRICS = """\
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 600
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 0
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 10.0
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 3
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 1
+"""
+
+
+async def test_a_llamacpp_worker_reports_its_slots_and_prefill_rate() -> None:
+    """What llama.cpp says of itself reaches the snapshot: ``GET /slots`` (asked once) and
+    its prefill seconds over the tokens it evaluated."""
+    asked: list[str] = []
+
+    async def slots(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response([{"id": i, "is_processing": i < 3} for i in range(4)])
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=LLAMACPP_METRICS)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/slots", slots)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        config = {
+            "workers": [{"url": f"http://127.0.0.1:{port}", "model": "m"}],
+            "health": {"interval_s": 0.05, "timeout_s": 2.0},
+        }
+        async with running_gateway(config) as gw:
+            (worker,) = gw.gateway.pool
+            await wait_until(lambda: len(asked) and worker.signals is not None, timeout=10)
+            state = worker.state(worker.signals_at, 1.0)
+            assert state.slots == 4 and state.running == 3 and state.waiting == 1
+            assert state.engine_prefill_s == 10.0 / 600
+            signals_at = worker.signals_at
+            await wait_until(lambda: worker.signals_at > signals_at, timeout=10)
+            assert asked == ["/slots"]
+    finally:
+        await runner.cleanup()

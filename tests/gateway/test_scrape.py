@@ -410,3 +410,12 @@ def test_merge(engine: WorkerSignals, dcgm: WorkerSignals, expected: WorkerSigna
 )
 def test_memory_usage_is_the_higher_signal(signals: WorkerSignals, expected: float | None) -> None:
     assert signals.memory_usage == expected
+
+
+def test_llamacpp_prefill_rate_is_its_seconds_over_the_tokens_it_evaluated() -> None:
+    text = LLAMACPP_CACHED + "# TYPE llamacpp:prompt_seconds_total counter\n"
+    text += "llamacpp:prompt_seconds_total 5.0\n"
+    signals = parse_worker_metrics(text)
+    # 300 tokens evaluated (the cached 100 were not) in 5 s: 60 tokens/s.
+    assert signals.prefill_s_per_token == pytest.approx(5.0 / 300)
+    assert parse_worker_metrics(LLAMACPP_CACHED).prefill_s_per_token is None

@@ -60,6 +60,12 @@ class WorkerState:
     placing other work here evicts them, as it would evict what is in use."""
     gpu_temp_c: float | None = None
     gpu_mem_usage: float | None = None
+    slots: int | None = None
+    """The engine's batch slots, where it reports them (llama.cpp ``/slots``): a request
+    past them waits for one to free."""
+    engine_prefill_s: float | None = None
+    """The engine's own mean prefill seconds per uncached token (llama.cpp's
+    ``prompt_seconds_total / prompt_tokens_total``; ``None``: not reported)."""
     labels: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -49,6 +49,10 @@ class Readings(Protocol):
     def gpu_mem_used_mib(self) -> float | None: ...
     @property
     def gpu_mem_total_mib(self) -> float | None: ...
+    @property
+    def slots(self) -> int | None: ...
+    @property
+    def prefill_s_per_token(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,8 @@ class Scraped:
     gpu_temp_c: float | None = None
     gpu_mem_used_mib: float | None = None
     gpu_mem_total_mib: float | None = None
+    slots: int | None = None
+    prefill_s_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,8 @@ def worker_state(
         kv_reserved_tokens=worker.kv_reserved_tokens,
         gpu_temp_c=sig.gpu_temp_c,
         gpu_mem_usage=mem_usage,
+        slots=sig.slots,
+        engine_prefill_s=sig.prefill_s_per_token,
         labels=worker.labels,
     )
     return _projected(state, pressure) if worker.kv_in_flight_tokens else state

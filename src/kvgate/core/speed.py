@@ -23,12 +23,18 @@ uncached tokens are the caller's guess at send time and the truth from ``usage``
 end. Where the engine reports its own queue (``waiting``, ``running`` from a scrape), the
 others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
 
-Starts from a prior (the profile or config); a worker seen fewer than ``warm`` times is
-predicted with the fleet's estimate (the median of the warm workers' parameters, or while
-none is warm of those seen at all). A prior off by more than twice is rescaled at a worker's
-first observations (a CPU engine against a GPU profile: the fit's relative steps would take
-hundreds of requests to cross a factor of a hundred). Pure: no clock (times are passed in),
-no I/O.
+An engine that reports its batch slots (llama.cpp's ``/slots``: ``engine``) serves at most
+that many at once: a request sent past them waits for as many to end as are ahead of it
+beyond them, one every mean hold / slots seconds (the hold measured from each ended
+request: its prefill and its decoding, ``held``). That wait is the book's, not the fit's.
+
+Starts from a prior (the profile or config; before any observation, the engines' own
+measure of their prefill where they report it: ``engine``); a worker seen fewer than
+``warm`` times is predicted with the fleet's estimate (the median of the warm workers'
+parameters, or while none is warm of those seen at all). A prior off by more than twice is
+rescaled at a worker's first observations (a CPU engine against a GPU profile: the fit's
+relative steps would take hundreds of requests to cross a factor of a hundred). Pure: no
+clock (times are passed in), no I/O.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import heapq
 import math
 import statistics
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvgate.types import Seconds, WorkerId
 
@@ -106,6 +112,7 @@ class _Sent:
     waiting: int  # how many they were
     running: int
     started: bool = False  # at its first token, or past its predicted time
+    wait: float = 0.0  # of ``predicted``: the wait for an engine slot (``engine``)
 
 
 @dataclass(slots=True)
@@ -119,6 +126,8 @@ class _Book:
     tokens: float = 0.0
     unstarted: int = 0
     fit: _Fit | None = None  # the worker's fit, once it has one
+    hold: float | None = None  # mean seconds a request holds an engine slot (``held``)
+    slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
     backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
     as_of: float = 0.0
 
@@ -190,6 +199,9 @@ class FleetSpeed:
         self._fleet: Speed | None = None  # cached ``fleet()`` (``_update`` drops it)
         self._updates = 0
         self._done: OrderedDict[str, _Sent] = OrderedDict()  # recent ends, usage's tokens
+        self._engine_prefill: dict[WorkerId, float] = {}  # as the engines report it (``engine``)
+        self.log: deque[tuple[str, WorkerId, Seconds, Seconds]] = deque(maxlen=4096)
+        """The latest observations: request id, worker, TTFT predicted at its send, observed."""
 
     # -- estimates ------------------------------------------------------------------
 
@@ -206,12 +218,29 @@ class FleetSpeed:
         if self._fleet is None:
             warm = [f.theta for f in self._fits.values() if f.n >= self._warm]
             warm = warm or [f.theta for f in self._fits.values() if f.n]
-            self._fleet = (
-                _speed([statistics.median(t[i] for t in warm) for i in range(_N)])
-                if warm
-                else self.prior
-            )
+            if warm:
+                self._fleet = _speed([statistics.median(t[i] for t in warm) for i in range(_N)])
+            elif self._engine_prefill:
+                # Nothing observed yet: the engines' own measure of their prefill, not the
+                # configured guess (a CPU llama.cpp prefills ~60 tokens/s, not 12,000).
+                rate = statistics.median(self._engine_prefill.values())
+                self._fleet = replace(self.prior, prefill_s=rate)
+            else:
+                self._fleet = self.prior
         return self._fleet
+
+    def engine(self, worker: WorkerId, slots: int | None, prefill_s: float | None) -> None:
+        """What ``worker``'s engine reports of itself: its batch slots (a request past them
+        waits for one to free: ``predict``) and its own mean prefill seconds a token (the
+        prior of a fleet that has observed nothing yet)."""
+        book = self._books.get(worker)
+        if book is None:
+            book = self._books[worker] = _Book(fit=self._fits.get(worker))
+        book.slots = slots
+        if prefill_s and prefill_s > 0.0 and self._engine_prefill.get(worker) != prefill_s:
+            self._engine_prefill[worker] = prefill_s
+            if not any(f.n for f in self._fits.values()):
+                self._fleet = None
 
     def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:
         """This replica's book of ``worker`` at ``now``: uncached tokens still to prefill
@@ -276,12 +305,30 @@ class FleetSpeed:
             ahead += others
         if running is not None and running > decoding:
             decoding = running
+        wait = 0.0
+        if book is not None and book.slots:
+            wait = self._slot_wait(book, speed, mean, decoding + ahead)
         return (
             speed.overhead_s
             + speed.prefill_s * (tokens + uncached + extra)
             + speed.decode_s * decoding
             + speed.queue_s * ahead
+            + wait
         )
+
+    @staticmethod
+    def _slot_wait(book: _Book, speed: Speed, mean: float, present: int) -> Seconds:
+        """The wait for a free slot of an engine with ``book.slots`` of them and
+        ``present`` requests in it: past the slots, a request waits for as many to end
+        as are ahead of it beyond them, one ending every hold / slots seconds (the hold
+        measured, ``held``; until then its own prefill, the least it can be)."""
+        slots = book.slots or 0
+        if present < slots:
+            return 0.0
+        hold = book.hold
+        if hold is None:
+            hold = speed.overhead_s + speed.prefill_s * mean
+        return (present - slots + 1) * hold / slots
 
     def report(self) -> dict[WorkerId, SpeedReport]:
         """Every worker seen: its estimate, observations and TTFT prediction error."""
@@ -305,11 +352,17 @@ class FleetSpeed:
         ahead = tuple(rid for rid, s in book.sent.items() if not s.started) if waiting <= 32 else ()
         running = len(book.sent) - waiting
         predicted = self.predict(worker, uncached, at)
+        wait = (
+            self._slot_wait(book, self.speed(worker), book.fit.uncached if book.fit else uncached,
+                            len(book.sent))
+            if book.slots
+            else 0.0
+        )  # fmt: skip
         uncached = max(uncached, 0.0)
         queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
         sent = _Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
-            waiting, running,
+            waiting, running, wait=wait,
         )  # fmt: skip
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
@@ -358,8 +411,22 @@ class FleetSpeed:
             ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
         features = (1.0, ahead + sent.uncached, float(sent.running), float(sent.waiting))
-        self._update(fit, features, ttft)
+        # The slot wait is the book's (``held``), not the fit's: fitted, it would pass for
+        # overhead and be predicted again for requests that find a slot free.
+        self._update(fit, features, max(ttft - sent.wait, 0.1 * ttft))
         fit.errors.append(abs(sent.predicted - ttft) / ttft)
+        self.log.append((request_id, sent.worker, sent.predicted, ttft))
+
+    def held(self, request_id: str, decoded: Seconds) -> None:
+        """The observed ``request_id`` decoded ``decoded`` seconds after its first token:
+        with its own prefill, how long it held its engine's slot (``predict``'s slot wait)."""
+        sent = self._done.get(request_id)
+        book = self._books.get(sent.worker) if sent is not None else None
+        if book is None or sent is None or not book.slots or not 0.0 <= decoded < math.inf:
+            return
+        speed = self.speed(sent.worker)
+        hold = speed.overhead_s + speed.prefill_s * sent.uncached + decoded
+        book.hold = hold if book.hold is None else book.hold + 0.2 * (hold - book.hold)
 
     def dropped(self, request_id: str) -> None:
         """``request_id`` left with nothing to learn from (failed, cancelled)."""

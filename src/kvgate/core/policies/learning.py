@@ -41,6 +41,10 @@ class SpeedLearning(PolicyBase):
             engine = observed.engine_ttft
             ttft = engine / self.engine_seconds if engine is not None else observed.ttft
             self.speed.observed(request.request_id, ttft)
+        if observed.itl is not None and observed.completion_tokens > 1:
+            # How long it decoded: with its prefill, how long it held an engine slot.
+            decoded = observed.itl * (observed.completion_tokens - 1)
+            self.speed.held(request.request_id, decoded)
 
     def speeds(self) -> Mapping[WorkerId, SpeedReport]:
         """Each worker's learned speed and TTFT prediction error (``core.speed``)."""

@@ -15,7 +15,9 @@ pressured; those under ``kv_high`` KV use while any is), it predicts, in seconds
   ``w`` (``core.speed``; with ``engine_queue``, raised by what the engine reports waiting).
   ``overhead_w``, ``prefill_w``: learned from every observed TTFT (``FleetSpeed``: least
   squares with forgetting, the fleet's estimate for a new worker or one within
-  ``speed_tolerance`` of it); ``decode`` stays at its prior.
+  ``speed_tolerance`` of it; before any, the engines' own prefill rate where they report
+  it); ``decode`` stays at its prior. An engine of a few batch slots (llama.cpp) adds the
+  wait for one to free to a request sent past them.
 - ``delayed(w)``: what the request's prefill takes from later ones: ``uncached_w`` times
   the requests expected to queue behind it (``w``'s share of the arrival rate times the
   fleet's shortest queue plus this prefill, at most ``delay_cap``). On a backlogged fleet
@@ -248,6 +250,10 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         home = ctx.affinity.worker if ctx.affinity is not None else None
         away = self._lives.tokens() if opens or home is not None else 0.0
         open_ = [w for w in pool if (w.kv_usage or 0.0) < cfg.kv_high] or pool
+        first = open_[0]
+        if first.slots is not None or first.engine_prefill_s is not None:
+            for w in open_:  # what each engine reports of itself (llama.cpp's slots, speed)
+                speed.engine(w.id, w.slots, w.engine_prefill_s)
         # Later requests a second per candidate, and the shortest queue among them: while
         # every candidate has one, what this request adds to a queue delays those behind it.
         rate = self._pace.rate(now) / len(open_) if cfg.delay_cap > 0.0 else 0.0

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
@@ -71,6 +72,7 @@ class HealthChecker:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._oversized: set[str] = set()
+        self._slots: dict[str, int | None] = {}  # llama.cpp's ``GET /slots``, read once
 
     # -- passive (live requests) ------------------------------------------------
 
@@ -220,6 +222,8 @@ class HealthChecker:
         assert signals is not None
         if len(results) > 1 and results[1] is not None:
             signals = merge(signals, results[1])
+        if signals.engine == "llamacpp":
+            signals = replace(signals, slots=await self._slot_count(worker))
         worker.replace(worker.routed.scraped(signals, self.mono()))
         for listener in self.scrape_listeners:
             listener(worker, signals)
@@ -244,6 +248,24 @@ class HealthChecker:
             return None
         except (UpstreamError, ScrapeError):
             return None
+
+    async def _slot_count(self, worker: Worker) -> int | None:
+        """How many batch slots a llama.cpp worker has (``GET /slots`` lists them; asked
+        once: ``None`` if it would not say, e.g. started with ``--no-slots``)."""
+        if worker.id not in self._slots:
+            count = None
+            try:
+                status, body = await worker.upstream.get(
+                    f"{worker.config.url}/slots", self.config.timeout_s,
+                    max_bytes=self.config.max_scrape_bytes,
+                )  # fmt: skip
+                listed = json.loads(body) if status == 200 else None
+                if isinstance(listed, list) and listed:
+                    count = len(listed)
+            except (UpstreamError, ValueError):
+                pass
+            self._slots[worker.id] = count
+        return self._slots[worker.id]
 
     @staticmethod
     def _auth(worker: Worker) -> dict[str, str] | None:

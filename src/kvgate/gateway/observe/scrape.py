@@ -69,6 +69,10 @@ class WorkerSignals:
     gpu_mem_used_mib: float | None = None
     gpu_mem_total_mib: float | None = None
     gpu_mem_usage: float | None = None
+    slots: int | None = None
+    """The engine's batch slots (llama.cpp: ``GET /slots``, not a metric: the prober adds it)."""
+    prefill_s_per_token: float | None = None
+    """The engine's own prefill seconds per uncached token since it started (llama.cpp)."""
     scraped_at: float | None = None
 
     @property
@@ -96,6 +100,7 @@ class _Dialect:
     queries: tuple[str, ...] = ()
     hits: tuple[str, ...] = ()
     hit_rate: tuple[str, ...] = ()
+    prefill_seconds: tuple[str, ...] = ()  # over ``queries`` (tokens it evaluated)
     # llama.cpp's prompt-token counter counts only tokens it evaluated, so the
     # tokens looked up in the cache are evaluated + cached.
     queries_exclude_hits: bool = False
@@ -130,6 +135,7 @@ _DIALECTS: tuple[_Dialect, ...] = (
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
         queries=("llamacpp:prompt_tokens_total",),
         hits=("llamacpp:prompt_tokens_cached_total",),
+        prefill_seconds=("llamacpp:prompt_seconds_total",),
         queries_exclude_hits=True,
     ),
 )
@@ -198,6 +204,8 @@ _ENGINE_FIELDS = (
     "prefix_cache_queries_total",
     "prefix_cache_hits_total",
     "prefix_cache_hit_rate",
+    "slots",
+    "prefill_s_per_token",
 )
 
 
@@ -279,6 +287,9 @@ def _engine_signals(samples: _Samples) -> WorkerSignals:
         return WorkerSignals()
     hits = _sum_int(samples, dialect.hits)
     queries = _sum_int(samples, dialect.queries)
+    values = _first(samples, dialect.prefill_seconds)
+    seconds = sum(values) if values is not None else None
+    prefill = seconds / queries if seconds and queries else None
     if dialect.queries_exclude_hits:
         # Without the cached counter the processed count alone says nothing
         # about the cache, so both stay unknown.
@@ -296,6 +307,7 @@ def _engine_signals(samples: _Samples) -> WorkerSignals:
         prefix_cache_queries_total=queries,
         prefix_cache_hits_total=hits,
         prefix_cache_hit_rate=hit_rate,
+        prefill_s_per_token=prefill,
     )
 
 
