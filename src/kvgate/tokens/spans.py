@@ -49,11 +49,7 @@ class Spans:
         # The added tokens the template writes, and every added token holding one.
         marks = {c for c in self._ids if any(c in w for w in written)}
         cuts = {c for c in self._ids if any(m in c for m in marks)}
-        self._pattern = (
-            re.compile("|".join(re.escape(c) for c in sorted(cuts, key=len, reverse=True)))
-            if plain and cuts
-            else None
-        )
+        self._pattern = re.compile(f"({longest_of(cuts)})") if plain and cuts else None
         self._known: OrderedDict[str, list[int]] = OrderedDict()
         self._chars = 0
         self._max_chars = max_chars
@@ -70,33 +66,57 @@ class Spans:
         pattern = self._pattern
         if pattern is None:
             return list(self._encode(text))
+        # One split in C, then a dict look-up a piece: a code prompt has hundreds.
+        parts = pattern.split(text)  # the pieces, the added tokens cut out between them
+        added, known = self._ids, self._known
         ids: list[int] = []
-        start = 0
-        added = self._ids
-        for match in pattern.finditer(text):
-            if match.start() > start:
-                ids.extend(self._piece(text[start : match.start()]))
-            ids.append(added[match.group()])
-            start = match.end()
-        if start < len(text):
-            ids.extend(self._piece(text[start:]))
+        hits = 0
+        for n, part in enumerate(parts):
+            if n & 1:
+                ids.append(added[part])
+            elif part:
+                found = known.get(part)
+                if found is None:
+                    found = self._learn(part)
+                else:
+                    known.move_to_end(part)
+                    hits += 1
+                ids += found
+        self.hits += hits
         return ids
 
-    def _piece(self, piece: str) -> list[int]:
-        known = self._known
-        found = known.get(piece)
-        if found is not None:
-            known.move_to_end(piece)
-            self.hits += 1
-            return found
+    def _learn(self, piece: str) -> list[int]:
         self.misses += 1
         ids = self._encode(piece)
+        known = self._known
         known[piece] = ids
         self._chars += len(piece)
         while self._chars > self._max_chars and known:
             gone, _ = known.popitem(last=False)
             self._chars -= len(gone)
         return ids
+
+
+def longest_of(words: Iterable[str]) -> str:
+    """A regex matching the longest of ``words`` that starts where it matches, as a
+    trie: one character compared per step, where an alternation of the words would try
+    each in turn (Gemma's 31 runs of newlines: 160 µs a 4k-token code prompt, 15 µs)."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = True  # a word ends here
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(c) + pattern(child) for c, child in sorted(node.items()) if c]
+        if not branches:
+            return ""
+        inner = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        # Greedy: the longer word first, this node's own word if it is one.
+        return f"(?:{inner})?" if "" in node else inner
+
+    return pattern(trie)
 
 
 def written_by(render: Callable[[list[dict[str, str]]], str]) -> set[str]:
