@@ -28,7 +28,7 @@ def test_every_workload_is_timed_by_both_libraries(tmp_path: Path) -> None:
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
     rows = tokenize_timings(tmp_path, runs=3)
-    for workload in ("cold", "encode", "shared_system", "next_turn"):
+    for workload in ("cold", "cold_code", "cold_docs", "encode", "shared_system", "next_turn"):
         for library in ("tokenizers", "fastokens"):
             assert rows[f"{workload}_{library}"]["cpu_p50_us"] > 0
     assert rows["cold_fastokens"]["prompt_tokens"] == rows["cold_tokenizers"]["prompt_tokens"]

@@ -5,6 +5,11 @@ tokenizes the same requests in one run, side by side:
 
 - ``cold``: every chat new (rendered through its template and tokenized; the chats
   are generated before the clock starts), nothing of it remembered;
+- ``cold_code``: the same with a user message of source code (15,000 characters of
+  kvgate's own, hundreds of lines: many cuts at Gemma's added ``\n``);
+- ``cold_docs``: the same with 15,000 characters of Python's own documentation
+  (``pydoc_data.topics``: English prose with code examples, a real vocabulary; the
+  code's and the docs' slices share no text, so at most ~30 of the docs);
 - ``encode``: the rendered text alone, one call to the library (no template, no
   cutting at added tokens): the library's own cost;
 - ``shared_system``: chats that open with one of 8 long system prompts (half the
@@ -19,6 +24,7 @@ CPU cannot inflate), and the machine's load average while it ran.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +46,8 @@ def tokenize_timings(folder: Path, runs: int = 100) -> dict[str, dict[str, float
          {"role": "user", "content": _joined(chat_of_tokens(3300, 30_000 + n)[2:])}]
         for n in range(runs + 9)
     ]  # fmt: skip
+    code = _code(runs + 1)
+    docs = _docs(runs + 1)
     conversation = chat_of_tokens(3300)
     turns = [
         [*conversation, {"role": "assistant", "content": "ok " * 40},
@@ -53,6 +61,14 @@ def tokenize_timings(folder: Path, runs: int = 100) -> dict[str, dict[str, float
             continue  # fastokens not installed, or disagreeing: nothing to time
         tokens = len(hf.chat(cold_chats[0]))
         results[f"cold_{library}"] = {"prompt_tokens": tokens, **timed(_each(hf, cold_chats), runs)}
+        results[f"cold_code_{library}"] = {
+            "prompt_tokens": len(hf.chat(code[0])),
+            **timed(_each(hf, code), len(code) - 1),
+        }
+        results[f"cold_docs_{library}"] = {
+            "prompt_tokens": len(hf.chat(docs[0])),
+            **timed(_each(hf, docs), len(docs) - 1),
+        }
         text = hf.render(cold_chats[0])
         results[f"encode_{library}"] = {"chars": len(text), **timed(_text(hf, text), runs)}
         for chat in shared[: len(systems)]:
@@ -79,6 +95,32 @@ def _each(hf: HFTokenizer, chats: list[list[dict[str, str]]]) -> Callable[[], li
 def _text(hf: HFTokenizer, text: str) -> Callable[[], list[int]]:
     """A call tokenizing ``text`` by the library alone."""
     return lambda: hf.text_encoder(text)
+
+
+def _code(count: int, chars: int = 15_000) -> list[list[dict[str, str]]]:
+    """Chats asking about ``chars`` of kvgate's own source, from seeded places."""
+    folder = Path(__file__).resolve().parents[1]
+    source = "".join(f.read_text(encoding="utf-8") for f in sorted(folder.rglob("*.py")))
+    return _slices(source, "You review code.", count, chars)
+
+
+def _docs(count: int, chars: int = 15_000) -> list[list[dict[str, str]]]:
+    """Chats asking about ``chars`` of Python's documentation, from seeded places."""
+    from pydoc_data.topics import topics
+
+    return _slices("\n\n".join(topics[k] for k in sorted(topics)), "You explain.", count, chars)
+
+
+def _slices(source: str, system: str, count: int, chars: int) -> list[list[dict[str, str]]]:
+    """Up to ``count`` chats on ``chars``-long slices of ``source`` that share no text
+    (shared text would be remembered: not cold), in a seeded order."""
+    starts = list(range(0, len(source) - chars, chars))
+    random.Random(7).shuffle(starts)
+    return [
+        [{"role": "system", "content": system},
+         {"role": "user", "content": source[at : at + chars] + "\nWhat does this do?"}]
+        for at in starts[:count]
+    ]  # fmt: skip
 
 
 def _joined(messages: list[dict[str, str]]) -> str:
