@@ -105,15 +105,18 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Spans]:
     reference = tokenizers.Tokenizer.from_file(str(file))
     fast, library = encoder(file, reference, "fastokens")
     assert library == "fastokens"
-    # Cut where ChatML's template writes Gemma's added "\n", each piece remembered.
-    spans = Spans(reference, ["<|im_start|>user\n", "<|im_end|>\n"], encode=fast)
-    assert spans.cutting
+    # Cut where ChatML's template writes Gemma's added "\n", the pieces grouped from
+    # each "<|im_start|>user" on and each group remembered.
+    written = ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>user\n"]
+    spans = Spans(reference, written, encode=fast)
+    assert spans.cutting and spans._openers == ("<|im_start|>user",)
     return fast, hf_encoder(reference), spans
 
 
 _PARTS = st.sampled_from(
     [" ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "7", "42", "3.14", "1e10", "▁", ">▁</",
      "<start_of_turn>", "<end_of_turn>", "<table>", "<td>", "<bos>", "<|im_start|>", "user",
+     "\n<|im_start|>user\n", "<|im_start|>user\n\n",
      "the", "river", "Hello", ",", ".", "?", "é", "ß", "日本語", "中文", "한국어", "🙂", "🚀",
      "\u200b", "\ufeff", "\x00", "\U000e0041", "a" * 40, "def f(x):", "    return x"]
 )  # fmt: skip
@@ -129,4 +132,5 @@ def test_fastokens_ids_equal_tokenizers_on_random_text(
     expected = reference(text)
     assert fast(text) == expected
     assert spans.encode(text) == expected
-    assert spans.encode("<|im_start|>user\n" + text) == reference("<|im_start|>user\n" + text)
+    for chat in (f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>user\n{text}\n", text * 2):
+        assert spans.encode(chat) == reference(chat)
