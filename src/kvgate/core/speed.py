@@ -44,6 +44,7 @@ import math
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from kvgate.types import Seconds, WorkerId
 
@@ -71,6 +72,26 @@ class Speed:
             + self.decode_s * running
             + self.queue_s * waiting
         )
+
+
+class Look(NamedTuple):
+    """What ``FleetSpeed.predict`` reads of one worker, as of a change, for a policy that
+    keeps it until the next one (its own requests' sends and ends, the worker's fit) or
+    ``until`` (a request's predicted start): ``queued(now)`` drains the backlog."""
+
+    speed: Speed
+    tokens: float  # uncached tokens of the requests not yet started
+    backlog: float  # uncached tokens left to prefill as of ``as_of`` (``_Book.ahead``)
+    as_of: Seconds
+    unstarted: int
+    decoding: int
+    until: Seconds  # the next predicted start: the look is stale from then
+
+    def queued(self, now: Seconds) -> float:
+        """Uncached tokens still to prefill at ``now`` (``_Book.ahead``)."""
+        prefill_s = self.speed.prefill_s
+        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
+        return (self.tokens if self.tokens < left else left) if left > 0.0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +282,21 @@ class FleetSpeed:
             return 0.0
         prefill_s = self.speed(worker).prefill_s
         return book.ahead(now, prefill_s) * prefill_s
+
+    def look(self, worker: WorkerId, now: Seconds) -> Look:
+        """``worker``'s speed and this replica's book of it at ``now``, good until the
+        next change to either (``Look``)."""
+        speed = self.speed(worker)
+        book = self._books.get(worker)
+        if book is None:
+            return Look(speed, 0.0, 0.0, now, 0, 0, math.inf)
+        starts = book.starts
+        if starts and starts[0][0] <= now:
+            book.settle(now)
+        unstarted = book.unstarted
+        until = starts[0][0] if starts else math.inf
+        decoding = len(book.sent) - unstarted
+        return Look(speed, book.tokens, book.backlog, book.as_of, unstarted, decoding, until)
 
     def predict(
         self,

@@ -78,7 +78,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("+engine_queue", "ttft", {"engine_queue": True}),
     Variant("-evict", "ttft", {"evict": 0.0}),
     Variant("-delay", "ttft", {"delay_cap": 0.0}),  # the prefill later requests wait behind
-    Variant("-tolerance", "ttft", {"speed_tolerance": 0.0}),  # like workers' fits taken apart
     Variant("decode_2ms", "ttft", {"decode_s": 0.002}),  # the old decode prior
     Variant("default", "default"),
 )

@@ -13,7 +13,7 @@ import pytest
 
 from kvgate.core.fleet import Health, Pressure
 from kvgate.core.policies.ttft import TtftConfig, TtftPolicy
-from kvgate.core.speed import Observation
+from kvgate.core.speed import FleetSpeed, Observation, Speed
 
 from .tables import THREE, chain, ctx, fleet, queue, request, with_loads
 
@@ -191,3 +191,42 @@ def test_on_a_backlogged_fleet_a_sibling_stays_behind_its_groups_prompt(
     queue(policy, "a", 0.25, "long")
     sibling = request("sibling", hashes=(*group, 99), prompt_chars=32 * 256 + 256)
     assert policy.pick(sibling, ctx(fleet(*THREE))).worker == chosen
+
+
+def test_a_claim_older_than_a_kv_turnover_counts_as_evicted() -> None:
+    """The index remembers four KV capacities; past one and a half sent after a chain, the
+    engine's LRU has likely evicted it: a TTFT predicted on it would miss the recompute."""
+    workers = tuple(replace(w, kv_capacity_tokens=2048) for w in THREE)  # 32 blocks each
+    for fillers, expected in ((0, ("c", "prefix_match")), (8, ("a", "least_loaded"))):
+        policy = TtftPolicy()
+        policy.index.set_kv_capacity("c", 2048)
+        policy.on_routed(request("w", hashes=chain(1, 8)), "c", -10.0)
+        for i in range(fillers):  # 64 blocks sent to c after it, each answered
+            filler = request(f"f{i}", hashes=chain(100 + i, 8))
+            policy.on_routed(filler, "c", -10.0)
+            policy.on_usage(filler, "c", 512, 0, -9.0)
+        assert policy.index.match(chain(1, 8)).get("c") == 8  # still claimed
+        decision = policy.pick(request("r", hashes=(*chain(1, 8), 9)), ctx(fleet(*workers)))
+        assert (decision.worker, decision.reason) == expected
+
+
+def test_a_kept_look_predicts_what_predict_does() -> None:
+    """``ttft`` costs every candidate from its ``Look`` (kept until the worker's book
+    changes or a request's predicted start): the same TTFT as ``FleetSpeed.predict``."""
+    speed = FleetSpeed(Speed(0.005, 1 / 12_000, 0.005), fitted=(True, True, False, False))
+    speed.sent("a1", "a", 0.0, 3000)
+    speed.sent("a2", "a", 0.0, 1000)
+    speed.first_token("a1", 0.1)
+    look = speed.look("a", 0.1)
+    for now in (0.1, 0.15, 0.3, 1.0):
+        if now >= look.until:
+            look = speed.look("a", now)
+        sp, queued = look.speed, look.queued(now) if look.unstarted else 0.0
+        decoding = max(look.decoding, 3 - look.unstarted)
+        mine = (
+            sp.overhead_s
+            + sp.prefill_s * (queued + 500)
+            + sp.decode_s * decoding
+            + sp.queue_s * look.unstarted
+        )
+        assert mine == pytest.approx(speed.predict("a", 500, now, in_flight=3))

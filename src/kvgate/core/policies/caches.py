@@ -20,6 +20,7 @@ Two interfaces ``ttft`` reads, so better sources plug in without touching it:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from kvgate.core.features import RequestFeatures
@@ -37,6 +38,11 @@ class Residency(Protocol):
         be left out)."""
         ...
 
+    def resident(self, request: RequestFeatures, worker: WorkerId) -> int | None:
+        """Characters of ``request``'s prompt ``worker`` likely still holds, where that is
+        less than ``held`` said of it (``None``: nothing to take back)."""
+        ...
+
 
 class IndexResidency:
     """``Residency`` from the engines' KV events, a policy's index and the store."""
@@ -44,21 +50,27 @@ class IndexResidency:
     def __init__(self, index: PrefixIndex, running: RunningBlocks) -> None:
         self.index = index
         self.running = running
+        # The last request's index claims (blocks) and the store's holders (``resident``).
+        self._claims: tuple[str, dict[WorkerId, int], Mapping[WorkerId, int]] = ("", {}, {})
 
     def held(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
         """The engine's word where it publishes events, else the deeper of the index's
         match and the store's holders, in characters."""
         hashes = request.prefix_hashes
         found = self.index.match(hashes) if hashes else {}
+        resident = ctx.resident
+        exact = resident.exact if resident is not None else ()
+        claims = {w: d for w, d in found.items() if w not in exact} if exact else found.copy()
+        self._claims = (request.request_id, claims, ctx.holders)
         for worker, depth in ctx.holders.items():
             if depth > found.get(worker, 0):
                 found[worker] = min(depth, len(hashes))
         prompt, chars = request.prompt_chars, self.index.depth_chars
-        resident = ctx.resident
+        # Most workers hold a chain to one of a few depths: one conversion a depth.
+        cut = {d: c if (c := chars(d)) < prompt else prompt for d in set(found.values())}
         if resident is None:
-            return {w: min(chars(d), prompt) for w, d in found.items()}
-        exact = resident.exact
-        held = {w: min(chars(d), prompt) for w, d in found.items() if w not in exact}
+            return {w: cut[d] for w, d in found.items()}
+        held = {w: cut[d] for w, d in found.items() if w not in exact}
         for worker in exact:
             told = resident.chars.get(worker, 0)
             flying = chars(self.running.shared_depth(worker, hashes)) if hashes else 0
@@ -66,6 +78,22 @@ class IndexResidency:
             if most:
                 held[worker] = most
         return held
+
+    def resident(self, request: RequestFeatures, worker: WorkerId) -> int | None:
+        """The index's claim on ``worker`` cut where more than a KV turnover was sent there
+        after it (``PrefixIndex.resident_depth``): the engine's LRU has likely evicted the
+        rest, and a TTFT predicted on it is short by the recompute. The store's holders
+        (another replica's placements) stand."""
+        rid, found, holders = self._claims
+        depth = found.get(worker, 0) if rid == request.request_id else 0
+        if not depth:
+            return None
+        hashes, index = request.prefix_hashes, self.index
+        kept = index.resident_depth(hashes, worker, depth)
+        if kept >= depth:
+            return None
+        kept = max(kept, min(holders.get(worker, 0), len(hashes)))
+        return min(index.depth_chars(kept), request.prompt_chars)
 
 
 def evicted_tokens(new_tokens: float, fill: float, reuse: float, reserved: float = 0.0) -> float:

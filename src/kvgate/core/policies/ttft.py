@@ -11,13 +11,15 @@ pressured; those under ``kv_high`` KV use while any is), it predicts, in seconds
 - ``ttft(w)``: this request's own wait. ``uncached_w``: the prompt's tokens ``w`` does not
   hold (``Residency``: the index of what was sent where, corrected by usage, or the
   engine's KV events; blocks restorable from disk count on every worker at
-  ``restorable_credit``). ``queued_w``, ``running_w``: this replica's exact book of
-  ``w`` (``core.speed``; with ``engine_queue``, raised by what the engine reports waiting).
-  ``overhead_w``, ``prefill_w``: learned from every observed TTFT (``FleetSpeed``: least
-  squares with forgetting, the fleet's estimate for a new worker or one within
-  ``speed_tolerance`` of it; before any, the engines' own prefill rate where they report
-  it); ``decode`` stays at its prior. An engine of a few batch slots (llama.cpp) adds the
-  wait for one to free to a request sent past them.
+  ``restorable_credit``); an index claim older than a KV turnover there is likely
+  evicted, so it counts only up to where it is likely resident (``Residency.resident``,
+  judged for the cheapest worker, then the next if it lost its place: a cut only raises a
+  cost). ``queued_w``, ``running_w``: this replica's exact book of ``w`` (``core.speed``;
+  with ``engine_queue``, raised by what the engine reports waiting). ``overhead_w``,
+  ``prefill_w``: learned from every observed TTFT (``FleetSpeed``: least squares with
+  forgetting, the fleet's estimate for a new worker; before any, the engines' own prefill
+  rate where they report it); ``decode`` stays at its prior. An engine of a few batch
+  slots (llama.cpp) adds the wait for one to free to a request sent past them.
 - ``delayed(w)``: what the request's prefill takes from later ones: ``uncached_w`` times
   the requests expected to queue behind it (``w``'s share of the arrival rate times the
   fleet's shortest queue plus this prefill, at most ``delay_cap``). On a backlogged fleet
@@ -65,12 +67,13 @@ from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.ttft_config import TtftConfig
 from kvgate.core.policy import RouteContext
-from kvgate.core.speed import FleetSpeed, Speed
+from kvgate.core.speed import FleetSpeed, Look, Observation, Speed
 from kvgate.types import BlockHash, Seconds, WorkerId
 
 __all__ = ["TtftConfig", "TtftPolicy"]
 
 _REUSE_GAIN = 0.0125  # weight of each request in the fleet's hit-ratio average
+_RELOOK = 16  # fits between two looks at every worker (``on_observed``)
 
 
 class TtftPolicy(PrefixLearning, SpeedLearning):
@@ -91,13 +94,17 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         # from 0.02 to 9 ms on one shape), and a worker predicted slow was sent nothing
         # more to correct it.
         self.speed = FleetSpeed(prior, forgetting=cfg.forgetting, max_pending=cfg.index.max_pending,
-                                fitted=(True, True, False, False),
-                                tolerance=cfg.speed_tolerance)  # fmt: skip
+                                fitted=(True, True, False, False))  # fmt: skip
         self.learn = cfg.learn
         self.engine_seconds = scale
         self._reuse: float | None = None  # the fleet's measured hit ratio
         self._pace = Pace()  # requests a second, for the delay a placement adds to later ones
         self._fill: dict[WorkerId, float] = {}  # ``PrefixIndex.fill``, as of its last change
+        # Each worker's speed and book (``FleetSpeed.look``), as of their last change: all
+        # are taken again every ``_RELOOK`` fits (the fleet's median, a fit's age move).
+        self._looks: dict[WorkerId, Look] = {}
+        self._fleet_seen: Speed | None = None  # the fleet's speed the looks were taken with
+        self._fits = 0
         # The blocks requests in flight hold on each worker (what a new one need not add to
         # its KV in use: ``Decision.shared_chars``), and each one's worker and chain.
         self._running = RunningBlocks()
@@ -123,6 +130,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             opens = self._lives.opens(request, False)
         uncached = max(prompt - cached, 0) * self._tokens_per_char
         self.speed.sent(rid, worker, now, uncached)
+        self._looks.pop(worker, None)
         self._pace.note(now)
         if rid not in self._flying and len(self._flying) < self.config.index.max_pending:
             self._flying[rid] = (worker, request.prefix_hashes)
@@ -146,6 +154,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         self._fill[worker] = self.index.fill(worker, self.index.config.kv_overcommit)
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
+        self._looks.pop(worker, None)
         self._landed(request.request_id)
         if prompt_tokens > 0:
             # The fleet's, not the worker's: a worker thrashing its cache measured a low
@@ -157,7 +166,24 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Nothing will be observed: the request leaves the book."""
         self.speed.dropped(request.request_id)
+        self._looks.pop(worker, None)
         self._landed(request.request_id)
+
+    def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """Its prefill is done: it leaves the worker's queue (``SpeedLearning``)."""
+        super().on_first_token(request, worker, now)
+        self._looks.pop(worker, None)
+
+    def on_observed(
+        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
+    ) -> None:
+        """Fit the worker's speed (``SpeedLearning``); every ``_RELOOK`` fits, look again
+        at every worker (the fleet's median speed, a cold worker's, moves with them)."""
+        super().on_observed(request, worker, observed, now)
+        self._looks.pop(worker, None)
+        self._fits += 1
+        if self._fits % _RELOOK == 0:
+            self._looks.clear()
 
     def _landed(self, request_id: str) -> None:
         flying = self._flying.pop(request_id, None)
@@ -169,6 +195,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         super().on_worker_removed(worker)
         self._fill.pop(worker, None)
         self.speed.forget_worker(worker)
+        self._looks.clear()
         self._running.forget(worker)
 
     # -- deciding -------------------------------------------------------------------
@@ -191,8 +218,8 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         home, why = affinity_status(request, ctx, "fraction", 1.0)
         if not pool:
             return refuse(request, ctx, cfg.retry_after_s)
-        if home is not None and home not in pool:
-            home = None
+        if home is not None and all(w is not home for w in pool):
+            home = None  # (``is``: workers are compared field by field otherwise)
         best = self._place(request, pool, ctx, held, restorable, opens=opens)
         depth = self._running.shared_depth(best.id, request.prefix_hashes)
         shared = min(self.index.depth_chars(depth), request.prompt_chars)
@@ -246,56 +273,113 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         cfg, now, speed = self.config, ctx.fleet.now, self.speed
         per_char, prompt = self._tokens_per_char, request.prompt_chars
         evict, engine, fill_of = cfg.evict, cfg.engine_queue, self._fill.get
-        reuse = self._reuse or 0.0
+        reuse, cap = self._reuse or 0.0, cfg.delay_cap
         home = ctx.affinity.worker if ctx.affinity is not None else None
         away = self._lives.tokens() if opens or home is not None else 0.0
         open_ = [w for w in pool if (w.kv_usage or 0.0) < cfg.kv_high] or pool
         first = open_[0]
-        if first.slots is not None or first.engine_prefill_s is not None:
+        reports = first.slots is not None or first.engine_prefill_s is not None
+        if reports:
             for w in open_:  # what each engine reports of itself (llama.cpp's slots, speed)
                 speed.engine(w.id, w.slots, w.engine_prefill_s)
-        # Later requests a second per candidate, and the shortest queue among them: while
-        # every candidate has one, what this request adds to a queue delays those behind it.
-        rate = self._pace.rate(now) / len(open_) if cfg.delay_cap > 0.0 else 0.0
-        backlog = inf = float("inf")
-        for w in open_ if rate else ():
-            queued = speed.queued_s(w.id, now)
-            backlog = queued if queued < backlog else backlog
-            if not queued:
-                break  # an idle candidate: nothing queues behind anyone
-        backlog = backlog if rate else 0.0
-        scored: list[tuple[float, WorkerState]] = []
-        predict, held_get = speed.predict, held.get
-        best, best_cost = open_[0], inf
+            self._looks.clear()  # the fleet's speed may have moved with them
+        fleet = speed.fleet()  # a worker not yet warm is predicted with it: when it moves,
+        if fleet is not self._fleet_seen:  # every look taken with the old one is stale
+            self._looks.clear()
+            self._fleet_seen = fleet
+        # Each candidate's speed and book (``Look``), kept from one change to the next,
+        # the prefill queued there now, and the shortest such queue in seconds.
+        seen: list[tuple[Speed, float, int, int]] = []
+        stored, take = self._looks, speed.look
+        backlog = float("inf")
         for w in open_:
-            wid = w.id
-            cached = held_get(wid, 0)
-            uncached = (prompt - (cached if cached > restorable else restorable)) * per_char
-            extra = 0.0
-            if rate and uncached > 0.0:
-                behind = rate * (backlog + uncached * speed.speed(wid).prefill_s)
-                extra = uncached * (behind if behind < cfg.delay_cap else cfg.delay_cap)
-            life = 0.0 if wid == home else away
-            if evict and (uncached > 0.0 or life > 0.0):
-                # KV of sessions away on a tool call, expected back (``core.toolcalls``),
-                # is taken: it fills the cache, and evicting it is certain to cost.
-                reserved, capacity = w.kv_reserved_tokens, w.kv_capacity_tokens
-                share = min(reserved / capacity, 1.0) if reserved and capacity else 0.0
-                fill = fill_of(wid, 0.0) + share
-                if fill > 0.0:
-                    new = uncached if uncached > life else life
-                    extra += evict * evicted_tokens(new, fill, reuse, share)
-            if engine:
-                cost = predict(wid, uncached, now, in_flight=w.in_flight, waiting=w.waiting,
-                               running=w.running, extra=extra)  # fmt: skip
+            look = stored.get(w.id)
+            if look is None or now >= look.until:
+                look = stored[w.id] = take(w.id, now)
+            sp, tokens, left, as_of, unstarted, decoding, _ = look
+            queued = 0.0
+            if unstarted:  # ``Look.queued``, inlined: this runs for every candidate
+                prefill_s = sp.prefill_s
+                left = left - (now - as_of) / prefill_s if prefill_s > 0.0 else 0.0
+                queued = (tokens if tokens < left else left) if left > 0.0 else 0.0
+                queued_s = queued * prefill_s
+                backlog = queued_s if queued_s < backlog else backlog
             else:
-                cost = predict(wid, uncached, now, in_flight=w.in_flight, extra=extra)
-            scored.append((cost, w))
-            if cost < best_cost:
-                best, best_cost = w, cost
-            elif cost == best_cost and self._tie(w, ctx) < self._tie(best, ctx):
-                best = w
+                backlog = 0.0
+            seen.append((sp, queued, unstarted, decoding))
+        # Later requests a second per candidate: while every candidate has a queue, what
+        # this request adds to one delays those behind it (at most ``delay_cap``).
+        rate = self._pace.rate(now) / len(open_) if cap > 0.0 else 0.0
+        held_get = held.get
+
+        def costs(
+            workers: list[WorkerState], seen: list[tuple[Speed, float, int, int]]
+        ) -> list[tuple[float, WorkerState]]:
+            out = []  # one loop, no call a worker but the eviction's
+            for w, (sp, queued, unstarted, decoding) in zip(workers, seen, strict=True):
+                wid, prefill_s = w.id, sp.prefill_s
+                cached = held_get(wid, 0)
+                uncached = (prompt - (cached if cached > restorable else restorable)) * per_char
+                extra = 0.0
+                if rate and uncached > 0.0:
+                    behind = rate * (backlog + uncached * prefill_s)
+                    extra = uncached * (behind if behind < cap else cap)
+                life = 0.0 if wid == home else away
+                if evict and (uncached > 0.0 or life > 0.0):
+                    # KV of sessions away on a tool call, expected back
+                    # (``core.toolcalls``), is taken: it fills the cache, and evicting it
+                    # is certain to cost.
+                    share, fill = 0.0, fill_of(wid, 0.0)
+                    reserved, capacity = w.kv_reserved_tokens, w.kv_capacity_tokens
+                    if reserved and capacity:
+                        share = reserved / capacity if reserved < capacity else 1.0
+                        fill += share
+                    if fill > 0.0:
+                        new = uncached if uncached > life else life
+                        extra += evict * evicted_tokens(new, fill, reuse, share)
+                if engine:  # the engine's own queue blended with the book
+                    cost = speed.predict(wid, uncached, now, in_flight=w.in_flight,
+                                         waiting=w.waiting, running=w.running,
+                                         extra=extra)  # fmt: skip
+                elif reports:  # an engine's slots: the wait for one (``FleetSpeed``)
+                    cost = speed.predict(wid, uncached, now, in_flight=w.in_flight, extra=extra)
+                else:  # ``FleetSpeed.predict`` on the look: in flight is a floor
+                    floor = w.in_flight - unstarted
+                    cost = (
+                        sp.overhead_s
+                        + prefill_s * (queued + uncached + extra)
+                        + sp.decode_s * (decoding if decoding > floor else floor)
+                        + sp.queue_s * unstarted
+                    )
+                out.append((cost, w))
+            return out
+
+        scored = costs(open_, seen)
+        best = self._least(scored, ctx)
+        # A claim the index cannot vouch for (sent more than a KV turnover ago) only raises
+        # a cost: judge the cheapest's, then the next cheapest's if it lost its place.
+        judged: set[WorkerId] = set()
+        while best.id not in judged:
+            wid = best.id
+            judged.add(wid)
+            kept = self.residency.resident(request, wid)
+            if kept is None or kept >= held_get(wid, 0):
+                break
+            held[wid] = kept
+            at = next(i for i, (_, w) in enumerate(scored) if w is best)
+            scored[at] = costs([best], [seen[at]])[0]
+            best = self._least(scored, ctx)
         self._scored = scored
+        return best
+
+    def _least(self, scored: list[tuple[float, WorkerState]], ctx: RouteContext) -> WorkerState:
+        """The worker of least cost in ``scored`` (non-empty; ties: ``_tie``)."""
+        best, best_cost = scored[0][1], float("inf")
+        for c, w in scored:
+            if c < best_cost:
+                best, best_cost = w, c
+            elif c == best_cost and self._tie(w, ctx) < self._tie(best, ctx):
+                best = w
         return best
 
     @staticmethod

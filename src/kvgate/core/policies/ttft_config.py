@@ -46,9 +46,6 @@ class TtftConfig(PolicyConfig):
     Per candidate: its share of the arrival rate times how long it stays busy (the
     shortest queue among the candidates, plus this prefill there): a burst's rate says
     more about the burst than about how many it will delay, hence the cap."""
-    speed_tolerance: float = Field(default=0.15, ge=0)
-    """A worker whose learned prefill rate is within this share of the fleet's is predicted
-    with the fleet's (``FleetSpeed``): like workers differ by their fits' noise alone."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the predicted cost of what a placement evicts (0: not counted)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
