@@ -236,28 +236,25 @@ def test_a_fleet_that_observed_nothing_is_predicted_at_the_engines_own_prefill_r
     assert model.predict("b", 600, 0.0) == pytest.approx(PRIOR.overhead_s + 600 * (1 / 48))
 
 
-def test_a_request_past_the_engines_slots_waits_for_one_to_free() -> None:
-    prior = Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0)
-    model = FleetSpeed(prior)
+def test_an_engines_slots_prefill_side_by_side_and_past_them_a_request_waits() -> None:
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
     model.engine("w", 2, None)
-    assert model.predict("w", 100, 0.0) == pytest.approx(1.0)  # a slot free: its prefill
+    assert model.predict("w", 100, 0.0) == pytest.approx(1.0)  # alone: its own prefill
+    model.sent("r1", "w", 0.0, 100)
+    # A free slot: it prefills beside r1, sharing the batch (as many tokens of r1 as its own).
+    assert model.predict("w", 100, 0.0) == pytest.approx(2.0)
+    model.sent("r2", "w", 0.0, 100)
+    # Past the slots: it waits for r1 and r2 to prefill (2 s, side by side) and decode (not
+    # measured yet: 0), then prefills beside the last of them.
+    assert model.predict("w", 100, 0.0) == pytest.approx(2.0 + 2.0)
     for rid in ("r1", "r2"):
-        model.sent(rid, "w", 0.0, 100)
-        model.first_token(rid, 0.0)  # decoding: both slots taken
-    # Until a hold is measured, a slot is held at least for the request's own prefill (1 s):
-    # the third request waits for one of two slots, one frees every 0.5 s.
-    assert model.predict("w", 100, 0.0) == pytest.approx(1.0 + 0.5)
+        model.first_token(rid, 0.0)
     model.ended("r1", 100, 0)
-    model.observed("r1", 0.5)
-    model.held("r1", 9.0)  # prefill (at the fit's rate) + 9 s of decoding
-    hold = model.speed("w").overhead_s + model.speed("w").prefill_s * 100 + 9.0
-    predicted = model.predict("w", 100, 0.0)
-    own = model.speed("w").overhead_s + model.speed("w").prefill_s * 100
-    # r2 alone holds a slot now: one is free.
-    assert predicted == pytest.approx(own)
+    model.held("r1", 9.0)  # it decoded 9 s after its first token
     model.sent("r3", "w", 0.0, 100)
     model.first_token("r3", 0.0)
-    assert model.predict("w", 100, 0.0) == pytest.approx(own + hold / 2)
+    # Both slots decode since 0 s; at 4 s the first gives its slot back in 5 s.
+    assert model.predict("w", 100, 4.0) == pytest.approx(5.0 + 1.0)
 
 
 def test_no_slots_reported_no_slot_wait() -> None:
@@ -266,3 +263,16 @@ def test_no_slots_reported_no_slot_wait() -> None:
         model.sent(f"r{i}", "w", 0.0, 100)
         model.first_token(f"r{i}", 0.0)
     assert model.predict("w", 100, 0.0) == pytest.approx(1.0)
+
+
+def test_an_engines_free_slot_is_cold_until_it_has_served() -> None:
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
+    assert model.slot_cache("w")  # no slots known: the cache is the worker's
+    model.engine("w", 2, None)
+    model.sent("r1", "w", 0.0, 100)
+    assert not model.slot_cache("w")  # the free slot has served nothing: cold
+    model.sent("r2", "w", 0.0, 100)
+    assert model.slot_cache("w")  # past the slots: it takes one a request leaves, warm
+    model.ended("r1", 100, 0)
+    model.ended("r2", 100, 0)
+    assert model.slot_cache("w")  # both slots have served

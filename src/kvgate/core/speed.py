@@ -23,10 +23,9 @@ uncached tokens are the caller's guess at send time and the truth from ``usage``
 end. Where the engine reports its own queue (``waiting``, ``running`` from a scrape), the
 others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
 
-An engine that reports its batch slots (llama.cpp's ``/slots``: ``engine``) serves at most
-that many at once: a request sent past them waits for as many to end as are ahead of it
-beyond them, one every mean hold / slots seconds (the hold measured from each ended
-request: its prefill and its decoding, ``held``). That wait is the book's, not the fit's.
+An engine that reports its batch slots (llama.cpp's ``/slots``: ``engine``) is no queue
+(``core.batch``): the fit sees the tokens a request's prefill shared the batch with, and
+its TTFT less its wait for a slot (the book's, with the decoding time measured: ``held``).
 
 Starts from a prior (the profile or config; before any observation, the engines' own
 measure of their prefill where they report it: ``engine``); a worker seen fewer than
@@ -46,6 +45,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from kvgate.core.batch import shared_prefill
 from kvgate.types import Seconds, WorkerId
 
 _SCALE = (1.0, 1e-3, 0.1, 0.1)  # features in units that keep the fit well conditioned
@@ -134,6 +134,8 @@ class _Sent:
     running: int
     started: bool = False  # at its first token, or past its predicted time
     wait: float = 0.0  # of ``predicted``: the wait for an engine slot (``engine``)
+    shared: float | None = None  # slotted engine: the prefill tokens its own was shared with
+    first_at: float | None = None  # when its first token came
 
 
 @dataclass(slots=True)
@@ -147,8 +149,11 @@ class _Book:
     tokens: float = 0.0
     unstarted: int = 0
     fit: _Fit | None = None  # the worker's fit, once it has one
-    hold: float | None = None  # mean seconds a request holds an engine slot (``held``)
+    decode: float = 0.0  # mean seconds a request decodes after its first token (``held``)
     slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
+    last_sent: float | None = None  # for ``rate``: requests sent here a second (mean)
+    used: int = 0  # requests ever sent here (while fewer than the slots, some slots are cold)
+    rate: float = 0.0
     backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
     as_of: float = 0.0
 
@@ -343,7 +348,10 @@ class FleetSpeed:
             decoding = running
         wait = 0.0
         if book is not None and book.slots:
-            wait = self._slot_wait(book, speed, mean, decoding + ahead)
+            # The slots' batch, not a queue: what it shares its prefill with replaces the
+            # tokens queued ahead (the engine's others' work stays).
+            wait, shared = self._slotted(book, speed, uncached, mean, now)
+            tokens += shared - uncached - (book.ahead(now, speed.prefill_s) if unstarted else 0.0)
         return (
             speed.overhead_s
             + speed.prefill_s * (tokens + uncached + extra)
@@ -353,18 +361,28 @@ class FleetSpeed:
         )
 
     @staticmethod
-    def _slot_wait(book: _Book, speed: Speed, mean: float, present: int) -> Seconds:
-        """The wait for a free slot of an engine with ``book.slots`` of them and
-        ``present`` requests in it: past the slots, a request waits for as many to end
-        as are ahead of it beyond them, one ending every hold / slots seconds (the hold
-        measured, ``held``; until then its own prefill, the least it can be)."""
-        slots = book.slots or 0
-        if present < slots:
-            return 0.0
-        hold = book.hold
-        if hold is None:
-            hold = speed.overhead_s + speed.prefill_s * mean
-        return (present - slots + 1) * hold / slots
+    def _slotted(
+        book: _Book, speed: Speed, uncached: float, mean: float, now: Seconds
+    ) -> tuple[Seconds, float]:
+        """``core.batch.shared_prefill`` on ``book``: the wait for a slot, and the prefill
+        tokens this request's own are shared with (its own included)."""
+        holders = [s.first_at for s in book.sent.values()]
+        tokens = [s.uncached for s in book.sent.values()]
+        return shared_prefill(
+            book.slots or 1, holders, tokens, uncached, mean, now=now,
+            prefill_s=speed.prefill_s, decode_s=book.decode, rate=book.rate,
+        )  # fmt: skip
+
+    def slot_cache(self, worker: WorkerId) -> bool:
+        """Whether a request sent to ``worker`` now would find in its slot the KV it was
+        sent there for: an engine of slots each with its own KV (llama.cpp) gives a new
+        request a free slot, cold until it has served one, or one freed by a request
+        that ends (warm: it held a prompt sent there). Always, where no slots are known."""
+        book = self._books.get(worker)
+        if book is None or not book.slots:
+            return True
+        present = len(book.sent)
+        return present >= book.slots or min(book.used, book.slots) > present
 
     def report(self) -> dict[WorkerId, SpeedReport]:
         """Every worker seen: its estimate, observations and TTFT prediction error."""
@@ -388,17 +406,20 @@ class FleetSpeed:
         ahead = tuple(rid for rid, s in book.sent.items() if not s.started) if waiting <= 32 else ()
         running = len(book.sent) - waiting
         predicted = self.predict(worker, uncached, at)
-        wait = (
-            self._slot_wait(book, self.speed(worker), book.fit.uncached if book.fit else uncached,
-                            len(book.sent))
-            if book.slots
-            else 0.0
-        )  # fmt: skip
+        wait, shared = 0.0, None
+        if book.slots:
+            fit = book.fit
+            mean = fit.uncached if fit is not None else uncached
+            wait, shared = self._slotted(book, self.speed(worker), uncached, mean, at)
+            if book.last_sent is not None and at > book.last_sent:
+                book.rate += 0.2 * (1.0 / (at - book.last_sent) - book.rate)
+            book.last_sent = at
+            book.used += 1
         uncached = max(uncached, 0.0)
         queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
         sent = _Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
-            waiting, running, wait=wait,
+            waiting, running, wait=wait, shared=shared,
         )  # fmt: skip
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
@@ -417,6 +438,7 @@ class FleetSpeed:
         if sent is not None:
             book = self._books[sent.worker]
             book.start(sent)
+            sent.first_at = at
             # All sent before it are done too: what is left is what is still unstarted.
             book.backlog, book.as_of = book.tokens, at
 
@@ -446,7 +468,8 @@ class FleetSpeed:
         if ahead and sent.ahead and sent.guessed > 0.0:
             ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
-        features = (1.0, ahead + sent.uncached, float(sent.running), float(sent.waiting))
+        tokens = ahead + sent.uncached if sent.shared is None else sent.shared
+        features = (1.0, tokens, float(sent.running), float(sent.waiting))
         # The slot wait is the book's (``held``), not the fit's: fitted, it would pass for
         # overhead and be predicted again for requests that find a slot free.
         self._update(fit, features, max(ttft - sent.wait, 0.1 * ttft))
@@ -454,15 +477,12 @@ class FleetSpeed:
         self.log.append((request_id, sent.worker, sent.predicted, ttft))
 
     def held(self, request_id: str, decoded: Seconds) -> None:
-        """The observed ``request_id`` decoded ``decoded`` seconds after its first token:
-        with its own prefill, how long it held its engine's slot (``predict``'s slot wait)."""
+        """The observed ``request_id`` decoded ``decoded`` seconds after its first token."""
         sent = self._done.get(request_id)
         book = self._books.get(sent.worker) if sent is not None else None
-        if book is None or sent is None or not book.slots or not 0.0 <= decoded < math.inf:
+        if book is None or not book.slots or not 0.0 <= decoded < math.inf:
             return
-        speed = self.speed(sent.worker)
-        hold = speed.overhead_s + speed.prefill_s * sent.uncached + decoded
-        book.hold = hold if book.hold is None else book.hold + 0.2 * (hold - book.hold)
+        book.decode = decoded if not book.decode else book.decode + 0.2 * (decoded - book.decode)
 
     def dropped(self, request_id: str) -> None:
         """``request_id`` left with nothing to learn from (failed, cancelled)."""

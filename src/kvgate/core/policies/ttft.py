@@ -19,7 +19,9 @@ pressured; those under ``kv_high`` KV use while any is), it predicts, in seconds
   ``prefill_w``: learned from every observed TTFT (``FleetSpeed``: least squares with
   forgetting, the fleet's estimate for a new worker; before any, the engines' own prefill
   rate where they report it); ``decode`` stays at its prior. An engine of a few batch
-  slots (llama.cpp) adds the wait for one to free to a request sent past them.
+  slots (llama.cpp) is no queue: ``queued_w`` is what the request shares its slots' batch
+  with, and past the slots it first waits for one to free (``core.speed``); its free
+  slots that never served are cold (``FleetSpeed.slot_cache``).
 - ``delayed(w)``: what the request's prefill takes from later ones: ``uncached_w`` times
   the requests expected to queue behind it (``w``'s share of the arrival rate times the
   fleet's shortest queue plus this prefill, at most ``delay_cap``). On a backlogged fleet
@@ -319,6 +321,8 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             for w, (sp, queued, unstarted, decoding) in zip(workers, seen, strict=True):
                 wid, prefill_s = w.id, sp.prefill_s
                 cached = held_get(wid, 0)
+                if cached and w.slots is not None and not speed.slot_cache(wid):
+                    cached = 0  # its free slots are cold: what its other slots hold is theirs
                 uncached = (prompt - (cached if cached > restorable else restorable)) * per_char
                 extra = 0.0
                 if rate and uncached > 0.0:
