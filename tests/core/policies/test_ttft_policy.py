@@ -15,7 +15,7 @@ from kvgate.core.fleet import Health, Pressure
 from kvgate.core.policies.ttft import TtftConfig, TtftPolicy
 from kvgate.core.speed import FleetSpeed, Observation, Speed
 
-from .tables import THREE, chain, ctx, fleet, queue, request, with_loads
+from .tables import THREE, chain, ctx, fleet, queue, request, with_loads, worker
 
 
 @pytest.mark.parametrize(
@@ -230,3 +230,20 @@ def test_a_kept_look_predicts_what_predict_does() -> None:
             + sp.queue_s * look.unstarted
         )
         assert mine == pytest.approx(speed.predict("a", 500, now, in_flight=3))
+
+
+def test_on_an_engine_of_slots_a_shared_prefix_is_not_cached_in_a_cold_free_slot() -> None:
+    """llama.cpp: each slot keeps its own KV, so a request that finds a free slot that has
+    served nothing recomputes a prefix another slot there holds: it goes to the idle
+    worker, and is booked uncached where it goes."""
+    policy = TtftPolicy()
+    workers = (worker("a", slots=4), worker("b", slots=4))
+    first = request("r1", hashes=chain(1, 16, tail=1))
+    policy.pick(first, ctx(fleet(*workers)))
+    policy.on_routed(first, "a", 0.0)
+    second = request("r2", hashes=chain(1, 16, tail=2))
+    assert policy.pick(second, ctx(fleet(*workers, now=0.1))).worker == "b"
+    # Without slots, the prefix held on ``a`` keeps the second there.
+    plain = TtftPolicy()
+    plain.on_routed(first, "a", 0.0)
+    assert plain.pick(second, ctx(fleet(worker("a"), worker("b"), now=0.1))).worker == "a"

@@ -322,7 +322,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
                 wid, prefill_s = w.id, sp.prefill_s
                 cached = held_get(wid, 0)
                 if cached and w.slots is not None and not speed.slot_cache(wid):
-                    cached = 0  # its free slots are cold: what its other slots hold is theirs
+                    # Its free slots are cold: what its other slots hold is theirs (and the
+                    # request is booked there as uncached: ``on_routed`` reads ``held``).
+                    cached = held[wid] = 0
                 uncached = (prompt - (cached if cached > restorable else restorable)) * per_char
                 extra = 0.0
                 if rate and uncached > 0.0:
