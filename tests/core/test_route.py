@@ -79,6 +79,7 @@ def verdict_of(
     held_s: float | None = None,
     prompt_chars: int = 100,
     config: RouteConfig = CONFIG,
+    policy: str = "least_request",
 ) -> Verdict:
     request = RequestFeatures(
         request_id="r",
@@ -89,12 +90,12 @@ def verdict_of(
         max_tokens=100,
     )
     affinity = Affinity("s", affine, "default") if affine is not None else None
-    policy = Fixed(decision) if decision is not None else default_registry().build("least_request")
+    picker = Fixed(decision) if decision is not None else default_registry().build(policy)
     return route(
         request,
         affinity,
         FleetSnapshot(0.0, workers),
-        policy,
+        picker,
         random.Random(0),
         queue_depth=queue_depth,
         held_s=held_s,
@@ -125,8 +126,18 @@ FULL = {"in_flight": 4}
             id="no-routable-worker",
         ),
         pytest.param((), {}, ("unavailable", "no_healthy_worker"), id="empty-fleet"),
-        # Every worker SOFT: new standard work is shed, critical overflows, affine stays.
-        pytest.param((w("a", pressure=S),), {}, ("shed", "pressure_soft"), id="soft-new"),
+        # Every worker SOFT: new sheddable work is shed; the rest is placed as on an
+        # unpressured fleet (``core.pressure.unpressured``), the engines queue it.
+        pytest.param(
+            (w("a", pressure=S),), {"priority": SHED}, ("shed", "pressure_soft"), id="soft-new"
+        ),
+        pytest.param((w("a", pressure=S),), {}, ("place", "a"), id="soft-new-standard-placed"),
+        pytest.param(
+            (w("a", pressure=S, in_flight=1, kv_in_flight=1000, capacity=1000),),
+            {},
+            ("hold", "a"),
+            id="soft-fleet-still-held-for-kv",
+        ),
         pytest.param(
             (w("a", pressure=S), w("b", pressure=S, in_flight=2)),
             {"priority": CRIT},
@@ -135,7 +146,7 @@ FULL = {"in_flight": 4}
         ),
         pytest.param(
             (w("a", pressure=S), w("b", pressure=S, in_flight=2)),
-            {"affine": "b"},
+            {"affine": "b", "policy": "default"},
             ("place", "b"),
             id="soft-affine-stays",
         ),
@@ -240,6 +251,12 @@ def test_a_place_carries_the_decision_and_the_kv_demand() -> None:
     assert verdict == Place("a", "affinity_hit", "v2", write, kv_tokens=200)
     no_gate = verdict_of((w("a"),), config=RouteConfig(AdmissionConfig()))
     assert isinstance(no_gate, Place) and no_gate.kv_tokens == 0
+
+
+def test_a_wholly_pressured_fleet_places_where_there_is_room_and_counts_the_kv() -> None:
+    workers = (w("a", pressure=H, in_flight=1, kv_in_flight=100, capacity=1000),)
+    verdict = verdict_of(workers, affine="a")
+    assert verdict == Place("a", OVERFLOW, "default", None, kv_tokens=200)
 
 
 def test_a_hold_waits_what_is_left_of_its_time_and_knows_where_to_go() -> None:
@@ -381,10 +398,9 @@ class Prefers(PolicyBase):
         return Decision.refuse(CAPACITY_FULL)
 
 
-# A wholly pressured fleet's overflow (critical new work; with every worker HARD, a
-# bound session's standard work, as new work is shed) is the policy's pick among
-# the workers it may use, said ``pressure_overflow``; where the policy finds none of them
-# fit, the least pressured then least loaded worker (``overflow_target``).
+# On a wholly pressured fleet, work that is not shed is the policy's pick among every
+# open worker, as if none were pressured (``core.pressure.unpressured``), said
+# ``pressure_overflow``; a full worker is still no candidate.
 @pytest.mark.parametrize(
     ("workers", "wanted", "expected"),
     [
@@ -397,20 +413,14 @@ class Prefers(PolicyBase):
         pytest.param(
             (w("a", pressure=H), w("b", pressure=S, in_flight=3)),
             "a",
-            "b",
-            id="hard-left-out-while-one-is-soft",
+            "a",
+            id="hard-weighed-like-the-others",
         ),
         pytest.param(
             (w("a", pressure=H), w("b", pressure=H, in_flight=3)),
             "b",
             "b",
             id="all-hard-bound-to-a-any-open-worker",
-        ),
-        pytest.param(
-            (w("a", pressure=S, in_flight=2), w("b", pressure=S, **FULL)),
-            "b",
-            "a",
-            id="full-left-out",
         ),
     ],
 )
@@ -435,18 +445,10 @@ def test_an_overflow_is_placed_by_the_policy(
     assert (verdict.worker, verdict.reason) == (expected, OVERFLOW)
 
 
-@pytest.mark.parametrize(
-    ("own", "reason"),
-    [
-        # Its own part longer than the system prompt: b takes no new conversation
-        # under soft pressure, so it goes by the overflow, and the policy picks b.
-        (40, OVERFLOW),
-        # A one-block question: b holds most of its prompt, so b may take it anyway
-        # (``candidates``' ``holding``), no overflow needed.
-        (1, "prefix_match"),
-    ],
-)
-def test_defaults_overflow_goes_to_the_worker_holding_its_prompt(own: int, reason: str) -> None:
+# Its own part longer than the system prompt (b holds less than half of it), or a
+# one-block question (b holds most of it): the policy weighs both workers either way.
+@pytest.mark.parametrize("own", [40, 1])
+def test_defaults_overflow_goes_to_the_worker_holding_its_prompt(own: int) -> None:
     """Both workers SOFT; b holds the 32-block system prompt (an earlier request's, with
     its own question after it: this one is a new conversation, not that one's next
     turn), a is idle: the policy's expected TTFT (its cache against a's empty queue)
@@ -471,7 +473,7 @@ def test_defaults_overflow_goes_to_the_worker_holding_its_prompt(own: int, reaso
         held_s=None,
         config=RouteConfig(AdmissionConfig()),
     )
-    assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", reason)
+    assert isinstance(verdict, Place) and (verdict.worker, verdict.reason) == ("b", OVERFLOW)
 
 
 class Worth(PolicyBase):

@@ -144,11 +144,15 @@ def features(key: str | None = "s1", rid: str = "r1") -> RequestFeatures:
     return RequestFeatures(request_id=rid, model="m", session_key=key)
 
 
-def turn(rid: str, blocks: int) -> RequestFeatures:
+def turn(rid: str, blocks: int, priority: Priority = Priority.STANDARD) -> RequestFeatures:
     """A headerless conversation's turn: its chain of ``blocks`` prefix blocks, all shared."""
     hashes = tuple(BlockHash(1000 + i) for i in range(blocks))
     return RequestFeatures(
-        request_id=rid, model="m", prefix_hashes=hashes, checkpoints=tuple(range(blocks))
+        request_id=rid,
+        model="m",
+        prefix_hashes=hashes,
+        checkpoints=tuple(range(blocks)),
+        priority=priority,
     )
 
 
@@ -218,21 +222,22 @@ async def test_a_split_model_reads_the_binding_so_a_session_keeps_its_version() 
 async def test_the_prefix_state_is_written_unread_and_spares_a_later_turn_under_pressure() -> None:
     """Without pressure nothing reads the shared prefix state, but each request still
     writes it: once every worker is soft-pressured, a headerless conversation's later
-    turn is known as continued (not shed as a new session), a stranger is shed."""
+    turn is known as continued (not shed as a new session), a sheddable stranger is
+    shed (a standard one is placed: ``core.pressure.unpressured``)."""
     store = CountingStore()
     router = make_router(store, "round_robin")
     await serve(router, turn("t1", 4))
     assert (store.holder_reads, store.holder_writes) == (0, 1)
     for worker in router.pool:
         worker.update(pressure=Pressure.SOFT)
-    await serve(router, turn("t2", 6))  # the same conversation, one turn later
+    await serve(router, turn("t2", 6, Priority.SHEDDABLE))  # the same conversation, later
     assert store.holder_reads == 1
     stranger = RequestFeatures(
         request_id="x",
         model="m",
         prefix_hashes=tuple(BlockHash(9000 + i) for i in range(4)),
         checkpoints=(0, 1, 2, 3),
-        priority=Priority.STANDARD,
+        priority=Priority.SHEDDABLE,
     )
     with pytest.raises(OverloadedError):
         await router.place(stranger, UNREAD)

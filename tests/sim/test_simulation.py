@@ -61,9 +61,10 @@ def test_overload_queues_then_sheds_instead_of_queueing_forever() -> None:
 
 
 def test_a_policy_run_as_a_peer_has_no_pressure_handling_and_the_others_keep_it() -> None:
-    """A long-context trace on small caches: inside the gateway new conversations are
-    held on soft workers and shed; run as a peer router runs it, nothing is (peers
-    queue it at the worker), and the run is the one with pressure handling off."""
+    """A long-context trace on small caches: inside the gateway the fleet is wholly
+    pressured at times, and what it places then is said ``pressure_overflow``; run as a
+    peer router runs it, nothing is pressured, and the run is the one with pressure
+    handling off."""
     config = SimConfig(kv_blocks=(3000,), block_size=16, seed=1, max_requests=120)
     make = workload_factory(
         workload="shared-opening-trace:rate=6", trace=None, seed=1, rate_scale=1.0
@@ -73,7 +74,8 @@ def test_a_policy_run_as_a_peer_has_no_pressure_handling_and_the_others_keep_it(
     (point,) = Experiment(make, both, config, as_peers=frozenset({"cache_aware"})).run()
     gateway = {run.policy: run.summary for run in inside.runs}
     summary = {run.policy: run.summary for run in point.runs}
-    assert gateway["cache_aware"]["sheds"].get("pressure_soft", 0) > 0
+    assert gateway["cache_aware"]["reasons"].get("pressure_overflow", 0) > 0
+    assert "pressure_overflow" not in summary["cache_aware"]["reasons"]
     assert summary["cache_aware"]["shed"] == 0 and summary["cache_aware"]["as_peer"]
     bare = dataclasses.replace(config, pressure=None)
     alone = Simulation(bare, make({}).requests(), "cache_aware").run().summary

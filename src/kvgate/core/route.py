@@ -9,8 +9,10 @@ waiting, the store write and the counting are the driver's.
 The steps, in order (each may end it):
 
 1. No routable worker: ``Unavailable`` (HTTP 503).
-2. Memory pressure across the whole fleet (``core.pressure.should_shed``):
-   ``Shed("pressure_<level>")`` for new and low-priority work.
+2. Memory pressure across the whole fleet (``core.pressure.fleet_pressure``, every
+   routable worker past the soft mark): sheddable work ``should_shed`` names is shed
+   (``Shed("pressure_<level>")``); the rest is routed as on an unpressured fleet
+   (``core.pressure.unpressured``) and its placement said ``pressure_overflow``.
 3. Admission on the fleet's saturation (``core.admission.admit``): sheddable
    work is refused near saturation; a fleet with no free slot queues or sheds.
 4. A continuation of state one worker holds (``previous_response_id``) goes back
@@ -20,13 +22,8 @@ The steps, in order (each may end it):
    so it goes where the parent's KV is, by the rules a session's own binding
    follows (hard pressure, overload, a lost worker move it), and is bound there
    (or where it went) under its own key.
-5. The policy picks. A ``CAPACITY_FULL`` refusal on a wholly pressured fleet
-   overflows: the policy picks again among the workers an overflow may use
-   (``overflow_fleet``), by its own measure (``default``: expected TTFT with its
-   cache), and only if it still finds none, the least pressured worker
-   (``overflow_decision``); else it queues (``Queue``) or sheds as admission
-   says at full saturation.
-   Any other refusal is the policy's own shed.
+5. The policy picks. A ``CAPACITY_FULL`` refusal queues (``Queue``) or sheds as
+   admission says at full saturation. Any other refusal is the policy's own shed.
 6. The KV hold: a pick whose worker lacks KV room to start the request
    (``core.pressure.kv_fits``: its prompt; output still to grow is not counted) is
    held (``Hold``) until a release, at most ``kv_gate_max_wait_s`` in all; past
@@ -64,7 +61,7 @@ from kvgate.core.admission import (
     fleet_saturation,
     timed_out,
 )
-from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite, Decision
+from kvgate.core.decision import CAPACITY_FULL, Affinity, AffinityWrite
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import ROUTABLE_HEALTH, FleetSnapshot, Pressure, WorkerState
 from kvgate.core.holders import continues, with_parent
@@ -75,11 +72,10 @@ from kvgate.core.pressure import (
     kv_demand_tokens,
     kv_fits,
     kv_output_tokens,
-    overflow_decision,
-    overflow_fleet,
     should_shed,
+    unpressured,
 )
-from kvgate.types import Seconds, SessionSource, WorkerId
+from kvgate.types import Priority, Seconds, SessionSource, WorkerId
 
 __all__ = [
     "CAPACITY_FULL",
@@ -101,7 +97,7 @@ __all__ = [
 ]
 
 OVERFLOW = "pressure_overflow"
-"""The reason of a placement on a wholly pressured fleet (``core.pressure.overflow_fleet``)."""
+"""The reason of a placement on a wholly pressured fleet (``core.pressure.unpressured``)."""
 
 CONTINUATION = "continuation"
 """The reason of a ``Place`` that follows a continuation to the worker holding its state."""
@@ -127,6 +123,7 @@ DEFAULT_RETRY_AFTER_S = 1.0
 # Enum members as module constants: on 3.11 ``Enum.MEMBER`` goes through
 # ``EnumType.__getattr__``'s slot (about 60 ns), and these run on every request.
 _NORMAL = Pressure.NORMAL
+_SHEDDABLE = Priority.SHEDDABLE
 _new = object.__new__
 _CONTINUES = SessionSource.CONTINUATION
 
@@ -224,8 +221,13 @@ def route(
     priority = request.priority
     # Without holders nothing ``continues`` (the lazy path's case: skip the call).
     fresh = affinity is None and not (holders and continues(len(request.prefix_hashes), holders))
-    if should_shed(priority, fresh, fleet):
-        return Shed(f"pressure_{fleet_pressure(fleet)}", admission.retry_after_s)
+    gate = config.kv_gate
+    level = fleet_pressure(fleet)
+    overflow = level is not _NORMAL
+    if overflow:
+        if priority is _SHEDDABLE and should_shed(priority, fresh, fleet):
+            return Shed(f"pressure_{level}", admission.retry_after_s)
+        fleet = unpressured(fleet)
     verdict = admit(
         admission, priority, queue_depth, fleet_saturation(fleet, admission.kv_saturated)
     )
@@ -236,8 +238,8 @@ def route(
         return held
     ctx = RouteContext(fleet, affinity, rng, holders, resident)
     decision = policy.pick(request, ctx)
-    if decision.reason == CAPACITY_FULL:
-        decision = _overflow(request, ctx, policy) or decision
+    if overflow and decision.worker is not None:
+        decision = replace(decision, reason=OVERFLOW)
     if decision.worker is None:
         if decision.reason != CAPACITY_FULL:
             # The policy's own refusal (pressure, priority): waiting would not help.
@@ -246,7 +248,6 @@ def route(
     state = fleet.get(decision.worker)
     if state is None:
         return Shed(INVALID_DECISION, DEFAULT_RETRY_AFTER_S)
-    gate = config.kv_gate
     demand = kv_demand_tokens(request, gate, decision.shared_chars) if gate is not None else 0
     place = _new(Place)
     place.__dict__.update(
@@ -321,23 +322,6 @@ def needs_affinity(policy: Policy, fleet: FleetSnapshot, split: bool) -> bool:
         if w.pressure is not normal or w.in_flight >= w.max_in_flight:
             return True
     return False
-
-
-def _overflow(request: RequestFeatures, ctx: RouteContext, policy: Policy) -> Decision | None:
-    """Where a request the wholly pressured fleet let through goes: the policy's pick
-    among the workers that may take it (``overflow_fleet``), else ``overflow_decision``.
-
-    Said ``pressure_overflow`` either way, so the count of placements past the
-    watermarks reads the same whatever placed them.
-    """
-    fleet, affinity = ctx.fleet, ctx.affinity
-    view = overflow_fleet(fleet)
-    if view is None:
-        return None
-    decision = policy.pick(request, replace(ctx, fleet=view))
-    if decision.worker is None or view.get(decision.worker) is None:
-        return overflow_decision(request, affinity, fleet)
-    return replace(decision, reason=OVERFLOW)
 
 
 def _with_room(
