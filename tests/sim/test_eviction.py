@@ -12,7 +12,7 @@ def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_se
     for policy in (APPROXIMATE, PRECISE):
         share = row[f"{policy} of reference %"]
         assert share["n"] == 2 and 50.0 < share["value"] < 150.0
-        for replay in ("pinned", "split", "greedy"):
+        for replay in ("pinned", "split", "greedy", "partition"):
             replayed = row[f"{policy}'s timing: {replay} replay of reference %"]
             assert replayed["n"] == 2 and 0.0 < replayed["value"] < 150.0
         assert row[f"{policy} of pinned reference %"]["n"] == 2

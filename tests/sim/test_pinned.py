@@ -40,6 +40,7 @@ def test_split_replay_keeps_each_workers_cache_apart() -> None:
     assert split_replay(requests, codec, [4, 4], apart, "run").cached_tokens == 0
     # Placed on the pool that holds most of it, wherever the run put it.
     assert split_replay(requests, codec, [4, 4], apart, "greedy").cached_tokens == 4
+    assert split_replay(requests, codec, [4, 4], apart, "partition").cached_tokens == 4
     with pytest.raises(ValueError, match="block"):
         split_replay(requests, codec, [4, 0], same, "run")
 
@@ -66,3 +67,17 @@ def test_pinned_reference_of_instantaneous_requests_is_the_capacity_reference(
         pinned_reference(requests, codec, capacity, spans).cached_tokens
         == capacity_reference(requests, codec, capacity).cached_tokens
     )
+
+
+def test_partition_keeps_requests_behind_one_shared_prefix_together() -> None:
+    codec = PromptCodec(4)
+    # Two conversations behind prompt 1 (2 blocks), placed by the run on different
+    # pools: neither hits. Partitioned, both go to the pool whose share prompt 1 is,
+    # and the second hits the prompt there.
+    requests = [
+        SimRequest.of(0.0, "a", ((1, 8), (2, 8)), 1),
+        SimRequest.of(2.0, "b", ((1, 8), (3, 8)), 1),
+    ]
+    spans = {"a": (0.0, 1.0, 0), "b": (2.0, 3.0, 1)}
+    assert split_replay(requests, codec, [8, 8], spans, "run").cached_tokens == 0
+    assert split_replay(requests, codec, [8, 8], spans, "partition").cached_tokens == 8

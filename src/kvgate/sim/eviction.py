@@ -65,6 +65,7 @@ def run_shape(
             "pinned": pinned_reference(served, codec, fleet_kv_blocks(config), run.spans),
             "split": split_replay(served, codec, pools, run.spans, "run"),
             "greedy": split_replay(served, codec, pools, run.spans, "greedy"),
+            "partition": split_replay(served, codec, pools, run.spans, "partition"),
         }
         for name, bound in replays.items():
             summary[f"{name}_hit_rate"] = bound.hit_rate
@@ -109,7 +110,7 @@ def compare(
             row[f"{policy} of pinned reference %"] = _figure(
                 mean_interval([100.0 * x for x in of(policy, "hit_rate_of_pinned")])
             )
-            for name in ("pinned", "split", "greedy"):
+            for name in ("pinned", "split", "greedy", "partition"):
                 row[f"{policy}'s timing: {name} replay of reference %"] = _figure(
                     mean_interval([100.0 * x for x in of(policy, f"{name}_of_reference")])
                 )

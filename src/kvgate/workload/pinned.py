@@ -16,7 +16,11 @@ used first.
 - ``split_replay``: one pool per worker, each request placed as the run placed it
   (``place="run"``: a check of the model against the engines' own hit rate) or on the
   pool holding most of its chain at its start, the least pinned on a tie
-  (``place="greedy"``: perfect knowledge of every cache, queues ignored).
+  (``place="greedy"``: perfect knowledge of every cache, queues ignored), or on the
+  pool its first block was given, unless another holds more of its chain
+  (``place="partition"``: each first block seen is given the pool given fewest, so
+  requests behind one shared prefix stay together and each pool holds its share of
+  the shared prefixes rather than all of them; queues ignored).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def _replay(
     codec: PromptCodec,
     pools: list[PinnedPool],
     spans: Mapping[str, Span],
-    place: Literal["one", "run", "greedy"],
+    place: Literal["one", "run", "greedy", "partition"],
 ) -> Bound:
     block_size = codec.block_size
     events: list[tuple[Seconds, int, int, SimRequest, int]] = []
@@ -98,6 +102,8 @@ def _replay(
             events.append((end, 0 if end > start else 2, n, request, worker))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     running: dict[int, tuple[PinnedPool, list[int]]] = {}
+    given: dict[int, int] = {}  # first block -> its pool (``partition``)
+    shares = [0] * len(pools)  # first blocks given each pool
     total = prompt = cached = 0
     for _, kind, n, request, worker in events:
         if kind != 1:
@@ -115,8 +121,17 @@ def _replay(
             pool = pools[0]
         elif place == "run":
             pool = pools[worker % len(pools)]
-        else:
+        elif place == "greedy":
             pool = max(pools, key=lambda p: (p.holds(chain, limit), -len(p.pinned)))
+        else:
+            first = chain[0] if chain else 0
+            if first not in given:
+                given[first] = shares.index(min(shares))
+                shares[given[first]] += 1
+            pool = pools[given[first]]
+            most = max(pools, key=lambda p: p.holds(chain, limit))
+            if most.holds(chain, limit) > pool.holds(chain, limit):
+                pool = most
         hits = pool.holds(chain, limit)
         total += 1
         prompt += request.prompt_tokens
@@ -145,7 +160,7 @@ def split_replay(
     codec: PromptCodec,
     worker_blocks: list[int],
     spans: Mapping[str, Span],
-    place: Literal["run", "greedy"],
+    place: Literal["run", "greedy", "partition"],
 ) -> Bound:
     """One pinned pool per worker (``worker_blocks`` each), requests placed by ``place``
     (module docs), on the timing of ``spans``."""
