@@ -276,3 +276,73 @@ def test_an_engines_free_slot_is_cold_until_it_has_served() -> None:
     model.ended("r1", 100, 0)
     model.ended("r2", 100, 0)
     assert model.slot_cache("w")  # both slots have served
+
+
+def test_a_streamed_request_late_for_its_first_token_slows_the_estimate_at_once() -> None:
+    """A CPU engine behind a GPU prior: a request past its predicted first token is a
+    lower bound on its TTFT (``late``), fitted seconds after the send, not at its answer."""
+    model = FleetSpeed(PRIOR)
+    predicted = model.sent("a", "w", 0.0, 1_000, streamed=True)
+    assert not model.late(predicted)  # not yet late
+    assert model.late(3.0)  # 3 s without a first token: the worker is slower than believed
+    assert model.predict("w", 1_000, 3.0) > 10 * predicted
+    # Checked again at twice its wait, not at every look.
+    assert not model.late(3.5)
+    assert model.late(6.0)
+    # A non-streamed request's first token is its end: its wait says nothing alone.
+    model = FleetSpeed(PRIOR)
+    model.sent("b", "w", 0.0, 1_000)
+    assert not model.late(3.0)
+    # Nor does a request that had its first token.
+    model.sent("c", "w", 0.0, 1_000, streamed=True)
+    model.first_token("c", 0.05)
+    assert not model.late(3.0)
+
+
+def test_the_fit_keeps_overhead_under_the_ttfts_and_prefill_near_its_start() -> None:
+    """TTFTs that are mostly queueing the features miss: the overhead is never fitted
+    above the low TTFTs, the prefill rate never more than ``band`` from its start."""
+    model = FleetSpeed(PRIOR, band=4.0)
+    rng = random.Random(8)
+    for i in range(200):
+        tokens = rng.randint(100, 4_000)
+        model.sent(f"r{i}", "w", i * 10.0, tokens)
+        ttft = 0.02 + tokens * PRIOR.prefill_s + rng.choice((0.0, 0.0, 0.5, 1.0))  # queued
+        model.first_token(f"r{i}", i * 10.0 + ttft)
+        model.ended(f"r{i}", tokens, 0)
+        model.observed(f"r{i}", ttft)
+    got = model.speed("w")
+    assert got.overhead_s <= 0.02 + 4_000 * PRIOR.prefill_s
+    assert PRIOR.prefill_s / 4 <= got.prefill_s <= PRIOR.prefill_s * 4
+
+
+def test_a_worker_without_observations_drifts_back_to_the_fleets_estimate() -> None:
+    """A worker judged slow and then sent nothing is not starved for good: as the others'
+    observations pass it by, its estimate returns to the fleet's, so it is tried again."""
+    fast = Speed(overhead_s=0.02, prefill_s=1 / 10_000, decode_s=0.002)
+    slow = Speed(overhead_s=0.02, prefill_s=1 / 3_000, decode_s=0.002)
+    model = FleetSpeed(PRIOR, stale=8.0)
+    rng = random.Random(9)
+    now = 0.0
+    for worker in ("a", "b", "c"):
+        now = drive(model, fast, rng, 30, worker=worker, start=now)
+    now = drive(model, slow, rng, 30, worker="d", start=now)
+    assert model.speed("d").prefill_s > 2 * model.fleet().prefill_s
+    for worker in ("a", "b", "c"):  # d sees nothing for a while
+        now = drive(model, fast, rng, 60, worker=worker, start=now)
+    assert close(model.speed("d").prefill_s, model.fleet().prefill_s, 0.1)
+
+
+def test_a_wait_on_the_gateways_clock_is_read_on_the_engines() -> None:
+    """A crowded gateway sees TTFTs ten times the engine's own: its waits say that much
+    less of the engine's speed, and a wait that long is no sign of a slower worker."""
+    model = FleetSpeed(PRIOR)
+    for i in range(8):
+        model.sent(f"r{i}", "w", i * 10.0, 1_000, streamed=True)
+        model.first_token(f"r{i}", i * 10.0 + 1.0)
+        model.ended(f"r{i}", 1_000, 0)
+        model.observed(f"r{i}", 0.1, seen=1.0)
+    before = model.speed("w")
+    model.sent("late", "w", 100.0, 1_000, streamed=True)
+    model.late(100.9)  # nine times the engine's TTFT on the gateway's clock: not late there
+    assert model.speed("w") == before

@@ -32,8 +32,13 @@ measure of their prefill where they report it: ``engine``); a worker seen fewer 
 ``warm`` times is predicted with the fleet's estimate (the median of the warm workers'
 parameters, or while none is warm of those seen at all). A prior off by more than twice is
 rescaled at a worker's first observations (a CPU engine against a GPU profile: the fit's
-relative steps would take hundreds of requests to cross a factor of a hundred). Pure: no
-clock (times are passed in), no I/O.
+relative steps would take hundreds of requests to cross a factor of a hundred). A streamed
+request ``_LATE`` times past its predicted TTFT without a first token is a lower bound on it,
+fitted then (``late``): a worker far slower than believed is known in seconds, not at its
+first answer. Where queueing the features miss dominates the TTFTs, the fit is held to what
+they can show: the overhead never above their low decile, the prefill rate within ``band``
+of its start; and a worker long without observations drifts back to the fleet's estimate
+(``stale``), to be tried again. Pure: no clock (times are passed in), no I/O.
 """
 
 from __future__ import annotations
@@ -46,32 +51,28 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from kvgate.core.batch import shared_prefill
+from kvgate.core.speed_fit import (
+    SCALE,
+    Fit,
+    N,
+    Observation,
+    Speed,
+    SpeedReport,
+    speed_of,
+    spread,
+    theta_of,
+)
 from kvgate.types import Seconds, WorkerId
 
-_SCALE = (1.0, 1e-3, 0.1, 0.1)  # features in units that keep the fit well conditioned
-_N = len(_SCALE)
+__all__ = ["FleetSpeed", "Look", "Observation", "Speed", "SpeedReport"]
 
-
-@dataclass(frozen=True, slots=True)
-class Speed:
-    """One worker's speed: fixed overhead (s), prefill (s per uncached token), decode (s per
-    running request), and queueing (s per request waiting ahead, beyond its prefill: for
-    a batch slot or KV room)."""
-
-    overhead_s: float
-    prefill_s: float
-    decode_s: float
-    queue_s: float = 0.0
-
-    def ttft(self, tokens: float, running: float, waiting: float = 0.0) -> Seconds:
-        """Predicted time to first token behind ``tokens`` uncached tokens (its own and those
-        ahead), ``running`` requests decoding and ``waiting`` requests ahead."""
-        return (
-            self.overhead_s
-            + self.prefill_s * tokens
-            + self.decode_s * running
-            + self.queue_s * waiting
-        )
+# A streamed request this many times past its predicted TTFT is late (``late``): only a
+# worker grossly slower than believed (a CPU engine behind a GPU prior: 100x) is caught, in
+# seconds. Lower, it fires on the requests a busy GPU fleet queues and moves ``ttft``'s
+# placements: at 1.5 a worker slowed to half speed got 0.06-0.19 of the requests where its
+# speed says 0.195 (uniform-mixed-slowdown, seeds 600-607), at 3 one in eight seeds starved
+# it on 500-507; at 6 the placements are those without it.
+_LATE = 6.0
 
 
 class Look(NamedTuple):
@@ -94,32 +95,6 @@ class Look(NamedTuple):
         return (self.tokens if self.tokens < left else left) if left > 0.0 else 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What the gateway saw of one attempt, reported at its end: ``ttft`` from sending it
-    to the first token (``None``: none came), ``usage``'s tokens, the mean time between
-    output tokens after the first (``itl``, ``None``: not streamed), and the engine's own
-    TTFT where its ``usage`` reports one (``engine_ttft``, in the engine's seconds: the
-    emulated worker's model clock), free of the network and of the gateway's machine."""
-
-    ttft: Seconds | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int = 0
-    itl: Seconds | None = None
-    engine_ttft: Seconds | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedReport:
-    """What ``/metrics`` shows of one worker: its speed, observations, and the median
-    absolute relative error of the TTFT predicted at send time (``None``: none yet)."""
-
-    speed: Speed
-    observations: int
-    ttft_error: float | None
-
-
 @dataclass(slots=True)
 class _Sent:
     worker: WorkerId
@@ -136,6 +111,7 @@ class _Sent:
     wait: float = 0.0  # of ``predicted``: the wait for an engine slot (``engine``)
     shared: float | None = None  # slotted engine: the prefill tokens its own was shared with
     first_at: float | None = None  # when its first token came
+    awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
 
 
 @dataclass(slots=True)
@@ -148,7 +124,7 @@ class _Book:
     starts: list[tuple[float, str]] = field(default_factory=list)
     tokens: float = 0.0
     unstarted: int = 0
-    fit: _Fit | None = None  # the worker's fit, once it has one
+    fit: Fit | None = None  # the worker's fit, once it has one
     decode: float = 0.0  # mean seconds a request decodes after its first token (``held``)
     slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
     last_sent: float | None = None  # for ``rate``: requests sent here a second (mean)
@@ -180,19 +156,6 @@ class _Book:
                 self.start(sent)
 
 
-@dataclass(slots=True)
-class _Fit:
-    theta: list[float]
-    p: list[list[float]]
-    n: int = 0
-    scale: float = 0.3  # running mean absolute relative error, for clipping
-    bias: float = 0.0  # running mean relative error: a run of one sign is a change, no outlier
-    errors: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    uncached: float = 0.0  # mean uncached tokens a request (the engine's others' work)
-    speed: Speed | None = None  # ``theta`` as a ``Speed``, rebuilt on each update
-    floor: float = 0.05  # the least spread of a parameter (``_spread``): grows with a rescale
-
-
 class FleetSpeed:
     """Per-worker speed estimates, fed request by request (module docs)."""
 
@@ -206,8 +169,21 @@ class FleetSpeed:
         max_pending: int = 65_536,
         fitted: tuple[bool, bool, bool, bool] = (True, True, True, True),
         tolerance: float = 0.0,
+        band: float = 4.0,
+        stale: float = 64.0,
     ) -> None:
         self.prior = prior
+        # A worker's prefill rate stays within ``band`` times its start (the prior, or the
+        # fleet's, rescaled at its first observations): TTFTs that are mostly queueing once
+        # drove the fit to 50x the prior's rate with the queue in a large overhead.
+        self._band = band
+        # A worker's estimate drifts back to the fleet's once it has gone without an
+        # observation for ``stale`` times its fair share's spacing (``_aged``): one judged
+        # slow from a queued start is tried again rather than starved for good. Slowly: at
+        # 8 or 16, ``ttft`` gave the slowed worker of uniform-mixed-slowdown 0.06-0.19 of
+        # the requests, its speed 0.195 (seeds 600-607: the like workers' estimates, pulled
+        # to one median, traded places); at 64 as without.
+        self._stale = stale
         # A warm worker whose prefill rate is within this share of the fleet's is predicted
         # with the fleet's estimate: on a fleet of like workers the fits differ by their
         # noise alone (4-10%), and placing by it sent one worker a quarter more of the
@@ -219,7 +195,7 @@ class FleetSpeed:
         self._clip = clip
         self._warm = warm
         self._max_pending = max_pending
-        self._fits: dict[WorkerId, _Fit] = {}
+        self._fits: dict[WorkerId, Fit] = {}
         self._pending: OrderedDict[str, _Sent] = OrderedDict()
         self._books: dict[WorkerId, _Book] = {}
         self._fleet: Speed | None = None  # cached ``fleet()`` (``_update`` drops it)
@@ -228,6 +204,7 @@ class FleetSpeed:
         self._engine_prefill: dict[WorkerId, float] = {}  # as the engines report it (``engine``)
         self.log: deque[tuple[str, WorkerId, Seconds, Seconds]] = deque(maxlen=4096)
         """The latest observations: request id, worker, TTFT predicted at its send, observed."""
+        self._due: list[tuple[float, str]] = []  # streamed requests' next lateness check
 
     # -- estimates ------------------------------------------------------------------
 
@@ -236,7 +213,7 @@ class FleetSpeed:
         fit = self._fits.get(worker)
         if fit is None or fit.speed is None or fit.n < self._warm:
             return self.fleet()
-        return fit.speed
+        return self._aged(fit)
 
     def fleet(self) -> Speed:
         """The median of the warm workers' estimates (while none is warm, of those seen at
@@ -245,7 +222,7 @@ class FleetSpeed:
             warm = [f.theta for f in self._fits.values() if f.n >= self._warm]
             warm = warm or [f.theta for f in self._fits.values() if f.n]
             if warm:
-                self._fleet = _speed([statistics.median(t[i] for t in warm) for i in range(_N)])
+                self._fleet = speed_of([statistics.median(t[i] for t in warm) for i in range(N)])
             elif self._engine_prefill:
                 # Nothing observed yet: the engines' own measure of their prefill, not the
                 # configured guess (a CPU llama.cpp prefills ~60 tokens/s, not 12,000).
@@ -333,6 +310,8 @@ class FleetSpeed:
                 mean = fit.uncached
                 if fit.n >= self._warm and fit.speed is not None:
                     own = fit.speed
+                    if self._updates - fit.last > self._stale * len(self._fits):
+                        own = self._aged(fit)
                     if abs(own.prefill_s - speed.prefill_s) > self.tolerance * speed.prefill_s:
                         speed = own
             unstarted = book.unstarted
@@ -393,9 +372,19 @@ class FleetSpeed:
 
     # -- observations -----------------------------------------------------------------
 
-    def sent(self, request_id: str, worker: WorkerId, at: Seconds, uncached: float) -> Seconds:
+    def sent(
+        self,
+        request_id: str,
+        worker: WorkerId,
+        at: Seconds,
+        uncached: float,
+        *,
+        streamed: bool = False,
+    ) -> Seconds:
         """``request_id`` (``uncached`` tokens, the caller's guess) went to ``worker`` at
-        ``at``; returns its predicted TTFT."""
+        ``at``; returns its predicted TTFT. ``streamed``: its first token will be reported
+        (``first_token``), so one late is a sign of a slower worker (``late``)."""
+        self.late(at)
         book = self._books.get(worker)
         if book is None:
             book = self._books[worker] = _Book(fit=self._fits.get(worker))
@@ -419,8 +408,10 @@ class FleetSpeed:
         queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
         sent = _Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
-            waiting, running, wait=wait, shared=shared,
+            waiting, running, wait=wait, shared=shared, awaiting=streamed,
         )  # fmt: skip
+        if streamed:
+            heapq.heappush(self._due, (at + _LATE * predicted, request_id))
         self._pending[request_id] = book.sent[request_id] = sent
         book.tokens += uncached
         book.unstarted += 1
@@ -436,6 +427,7 @@ class FleetSpeed:
         """``request_id``'s first token arrived at ``at``: it no longer queues ahead of others."""
         sent = self._pending.get(request_id)
         if sent is not None:
+            sent.awaiting = False
             book = self._books[sent.worker]
             book.start(sent)
             sent.first_at = at
@@ -452,27 +444,26 @@ class FleetSpeed:
         while len(self._done) > 4096:
             self._done.popitem(last=False)
 
-    def observed(self, request_id: str, ttft: Seconds | None) -> None:
+    def observed(
+        self, request_id: str, ttft: Seconds | None, *, seen: Seconds | None = None
+    ) -> None:
         """The ended ``request_id``'s TTFT as the gateway saw it, from its send (``None``:
-        no first token seen, nothing to learn): fit its worker's speed to it."""
+        no first token seen, nothing to learn): fit its worker's speed to it. ``seen``: the
+        gateway's own where ``ttft`` is the engine's (a wait on the gateway's clock is read
+        on the engine's through their ratio: ``late``)."""
         sent = self._done.get(request_id)
         if sent is None or ttft is None or ttft <= 0.0 or not math.isfinite(ttft):
             return
         fit = self._fit(sent.worker)
-        # What was still to prefill ahead of it, drained at the rate learned by now (the
-        # rate at its send may have been the prior's, far off), scaled to usage's truth.
-        prefill, ahead = fit.theta[1] * _SCALE[1], 0.0
-        if sent.waiting and prefill > 0.0:
-            left = sent.backlog - (sent.at - sent.as_of) / prefill
-            ahead = min(sent.guessed, left) if left > 0.0 else 0.0
-        if ahead and sent.ahead and sent.guessed > 0.0:
-            ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
+        if seen is not None and math.isfinite(seen):
+            ratio = max(seen / ttft, 1.0)
+            fit.stretch = ratio if not fit.stretch else fit.stretch + 0.1 * (ratio - fit.stretch)
         fit.uncached += 0.1 * (sent.uncached - fit.uncached) if fit.n else sent.uncached
-        tokens = ahead + sent.uncached if sent.shared is None else sent.shared
-        features = (1.0, tokens, float(sent.running), float(sent.waiting))
         # The slot wait is the book's (``held``), not the fit's: fitted, it would pass for
         # overhead and be predicted again for requests that find a slot free.
-        self._update(fit, features, max(ttft - sent.wait, 0.1 * ttft))
+        y = max(ttft - sent.wait, 0.1 * ttft)
+        fit.ttfts.append(y)
+        self._update(fit, self._features(fit, sent), y)
         fit.errors.append(abs(sent.predicted - ttft) / ttft)
         self.log.append((request_id, sent.worker, sent.predicted, ttft))
 
@@ -483,6 +474,33 @@ class FleetSpeed:
         if book is None or not book.slots or not 0.0 <= decoded < math.inf:
             return
         book.decode = decoded if not book.decode else book.decode + 0.2 * (decoded - book.decode)
+
+    def late(self, now: Seconds) -> bool:
+        """Fit what the streamed requests still without a first token at ``now`` say: each
+        past ``_LATE`` times its predicted TTFT is a lower bound on its TTFT (a censored
+        observation), fitted where the worker's estimate predicts less, and checked again
+        at twice its wait: a worker far slower than believed (a CPU engine against a GPU
+        prior, a stalled one) is known in seconds, not at its first answer."""
+        due, moved = self._due, False
+        while due and due[0][0] <= now:
+            _, rid = heapq.heappop(due)
+            sent = self._pending.get(rid)
+            if sent is None or not sent.awaiting:
+                continue
+            fit = self._fit(sent.worker)
+            # On the engine's clock, at most; the slot wait the book predicted is not the fit's.
+            waited = (now - sent.at) / max(fit.stretch, 1.0) - sent.wait
+            features = self._features(fit, sent)
+            theta = fit.theta
+            predicted = sum(t * f * s for t, f, s in zip(theta, features, SCALE, strict=True))
+            if predicted < waited:
+                self._update(fit, features, waited)
+                moved = True
+            heapq.heappush(due, (sent.at + 2.0 * (now - sent.at), rid))
+        if len(due) > 2 * self._max_pending:  # checks of requests long gone
+            self._due = [d for d in due if d[1] in self._pending]
+            heapq.heapify(self._due)
+        return moved
 
     def dropped(self, request_id: str) -> None:
         """``request_id`` left with nothing to learn from (failed, cancelled)."""
@@ -497,6 +515,38 @@ class FleetSpeed:
         self._fleet = None
 
     # -- the fit ----------------------------------------------------------------------
+
+    def _features(self, fit: Fit, sent: _Sent) -> tuple[float, ...]:
+        """The fit's inputs for ``sent``: one (overhead), the uncached tokens ahead of it and
+        its own, the requests decoding and those waiting ahead when it was sent."""
+        # What was still to prefill ahead of it, drained at the rate learned by now (the
+        # rate at its send may have been the prior's, far off), scaled to usage's truth.
+        prefill, ahead = fit.theta[1] * SCALE[1], 0.0
+        if sent.waiting and prefill > 0.0:
+            left = sent.backlog - (sent.at - sent.as_of) / prefill
+            ahead = min(sent.guessed, left) if left > 0.0 else 0.0
+        if ahead and sent.ahead and sent.guessed > 0.0:
+            ahead *= sum(self._tokens(rid) for rid in sent.ahead) / sent.guessed
+        tokens = ahead + sent.uncached if sent.shared is None else sent.shared
+        return (1.0, tokens, float(sent.running), float(sent.waiting))
+
+    def _aged(self, fit: Fit) -> Speed:
+        """``fit``'s speed, drawn toward the fleet's as it goes without observations: past
+        ``stale`` times a fair share's spacing, the gap to the fleet's halves as often."""
+        own = fit.speed
+        assert own is not None
+        span = self._stale * len(self._fits)
+        age = self._updates - fit.last
+        if age <= span:
+            return own
+        w = math.exp2(-(age - span) / span)
+        f = self.fleet()
+        return Speed(
+            f.overhead_s + w * (own.overhead_s - f.overhead_s),
+            f.prefill_s + w * (own.prefill_s - f.prefill_s),
+            f.decode_s + w * (own.decode_s - f.decode_s),
+            f.queue_s + w * (own.queue_s - f.queue_s),
+        )
 
     def _tokens(self, request_id: str) -> float:
         done = self._done.get(request_id)
@@ -515,86 +565,34 @@ class FleetSpeed:
                 book.starts.clear()
         return sent
 
-    def _fit(self, worker: WorkerId) -> _Fit:
+    def _fit(self, worker: WorkerId) -> Fit:
         fit = self._fits.get(worker)
         if fit is None:
             start = self.fleet()  # a new worker starts from the fleet's estimate
             theta = [start.overhead_s, start.prefill_s, start.decode_s, start.queue_s]
-            theta = [t / s for t, s in zip(theta, _SCALE, strict=True)]
+            theta = [t / s for t, s in zip(theta, SCALE, strict=True)]
             # Prior spread: the parameters' own size (about 100% uncertain), at least a floor.
-            p = [[0.0] * _N for _ in range(_N)]
-            for i in range(_N):
-                p[i][i] = _spread(theta[i]) if self._fitted[i] else 0.0
-            fit = self._fits[worker] = _Fit(theta, p)
+            p = [[0.0] * N for _ in range(N)]
+            for i in range(N):
+                p[i][i] = spread(theta[i]) if self._fitted[i] else 0.0
+            fit = self._fits[worker] = Fit(theta, p, anchor=theta[1], last=self._updates)
             book = self._books.get(worker)
             if book is not None:
                 book.fit = fit
         return fit
 
-    def _update(self, fit: _Fit, features: tuple[float, ...], y: Seconds) -> None:
-        x = [f * s for f, s in zip(features, _SCALE, strict=True)]
-        theta, p, lam = fit.theta, fit.p, self._lambda
-        predicted = sum(t * xi for t, xi in zip(theta, x, strict=True))
-        if fit.n < self._warm and predicted > 0.0 and not 0.5 <= y / predicted <= 2.0:
-            # A prior off by more than twice (an engine far slower or faster than the
-            # profile said, e.g. a CPU llama.cpp against an H100 prior): rescale it at
-            # once, in proportion. The fit's steps are relative, so from a prior a
-            # hundred times off they would take hundreds of requests to get there.
-            ratio = y / predicted
-            for i in range(_N):
-                if self._fitted[i]:
-                    theta[i] *= ratio
-                    for j in range(_N):
-                        p[i][j] *= ratio * (ratio if self._fitted[j] else 1.0)
-            # A parameter at nought is not rescaled: its room to move grows instead (a
-            # queue the prior never saw, e.g. a llama.cpp worker's requests waiting a slot).
-            fit.floor *= max(ratio, 1.0)
-            for i in range(_N):
-                if self._fitted[i]:
-                    p[i][i] = max(p[i][i], _spread(theta[i], fit.floor))
-            predicted = y
-        # Relative errors: weigh the observation by 1 / its size.
-        w = 1.0 / max(predicted, y, 1e-6)
-        x = [xi * w for xi in x]
-        error = (y - predicted) * w
-        bound = self._clip * fit.scale
-        fit.bias += 0.2 * (max(min(error, 1.0), -1.0) - fit.bias)
-        if fit.n >= self._warm and abs(error) > bound and abs(fit.bias) < bound:
-            error = math.copysign(bound, error)  # an outlier moves the fit only so far
-        fit.scale += 0.05 * (min(abs(error), 2.0) - fit.scale)
-        fit.scale = max(fit.scale, 0.02)
-        px = [sum(p[i][j] * x[j] for j in range(_N)) for i in range(_N)]
-        denom = lam + sum(x[i] * px[i] for i in range(_N))
-        gain = [v / denom for v in px]
-        for i in range(_N):
-            theta[i] += gain[i] * error
-            theta[i] = max(theta[i], 0.0)
-        theta[1] = max(theta[1], self.prior.prefill_s / _SCALE[1] / 50.0)
-        for i in range(_N):
-            for j in range(_N):
-                p[i][j] = (p[i][j] - gain[i] * px[j]) / lam
-        # Forgetting inflates directions no observation excites: cap each variance at its
-        # prior spread so a long run of look-alike requests cannot wind the gain up.
-        for i in range(_N):
-            cap = _spread(theta[i], fit.floor) if self._fitted[i] else 0.0
-            if p[i][i] > cap:
-                r = math.sqrt(cap / p[i][i]) if cap > 0.0 else 0.0
-                for j in range(_N):
-                    p[i][j] *= r
-                    p[j][i] *= r
-        fit.n += 1
-        fit.speed = _speed(theta)
+    def _update(self, fit: Fit, features: tuple[float, ...], y: Seconds) -> None:
+        if fit.n >= self._warm and fit.speed is not None:
+            aged = self._aged(fit)
+            if aged is not fit.speed:  # back from a spell without observations: start
+                fit.theta[:] = [v / s for v, s in zip(theta_of(aged), SCALE, strict=True)]
+        fit.step(
+            features, y, lam=self._lambda, clip=self._clip, warm=self._warm,
+            fitted=self._fitted, band=self._band,
+        )  # fmt: skip
+        fit.last = self._updates
         # The fleet's median is for workers not yet warm: refreshed as one turns warm, and
         # every 64 updates after (not on every one: it costs a sort per parameter).
         self._updates += 1
         if fit.n <= self._warm or self._updates % 64 == 0:
             self._fleet = None
-
-
-def _speed(theta: list[float]) -> Speed:
-    return Speed(*(t * s for t, s in zip(theta, _SCALE, strict=True)))
-
-
-def _spread(theta: float, floor: float = 0.05) -> float:
-    """A parameter's prior variance: its own size (about 100% uncertain), with a floor."""
-    return max(theta, floor) ** 2 * 4.0

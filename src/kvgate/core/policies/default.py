@@ -62,7 +62,7 @@ from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.conversations import Conversations
 from kvgate.core.policies.default_config import DefaultConfig
-from kvgate.core.policies.learning import SpeedLearning
+from kvgate.core.policies.learning import Replies, SpeedLearning
 from kvgate.core.policies.openers import Openers
 from kvgate.core.policies.warming import Warming
 from kvgate.core.policy import RouteContext
@@ -98,6 +98,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             learned=cfg.learned_speed,
         )  # fmt: skip
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
+        self._replies = Replies(cfg.index.max_pending)  # a session's cached reply (TTFT)
         # What a conversation brings over its life: explicit sessions (prefill seconds
         # routed with a session id over sessions placed for the first time), and
         # headerless conversations (``Conversations``: an opening's prefill, and a later
@@ -146,8 +147,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         seconds = tokens / self._rate  # at the prior's rate: the unit of the lives' costs
         hashes = tuple(request.prefix_hashes)
         self._queues.routed(rid, worker, tokens, hashes, now)
-        likely = prompt - self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
-        self.speed.sent(rid, worker, now, likely * self._tokens_per_char)
+        likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
+        likely = prompt - max(likely, self._replies.cached(request, worker))
+        self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
         elif hashes:
@@ -197,6 +199,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         self._ends.replied(request, int(completion_tokens / self._tokens_per_char))
+        self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
         self._queues.refill(worker, self.index.fill(worker))
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
@@ -214,6 +217,8 @@ class DefaultPolicy(Warming, SpeedLearning):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
+        if self.speed.late(ctx.fleet.now) and self._queues.learned:
+            self._queues.repace()  # a request late for its first token moved a speed
         found = None
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._ends.through(request))

@@ -62,7 +62,7 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import Holding, affinity_status, candidates, refuse, route
 from kvgate.core.policies.caches import IndexResidency, Residency, evicted_tokens
-from kvgate.core.policies.learning import SpeedLearning
+from kvgate.core.policies.learning import Replies, SpeedLearning
 from kvgate.core.policies.lives import Lives
 from kvgate.core.policies.pace import Pace
 from kvgate.core.policies.prefix_affinity import PrefixLearning
@@ -114,6 +114,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self.residency: Residency = IndexResidency(self.index, self._running)
         """Where the prompt is cached (``caches``: KV events, the index, the store)."""
         self._lives = Lives(self.index.depth_chars)  # what a conversation brings (``lives``)
+        self._replies = Replies(cfg.index.max_pending)  # a session's cached reply (TTFT)
         # The last placement: request id, characters held per worker, whether it opens a
         # conversation; and the scores.
         self._last: tuple[str, dict[WorkerId, int], bool] = ("", {}, False)
@@ -131,7 +132,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             cached = self.index.depth_chars(self.index.match_worker(request.prefix_hashes, worker))
             opens = self._lives.opens(request, False)
         uncached = max(prompt - cached, 0) * self._tokens_per_char
-        self.speed.sent(rid, worker, now, uncached)
+        reply = max(cached, self._replies.cached(request, worker))  # a session's last reply
+        likely = max(prompt - reply, 0) * self._tokens_per_char
+        self.speed.sent(rid, worker, now, likely, streamed=request.stream)
         self._looks.pop(worker, None)
         self._pace.note(now)
         if rid not in self._flying and len(self._flying) < self.config.index.max_pending:
@@ -157,6 +160,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._fill[worker] = self.index.fill(worker, self.index.config.kv_overcommit)
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
         self._looks.pop(worker, None)
+        self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
         self._landed(request.request_id)
         if prompt_tokens > 0:
             # The fleet's, not the worker's: a worker thrashing its cache measured a low
@@ -205,6 +209,8 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """The candidate of least predicted TTFT plus eviction cost (module docs)."""
         cfg = self.config
+        if self.speed.late(ctx.fleet.now):  # a request late for its first token: slower
+            self._looks.clear()
         held = self.residency.held(request, ctx)
         restorable = self._restorable(request)
         if request.session_key is None:
