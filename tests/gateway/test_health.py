@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import aiohttp
 from aiohttp import web
 
@@ -139,3 +141,74 @@ async def test_a_llamacpp_worker_reports_its_slots_and_prefill_rate() -> None:
             assert asked == ["/slots"]
     finally:
         await runner.cleanup()
+
+
+async def _slots_probe(
+    slots: Callable[[web.Request], Awaitable[web.Response]], api_key: str | None = None
+) -> tuple[int | None, int]:
+    """Run a gateway over one llama.cpp-like worker whose ``GET /slots`` is ``slots``; the
+    slot count its snapshot ends with (after two scrapes) and the requests it was running."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=LLAMACPP_METRICS)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/slots", slots)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        worker: dict[str, object] = {"url": f"http://127.0.0.1:{port}", "model": "m"}
+        if api_key is not None:
+            worker["api_key"] = api_key
+        config = {"workers": [worker], "health": {"interval_s": 0.05, "timeout_s": 2.0}}
+        async with running_gateway(config) as gw:
+            (pooled,) = gw.gateway.pool
+            await wait_until(lambda: pooled.signals is not None, timeout=10)
+            first = pooled.signals_at
+            await wait_until(lambda: pooled.signals_at > first, timeout=10)
+            state = pooled.state(pooled.signals_at, 1.0)
+            return state.slots, state.running
+    finally:
+        await runner.cleanup()
+
+
+async def test_slots_are_asked_with_the_workers_key() -> None:
+    """A llama.cpp started with ``--api-key`` answers ``/slots`` only to its key."""
+
+    async def slots(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer sk-worker":
+            return web.json_response({"error": "invalid api key"}, status=401)
+        return web.json_response([{"id": i} for i in range(2)])
+
+    assert await _slots_probe(slots, api_key="sk-worker") == (2, 3)
+
+
+async def test_a_hostile_slots_page_is_no_slot_model_and_no_crash() -> None:
+    """JSON nested past the parser's depth (``RecursionError``, not ``ValueError``) leaves
+    the worker without a slot model; its scrapes go on."""
+
+    async def slots(request: web.Request) -> web.Response:
+        return web.Response(text="[" * 200_000, content_type="application/json")
+
+    assert await _slots_probe(slots) == (None, 3)
+
+
+async def test_slots_are_asked_again_while_the_worker_loads() -> None:
+    """llama.cpp answers 503 while it loads its model: not kept as "no slots"."""
+    asked: list[int] = []
+
+    async def slots(request: web.Request) -> web.Response:
+        asked.append(1)
+        if len(asked) == 1:
+            return web.json_response({"error": {"message": "Loading model"}}, status=503)
+        return web.json_response([{"id": i} for i in range(3)])
+
+    assert await _slots_probe(slots) == (3, 3)

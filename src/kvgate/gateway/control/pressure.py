@@ -337,7 +337,7 @@ class PressureDriver:
         if not ok:
             log.warning("offload on %s failed (%s): %s", worker.id, status, answer[:200])
             return False
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
             blocks = int(json.loads(answer).get("offloaded", 0))
             self.metrics.offloaded_blocks.labels(worker.id).inc(max(0, blocks))
         return True

@@ -163,7 +163,7 @@ class HealthChecker:
                 f"{worker.config.url}/v1/models", self.config.timeout_s, self._auth(worker)
             )
             cards = json.loads(body).get("data") if status == 200 else None
-        except (UpstreamError, ValueError, AttributeError):
+        except (UpstreamError, ValueError, AttributeError, RecursionError):
             return  # try again on the next probe
         self._model_checked.add(worker.id)
         if not isinstance(cards, list):
@@ -195,7 +195,7 @@ class HealthChecker:
                 f"{worker.config.url}/v1/models", self.config.timeout_s, self._auth(worker)
             )
             cards = json.loads(body).get("data") if status == 200 else None
-        except (UpstreamError, ValueError, AttributeError):
+        except (UpstreamError, ValueError, AttributeError, RecursionError):
             return
         if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict):
             log.warning("worker %s lists no model at /v1/models", worker.id)
@@ -250,21 +250,25 @@ class HealthChecker:
             return None
 
     async def _slot_count(self, worker: Worker) -> int | None:
-        """How many batch slots a llama.cpp worker has (``GET /slots`` lists them; asked
-        once: ``None`` if it would not say, e.g. started with ``--no-slots``)."""
+        """How many batch slots a llama.cpp worker has (``GET /slots`` lists them). An
+        answer is kept: ``None`` if it would not say (a 4xx, e.g. started with
+        ``--no-slots``, or a page that is no list); a worker that could not be reached or
+        answered 5xx (llama.cpp's 503 while it loads its model) is asked again."""
         if worker.id not in self._slots:
-            count = None
             try:
                 status, body = await worker.upstream.get(
-                    f"{worker.config.url}/slots", self.config.timeout_s,
+                    f"{worker.config.url}/slots", self.config.timeout_s, self._auth(worker),
                     max_bytes=self.config.max_scrape_bytes,
                 )  # fmt: skip
+            except UpstreamError:
+                return None
+            if status >= 500:
+                return None
+            try:
                 listed = json.loads(body) if status == 200 else None
-                if isinstance(listed, list) and listed:
-                    count = len(listed)
-            except (UpstreamError, ValueError):
-                pass
-            self._slots[worker.id] = count
+            except (ValueError, RecursionError):  # nested past the parser's depth too
+                listed = None
+            self._slots[worker.id] = len(listed) if isinstance(listed, list) and listed else None
         return self._slots[worker.id]
 
     @staticmethod

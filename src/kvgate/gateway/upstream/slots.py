@@ -57,7 +57,10 @@ class SlotActions:
         listed = _json(status, body, "GET /slots")
         if not isinstance(listed, list) or not listed:
             raise SlotCallError("GET /slots did not list any slot")
-        ids = sorted(int(s["id"]) for s in listed if isinstance(s, dict) and "id" in s)
+        try:
+            ids = sorted(int(s["id"]) for s in listed if isinstance(s, dict) and "id" in s)
+        except (TypeError, ValueError):  # an id that is no number
+            raise SlotCallError("GET /slots listed an id that is not a number") from None
         if ids != list(range(len(listed))):
             raise SlotCallError(f"GET /slots listed unexpected ids {ids}")
         return len(ids)
@@ -97,7 +100,7 @@ def _json(status: int, body: bytes, what: str) -> Any:
         raise SlotCallError(f"{what} answered {status}: {body[:200]!r}")
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: no answer either
         raise SlotCallError(f"{what}: answer is not JSON") from None
 
 
