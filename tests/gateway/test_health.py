@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from kvgate.core.fleet import Health
+from kvgate.core.fleet import Health, WorkerState
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.observe.scrape import WorkerSignals
@@ -101,53 +101,11 @@ llamacpp:requests_deferred 1
 """
 
 
-async def test_a_llamacpp_worker_reports_its_slots_and_prefill_rate() -> None:
-    """What llama.cpp says of itself reaches the snapshot: ``GET /slots`` (asked once) and
-    its prefill seconds over the tokens it evaluated."""
-    asked: list[str] = []
-
-    async def slots(request: web.Request) -> web.Response:
-        asked.append(request.path)
-        return web.json_response([{"id": i, "is_processing": i < 3} for i in range(4)])
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=LLAMACPP_METRICS)
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/slots", slots)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        config = {
-            "workers": [{"url": f"http://127.0.0.1:{port}", "model": "m"}],
-            "health": {"interval_s": 0.05, "timeout_s": 2.0},
-        }
-        async with running_gateway(config) as gw:
-            (worker,) = gw.gateway.pool
-            await wait_until(lambda: len(asked) and worker.signals is not None, timeout=10)
-            state = worker.state(worker.signals_at, 1.0)
-            assert state.slots == 4 and state.running == 3 and state.waiting == 1
-            assert state.engine_prefill_s == 10.0 / 600
-            signals_at = worker.signals_at
-            await wait_until(lambda: worker.signals_at > signals_at, timeout=10)
-            assert asked == ["/slots"]
-    finally:
-        await runner.cleanup()
-
-
 async def _slots_probe(
     slots: Callable[[web.Request], Awaitable[web.Response]], api_key: str | None = None
-) -> tuple[int | None, int]:
-    """Run a gateway over one llama.cpp-like worker whose ``GET /slots`` is ``slots``; the
-    slot count its snapshot ends with (after two scrapes) and the requests it was running."""
+) -> WorkerState:
+    """Run a gateway over one llama.cpp-like worker whose ``GET /slots`` is ``slots``; its
+    snapshot after two scrapes."""
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -174,10 +132,24 @@ async def _slots_probe(
             await wait_until(lambda: pooled.signals is not None, timeout=10)
             first = pooled.signals_at
             await wait_until(lambda: pooled.signals_at > first, timeout=10)
-            state = pooled.state(pooled.signals_at, 1.0)
-            return state.slots, state.running
+            return pooled.state(pooled.signals_at, 1.0)
     finally:
         await runner.cleanup()
+
+
+async def test_a_llamacpp_worker_reports_its_slots_and_prefill_rate() -> None:
+    """What llama.cpp says of itself reaches the snapshot: ``GET /slots`` (asked once) and
+    its prefill seconds over the tokens it evaluated."""
+    asked: list[str] = []
+
+    async def slots(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response([{"id": i, "is_processing": i < 3} for i in range(4)])
+
+    state = await _slots_probe(slots)
+    assert state.slots == 4 and state.running == 3 and state.waiting == 1
+    assert state.engine_prefill_s == 10.0 / 600
+    assert asked == ["/slots"]
 
 
 async def test_slots_are_asked_with_the_workers_key() -> None:
@@ -188,7 +160,8 @@ async def test_slots_are_asked_with_the_workers_key() -> None:
             return web.json_response({"error": "invalid api key"}, status=401)
         return web.json_response([{"id": i} for i in range(2)])
 
-    assert await _slots_probe(slots, api_key="sk-worker") == (2, 3)
+    state = await _slots_probe(slots, api_key="sk-worker")
+    assert (state.slots, state.running) == (2, 3)
 
 
 async def test_a_hostile_slots_page_is_no_slot_model_and_no_crash() -> None:
@@ -198,7 +171,8 @@ async def test_a_hostile_slots_page_is_no_slot_model_and_no_crash() -> None:
     async def slots(request: web.Request) -> web.Response:
         return web.Response(text="[" * 200_000, content_type="application/json")
 
-    assert await _slots_probe(slots) == (None, 3)
+    state = await _slots_probe(slots)
+    assert (state.slots, state.running) == (None, 3)
 
 
 async def test_slots_are_asked_again_while_the_worker_loads() -> None:
@@ -211,4 +185,5 @@ async def test_slots_are_asked_again_while_the_worker_loads() -> None:
             return web.json_response({"error": {"message": "Loading model"}}, status=503)
         return web.json_response([{"id": i} for i in range(3)])
 
-    assert await _slots_probe(slots) == (3, 3)
+    state = await _slots_probe(slots)
+    assert (state.slots, state.running) == (3, 3)
