@@ -10,6 +10,9 @@ figure, and a run is a pure function of the scenario, the router and the seed.
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
@@ -80,6 +83,43 @@ def run_simulated(
             )
         )
     return records
+
+
+def predicted(
+    scenario: Scenario, seed: int, *, policy: str = "default", requests: int | None = None
+) -> dict[str, Any]:
+    """One simulated run of ``scenario`` with kvgate's ``policy`` on as many requests as its
+    live run sends: each worker's TTFT prediction error (``Policy.speeds``: the median
+    |predicted - observed| / observed of its last 256 requests, as ``/metrics`` shows it live),
+    in the record ``kvgate.bench.prediction.measure`` makes of a live run. Virtual time: the
+    machine's load cannot move it, and the live run's gateway, spreading a burst over the
+    time it takes to route it, is not in it."""
+    started = time.monotonic()
+    count = requests or scenario.live_requests or scenario.requests
+    config = dataclasses.replace(sim_config(scenario, seed, as_peer=False), max_requests=count)
+    sim = Simulation(config, build_workload(scenario.workload, seed).requests(), policy)
+    summary = sim.run().summary
+    workers: dict[str, dict[str, float]] = {}
+    for worker, r in sim.gateway.policy.speeds().items():
+        row = {**dataclasses.asdict(r.speed), "observations": float(r.observations)}
+        workers[worker] = row if r.ttft_error is None else {"error": r.ttft_error, **row}
+    errors = [w["error"] for w in workers.values() if "error" in w]
+    return {
+        "scenario": scenario.name,
+        "seed": seed,
+        "policy": policy,
+        "mode": "sim",
+        "requests": summary["requests"],
+        "errors": summary["shed"],
+        "median_error": statistics.median(errors) if errors else None,
+        "max_worker_error": max(errors) if errors else None,
+        "workers": workers,
+        "ttft_p50": summary["ttft_p50"],
+        "client_over_model": None,
+        "lost_model_share": 0.0,
+        "load_average": os.getloadavg()[:2],
+        "wall_s": round(time.monotonic() - started, 1),
+    }
 
 
 def run_all(
