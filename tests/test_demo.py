@@ -6,9 +6,11 @@ import contextlib
 import csv
 import io
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pytest
 import typer
 from rich.console import Console
 from typer.testing import CliRunner
@@ -135,3 +137,45 @@ def test_demo_command_refuses_an_unknown_policy() -> None:
     result = CliRunner().invoke(make_app(), ["demo", "--policies", "nope", "--no-progress"])
     assert result.exit_code != 0
     assert "nope" in result.output
+
+
+@pytest.fixture
+def kvgate_level() -> Iterator[logging.Logger]:
+    """The 'kvgate' logger at WARNING for the test, its own level put back after."""
+    logger = logging.getLogger("kvgate")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    yield logger
+    logger.setLevel(level)
+
+
+def test_the_demo_quiets_the_kvgate_logger_only_while_its_fleet_runs(
+    kvgate_level: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In-process (as in a test suite), a demo that left the logger at ERROR silenced every
+    # later test's warnings: refused arguments, a failed run and a finished one put it back.
+    refused = CliRunner().invoke(make_app(), ["demo", "--policies", "nope", "--no-progress"])
+    assert refused.exit_code != 0
+    assert kvgate_level.level == logging.WARNING
+    levels: list[int] = []
+
+    async def failing(config: DemoConfig, **_: object) -> dict[str, object]:
+        levels.append(kvgate_level.level)
+        raise RuntimeError("the fleet did not start")
+
+    monkeypatch.setattr(command, "run_demo", failing)
+    failed = CliRunner().invoke(make_app(), ["demo", "--no-progress"])
+    assert isinstance(failed.exception, RuntimeError)
+    assert levels == [logging.ERROR]  # quiet while it ran
+    assert kvgate_level.level == logging.WARNING
+
+    async def finished(config: DemoConfig, **_: object) -> dict[str, object]:
+        levels.append(kvgate_level.level)
+        return {"policies": {}}
+
+    monkeypatch.setattr(command, "run_demo", finished)
+    done = CliRunner().invoke(make_app(), ["demo", "--progress", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    assert levels[-1] == logging.ERROR and kvgate_level.level == logging.WARNING
+    CliRunner().invoke(make_app(), ["demo", "--no-progress", "--verbose", "--format", "json"])
+    assert levels[-1] == logging.WARNING  # --verbose leaves it alone

@@ -7,11 +7,14 @@ of the emulated ones, with smaller defaults so it still ends in a minute or two.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvgate.demo.fleet import FleetFactory, FleetSpec, emulated_fleet, llamacpp_fleet, real_spec
@@ -110,10 +113,6 @@ def demo(
     The fleet is emulated (in-process workers in compressed time) unless
     --real-workers is given.
     """
-    if not verbose:
-        # Pressure and health transitions are the demo working as intended; the table
-        # is the output. Errors still show.
-        logging.getLogger("kvgate").setLevel(logging.ERROR)
     console = message_console(output, wide)
     factory: FleetFactory = llamacpp_fleet if real_workers else emulated_fleet
     if real_workers:
@@ -157,6 +156,39 @@ def demo(
             )
             raise typer.Exit(code=2)
 
+    with _quiet(verbose):
+        results = _run(config, factory, console, progress=progress)
+    if output is OutputFormat.JSON:
+        emit(json_text(results))
+    elif output is OutputFormat.CSV:
+        emit(demo_csv(results))
+    else:
+        console.print(demo_table(results, wide=wide))
+    if out is not None:
+        write_results(out / "results.json", results)
+        console.print(f"wrote {out / 'results.json'}")
+
+
+@contextlib.contextmanager
+def _quiet(verbose: bool) -> Iterator[None]:
+    """The 'kvgate' logger at ERROR while the fleet runs, unless ``verbose``: pressure and
+    health transitions are the demo working as intended, the table is the output, errors
+    still show. Its level is put back on every path (run in-process, the demo must not
+    silence whoever runs it next: the rest of a test suite)."""
+    logger = logging.getLogger("kvgate")
+    level = logger.level
+    if not verbose:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _run(
+    config: DemoConfig, factory: FleetFactory, console: Console, *, progress: bool
+) -> dict[str, Any]:
+    """Every policy of ``config`` on a fleet of ``factory``'s, a progress bar on ``console``."""
     if progress:
         bar = Progress(
             TextColumn("{task.description:>18}"),
@@ -172,18 +204,8 @@ def demo(
             bar.update(tasks[policy], completed=done, total=total)
 
         with bar:
-            results = asyncio.run(run_demo(config, fleet_factory=factory, progress=tick))
-    else:
-        results = asyncio.run(run_demo(config, fleet_factory=factory))
-    if output is OutputFormat.JSON:
-        emit(json_text(results))
-    elif output is OutputFormat.CSV:
-        emit(demo_csv(results))
-    else:
-        console.print(demo_table(results, wide=wide))
-    if out is not None:
-        write_results(out / "results.json", results)
-        console.print(f"wrote {out / 'results.json'}")
+            return asyncio.run(run_demo(config, fleet_factory=factory, progress=tick))
+    return asyncio.run(run_demo(config, fleet_factory=factory))
 
 
 def register(app: typer.Typer) -> None:
