@@ -10,6 +10,8 @@ from kvgate.workload.bound import capacity_reference, infinite_cache_bound
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 
+from .strategies import PROMPTS, one_second_apart
+
 
 def test_bound_on_a_hand_computed_workload() -> None:
     codec = PromptCodec(4)
@@ -89,21 +91,12 @@ def test_capacity_reference_counts_the_outputs_the_engines_cache() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.tuples(st.integers(0, 6), st.integers(1, 12)), min_size=1, max_size=5),
-        min_size=1,
-        max_size=30,
-    ),
-    st.integers(1, 40),
-)
+@given(PROMPTS, st.integers(1, 40))
 def test_capacity_reference_is_at_most_the_bound_and_grows_with_capacity(
     prompts: list[list[tuple[int, int]]], capacity: int
 ) -> None:
     codec = PromptCodec(4)
-    requests = [
-        SimRequest.of(float(i), f"r{i}", tuple(segments), 1) for i, segments in enumerate(prompts)
-    ]
+    requests = one_second_apart(prompts)
     bound = infinite_cache_bound(requests, codec)
     smaller = capacity_reference(requests, codec, capacity)
     larger = capacity_reference(requests, codec, capacity + 8)

@@ -11,6 +11,8 @@ from kvgate.workload.pinned import pinned_reference, split_replay
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 
+from .strategies import PROMPTS, one_second_apart
+
 
 def test_pinned_reference_keeps_what_running_requests_hold() -> None:
     codec = PromptCodec(4)
@@ -46,21 +48,12 @@ def test_split_replay_keeps_each_workers_cache_apart() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.tuples(st.integers(0, 6), st.integers(1, 12)), min_size=1, max_size=5),
-        min_size=1,
-        max_size=30,
-    ),
-    st.integers(0, 40),
-)
+@given(PROMPTS, st.integers(0, 40))
 def test_pinned_reference_of_instantaneous_requests_is_the_capacity_reference(
     prompts: list[list[tuple[int, int]]], extra: int
 ) -> None:
     codec = PromptCodec(4)
-    requests = [
-        SimRequest.of(float(i), f"r{i}", tuple(segments), 1) for i, segments in enumerate(prompts)
-    ]
+    requests = one_second_apart(prompts)
     spans = {r.request_id: (r.arrival, r.arrival, 0) for r in requests}
     capacity = 16 + extra  # room for any one request's chain and output
     assert (
