@@ -5,7 +5,10 @@ bars), ``default``, the peers' modelled rule (``cache_aware``) and round robin r
 in the simulator on every seed; ``--live`` adds runs with the real peers
 (sglang-router, smg from PyPI) in front of emulated workers. Per metric, the ratio
 to the best peer with its 95% interval over the seeds (paired by seed); a shape is
-a LOSS only where an interval lies wholly past one of its bars.
+a LOSS only where an interval lies wholly past one of its bars. Every request counts:
+one a router refused or failed is a miss and a TTFT of +inf, so a percentile that
+falls on it is unbounded and loses its bar (``kvgate.judge.protocol``); the JSON
+writes such a figure as ``Infinity``.
 
     .venv/bin/python benchmarks/judge.py                                  # 8 seeds, sim
     .venv/bin/python benchmarks/judge.py --scenarios uniform-mixed --seeds 1-8 --jobs 2

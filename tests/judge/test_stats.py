@@ -55,6 +55,36 @@ def test_paired_ratio_is_a_geometric_mean_with_a_t_interval_on_logs() -> None:
         paired_ratio([0.0], [1.0])
 
 
+INF = math.inf
+
+
+def test_an_unbounded_percentile_of_the_judged_router_loses_the_bar() -> None:
+    # Faster on seven seeds, but on one its p99 fell on refused requests: unbounded.
+    e = paired_ratio([0.5] * 7 + [INF], [1.0] * 8)
+    assert (e.value, e.low, e.high, e.n) == (INF, INF, INF, 8)
+    assert at_most(e, 1.05) == LOSS
+    # Even a single seed decides: an unbounded figure is no noise for more seeds to average.
+    assert at_most(paired_ratio([INF], [1.0]), 1.05) == LOSS
+
+
+def test_a_peers_unbounded_percentile_is_its_value() -> None:
+    # The peer refused on one seed: on that seed the judged router is infinitely faster.
+    e = paired_ratio([2.0, 2.0, 1.0], [1.0, 1.0, INF])
+    assert (e.value, e.low, e.high, e.n) == (0.0, 0.0, 0.0, 3)
+    assert at_most(e, 1.05) == MET
+
+
+def test_seeds_unbounded_for_both_say_nothing_and_each_side_once_leaves_it_open() -> None:
+    both = paired_ratio([2.0, 4.0, 8.0, INF], [1.0, 2.0, 2.0, INF])
+    assert both == paired_ratio([2.0, 4.0, 8.0], [1.0, 2.0, 2.0])  # the pair left out
+    with pytest.raises(ValueError):
+        paired_ratio([INF], [INF])
+    mixed = paired_ratio([INF, 1.0, 1.0], [1.0, INF, 1.0])
+    assert (mixed.low, mixed.high) == (0.0, INF)
+    assert at_most(mixed, 1.05) == OPEN
+    assert paired_ratio([INF, INF, 1.0], [1.0, 1.0, INF]).value == INF  # more seeds lost
+
+
 def test_paired_points_by_hand() -> None:
     # Differences -1 and +2 points: mean 0.5, sd 2.12132, se 1.5, t(1) 12.706.
     e = paired_points([0.80, 0.82], [0.81, 0.80])

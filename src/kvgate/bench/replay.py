@@ -41,6 +41,8 @@ class Outcome:
     answer: Answer
     returning: bool = False
     """The request brings a tool's result back (an agent's later turn)."""
+    prompt_tokens: int = 0
+    """The workload's count of its prompt tokens (what an unanswered request missed)."""
 
 
 class Replay:
@@ -129,6 +131,7 @@ class Replay:
             due,
             _relative(answer, self._start),
             request.returning,
+            request.prompt_tokens,
         )
         self._outcomes.append(outcome)
         if self._progress is not None:

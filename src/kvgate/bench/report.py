@@ -2,7 +2,9 @@
 
 Outcomes are fed to the simulator's ``RunRecorder`` so percentiles, hit rate
 (cached tokens / prompt tokens, summed over answered requests), throughput and
-load spread are computed by the same code as ``kvgate sim``. Times are reported
+load spread are computed by the same code as ``kvgate sim``; on request
+(``count_unanswered``), hit rate and TTFTs over every request too, a refused or failed
+one as a miss with an unbounded TTFT (what the judge compares). Times are reported
 in *model* seconds: real seconds times ``time_scale`` (1 against a real fleet;
 the emulated fleet's time scale against emulated workers).
 
@@ -39,6 +41,10 @@ from kvgate.workload.recorder import RunRecorder
 UNNAMED_WORKER = "target"
 """Worker name for answers without an ``X-Kvgate-Worker`` header (a bare server)."""
 
+INVALID = 400
+"""The status of a request the worker itself rejects (longer than the model's context): the
+fleet's workers are alike, so no router could have had it served; not held against one."""
+
 _CLIENT_INVISIBLE = ("queue_mean", "queue_p99", "preemptions", "migrations")
 
 
@@ -57,6 +63,7 @@ def summarize(
     workers: Sequence[str] = (),
     reference: Bound | None = None,
     ttft_floor: Callable[[int, int], float] | None = None,
+    count_unanswered: bool = False,
 ) -> dict[str, Any]:
     """The run's figures, shaped as one policy's entry of ``kvgate sim``'s results.json.
 
@@ -66,6 +73,9 @@ def summarize(
     engine model is known (an emulated fleet), is a request's TTFT alone on an idle
     worker from its prompt and cached tokens (``Engine.alone_ttft``); the summary's
     ``ttft_floor_p99`` is its p99, what no placement can cut at those cache hits.
+    ``count_unanswered`` adds ``counting_unanswered``: hit rate and TTFTs over every
+    request, one refused or failed a miss with a TTFT of +inf (the judge's figures; off
+    by default, as +inf is no strict JSON).
     """
     seen = [o.answer.worker or UNNAMED_WORKER for o in outcomes if o.answer.ok]
     ids = list(dict.fromkeys([*workers, *sorted(set(seen))]))
@@ -86,9 +96,12 @@ def summarize(
             recorder.routed(answer.reason, migrated=False)
         if answer.status == 429:
             recorder.shed("429")
+            recorder.unanswered_request(outcome.prompt_tokens, returning=outcome.returning)
             continue
         if not answer.ok:
             errors[_error_kind(answer.status, answer.error)] += 1
+            if answer.status != INVALID:  # a failure, not the request's own fault
+                recorder.unanswered_request(outcome.prompt_tokens, returning=outcome.returning)
             continue
         if answer.prompt_tokens is None:
             missing_usage += 1
@@ -130,6 +143,10 @@ def summarize(
             "time_scale": time_scale,
         }
     )
+    if count_unanswered:
+        summary["counting_unanswered"] = _counting_unanswered(
+            recorder, worker_ttfts, worker_returns
+        )
     if worker_ttfts:
         # The workers' own clocks: what routing changes, without the client's
         # and gateway's CPU contention (see workersim's ``kvgate_timing``).
@@ -149,6 +166,20 @@ def summarize(
             }
         )
     return summary
+
+
+def _counting_unanswered(
+    recorder: RunRecorder, worker_ttfts: Sequence[float], worker_returns: Sequence[float]
+) -> dict[str, Any]:
+    """Every request counted, the unanswered as misses with a TTFT that never came, TTFTs on
+    the workers' clocks (none where the answers carry no clock, none back from a tool call
+    where there were no such turns)."""
+    counted = recorder.counting_unanswered(worker_ttfts, worker_returns)
+    if recorder.finished and not worker_ttfts:
+        counted = {k: v for k, v in counted.items() if not k.startswith("ttft")}
+    if not worker_returns and not recorder.unanswered_returns:
+        counted = {k: v for k, v in counted.items() if not k.startswith("ttft_return")}
+    return {"unanswered": recorder.unanswered, **counted}
 
 
 def _error_kind(status: int, error: str | None) -> str:

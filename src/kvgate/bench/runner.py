@@ -61,6 +61,7 @@ async def run_bench(
     fleet_kv_blocks: int | None = None,
     ttft_floor: Callable[[int, int], float] | None = None,
     misses: bool = False,
+    count_unanswered: bool = False,
 ) -> dict[str, Any]:
     """Replay ``workload`` against ``target`` and return a ``results.json`` document.
 
@@ -78,6 +79,7 @@ async def run_bench(
     ``misses`` adds the summary's ``misses``: the cache misses by cause, as ``kvgate sim
     --misses`` gives them (``bench.misses``; needs answers that name their worker, by
     the worker's ``kvgate_timing.worker`` or the gateway's ``X-Kvgate-Worker`` header).
+    ``count_unanswered`` adds the judge's figures over every request (``summarize``).
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
@@ -111,6 +113,7 @@ async def run_bench(
         workers=workers,
         reference=reference,
         ttft_floor=ttft_floor,
+        count_unanswered=count_unanswered,
     )
     if misses:
         split = live_misses(sent, outcomes, block_size)

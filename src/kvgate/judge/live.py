@@ -6,10 +6,11 @@ process per worker, its profile, its KV, time-scaled); the routers are
 PyPI in their own virtualenvs). Figures are the workers' own: hit rate from
 ``cached_tokens``, TTFT on their model clock (contention on the machine cannot
 inflate it, but a worker process that falls behind loses model time: reported as
-``lost_model_share``). A slowdown is carried out as the simulator does it: at model
-second ``at_s`` of the replay the worker is told its new speed
-(``POST /admin/faults``), and its share is its part of the requests the fleet
-finished from ``settle_s`` later to the end.
+``lost_model_share``), over every request: one refused or failed is a miss with an
+unbounded TTFT (``bench.report.summarize``'s ``counting_unanswered``). A slowdown is
+carried out as the simulator does it: at model second ``at_s`` of the replay the
+worker is told its new speed (``POST /admin/faults``), and its share is its part of
+the requests the fleet finished from ``settle_s`` later to the end.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ async def run_live(
                 time_scale=scenario.time_scale,
                 label=router.name,
                 block_size=scenario.block_size,
+                count_unanswered=True,
             )
         finally:
             done = marks is not None and marks.done() and marks.exception() is None
@@ -121,6 +123,8 @@ async def run_live(
         since = [a[0] - m for a, m in zip(after, marks.result(), strict=True)]
         share = since[scenario.slowdown.worker] / sum(since) if sum(since) else None
     s = results["policies"][router.name]
+    # Judged over every request: one refused or failed is a miss and a TTFT that never came.
+    counted = s["counting_unanswered"]
     lost = max(a[1] - b[1] for a, b in zip(after, before, strict=True))
     return record(
         scenario,
@@ -128,16 +132,22 @@ async def run_live(
         router.name,
         role,
         mode="live",
-        hit_rate=s["hit_rate"],
-        ttft_p50=s.get("worker_ttft_p50"),
-        ttft_p99=s.get("worker_ttft_p99"),
+        hit_rate=counted["hit_rate"],
+        ttft_p50=counted.get("ttft_p50"),
+        ttft_p99=counted.get("ttft_p99"),
         # Turns back from a tool call, on the workers' model clock as the other TTFTs.
-        ttft_return_p50=s.get("worker_ttft_return_p50"),
-        ttft_return_p99=s.get("worker_ttft_return_p99"),
+        ttft_return_p50=counted.get("ttft_return_p50"),
+        ttft_return_p99=counted.get("ttft_return_p99"),
         slowed_share=share,
         requests=s["requests"],
         finished=s["finished"],
         errors=s["errors"] + s["shed"],
+        unanswered=counted["unanswered"],
+        answered={
+            "hit_rate": s["hit_rate"],
+            "ttft_p50": s.get("worker_ttft_p50"),
+            "ttft_p99": s.get("worker_ttft_p99"),
+        },
         per_worker=[a[0] - b[0] for a, b in zip(after, before, strict=True)],
         lost_model_share=round(lost / max(1e-9, (replayed - ready) * scenario.time_scale), 4),
         wall_s=round(time.monotonic() - started, 1),

@@ -7,6 +7,15 @@ mean over the seeds both ran), then the paired ratio with its 95% interval (and
 the hit rate's difference in points), and checks the scenario's bars
 (``scenarios.Criterion``): a scenario is a **loss** only where some bar's interval
 lies wholly on its bad side (``stats``).
+
+The figures count every request a router was sent, answered or not: one it refused
+(429) or failed is a miss for the hit rate (all its prompt tokens uncached) and a TTFT
+of +inf (it sorts last: a p99 over a run with more than 1% unanswered is unbounded,
+and ``stats.paired_ratio`` makes that bar a LOSS against a peer that answered). A
+request no worker of the fleet could serve (longer than every worker's context) is
+the workload's, not held against any router. Runs saved before this rule (no
+``unanswered`` in the record) were judged over the requests answered: ``answered_only``
+counts them.
 """
 
 from __future__ import annotations
@@ -215,6 +224,12 @@ def judge_scenario(
             for n in sorted({r["router"] for r in mine})
         },
         "requests": sum(r.get("requests") or 0 for r in own_runs),
+        # Runs saved before refusals counted, that refused some: judged on the answered only.
+        "answered_only": sum(
+            1
+            for r in mine
+            if "unanswered" not in r and "error" not in r and (r.get("errors") or r.get("shed"))
+        ),
     }
 
 

@@ -6,6 +6,7 @@ the page says exactly what the command printed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,20 +25,29 @@ SUMMARY_COLUMNS = (
 BAR_COLUMNS = ("shape", "mode", "bar", "against", "estimate (95% CI)", "verdict")
 
 
+UNBOUNDED = "∞"
+"""How an unbounded figure reads: a percentile that fell on requests never answered."""
+
+
+def _number(value: float, spec: str) -> str:
+    return UNBOUNDED if math.isinf(value) else f"{value:{spec}}"
+
+
 def _interval(e: Mapping[str, Any] | None, *, unit: str = "x", digits: int = 2) -> str:
     if e is None:
         return "-"
-    value = f"{e['value']:+.{digits}f}" if unit == " pt" else f"{e['value']:.{digits}f}"
+    spec = f"+.{digits}f" if unit == " pt" else f".{digits}f"
+    value = _number(e["value"], spec)
     if e.get("low") is None:
         return f"{value}{unit} (n={e['n']})"
-    if unit == " pt":
-        return f"{value}{unit} [{e['low']:+.{digits}f}, {e['high']:+.{digits}f}]"
-    return f"{value}{unit} [{e['low']:.{digits}f}, {e['high']:.{digits}f}]"
+    return f"{value}{unit} [{_number(e['low'], spec)}, {_number(e['high'], spec)}]"
 
 
 def _secs(value: float | None) -> str:
     if value is None:
         return "-"
+    if math.isinf(value):
+        return f"{UNBOUNDED} (unanswered)"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -74,6 +84,8 @@ def summary_cells(j: Mapping[str, Any]) -> list[str]:
             + ", ".join(f"{n} {c}" for n, c in refused.items())
             + ")"
         )
+    if j.get("answered_only"):
+        mode += f" ({j['answered_only']} runs judged on the answered only)"
     return [
         j["scenario"],
         mode,
@@ -186,10 +198,19 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
         "Each shape has bars from issue 46 (below); a bar is *met* where its whole interval "
         "is on the good side, a **LOSS** only where its whole interval is past the bar, and "
         "*open* where the interval holds it. A shape is a LOSS where any bar is. Hit rates and "
-        "TTFTs are over the requests answered: the mode column counts those a router refused "
-        "(429) or failed, over the judged router's requests, and live, the most model time a "
-        "worker lost to the busy machine (*lost*: where it is large, TTFT measured the "
-        "machine as much as the router). "
+        "TTFTs count every request sent, so that refusing work cannot pass for speed: a "
+        "request a router refused (429) or failed is a miss (all its prompt tokens uncached) "
+        f"and a TTFT that never came, {UNBOUNDED}, sorted last: a p99 over a run with more "
+        f"than 1% unanswered is {UNBOUNDED}. An unbounded figure is compared as such, never "
+        "averaged: a seed where only `default`'s is unbounded makes that bar a LOSS (the "
+        f"ratio {UNBOUNDED}), one where only the peer's is makes it met (the peer's "
+        f"{UNBOUNDED} is its value), a seed where both are is left out, and seeds of both "
+        "kinds leave the bar open. A request longer than every worker's context (a 400 from "
+        "the engine) is the workload's and is held against no router. The mode column "
+        "counts the requests each router refused (429) or failed, the workload's too, over "
+        "the judged router's requests, and live, the most model time a worker lost to the "
+        "busy machine (*lost*: where it is large, TTFT measured the machine as much as the "
+        "router). "
         f"The judged policy: `{own}`; the runs: {seeds}.",
         "",
         *(_markdown_table(SUMMARY_COLUMNS, [summary_cells(j) for j in judgments])),

@@ -59,6 +59,8 @@ def run_simulated(
         config = sim_config(scenario, seed, as_peer=role != "own")
         result = Simulation(config, workload.requests(), name, options).run()
         summary = result.summary
+        # Judged over every request: one refused is a miss and a TTFT that never came.
+        counted = result.recorder.counting_unanswered()
         share = None
         if scenario.slowdown is not None:
             start = scenario.slowdown.at_s + scenario.slowdown.settle_s
@@ -70,16 +72,13 @@ def run_simulated(
                 name,
                 role,
                 mode="sim",
-                hit_rate=summary["hit_rate"],
-                ttft_p50=summary["ttft_p50"],
-                ttft_p99=summary["ttft_p99"],
-                # Turns back from a tool call (agent shapes; 0 where none are).
-                ttft_return_p50=summary["ttft_return_p50"],
-                ttft_return_p99=summary["ttft_return_p99"],
+                **counted,  # hit_rate, ttft_p50/p99, ttft_return_p50/p99 (0 where none are)
                 slowed_share=share,
                 requests=summary["requests"],
                 finished=summary["finished"],
                 shed=summary["shed"],
+                unanswered=result.recorder.unanswered,
+                answered={k: summary[k] for k in ("hit_rate", "ttft_p50", "ttft_p99")},
             )
         )
     return records

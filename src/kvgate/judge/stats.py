@@ -6,7 +6,9 @@ ratios with Student's t interval on their logarithms, a **difference** (hit rate
 in points) as the mean per-seed difference with its t interval. A bar is then
 **met** where the whole interval is on its good side, a **loss** only where the
 whole interval is on its bad side (the data exclude parity with the bar), and
-**open** where the interval holds the bar: more seeds, or no verdict.
+**open** where the interval holds the bar: more seeds, or no verdict. A percentile
+that is unbounded (+inf: it fell on requests a router never answered) is compared as
+such, never averaged (``paired_ratio``).
 """
 
 from __future__ import annotations
@@ -74,10 +76,26 @@ def paired_ratio(own: Sequence[float], other: Sequence[float]) -> Estimate:
     """``own / other`` over paired seeds: the geometric mean ratio and its interval (t on logs).
 
     Pairs where either value is not positive are left out (a ratio has no log there).
+    An unbounded value (+inf: a percentile that fell on requests never answered) is not
+    averaged, it decides: a seed where only ``own``'s is unbounded is a ratio of +inf, one
+    where only ``other``'s is, 0, and one where both are says nothing (left out). Any +inf
+    ratio and no 0 make the estimate +inf, interval and all (past every bar: ``own`` refused
+    what ``other`` answered); any 0 and no +inf make it 0; both, the interval [0, +inf]
+    holds every bar (each refused where the other answered; the value is the side with
+    more such seeds, 1 where even).
     """
-    logs = [math.log(a / b) for a, b in zip(own, other, strict=True) if a > 0 and b > 0]
-    if not logs:
-        raise ValueError("no pair with both values positive")
+    pairs = [(a, b) for a, b in zip(own, other, strict=True) if a > 0 and b > 0]
+    pairs = [(a, b) for a, b in pairs if not (math.isinf(a) and math.isinf(b))]
+    if not pairs:
+        raise ValueError("no pair with both values positive and one bounded")
+    worse = sum(1 for a, _ in pairs if math.isinf(a))
+    better = sum(1 for _, b in pairs if math.isinf(b))
+    if worse or better:
+        value = math.inf if worse > better else 0.0 if better > worse else 1.0
+        return Estimate(
+            value, math.inf if not better else 0.0, 0.0 if not worse else math.inf, len(pairs)
+        )
+    logs = [math.log(a / b) for a, b in pairs]
     e = mean_interval(logs)
     return Estimate(
         math.exp(e.value),

@@ -299,7 +299,11 @@ class SimGateway:
         worker = self._by_id[verdict.worker]
         if not worker.engine.fits(request.prompt_tokens, request.max_tokens):
             # The worker would answer 400 (longer than its context); nothing is placed.
-            self._refuse(request, "too_long", now)
+            # Where no worker could run it the request is the workload's fault, not the
+            # router's: it is not held against the router (``RunRecorder.unanswered``).
+            servable = any(w.engine.fits(request.prompt_tokens, request.max_tokens)
+                           for w in self.workers)  # fmt: skip
+            self._refuse(request, "too_long", now, servable=servable)
             return
         reason = verdict.reason
         wrote = False
@@ -476,9 +480,14 @@ class SimGateway:
         if self.ended is not None:
             self.ended(done.request_id, now)
 
-    def _refuse(self, request: SimRequest, reason: str, now: Seconds) -> None:
-        """The request is refused at ``now`` (counted by ``reason``); it has ended."""
+    def _refuse(
+        self, request: SimRequest, reason: str, now: Seconds, *, servable: bool = True
+    ) -> None:
+        """The request is refused at ``now`` (counted by ``reason``); it has ended.
+        ``servable``: some worker could have run it (then it counts as unanswered)."""
         self.recorder.shed(reason)
+        if servable:
+            self.recorder.unanswered_request(request.prompt_tokens, returning=request.returning)
         if self.ended is not None:
             self.ended(request.request_id, now)
 

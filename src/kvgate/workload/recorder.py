@@ -2,7 +2,10 @@
 
 The recorder keeps a few numbers per finished request (for exact percentiles)
 and a per-worker load series sampled at scrape instants, thinned by halving
-whenever it grows past ``max_samples`` so long runs stay bounded.
+whenever it grows past ``max_samples`` so long runs stay bounded. Its summary is
+over the requests answered; ``counting_unanswered`` gives the figures where a
+request refused or failed counts too (a miss, and a TTFT that never came): the
+judge's, so that refusing work cannot make a router look faster.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +26,27 @@ def _percentile(values: array[float], q: float) -> float:
         return 0.0
     np = require("numpy", "sim")  # not at import: the gateway imports this module's users
     return float(np.percentile(np.frombuffer(values, dtype=np.float64), q))
+
+
+def unbounded_percentile(values: Sequence[float], unbounded: int, q: float) -> float:
+    """The ``q``-th percentile of ``values`` and ``unbounded`` more at +inf (requests never
+    answered sort last), interpolated as numpy's default: +inf once the rank reaches one of
+    them, so a p99 over a run with more than 1% unanswered is +inf. 0 with no values at all."""
+    if not unbounded:
+        return _percentile(array("d", values), q)
+    ordered = sorted(values)
+
+    def at(i: int) -> float:
+        return ordered[i] if i < len(ordered) else math.inf
+
+    rank = (len(ordered) + unbounded - 1) * q / 100
+    low = math.floor(rank)
+    if rank == low:
+        return at(low)
+    upper = at(low + 1)
+    if math.isinf(upper):
+        return math.inf
+    return ordered[low] + (upper - ordered[low]) * (rank - low)
 
 
 def _r(value: float, digits: int = 6) -> float:
@@ -84,6 +109,10 @@ class RunRecorder:
         self.preemptions = 0
         self.migrations = 0
         self.sheds: Counter[str] = Counter()
+        self.unanswered = 0
+        """Refused or failed requests that a worker could have served (``unanswered_request``)."""
+        self.unanswered_prompt_tokens = 0
+        self.unanswered_returns = 0
         self.reasons: Counter[str] = Counter()
         self.served = [0] * len(worker_ids)
         # Per finished request, when it arrived and where it was served (``shares``).
@@ -108,6 +137,14 @@ class RunRecorder:
     def shed(self, reason: str) -> None:
         """A request was refused."""
         self.sheds[reason] += 1
+
+    def unanswered_request(self, prompt_tokens: int, *, returning: bool = False) -> None:
+        """A request got no answer (refused or failed) though the fleet could have served it:
+        ``counting_unanswered`` counts its ``prompt_tokens`` as missed and its TTFT as +inf."""
+        self.unanswered += 1
+        self.unanswered_prompt_tokens += prompt_tokens
+        if returning:
+            self.unanswered_returns += 1
 
     def finish(
         self,
@@ -156,6 +193,23 @@ class RunRecorder:
     def hit_rate(self) -> float:
         """Prompt tokens served from the prefix cache, as a fraction of prompt tokens."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def counting_unanswered(
+        self, ttft: Sequence[float] | None = None, ttft_return: Sequence[float] | None = None
+    ) -> dict[str, float]:
+        """Hit rate and TTFT percentiles over every request, the unanswered too: all of an
+        unanswered request's prompt tokens are a miss and its TTFT is +inf (it sorts last).
+        ``ttft``/``ttft_return``: the answered requests' TTFTs on another clock (a worker's own)
+        instead of the recorded ones. Seconds, rounded; +inf stays +inf."""
+        ttft = self.ttft if ttft is None else ttft
+        returns = self.ttft_return if ttft_return is None else ttft_return
+        prompt = self.prompt_tokens + self.unanswered_prompt_tokens
+        figures = {"hit_rate": self.cached_tokens / prompt if prompt else 0.0}
+        for q in (50, 99):
+            figures[f"ttft_p{q}"] = unbounded_percentile(ttft, self.unanswered, q)
+        for q in (50, 99):
+            figures[f"ttft_return_p{q}"] = unbounded_percentile(returns, self.unanswered_returns, q)
+        return {k: round(v, 6) if math.isfinite(v) else v for k, v in figures.items()}
 
     def summary(self, bound_hit_rate: float | None = None) -> dict[str, Any]:
         """The run's figures, JSON-ready (seconds for times)."""
