@@ -17,8 +17,8 @@ Runs, with fixed seeds:
    policy (same workload and fleet, live through the real gateway).
 
 ``--skip-live`` leaves out 2 and 3 (and says so in the doc); ``--judge-from FILE``
-reuses a saved judge run instead of 0. The whole run takes about ten minutes on two
-cores.
+reuses a saved judge run instead of 0. Saved runs are judged again by today's protocol.
+The whole run takes about ten minutes on two cores.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def run_judge() -> dict[str, Any]:
     plan = {"sim_seeds": list(JUDGE_SEEDS), "own": "default", "own_options": {},
             "commit": head.stdout.strip() or None}  # fmt: skip
     return document(scenarios, runs, judge(scenarios, runs), **plan)
+
+
+def rejudged(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved judge document with its runs judged again by today's protocol: the page
+    says how runs are judged now, and flags runs saved before refusals counted."""
+    return {**saved, "judgments": judge(judged(), saved["runs"])}
 
 
 @dataclass(frozen=True)
@@ -459,7 +465,7 @@ def main() -> None:
     img = args.doc.parent / "img"
     img.mkdir(parents=True, exist_ok=True)
     if args.judge_from is not None:
-        judged_sim = json.loads(args.judge_from.read_text())
+        judged_sim = rejudged(json.loads(args.judge_from.read_text()))
     else:
         print("the judge, simulator", file=sys.stderr, flush=True)
         judged_sim = run_judge()
@@ -467,7 +473,7 @@ def main() -> None:
         JUDGE_SIM.write_text(json.dumps(judged_sim, indent=1) + "\n")
     judge_documents = [judged_sim]
     if JUDGE_LIVE.exists():
-        judge_documents.append(json.loads(JUDGE_LIVE.read_text()))
+        judge_documents.append(rejudged(json.loads(JUDGE_LIVE.read_text())))
     policies = list(default_registry())
     sims = []
     for exp in experiments(args.trace):
