@@ -13,7 +13,8 @@ a folder of your own), ~3,500-token chats rendered through ChatML and tokenized
 reference, then ``fastokens``; ``kvgate.bench.tokenizing``): cold (every chat new,
 generated before the clock starts), the rendered text alone (the library's cost),
 chats opening with one of 8 shared system prompts, and a conversation's next turn
-(``tokens.spans``); wall and CPU time, the load average. Target: p50 <= 0.5 ms.
+(``tokens.spans``); wall and CPU time, the load average; and loading the tokenizer in a
+fresh process (CPU, the reference child's, RSS). Target: p50 <= 0.5 ms.
 ``--tokenize-only``: just these.
 
 Decision: 64 workers each holding 200 chains of 4,096 tokens (16-token blocks, 16

@@ -33,3 +33,7 @@ def test_every_workload_is_timed_by_both_libraries(tmp_path: Path) -> None:
             assert rows[f"{workload}_{library}"]["cpu_p50_us"] > 0
     assert rows["cold_fastokens"]["prompt_tokens"] == rows["cold_tokenizers"]["prompt_tokens"]
     assert rows["load_average"]["cpus"] >= 1
+    # Loaded in a fresh process: fastokens' reference computed apart, by a child.
+    assert rows["load_fastokens"]["fastokens"] == 1 and rows["load_fastokens"]["rss_mb"] > 0
+    assert rows["load_fastokens"]["reference_cpu_s"] > 0
+    assert rows["load_tokenizers"]["fastokens"] == 0

@@ -12,6 +12,7 @@ writes, piece by piece (``tokens.spans``). llama.cpp's own ids are the realengin
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvgate.tokens import reference
 from kvgate.tokens.encoders import EncoderLoadError, encoder, hf_encoder
+from kvgate.tokens.reference import facts
 from kvgate.tokens.spans import Spans
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -49,12 +52,13 @@ def test_fastokens_is_used_where_it_agrees_and_falls_back_where_it_cannot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     file = _tiny(tmp_path)
-    reference = tokenizers.Tokenizer.from_file(str(file))
-    encode, library = encoder(file, reference)
+    tokenizer = tokenizers.Tokenizer.from_file(str(file))
+    encode, library, known = encoder(file)
     assert library == "fastokens"
+    assert known == facts(tokenizer)  # computed apart, the same facts
     for text in ["ab abc", " a\nb ☃ c", "", "abcabc  ab"]:
-        assert encode(text) == hf_encoder(reference)(text)
-    assert encoder(file, reference, "tokenizers")[1] == "tokenizers"
+        assert encode(text) == hf_encoder(tokenizer)(text)
+    assert encoder(file, "tokenizers")[1:] == ("tokenizers", known)
 
     import fastokens
 
@@ -65,17 +69,34 @@ def test_fastokens_is_used_where_it_agrees_and_falls_back_where_it_cannot(
     # The level is set on the logger that warns: `kvgate demo` (run in-process by other
     # tests) leaves the "kvgate" logger at ERROR, which the root's level does not override.
     with caplog.at_level(logging.WARNING, logger="kvgate.tokens.encoders"):
-        assert encoder(file, reference)[1] == "tokenizers"
+        assert encoder(file)[1:] == ("tokenizers", known)
     assert "fastokens cannot load" in caplog.text
     with pytest.raises(EncoderLoadError):
-        encoder(file, reference, "fastokens")
+        encoder(file, "fastokens")
+
+
+def test_without_the_reference_fastokens_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = _tiny(tmp_path)
+    known = facts(tokenizers.Tokenizer.from_file(str(file)))
+    for command in (
+        [sys.executable, "-c", "import sys; sys.exit('no tokenizers here')"],
+        [sys.executable, "-c", "print('[1, 2]')"],
+    ):
+        monkeypatch.setattr(reference, "child_command", lambda file, c=command: c)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvgate.tokens.encoders"):
+            assert encoder(file)[1:] == ("tokenizers", known)
+        assert len(caplog.records) == 1 and "no tokenizers ids" in caplog.text
+        with pytest.raises(EncoderLoadError, match="no tokenizers ids"):
+            encoder(file, "fastokens")
 
 
 def test_a_disagreeing_fastokens_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     file = _tiny(tmp_path)
-    reference = tokenizers.Tokenizer.from_file(str(file))
     import fastokens
 
     real = fastokens.Tokenizer.from_file
@@ -91,9 +112,9 @@ def test_a_disagreeing_fastokens_is_not_used(
             return type("E", (), {"ids": [*found.ids, 0]})
 
     monkeypatch.setattr(fastokens.Tokenizer, "from_file", Wrong)
-    assert encoder(file, reference)[1] == "tokenizers"
+    assert encoder(file)[1] == "tokenizers"
     with pytest.raises(EncoderLoadError, match="disagrees"):
-        encoder(file, reference, "fastokens")
+        encoder(file, "fastokens")
 
 
 @pytest.fixture(scope="module")
@@ -104,15 +125,17 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Spans]:
 
     folder = write_tokenizer(default_model_path(), tmp_path_factory.mktemp("gemma"))
     file = folder / "tokenizer.json"
-    reference = tokenizers.Tokenizer.from_file(str(file))
-    fast, library = encoder(file, reference, "fastokens")
+    tokenizer = tokenizers.Tokenizer.from_file(str(file))
+    fast, library, known = encoder(file, "fastokens")
     assert library == "fastokens"
+    assert known == facts(tokenizer)  # computed apart: 6,414 added tokens, the BOS
+    assert len(known.added) > 6000 and known.plain and known.wrap() == ([2], [])
     # Cut where ChatML's template writes Gemma's added "\n", the pieces grouped from
     # each "<|im_start|>user" on and each group remembered.
     written = ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>user\n"]
-    spans = Spans(reference, written, encode=fast)
+    spans = Spans(known.added, written, fast, plain=known.plain)
     assert spans.cutting and spans._openers == ("<|im_start|>user",)
-    return fast, hf_encoder(reference), spans
+    return fast, hf_encoder(tokenizer), spans
 
 
 _PARTS = st.sampled_from(

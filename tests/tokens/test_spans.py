@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgate.tokens.encoders import hf_encoder
+from kvgate.tokens.reference import facts
 from kvgate.tokens.spans import Spans, longest_of
 
 _WORDS = st.sets(st.text(alphabet="ab\n<>|", min_size=1, max_size=6), min_size=1, max_size=12)
@@ -43,7 +45,9 @@ def test_a_next_turn_reuses_the_earlier_messages_and_keeps_the_ids() -> None:
     tokenizer.normalizer = normalizers.Replace(" ", "▁")
     tokenizer.add_tokens([AddedToken(t, normalized=False) for t in ("\n", "\n\n")])
     chat = "<|im_start|>{}\n{}<|im_end|>\n"
-    spans = Spans(tokenizer, ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"])
+    written = ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"]
+    known = facts(tokenizer)
+    spans = Spans(known.added, written, hf_encoder(tokenizer), plain=known.plain)
     assert spans._openers == ("<|im_start|>assistant",)
     first = chat.format("user", "a b\n\nab\n x") + "<|im_start|>assistant\n"
     turn = (

@@ -15,7 +15,10 @@ tokenizes the same requests in one run, side by side:
 - ``shared_system``: chats that open with one of 8 long system prompts (half the
   prompt) and go on with a new question, as assistants and RAG front ends send:
   the system prompt's piece is remembered (``tokens.spans``), the rest is new;
-- ``next_turn``: a conversation's next turn, its earlier messages remembered.
+- ``next_turn``: a conversation's next turn, its earlier messages remembered;
+- ``load``: loading the tokenizer (``HFTokenizer``) in a fresh process: its CPU and
+  its children's (``tokens.reference``: ``tokenizers``' load, apart when fastokens
+  encodes), the wall time, the process's RSS after and its peak, the children's peak.
 
 Wall and CPU time per request (the thread's, which other processes' turns at the
 CPU cannot inflate), and the machine's load average while it ran.
@@ -23,8 +26,13 @@ CPU cannot inflate), and the machine's load average while it ran.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import resource
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,6 +63,7 @@ def tokenize_timings(folder: Path, runs: int = 100) -> dict[str, dict[str, float
         for n in range(5 * runs + 1)
     ]  # fmt: skip
     for library in LIBRARIES:
+        results[f"load_{library}"] = load_cost(folder, library)
         config = TokenizerConfig(kind="hf", path=str(folder), library=library)
         hf = HFTokenizer(config)
         if hf.library != library:
@@ -84,6 +93,37 @@ def tokenize_timings(folder: Path, runs: int = 100) -> dict[str, dict[str, float
         }
     results["load_average_after"] = _load()
     return results
+
+
+def load_cost(folder: Path, library: Library) -> dict[str, float]:
+    """What loading ``folder``'s tokenizer costs a fresh process (see the module docs)."""
+    code = "import sys; import kvgate.bench.tokenizing as t; t.measure_load(*sys.argv[1:])"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder), library], capture_output=True, check=True
+    )
+    row: dict[str, float] = json.loads(out.stdout)
+    return row
+
+
+def measure_load(folder: str, library: Library) -> None:
+    """Load ``folder``'s tokenizer here and print what it cost (``load_cost``)."""
+    start = time.perf_counter()
+    hf = HFTokenizer(TokenizerConfig(kind="hf", path=folder, library=library))
+    wall = time.perf_counter() - start
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open("/proc/self/status", encoding="ascii") as f:
+        status = dict(line.split(":", 1) for line in f)
+    row = {
+        "fastokens": float(hf.library == "fastokens"),
+        "cpu_s": own.ru_utime + own.ru_stime,
+        "reference_cpu_s": children.ru_utime + children.ru_stime,
+        "wall_s": wall,
+        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+        "peak_mb": int(status["VmHWM"].split()[0]) / 1024,
+        "reference_peak_mb": children.ru_maxrss / 1024,
+    }
+    print(json.dumps(row))
 
 
 def _each(hf: HFTokenizer, chats: list[list[dict[str, str]]]) -> Callable[[], list[int]]:

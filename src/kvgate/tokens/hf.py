@@ -14,6 +14,7 @@ tokenized by ``fastokens`` where it agrees with ``tokenizers`` (``tokens.encoder
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -48,14 +49,15 @@ class HFTokenizer:
     """``tokenizer.json`` plus its chat template (see the module docs)."""
 
     def __init__(self, config: TokenizerConfig) -> None:
-        try:
-            import jinja2.sandbox
-            from tokenizers import Tokenizer
-        except ImportError as exc:
+        # tokenizers is the reference, loaded in a child process when fastokens encodes.
+        found = importlib.util.find_spec("jinja2") and importlib.util.find_spec("tokenizers")
+        if not found:
             raise TokenizerLoadError(
                 "tokenizer kind 'hf' needs the tokenizers and jinja2 packages: "
                 "pip install 'kvgate[tokenizer]'"
-            ) from exc
+            )
+        import jinja2.sandbox
+
         if not config.path:
             raise TokenizerLoadError("tokenizer kind 'hf' needs a path")
         path = Path(config.path)
@@ -63,7 +65,6 @@ class HFTokenizer:
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
             raise TokenizerLoadError(f"no tokenizer.json at {file}")
-        self._tokenizer = Tokenizer.from_file(str(file))
         settings: dict[str, Any] = {}
         settings_file = folder / "tokenizer_config.json"
         if settings_file.is_file():
@@ -80,17 +81,13 @@ class HFTokenizer:
         self._chat = env.from_string(template) if template else None
         written = written_by(self.render) if self._chat is not None else set()
         try:
-            encode, self.library = encoder(file, self._tokenizer, config.library)
+            encode, self.library, reference = encoder(file, config.library)
         except EncoderLoadError as exc:
             raise TokenizerLoadError(str(exc)) from exc
         self.text_encoder = encode
         """The library's ids of a text (no cutting at added tokens, nothing remembered)."""
-        self.spans = Spans(self._tokenizer, written, encode=encode)
-        # What the post-processor adds around a sequence (a BOS), found once.
-        plain = self._tokenizer.encode("a", add_special_tokens=False).ids
-        full = self._tokenizer.encode("a", add_special_tokens=True).ids
-        at = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
-        self._before, self._after = full[:at], full[at + len(plain) :]
+        self.spans = Spans(reference.added, written, encode, plain=reference.plain)
+        self._before, self._after = reference.wrap()  # what the post-processor adds
 
     @staticmethod
     def _template(settings: Mapping[str, Any]) -> str | None:

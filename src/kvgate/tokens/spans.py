@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 MAX_CHARS = 8 << 20
@@ -31,23 +31,20 @@ MAX_CHARS = 8 << 20
 
 class Spans:
     """``encode(text)``: the tokenizer's ids of ``text`` without special tokens added
-    (``encode``: what tokenizes a piece, ``tokenizer``'s own encoding by default)."""
+    (``encode``: what tokenizes a piece; ``added``: the added tokens' ids by their text,
+    ``plain``: whether all are matched as plain text, ``tokens.reference``)."""
 
     def __init__(
         self,
-        tokenizer: Any,
+        added: Mapping[str, int],
         written: Iterable[str],
+        encode: Callable[[str], list[int]],
+        *,
+        plain: bool,
         max_chars: int = MAX_CHARS,
-        encode: Callable[[str], list[int]] | None = None,
     ) -> None:
-        self._encode: Callable[[str], list[int]] = encode or (
-            lambda text: tokenizer.encode(text, add_special_tokens=False).ids
-        )
-        decoder = tokenizer.get_added_tokens_decoder()
-        self._ids = {token.content: i for i, token in decoder.items()}
-        plain = all(
-            not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in decoder.values()
-        )
+        self._encode = encode
+        self._ids = dict(added)
         written = [w for w in written if w]
         # The added tokens the template writes, and every added token holding one.
         marks = {c for c in self._ids if any(c in w for w in written)}
