@@ -266,6 +266,11 @@ class PrefixIndex:
             pending.popitem(last=False)
         self.insert(worker, hashes)
 
+    def unclaimed(self, request_id: str) -> None:
+        """``request_id`` went where the index's claim does not hold (a cold slot of an
+        engine of slots): its usage has nothing to judge (``note_usage``)."""
+        self._pending.pop(request_id, None)
+
     def note_usage(
         self,
         request_id: str,

@@ -232,18 +232,28 @@ class FleetSpeed:
                 self._fleet = self.prior
         return self._fleet
 
-    def engine(self, worker: WorkerId, slots: int | None, prefill_s: float | None) -> None:
+    def engine(self, worker: WorkerId, slots: int | None, prefill_s: float | None) -> bool:
         """What ``worker``'s engine reports of itself: its batch slots (a request past them
-        waits for one to free: ``predict``) and its own mean prefill seconds a token (the
-        prior of a fleet that has observed nothing yet)."""
+        waits for one to free: ``predict``) and its own mean prefill seconds a token (a prior
+        before any observation: ``fleet``, ``prior_of``); True when that rate moved."""
         book = self._books.get(worker)
         if book is None:
             book = self._books[worker] = _Book(fit=self._fits.get(worker))
         book.slots = slots
-        if prefill_s and prefill_s > 0.0 and self._engine_prefill.get(worker) != prefill_s:
-            self._engine_prefill[worker] = prefill_s
-            if not any(f.n for f in self._fits.values()):
-                self._fleet = None
+        if not prefill_s or prefill_s <= 0.0 or self._engine_prefill.get(worker) == prefill_s:
+            return False
+        self._engine_prefill[worker] = prefill_s
+        if not any(f.n for f in self._fits.values()):
+            self._fleet = None
+        return True
+
+    def prior_of(self, worker: WorkerId | None) -> Speed:
+        """The prior at ``worker``'s engine's own prefill rate where it reports one (``engine``;
+        else, or ``None``, the median of those reported, as ``fleet`` starts), else the prior."""
+        reported = self._engine_prefill
+        rate = reported.get(worker) if worker is not None else None
+        rate = rate or (statistics.median(reported.values()) if reported else None)
+        return replace(self.prior, prefill_s=rate) if rate else self.prior
 
     def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:
         """This replica's book of ``worker`` at ``now``: uncached tokens still to prefill
@@ -256,14 +266,6 @@ class FleetSpeed:
         book.settle(now)
         ahead = book.ahead(now, self.speed(worker).prefill_s) if book.unstarted else 0.0
         return ahead, len(book.sent) - book.unstarted
-
-    def queued_s(self, worker: WorkerId, now: Seconds) -> Seconds:
-        """Seconds of prefill still queued on ``worker`` at ``now`` (this replica's book)."""
-        book = self._books.get(worker)
-        if book is None or not book.unstarted:
-            return 0.0
-        prefill_s = self.speed(worker).prefill_s
-        return book.ahead(now, prefill_s) * prefill_s
 
     def look(self, worker: WorkerId, now: Seconds) -> Look:
         """``worker``'s speed and this replica's book of it at ``now``, good until the

@@ -72,7 +72,8 @@ class Queues:
 
     Each routed request adds its uncached prefill tokens to its worker's queue, which
     drains at the worker's learned prefill rate (``FleetSpeed.speed``, where ``learned``;
-    else at the prior's, the configured rate) and is never more than the tokens of the
+    else at the prior's: the engine's own rate where it reports one, else the configured
+    rate) and is never more than the tokens of the
     requests still in flight there (``owed``), so a wrong rate cannot make it drift. A
     request never reported back is dropped after ``horizon_s``, or when more than
     ``max_pending`` are in flight.
@@ -188,10 +189,12 @@ class Queues:
         self.costs[worker] = self._cost(book.backlog, book.as_of, book.owed, book.fill, speed)
 
     def _speed(self, worker: WorkerId | None) -> Speed:
-        """``worker``'s learned speed (``None``: the fleet's), or the prior if not ``learned``."""
+        """``worker``'s learned speed (``None``: the fleet's), or if not ``learned`` its
+        prior: at its engine's own prefill rate where the engine reports one (llama.cpp:
+        ``FleetSpeed.prior_of``)."""
         speed = self.speed
         if not self.learned:
-            return speed.prior
+            return speed.prior_of(worker)
         return speed.speed(worker) if worker is not None else speed.fleet()
 
     def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:

@@ -13,13 +13,15 @@ token plus the predicted cost of the cache its new blocks evict there (seconds):
            + evict × max(uncached prefill, life) × fill − stay × cached prefill × (1 − fill)
 
 - *queued prefill*: this policy's own estimate (``Queues``), draining at
-  ``prefill_tokens_per_s`` and never more than the requests in flight there still owe
-  (with ``learned_speed``, every term at the worker's learned speed; off by default);
+  ``prefill_tokens_per_s`` (the engine's own rate where it reports one: llama.cpp) and
+  never more than the requests in flight there still owe (with ``learned_speed``, every
+  term at the worker's learned speed; off by default);
 - *uncached prefill*: the prompt less the worker's longest match (this replica's index,
   the store's holders, KV events, KV restorable from disk at ``restorable_credit``), a
   claim the index cannot vouch for counted at the share usage confirms (``ClaimShares``);
   a later headerless turn's match reaches its earlier turn's end and reply there
-  (``ChainEnds``);
+  (``ChainEnds``); on an engine of slots each with its own KV (llama.cpp), none while
+  the slot a request would get there is cold (``FleetSpeed.slot_cache``);
 - *fill*: how full the worker's KV is with what was sent there, sessions away on a tool
   call included; *life*: an opening (a new session, a headerless request extending no
   earlier chain) decides where its whole conversation goes, so it is charged for what
@@ -134,7 +136,10 @@ class DefaultPolicy(Warming, SpeedLearning):
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
         rid, prompt = request.request_id, request.prompt_chars
         last, found, cuts = self._claims
-        if last == rid:  # the claims its placement weighed, the store's included
+        warm = self.speed.slot_cache(worker)  # else it gets a cold slot (``_slot_held``)
+        if not warm:
+            depth = young = resident = 0
+        elif last == rid:  # the claims its placement weighed, the store's included
             depth = found.get(worker, 0)
             young, resident = cuts.get(worker, (depth, depth))
         else:
@@ -148,7 +153,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         hashes = tuple(request.prefix_hashes)
         self._queues.routed(rid, worker, tokens, hashes, now)
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
-        likely = prompt - max(likely, self._replies.cached(request, worker))
+        likely = prompt - max(likely, self._replies.cached(request, worker) if warm else 0)
         self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
         if request.session_key is not None:
             self._sessions.add(now, self._recent_half_s, seconds, 0.0)
@@ -159,6 +164,8 @@ class DefaultPolicy(Warming, SpeedLearning):
             held = found if last == rid else self.index.match(hashes)  # own text starts past
             self._ends.note(request, worker, max(held.values(), default=0), end)
         super().on_routed(request, worker, now)
+        if not warm:
+            self.index.unclaimed(rid)  # a cold slot's miss says nothing of the worker's KV
         self._queues.refill(worker, self.index.fill(worker))
 
     def on_observed(
@@ -313,6 +320,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         docs. ``found``: ``matches`` for this request, if ``pick`` has looked them up."""
         cfg, now = self.config, ctx.fleet.now
         own = matches = found if found is not None else self.matches(request, ctx)
+        claims, first = own, pool[0]
+        if first.slots is not None or first.engine_prefill_s is not None:
+            own = matches = self._slot_held(pool, own)  # an engine of slots (llama.cpp)
         restorable = int(request.restorable_blocks * cfg.restorable_credit)
         if restorable:
             # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
@@ -397,11 +407,30 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._scored = scored  # what ``hold_worth`` reads of the workers' costs
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
+            if claims is not own:  # where its chain ends reads every claim (``on_routed``)
+                self._claims = (rid, claims, self._claims[2])
         if not top:
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
         return best, "prefix_match" if held(best.id) == top else "least_ttft"
+
+    def _slot_held(
+        self, pool: list[WorkerState], found: dict[WorkerId, int]
+    ) -> dict[WorkerId, int]:
+        """``found`` on engines that report their slots or prefill rate (llama.cpp): less
+        the claims on workers whose free slots are cold. Such an engine keeps KV per slot
+        and gives a new request a slot that has served nothing while it has one
+        (``FleetSpeed.slot_cache``): what its other slots hold is theirs. What the engines
+        report is read first (``FleetSpeed.engine``): the queues drain at their rates."""
+        speed, moved = self.speed, False
+        for w in pool:
+            moved |= speed.engine(w.id, w.slots, w.engine_prefill_s)
+        if moved:
+            self._queues.repace()
+        get, cached = found.get, speed.slot_cache
+        cold = {w.id for w in pool if w.slots and get(w.id) and not cached(w.id)}
+        return {w: d for w, d in found.items() if w not in cold} if cold else found
 
     def _vouched(
         self,
