@@ -64,3 +64,31 @@ def test_a_worker_never_observed_is_costed_at_the_fleets_speed() -> None:
     _, _, _, _, per_token, pace, _, _ = policy._queues.idle
     assert per_token == pytest.approx(SLOW / PRIOR, rel=0.05)
     assert pace == pytest.approx(SLOW, rel=0.05)
+
+
+def evicting(evict: float) -> tuple[DefaultPolicy, dict[str, float]]:
+    """A policy learned a 2x slower than b, both caches as full, and its costs of placing
+    an uncached request on each (``evict``: ``DefaultConfig.evict``)."""
+    policy = DefaultPolicy(DefaultConfig(learned_speed=True, evict=evict))
+    now = learn(policy, "a", 2.0, 0.0, n=30)
+    now = learn(policy, "b", 1.0, now, n=30)
+    for where in ("a", "b"):  # the same 4,000 tokens sent to each: the same fill
+        fill = request(f"fill-{where}", hashes=chain(7, 60), prompt_chars=16_000)
+        policy.on_routed(fill, where, now)
+        policy.on_usage(fill, where, 4000, 0, now + 1.0)
+    snapshot = fleet(worker("a"), worker("b"), now=now + 2.0)
+    policy.pick(request("next", hashes=chain(8, 4), prompt_chars=4000), ctx(snapshot))
+    return policy, {w.id: cost for cost, w in policy._scored}
+
+
+def test_what_a_placement_evicts_is_costed_at_the_fleets_pace_not_the_workers() -> None:
+    """The cache a placement evicts costs the later requests that would have hit it their
+    prefill wherever they go: a worker learned slow is charged its own prefill at its
+    pace, but not that eviction twice over (which kept a slowed worker starved)."""
+    policy, full = evicting(1.0)
+    _, none = evicting(0.0)
+    fill = {w: policy._costs[w][3] for w in ("a", "b")}
+    assert fill["a"] == pytest.approx(fill["b"]) and fill["a"] > 0.0
+    evicted = {w: full[w] - none[w] for w in ("a", "b")}
+    assert evicted["a"] > 0.0
+    assert evicted["a"] == pytest.approx(evicted["b"])

@@ -14,18 +14,18 @@ token plus the predicted cost of the cache its new blocks evict there (seconds):
 
 - *queued prefill*: this policy's own estimate (``Queues``), draining at
   ``prefill_tokens_per_s`` (the engine's own rate where it reports one: llama.cpp) and
-  never more than the requests in flight there still owe (with ``learned_speed``, every
-  term at the worker's learned speed; off by default);
+  never more than the requests in flight there still owe (``learned_speed``, off: every
+  term at the worker's learned speed, evicting at the fleet's);
 - *uncached prefill*: the prompt less the worker's longest match (this replica's index,
   the store's holders, KV events, KV restorable from disk at ``restorable_credit``), a
   claim the index cannot vouch for counted at the share usage confirms (``ClaimShares``);
   a later headerless turn's match reaches its earlier turn's end and reply there
   (``ChainEnds``); on an engine of slots each with its own KV (llama.cpp), none while
   the slot a request would get there is cold (``FleetSpeed.slot_cache``);
-- *fill*: how full the worker's KV is with what was sent there, sessions away on a tool
-  call included; *life*: an opening (a new session, a headerless request extending no
-  earlier chain) decides where its whole conversation goes, so it is charged for what
-  one routes over its life (``session_life_s``; ``Conversations``);
+- *fill*: how full the worker's KV is with what was sent there (sessions away on a tool
+  call too), at most what was sent lately fills (``Queues``); *life*: an opening (a new
+  session, a headerless request extending no earlier chain) decides where its whole
+  conversation goes, so it is charged for what one routes over its life (``Conversations``);
 - the *pull* of a cache (``stay``; not for a session, whose later turns follow it anyway)
   keeps one-shot work behind a shared prompt a little past a tie, while it has room.
 
@@ -166,7 +166,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         super().on_routed(request, worker, now)
         if not warm:
             self.index.unclaimed(rid)  # a cold slot's miss says nothing of the worker's KV
-        self._queues.refill(worker, self.index.fill(worker))
+        self._refill(worker, now)
 
     def on_observed(
         self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
@@ -207,7 +207,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
         self._ends.replied(request, int(completion_tokens / self._tokens_per_char))
         self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
-        self._queues.refill(worker, self.index.fill(worker))
+        self._refill(worker, now)
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """No usage will come: the request's prefill leaves the worker's queue bound."""
@@ -226,6 +226,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         cfg = self.config
         if self.speed.late(ctx.fleet.now) and self._queues.learned:
             self._queues.repace()  # a request late for its first token moved a speed
+        self._queues.age(ctx.fleet.now)
         found = None
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._ends.through(request))
@@ -334,6 +335,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         costs, idle = self._costs.get, self._queues.idle
         evict = cfg.evict
+        fleet_pace = idle[5]  # what an eviction costs is paid at the fleet's pace
         # An opening adds its conversation's whole life here, not this turn's; a
         # session's binding makes a pull buy nothing past this turn (module docs).
         stay, life, rid = cfg.stay * per_char, 0.0, request.request_id
@@ -388,8 +390,9 @@ class DefaultPolicy(Warming, SpeedLearning):
                 weight = evict * (fresh if fresh >= life else life)
                 terms[key] = term = (fresh, weight, stay * cached)
             fresh, weight, pull = term
-            # The terms in the prior's seconds, at the worker's pace.
-            cost = fresh + weight * fill
+            # The terms in the prior's seconds: its prefill and the pull at the worker's
+            # pace, what it evicts at the fleet's (the later requests pay it wherever).
+            cost = fresh + weight * fill * (fleet_pace / pace)
             if pull:
                 cost -= pull * (1.0 - fill)  # a full cache keeps new work only by evicting
             cost = base + w.in_flight * decode_s + queued * per_token + pace * cost
@@ -450,6 +453,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """
         prompt, evict = request.prompt_chars, self.config.evict
         per_char = self._tokens_per_char / self._rate
+        fleet = self._queues.idle[5]  # the fleet's pace: what an eviction costs (``_place``)
         judged: _Cuts = {}
         while True:
             wid = best.id
@@ -465,7 +469,8 @@ class DefaultPolicy(Warming, SpeedLearning):
             _, _, _, fill, _, pace, _, _ = self._costs.get(wid) or self._queues.idle
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
-            extra = pace * (more - fresh + evict * fill * (max(more, life) - max(fresh, life)))
+            evicts = evict * fill * (max(more, life) - max(fresh, life)) * (fleet / pace)
+            extra = pace * (more - fresh + evicts)
             at = next(i for i, (_, w) in enumerate(scored) if w is best)
             scored[at] = (scored[at][0] + extra, best)
             best = cheapest(scored, lambda w: self._tie(w, now))

@@ -25,17 +25,20 @@ class DefaultConfig(PolicyConfig):
     learned_speed: bool = False
     """Cost each worker at its learned speed (``core.speed``: prefill seconds a token,
     overhead, decode per request in flight; the rates above only its prior) rather than
-    at the rates above. Off: in the simulator the fit is not yet good enough to place by
-    (a worker whose TTFT is mostly queueing is fitted 10-50x fast with a large overhead):
-    on, the judge's held-out seeds lose uniform-mixed-slowdown's speed-proportional share
-    (1.07x -> 0.24x) and 2.3 points of session-docs' hit (``judge.py --own default``)."""
+    at the rates above. Off: on, the judge's held-out seeds (500-507) lose 3.2 points of
+    groups-24x10-tight's hit, and on uniform-mixed gain nothing over off (p50 0.90x round
+    robin's, p99 1.02x, both ways); the slowed worker of uniform-mixed-slowdown gets 0.83x
+    [0.64, 1.09] of its speed-proportional share (off 1.03x; ``judge.py --option
+    learned_speed=true``). A worker fitted slow is starved of the observations that
+    would correct it: an A100 fitted at half its speed got 3% of the requests."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
     evict: float = Field(default=1.0, ge=0)
     """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
     recent_half_life_s: float = Field(default=60.0, gt=0)
-    """Half-life of the per-worker count of recently routed requests (a tie-break), and of
-    the counts that measure what a conversation brings over its life."""
+    """Half-life of the per-worker count of recently routed requests (a tie-break), of
+    the counts that measure what a conversation brings over its life, and of the tokens
+    sent to a worker that bound the fill it is charged (``Queues``)."""
     outstanding_horizon_s: float = Field(default=600.0, gt=0)
     """A routed request never reported back is dropped from the queue estimate after this."""
     time_scale: float = Field(default=1.0, gt=0)

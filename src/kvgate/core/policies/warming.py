@@ -40,6 +40,12 @@ class Warming(Residency):
         """Where the policy would place ``request`` in ``pool``, remembering nothing of it."""
         raise NotImplementedError
 
+    def _refill(self, worker: WorkerId, now: Seconds) -> None:
+        """Tell the books how full ``worker``'s cache is, and of how many tokens."""
+        index = self.index
+        room = index.kv_blocks(worker) * index.config.block_chars * self._tokens_per_char
+        self._queues.refill(worker, index.fill(worker), room, now)
+
     def openers(self) -> Collection[str]:
         """Ids of the openings whose shared prefixes a warm-up may copy (``Openers``)."""
         return self._openers.ids()
@@ -73,7 +79,7 @@ class Warming(Residency):
         tokens = request.prompt_chars * self._tokens_per_char
         self._queues.routed(request.request_id, worker, tokens, request.prefix_hashes, now)
         PrefixLearning.on_routed(self, request, worker, now)
-        self._queues.refill(worker, self.index.fill(worker))
+        self._refill(worker, now)
 
     def on_warm_done(
         self,
@@ -88,4 +94,4 @@ class Warming(Residency):
         self._queues.reported(request.request_id)
         if prompt_tokens:
             PrefixLearning.on_usage(self, request, worker, prompt_tokens, cached_tokens, now)
-        self._queues.refill(worker, self.index.fill(worker))
+        self._refill(worker, now)
