@@ -83,6 +83,7 @@ def test_without_the_reference_fastokens_is_not_used(
     for command in (
         [sys.executable, "-c", "import sys; sys.exit('no tokenizers here')"],
         [sys.executable, "-c", "print('[1, 2]')"],
+        [str(tmp_path / "no-such-python")],
     ):
         monkeypatch.setattr(reference, "child_command", lambda file, c=command: c)
         caplog.clear()

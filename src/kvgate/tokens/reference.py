@@ -98,16 +98,23 @@ class Apart:
         # The child imports this package from where the parent did.
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-        self._child = subprocess.Popen(
-            child_command(file),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        self._failed = ""
+        try:
+            self._child: subprocess.Popen[bytes] | None = subprocess.Popen(
+                child_command(file),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+        except OSError as exc:  # no interpreter to start: said by result()
+            self._child = None
+            self._failed = f"cannot start the child: {exc}"
 
     def result(self, timeout_s: float = TIMEOUT_S) -> Reference:
         """The facts, once the child has computed them."""
+        if self._child is None:
+            raise ReferenceLoadError(self._failed)
         try:
             out, err = self._child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -129,6 +136,8 @@ class Apart:
 
     def cancel(self) -> None:
         """Stop the child (its answer is no longer wanted)."""
+        if self._child is None:
+            return
         if self._child.poll() is None:
             self._child.kill()
         self._child.communicate()
