@@ -33,10 +33,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, KeysView, Sequence
+from itertools import compress
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.types import BlockHash, WorkerId
+
+_DIGITS = bytes.maketrans(b"01", b"\x00\x01")
+"""A mask's binary digits (``bin``) to the bytes 0 and 1: ``compress``'s selectors."""
 
 
 class PrefixIndexConfig(BaseModel):
@@ -414,12 +419,12 @@ class PrefixIndex:
     # -- internals -----------------------------------------------------------
 
     def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
-        # Masks are often dense (a shared system prompt is on every worker): walking
-        # the binary string in C beats peeling bits off one by one.
-        bits = bin(mask)[:1:-1]
-        result.update(
-            {w: depth for w, bit in zip(self._by_bit, bits, strict=False) if bit == "1" and w}
-        )
+        # Masks are often dense (a shared system prompt is on every worker): the workers
+        # of its set bits are picked out in C, its binary digits read as bytes 0 and 1
+        # (a set bit always names a worker: ``remove_worker`` clears its bit everywhere).
+        bits = bin(mask)[:1:-1].encode().translate(_DIGITS)
+        held = cast("Iterator[WorkerId]", compress(self._by_bit, bits))
+        result.update(dict.fromkeys(held, depth))
 
     def _add_worker(self, worker: WorkerId) -> OrderedDict[BlockHash, int]:
         try:
