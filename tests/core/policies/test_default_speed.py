@@ -61,7 +61,7 @@ def test_a_worker_never_observed_is_costed_at_the_fleets_speed() -> None:
     policy = DefaultPolicy(DefaultConfig(learned_speed=True))
     learn(policy, "a", SLOW, 0.0)
     assert policy.speed.fleet().prefill_s == pytest.approx(SLOW / PRIOR, rel=0.05)
-    _, _, _, _, per_token, pace, _, _ = policy._queues.idle
+    _, _, _, _, per_token, pace, *_ = policy._queues.idle
     assert per_token == pytest.approx(SLOW / PRIOR, rel=0.05)
     assert pace == pytest.approx(SLOW, rel=0.05)
 
@@ -78,7 +78,7 @@ def evicting(evict: float) -> tuple[DefaultPolicy, dict[str, float]]:
         policy.on_usage(fill, where, 4000, 0, now + 1.0)
     snapshot = fleet(worker("a"), worker("b"), now=now + 2.0)
     policy.pick(request("next", hashes=chain(8, 4), prompt_chars=4000), ctx(snapshot))
-    return policy, {w.id: cost for cost, w in policy._scored}
+    return policy, policy._scored.by_id()
 
 
 def test_what_a_placement_evicts_is_costed_at_the_fleets_pace_not_the_workers() -> None:

@@ -203,3 +203,31 @@ def cheapest(
             if key < best_tie:
                 best, best_tie = w, key
     return best
+
+
+@dataclass(slots=True)
+class Scored:
+    """Each worker's cost, as two parallel lists: a placement's loop appends one float a
+    worker (no pair built per worker) and finds the cheapest in C (``min``)."""
+
+    workers: list[WorkerState]
+    costs: list[float]
+
+    def cheapest(self, tie: Callable[[WorkerState], Any]) -> WorkerState:
+        """``cheapest`` of these (non-empty): the first of lowest cost, exact ties to the
+        lower ``tie``, computed only for them."""
+        costs = self.costs
+        least = min(costs)
+        if costs.count(least) == 1:
+            return self.workers[costs.index(least)]
+        tied = (w for w, cost in zip(self.workers, costs, strict=True) if cost == least)
+        return min(tied, key=tie)
+
+    def add(self, worker: WorkerState, extra: float) -> None:
+        """Raise ``worker``'s cost by ``extra``."""
+        at = next(i for i, w in enumerate(self.workers) if w is worker)
+        self.costs[at] += extra
+
+    def by_id(self) -> dict[WorkerId, float]:
+        """Each worker's cost, by id."""
+        return {w.id: cost for w, cost in zip(self.workers, self.costs, strict=True)}

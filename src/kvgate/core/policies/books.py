@@ -14,10 +14,17 @@ from kvgate.core.speed import FleetSpeed, Speed
 from kvgate.types import BlockHash, Seconds, WorkerId
 
 _Flight = tuple[WorkerId, float, Seconds, tuple[BlockHash, ...]]
-Cost = tuple[float, float, float, float, float, float, float, float]
+Cost = tuple[float, float, float, float, float, float, float, float, float, float, float]
 """What a decision reads of a worker: its queue (backlog tokens, as of when, tokens owed),
 its fill, and its learned speed: prefill seconds a token, that over the prior's (its
-*pace*: a cost's prefill terms are in the prior's seconds), overhead and decode seconds."""
+*pace*: a cost's prefill terms are in the prior's seconds), overhead and decode seconds;
+then, so that a decision computes the queue only where it has to: until when the queue
+is surely at what is owed (``_left``), those seconds, after when it is surely drained,
+and ``1 - fill``."""
+
+_MARGIN = 1e-9
+"""How far past the float rounding of ``_left``'s terms a ``Cost``'s bounds on its
+queue lie (relative, and in seconds a second of the clock)."""
 
 
 class Book:
@@ -243,8 +250,15 @@ class Queues:
         return speed.speed(worker) if worker is not None else speed.fleet()
 
     def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:
-        pace = speed.prefill_s / self.prior_s
-        return (backlog, as_of, owed, fill, speed.prefill_s, pace, speed.overhead_s, speed.decode_s)
+        per_token = speed.prefill_s
+        pace = per_token / self.prior_s
+        # ``_left`` is ``owed`` before ``full``, 0 after ``drained``: a decision computes it
+        # between them alone (the same operations, so the same cost to the last bit).
+        slack = _MARGIN * (abs(as_of) + 1.0)
+        full = as_of + (backlog - owed) * per_token * (1.0 - _MARGIN) - slack
+        drained = as_of + backlog * per_token * (1.0 + _MARGIN) + slack
+        return (backlog, as_of, owed, fill, per_token, pace, speed.overhead_s, speed.decode_s,
+                full, drained, 1.0 - fill)  # fmt: skip
 
     def _settle(self, flight: _Flight) -> None:
         worker, tokens, _, hashes = flight

@@ -52,9 +52,9 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import (
     Holding,
+    Scored,
     affinity_status,
     candidates,
-    cheapest,
     refuse,
     route,
     under_threshold,
@@ -124,7 +124,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._openers = Openers(cfg.warm_min_blocks)
         self._probing = False
         # The last placement's costs, per worker scored (``_place``; ``hold_worth``).
-        self._scored: list[tuple[float, WorkerState]] = []
+        self._scored = Scored([], [])
 
     # -- learning -----------------------------------------------------------------
 
@@ -290,7 +290,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             return 0.0
         if self._aside(request, pool, ctx, opening=False).id != worker:
             return 0.0
-        costs = {w.id: cost for cost, w in self._scored}
+        costs = self._scored.by_id()
         mine = costs.pop(worker, math.inf)
         other = min(costs.values(), default=math.inf)
         # Chosen against its scored cost (the judged claims moved it): all the wait.
@@ -355,58 +355,62 @@ class DefaultPolicy(Warming, SpeedLearning):
         tail = tail if tail < prompt else prompt
         get = matches.get
         held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
-        evict_all = evict * (fresh_all if fresh_all >= life else life)
         top = max(self._chars(deepest := max(matches.values(), default=0), request, ""), tail)
         if life > 0.0 and cfg.warm_min_blocks and not restorable and not self._probing:
             self._openers.note(request, deepest)  # ``own`` is ``matches`` when not restorable
-        best: WorkerState | None = None
-        best_cost = math.inf
-        best_tie: tuple[int, float, float, str] | None = None
-        scored: list[tuple[float, WorkerState]] = []
-        # Terms by chain depth held (most hold one of a few): own prefill, evict weight, pull.
-        terms: dict[int, tuple[float, float, float]] = {0: (fresh_all, evict_all, 0.0)}
+        # Terms by chain depth held (most hold one of a few): own prefill, evict weight,
+        # pull; the tail's worker's under its depth's complement (its own, to its earlier
+        # turn's end there).
+        depth_of = matches
+        if tail_worker:
+            depth_of = {**matches, tail_worker: ~matches.get(tail_worker, 0)}
+        terms: dict[int, tuple[float, float, float]] = {}
+        for key in {0, *depth_of.values()}:
+            depth = key if key >= 0 else ~key
+            # ``PrefixIndex.depth_chars``, inlined.
+            chars = depth if depth <= fine else fine + (depth - fine) * coarse
+            cached = chars * block_chars if chars * block_chars < prompt else prompt
+            if key < 0 and tail > cached:
+                cached = tail
+            fresh = fresh_all - cached * per_char
+            terms[key] = (fresh, evict * (fresh if fresh >= life else life), stay * cached)
+        depth_at = depth_of.get
+        best, least, tied = pool[0], math.inf, False
+        scores: list[float] = []  # per worker of ``pool``
+        score = scores.append
         # One pass over plain locals: this runs for every worker on every placement.
         for w in pool:
             wid = w.id
             # Its queue drained at its learned speed, and that speed (``Queues``).
-            backlog, as_of, owed, fill, per_token, pace, base, decode_s = costs(wid) or idle
-            queued = backlog - (now - as_of) / per_token
-            if queued <= 0.0:
-                queued = 0.0
-            elif queued > owed:
-                queued = owed
+            backlog, as_of, owed, fill, per_token, pace, base, decode_s, full, drained, unfill = (
+                costs(wid) or idle
+            )
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
-            depth = get(wid, 0)
-            key = depth if wid != tail_worker else ~depth  # the tail's worker: its own
-            term = terms.get(key)
-            if term is None:
-                # ``PrefixIndex.depth_chars``, inlined; to its earlier turn's end there.
-                chars = depth if depth <= fine else fine + (depth - fine) * coarse
-                cached = chars * block_chars if chars * block_chars < prompt else prompt
-                if wid == tail_worker and tail > cached:
-                    cached = tail
-                fresh = fresh_all - cached * per_char
-                weight = evict * (fresh if fresh >= life else life)
-                terms[key] = term = (fresh, weight, stay * cached)
-            fresh, weight, pull = term
+                unfill = 1.0 - fill
+            fresh, weight, pull = terms[depth_at(wid, 0)]
             # The terms in the prior's seconds: its prefill and the pull at the worker's
             # pace, what it evicts at the fleet's (the later requests pay it wherever).
             cost = fresh + weight * fill * (fleet_pace / pace)
             if pull:
-                cost -= pull * (1.0 - fill)  # a full cache keeps new work only by evicting
-            cost = base + w.in_flight * decode_s + queued * per_token + pace * cost
-            scored.append((cost, w))
-            if cost < best_cost:
-                best, best_cost, best_tie = w, cost, None
-            elif cost == best_cost and best is not None:
-                # Exact ties are common at low load: only then order them.
-                if best_tie is None:
-                    best_tie = self._tie(best, now)
-                tie = self._tie(w, now)
-                if tie < best_tie:
-                    best, best_tie = w, tie
-        assert best is not None  # ``pool`` is non-empty
+                cost -= pull * unfill  # a full cache keeps new work only by evicting
+            if now < full:  # its queue is all it owes
+                cost = base + w.in_flight * decode_s + owed * per_token + pace * cost
+            elif now > drained:  # its queue is empty (``+ 0.0`` is exact)
+                cost = base + w.in_flight * decode_s + pace * cost
+            else:
+                queued = backlog - (now - as_of) / per_token
+                if queued <= 0.0:
+                    queued = 0.0
+                elif queued > owed:
+                    queued = owed
+                cost = base + w.in_flight * decode_s + queued * per_token + pace * cost
+            score(cost)
+            if cost <= least:  # the cheapest so far; exact ties (common at low load) after
+                least, best, tied = cost, w, cost == least
+        scored = Scored(pool, scores)
+        if tied:
+            best = scored.cheapest(lambda w: self._tie(w, now))
         self._scored = scored  # what ``hold_worth`` reads of the workers' costs
         if not restorable:
             best = self._vouched(request, best, scored, own, life=life, now=now)
@@ -439,7 +443,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         self,
         request: RequestFeatures,
         best: WorkerState,
-        scored: list[tuple[float, WorkerState]],
+        scored: Scored,
         found: dict[WorkerId, int],
         *,
         life: float,
@@ -466,14 +470,13 @@ class DefaultPolicy(Warming, SpeedLearning):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            _, _, _, fill, _, pace, _, _ = self._costs.get(wid) or self._queues.idle
+            _, _, _, fill, _, pace, *_ = self._costs.get(wid) or self._queues.idle  # ``Cost``
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
             evicts = evict * fill * (max(more, life) - max(fresh, life)) * (fleet / pace)
             extra = pace * (more - fresh + evicts)
-            at = next(i for i, (_, w) in enumerate(scored) if w is best)
-            scored[at] = (scored[at][0] + extra, best)
-            best = cheapest(scored, lambda w: self._tie(w, now))
+            scored.add(best, extra)
+            best = scored.cheapest(lambda w: self._tie(w, now))
         self._claims = (request.request_id, found, judged)
         return best
 
