@@ -248,11 +248,11 @@ class FleetSpeed:
         return True
 
     def prior_of(self, worker: WorkerId | None) -> Speed:
-        """The prior at ``worker``'s engine's own prefill rate where it reports one (``engine``;
-        else, or ``None``, the median of those reported, as ``fleet`` starts), else the prior."""
+        """What ``worker`` is believed before it is observed: as ``fleet`` starts, the prior
+        at the median of the engines' own prefill rates where they report one (``engine``:
+        like workers' measures of one short request differ by their noise alone)."""
         reported = self._engine_prefill
-        rate = reported.get(worker) if worker is not None else None
-        rate = rate or (statistics.median(reported.values()) if reported else None)
+        rate = statistics.median(reported.values()) if reported else None
         return replace(self.prior, prefill_s=rate) if rate else self.prior
 
     def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:

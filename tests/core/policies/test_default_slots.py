@@ -94,3 +94,20 @@ def test_workers_that_report_nothing_are_placed_as_before() -> None:
     second = request("r2", session="s2", hashes=chain(1, 16, tail=2))
     plain = (worker("a"), worker("b"))
     assert policy.pick(second, ctx(fleet(*plain, now=0.1), key="s2")).worker == "a"
+
+
+def test_past_the_slots_a_request_waits_for_one_to_free() -> None:
+    """Four requests hold ``a``'s four slots and none has its first token 30 s on: the next
+    waits for one of them there (``core.batch``), though at the engine's rate the queue
+    estimate has drained, and ``b``'s free slot, cold, is sooner."""
+    policy = DefaultPolicy()
+    workers = (slotted("a"), slotted("b"))
+    for i in range(4):
+        held = request(f"r{i}", session=f"s{i}", hashes=chain(1, 16, tail=i))
+        policy.pick(held, ctx(fleet(*workers), key=f"s{i}"))
+        policy.on_routed(held, "a", 0.0)
+    busy = (worker("a", slots=4, engine_prefill_s=CPU, in_flight=4),)
+    assert policy.queued_tokens("a", 30.0) == 0.0
+    nxt = request("r9", session="s9", hashes=chain(1, 16, tail=9))
+    decision = policy.pick(nxt, ctx(fleet(*busy, workers[1], now=30.0), key="s9"))
+    assert decision.worker == "b"

@@ -88,7 +88,7 @@ class Queues:
 
     Each routed request adds its uncached prefill tokens to its worker's queue, which
     drains at the worker's learned prefill rate (``FleetSpeed.speed``, where ``learned``;
-    else at the prior's: the engine's own rate where it reports one, else the configured
+    else at the prior's: the engines' own rate where they report one, else the configured
     rate) and is never more than the tokens of the
     requests still in flight there (``owed``), so a wrong rate cannot make it drift. A
     request never reported back is dropped after ``horizon_s``, or when more than
@@ -242,7 +242,7 @@ class Queues:
 
     def _speed(self, worker: WorkerId | None) -> Speed:
         """``worker``'s learned speed (``None``: the fleet's), or if not ``learned`` its
-        prior: at its engine's own prefill rate where the engine reports one (llama.cpp:
+        prior: at the engines' own prefill rate where they report one (llama.cpp:
         ``FleetSpeed.prior_of``)."""
         speed = self.speed
         if not self.learned:

@@ -13,9 +13,11 @@ token plus the predicted cost of the cache its new blocks evict there (seconds):
            + evict × max(uncached prefill, life) × fill − stay × cached prefill × (1 − fill)
 
 - *queued prefill*: this policy's own estimate (``Queues``), draining at
-  ``prefill_tokens_per_s`` (the engine's own rate where it reports one: llama.cpp) and
+  ``prefill_tokens_per_s`` (the engines' own rate where they report one: llama.cpp) and
   never more than the requests in flight there still owe (``learned_speed``, off: every
-  term at the worker's learned speed, evicting at the fleet's);
+  term at the worker's learned speed, evicting at the fleet's); on an engine of a few
+  batch slots (llama.cpp), the queue and this prefill together at least the TTFT
+  ``core.speed`` predicts there (``core.batch``: past the slots, the wait for one to free);
 - *uncached prefill*: the prompt less the worker's longest match (this replica's index,
   the store's holders, KV events, KV restorable from disk at ``restorable_credit``), a
   claim the index cannot vouch for counted at the share usage confirms (``ClaimShares``);
@@ -321,9 +323,10 @@ class DefaultPolicy(Warming, SpeedLearning):
         docs. ``found``: ``matches`` for this request, if ``pick`` has looked them up."""
         cfg, now = self.config, ctx.fleet.now
         own = matches = found if found is not None else self.matches(request, ctx)
-        claims, first = own, pool[0]
+        claims, first, predict = own, pool[0], None
         if first.slots is not None or first.engine_prefill_s is not None:
             own = matches = self._slot_held(pool, own)  # an engine of slots (llama.cpp)
+            predict, rate = self.speed.predict, self._rate
         restorable = int(request.restorable_blocks * cfg.restorable_credit)
         if restorable:
             # Cache by tier: KV on disk counts on every worker, a little less than in a slot.
@@ -394,7 +397,14 @@ class DefaultPolicy(Warming, SpeedLearning):
             cost = fresh + weight * fill * (fleet_pace / pace)
             if pull:
                 cost -= pull * unfill  # a full cache keeps new work only by evicting
-            if now < full:  # its queue is all it owes
+            if predict is not None and w.slots:  # at least the TTFT of the slots' model
+                queued = backlog - (now - as_of) / per_token
+                queued = 0.0 if queued <= 0.0 else owed if queued > owed else queued
+                ahead = queued * per_token
+                start = predict(wid, fresh * rate, now, in_flight=w.in_flight) - pace * fresh
+                ahead = start if start > ahead else ahead
+                cost = base + w.in_flight * decode_s + ahead + pace * cost
+            elif now < full:  # its queue is all it owes
                 cost = base + w.in_flight * decode_s + owed * per_token + pace * cost
             elif now > drained:  # its queue is empty (``+ 0.0`` is exact)
                 cost = base + w.in_flight * decode_s + pace * cost

@@ -19,7 +19,9 @@ class DefaultConfig(PolicyConfig):
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
     prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
-    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s)."""
+    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s): the
+    prior, replaced by the engines' own measure where they report one (llama.cpp's
+    ``/metrics``: ``FleetSpeed.prior_of``)."""
     decode_s: float = Field(default=0.002, ge=0)
     """Time to first token each request already on a worker adds (its decode steps)."""
     learned_speed: bool = False
