@@ -94,6 +94,34 @@ def test_without_the_reference_fastokens_is_not_used(
             encoder(file, "fastokens")
 
 
+def test_the_child_is_stopped_when_the_load_is_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import fastokens
+
+    file = _tiny(tmp_path)
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        child: subprocess.Popen[bytes] = popen(*args, **kwargs)
+        started.append(child)
+        return child
+
+    def interrupted(path: str) -> Any:
+        raise KeyboardInterrupt
+
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(reference, "child_command", lambda file: slow)
+    monkeypatch.setattr(reference.subprocess, "Popen", recorded)
+    monkeypatch.setattr(fastokens.Tokenizer, "from_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        encoder(file)
+    assert len(started) == 1 and started[0].returncode is not None  # killed and reaped
+
+
 def test_a_disagreeing_fastokens_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,16 +64,16 @@ def _choose(file: Path, library: Library) -> tuple[Encode, str, Reference]:
         if library == "fastokens":
             raise EncoderLoadError("library 'fastokens' is not installed") from None
         return _reference(file)
-    apart = Apart(file)
-    try:
-        fast = fastokens.Tokenizer.from_file(str(file))
-    except Exception as exc:  # a tokenizer.json it does not support
-        apart.cancel()
-        return _fallback(library, f"fastokens cannot load {file}: {exc}", file)
-    try:
-        reference = apart.result()
-    except ReferenceLoadError as exc:
-        return _fallback(library, f"no tokenizers ids to check fastokens by ({exc})", file)
+    with Apart(file) as apart:
+        try:
+            fast = fastokens.Tokenizer.from_file(str(file))
+        except Exception as exc:  # a tokenizer.json it does not support
+            apart.cancel()
+            return _fallback(library, f"fastokens cannot load {file}: {exc}", file)
+        try:
+            reference = apart.result()
+        except ReferenceLoadError as exc:
+            return _fallback(library, f"no tokenizers ids to check fastokens by ({exc})", file)
 
     def candidate(text: str) -> list[int]:
         ids: list[int] = fast.encode(text, add_special_tokens=False).ids

@@ -135,12 +135,17 @@ class Apart:
             raise ReferenceLoadError(f"an answer that is not the facts: {exc!r}") from None
 
     def cancel(self) -> None:
-        """Stop the child (its answer is no longer wanted)."""
-        if self._child is None:
+        """Stop the child if it still runs (its answer is no longer wanted)."""
+        if self._child is None or self._child.poll() is not None:
             return
-        if self._child.poll() is None:
-            self._child.kill()
+        self._child.kill()
         self._child.communicate()
+
+    def __enter__(self) -> Apart:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cancel()  # every way out, an interrupt during the parent's own load included
 
 
 def main(argv: list[str]) -> int:
