@@ -17,9 +17,10 @@ no machine load in it, and no gateway spreading a burst over the time it takes t
 (groups-16x8-tight's 128 requests in 64 ms arrive over ~0.3 s live), so it is the figure to
 compare estimator changes by, beside the live one the bar is judged on. ``lost`` is the
 share of model time the emulated workers' timelines jumped (their loop fell behind): their
-TTFTs then hold time no work was done in. ``--time-scale 1`` (the shape's is 4 for the
-groups) gives each model second four times the wall time: at load 17, groups-16x8-tight
-lost 15-24% at 1 against 44-51% at 4.
+TTFTs then hold time no work was done in. ``--time-scale`` overrides the shape's (each
+shape's is the largest at which the emulated fleet keeps up, ``Scenario.time_scale``:
+groups-16x8-tight's is 1); a loaded machine loses time at any scale (at load 17,
+groups-16x8-tight lost 15-24% at 1 against 44-51% at 4).
 """
 
 from __future__ import annotations

@@ -113,7 +113,11 @@ class Scenario:
     concurrency: int = 64
     """The most requests the clients have out at once."""
     time_scale: float = 10.0
-    """Live: the emulated workers' model seconds per real second."""
+    """Live: the emulated workers' model seconds per real second. The largest at which the
+    emulated fleet keeps up on a quiet two-core machine (its timelines lose under ~1% of
+    model time; ``lost`` in the judge's mode column): groups-16x8-tight's burst of 128
+    requests lost up to 12% at 4 and nothing at 1, and lost time is in the TTFTs the
+    workers report, which then measure the machine instead of the router."""
     slowdown: Slowdown | None = None
     criteria: tuple[Criterion, ...] = DEFAULT_CRITERIA
     live_requests: int | None = None
@@ -194,7 +198,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             requests=128,
             kv_blocks=1000,
             concurrency=128,
-            time_scale=4.0,
+            time_scale=1.0,
             why="SGLang's generated shared prefix, 16 groups x 8 prompts, 2k-token system "
             "prompts, all at once, on workers whose KV holds a quarter of the prompts",
             criteria=(Criterion("hit_rate", "best_peer", 1.0), *TIE_PEER_LATENCY),
