@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.bench.tokenizing import tokenize_timings
+from kvgate.bench.tokenizing import Prose, tokenize_timings, verdict
 from kvgate.realengine.tokenizer import CHATML_TEMPLATE
 
 pytest.importorskip("tokenizers")
@@ -27,7 +27,8 @@ def test_every_workload_is_timed_by_both_libraries(tmp_path: Path) -> None:
     tokenizer.add_tokens(["\n"])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
-    rows = tokenize_timings(tmp_path, runs=3)
+    texts = ["a river, a rich ria: is it", "air or iris? a crab; zebra 42 in a car"]
+    rows = tokenize_timings(tmp_path, texts, runs=3)
     for workload in ("cold", "cold_code", "cold_docs", "encode", "shared_system", "next_turn"):
         for library in ("tokenizers", "fastokens"):
             assert rows[f"{workload}_{library}"]["cpu_p50_us"] > 0
@@ -37,3 +38,14 @@ def test_every_workload_is_timed_by_both_libraries(tmp_path: Path) -> None:
     assert rows["load_fastokens"]["fastokens"] == 1 and rows["load_fastokens"]["rss_mb"] > 0
     assert rows["load_fastokens"]["reference_cpu_s"] > 0
     assert rows["load_tokenizers"]["fastokens"] == 0
+    assert verdict(rows).startswith("target: p50 <= 500 us on cold_fastokens")
+
+
+def test_prose_draws_the_texts_words_at_their_frequency() -> None:
+    prose = Prose(["the river the river the stone", "the lantern"])
+    chat = prose.chat(3000, seed=5)
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    words = " ".join(m["content"] for m in chat).split()
+    assert set(words) == {"the", "river", "stone", "lantern"}
+    assert 0.45 < words.count("the") / len(words) < 0.55  # 4 of its 8 words
+    assert prose.chat(3000, seed=5) == chat and prose.chat(3000, seed=6) != chat

@@ -32,6 +32,11 @@ class TokenizerConfig(BaseModel):
     """``hf``: what tokenizes the rendered text: ``fastokens`` (about 15x faster, the
     same ids; ``auto`` uses it where installed and it agrees with ``tokenizers`` at
     load) or ``tokenizers`` itself (``tokens.encoders``)."""
+    reference_cache: str = "auto"
+    """``hf`` with fastokens: where ``tokenizers``' facts of the file (its ids of a probe,
+    its added tokens) are kept by the file's digest, so a restart skips computing them
+    (~2 s of CPU, ~370 MB): ``auto``, ``$XDG_CACHE_HOME/kvgate/tokenizers`` (or
+    ``~/.cache/...``); ``off``; or a folder (``tokens.factcache``)."""
     cache_entries: int = Field(default=4096, ge=0)
     """``worker``: answers remembered (least recently used forgotten first)."""
     timeout_s: float = Field(default=2.0, gt=0)

@@ -8,7 +8,8 @@ Rust) reads the same ``tokenizer.json`` and gives the same ids in about 0.3 ms
 (``benchmarks/kv_events_bench.py``). Its ids are checked at load against
 ``tokenizers``' on a probe of the cases where BPE implementations part
 (``tokens.reference``, computed in a child process while fastokens loads: the
-gateway holds one vocabulary, not two); a tokenizer it does not load or disagrees on
+gateway holds one vocabulary, not two; kept by the file's digest, ``tokens.factcache``,
+so a restart skips the child); a tokenizer it does not load or disagrees on
 stays with ``tokenizers`` (``library: auto``, one warning logged), or fails to load
 (``library: fastokens``). Exactness beyond the probe is the tests' (a property test
 against ``tokenizers`` and llama.cpp's own ids in ``tests/realengine``).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from kvgate.tokens.factcache import FactCache
 from kvgate.tokens.reference import PROBE, Apart, Reference, ReferenceLoadError, facts, load
 
 logger = logging.getLogger(__name__)
@@ -46,16 +48,20 @@ def hf_encoder(tokenizer: Any) -> Encode:
     return encode
 
 
-def encoder(file: Path, library: Library = "auto") -> tuple[Encode, str, Reference]:
+def encoder(
+    file: Path, library: Library = "auto", cache: FactCache | None = None
+) -> tuple[Encode, str, Reference]:
     """The encoder for ``file``, its library's name and ``tokenizers``' facts of it;
-    ``auto``: ``fastokens`` if installed and agreeing on ``PROBE``."""
+    ``auto``: ``fastokens`` if installed and agreeing on ``PROBE``. ``cache``: where
+    the facts are kept by the file's digest (``tokens.factcache``), so a restart skips
+    the child."""
     try:
-        return _choose(file, library)
+        return _choose(file, library, cache)
     finally:
         give_back_freed_memory()
 
 
-def _choose(file: Path, library: Library) -> tuple[Encode, str, Reference]:
+def _choose(file: Path, library: Library, cache: FactCache | None) -> tuple[Encode, str, Reference]:
     if library == "tokenizers":
         return _reference(file)
     try:
@@ -64,16 +70,22 @@ def _choose(file: Path, library: Library) -> tuple[Encode, str, Reference]:
         if library == "fastokens":
             raise EncoderLoadError("library 'fastokens' is not installed") from None
         return _reference(file)
-    with Apart(file) as apart:
+    key = cache.key(file) if cache is not None else ""
+    reference = cache.get(key) if cache is not None else None
+    with Apart(file, start=reference is None) as apart:
         try:
             fast = fastokens.Tokenizer.from_file(str(file))
         except Exception as exc:  # a tokenizer.json it does not support
             apart.cancel()
             return _fallback(library, f"fastokens cannot load {file}: {exc}", file)
-        try:
-            reference = apart.result()
-        except ReferenceLoadError as exc:
-            return _fallback(library, f"no tokenizers ids to check fastokens by ({exc})", file)
+        if reference is None:
+            try:
+                reference = apart.result()
+            except ReferenceLoadError as exc:
+                why = f"no tokenizers ids to check fastokens by ({exc})"
+                return _fallback(library, why, file)
+            if cache is not None:
+                cache.put(key, reference)
 
     def candidate(text: str) -> list[int]:
         ids: list[int] = fast.encode(text, add_special_tokens=False).ids
@@ -81,7 +93,11 @@ def _choose(file: Path, library: Library) -> tuple[Encode, str, Reference]:
 
     for text, ids in zip(PROBE, reference.probe, strict=True):
         if tuple(candidate(text)) != ids:
-            return _fallback(library, f"fastokens disagrees with tokenizers on {text!r}", file)
+            why = f"fastokens disagrees with tokenizers on {text!r}"
+            found = _fallback(library, why, file)
+            if cache is not None and found[2] != reference:
+                cache.put(key, found[2])  # the kept facts were wrong: keep the true ones
+            return found
     return candidate, "fastokens", reference
 
 

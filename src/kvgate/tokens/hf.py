@@ -23,6 +23,7 @@ from typing import Any
 
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.encoders import EncoderLoadError, encoder
+from kvgate.tokens.factcache import FactCache, cache_folder
 from kvgate.tokens.spans import Spans, written_by
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
@@ -81,7 +82,9 @@ class HFTokenizer:
         self._chat = env.from_string(template) if template else None
         written = written_by(self.render) if self._chat is not None else set()
         try:
-            encode, self.library, reference = encoder(file, config.library)
+            kept = cache_folder(config.reference_cache)
+            cache = FactCache(kept) if kept is not None else None
+            encode, self.library, reference = encoder(file, config.library, cache)
         except EncoderLoadError as exc:
             raise TokenizerLoadError(str(exc)) from exc
         self.text_encoder = encode

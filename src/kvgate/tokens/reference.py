@@ -58,11 +58,37 @@ class Reference:
     special: tuple[int, ...]
     """The ids of ``PROBE[0]`` with the post-processor's special tokens."""
 
+    @staticmethod
+    def parse(data: object) -> Reference:
+        """The facts of their JSON form (``asdict``), checked field by field: a
+        ``ValueError`` for anything else (a child's answer or a cache file)."""
+        if not isinstance(data, dict) or set(data) != {"added", "plain", "probe", "special"}:
+            raise ValueError("not the four fields of the facts")
+        added, plain, probe = data["added"], data["plain"], data["probe"]
+        if not isinstance(added, dict) or not all(isinstance(k, str) for k in added):
+            raise ValueError("added: not ids by text")
+        if not isinstance(plain, bool):
+            raise ValueError("plain: not a boolean")
+        if not isinstance(probe, list) or len(probe) != len(PROBE):
+            raise ValueError(f"probe: not {len(PROBE)} lists of ids")
+        return Reference(
+            added=dict(zip(added, _ids(list(added.values())), strict=True)),
+            plain=plain,
+            probe=tuple(_ids(ids) for ids in probe),
+            special=_ids(data["special"]),
+        )
+
     def wrap(self) -> tuple[list[int], list[int]]:
         """What the post-processor adds before and after a sequence's ids."""
         plain, full = list(self.probe[0]), list(self.special)
         at = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
         return full[:at], full[at + len(plain) :]
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(i) is int and 0 <= i < 1 << 32 for i in value):
+        raise ValueError("not a list of token ids")
+    return tuple(value)
 
 
 def load(file: Path) -> Any:
@@ -91,16 +117,21 @@ def child_command(file: Path) -> list[str]:
 
 
 class Apart:
-    """``file``'s facts being computed in a child process, started at construction."""
+    """``file``'s facts being computed in a child process, started at construction
+    (``start``: false, when they are known already: nothing started)."""
 
-    def __init__(self, file: Path) -> None:
+    def __init__(self, file: Path, *, start: bool = True) -> None:
         env = dict(os.environ)
         # The child imports this package from where the parent did.
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self._failed = ""
+        self._child: subprocess.Popen[bytes] | None = None
+        if not start:
+            self._failed = "not started"
+            return
         try:
-            self._child: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self._child = subprocess.Popen(
                 child_command(file),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -108,7 +139,6 @@ class Apart:
                 env=env,
             )
         except OSError as exc:  # no interpreter to start: said by result()
-            self._child = None
             self._failed = f"cannot start the child: {exc}"
 
     def result(self, timeout_s: float = TIMEOUT_S) -> Reference:
@@ -124,14 +154,8 @@ class Apart:
             lines = err.decode(errors="replace").strip().splitlines()
             raise ReferenceLoadError(lines[-1] if lines else f"exit {self._child.returncode}")
         try:
-            data = json.loads(out)
-            return Reference(
-                added={str(k): int(v) for k, v in data["added"].items()},
-                plain=bool(data["plain"]),
-                probe=tuple(tuple(int(i) for i in ids) for ids in data["probe"]),
-                special=tuple(int(i) for i in data["special"]),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return Reference.parse(json.loads(out))
+        except (ValueError, RecursionError) as exc:
             raise ReferenceLoadError(f"an answer that is not the facts: {exc!r}") from None
 
     def cancel(self) -> None:

@@ -1,0 +1,186 @@
+"""The reference's facts kept by the ``tokenizer.json``'s digest: a restart skips the
+child; a corrupt, hostile or stale file is a miss and the child runs as before."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgate.tokens import factcache, reference
+from kvgate.tokens.encoders import encoder
+from kvgate.tokens.factcache import FactCache, cache_folder
+from kvgate.tokens.reference import PROBE, Reference
+
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("fastokens")
+
+
+def _tiny(folder: Path, extra: str = "") -> Path:
+    """A small BPE ``tokenizer.json`` shaped like Gemma's (``extra``: one more added token)."""
+    from tokenizers import Tokenizer, normalizers
+    from tokenizers.models import BPE
+
+    pieces = ["▁", "a", "b", "c", "▁a", "ab", "▁ab", "abc", "\n"]
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    vocab = {p: i for i, p in enumerate(["<unk>", *pieces])}
+    merges = [("▁", "a"), ("a", "b"), ("▁a", "b"), ("ab", "c")]
+    tokenizer = Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.add_tokens(["\n", *([extra] if extra else [])])
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / "tokenizer.json"
+    tokenizer.save(str(file))
+    return file
+
+
+@pytest.fixture
+def children(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands of the children started (the reference's)."""
+    started: list[list[str]] = []
+    popen = subprocess.Popen
+
+    def recorded(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(command)
+        return popen(command, **kwargs)
+
+    monkeypatch.setattr(reference.subprocess, "Popen", recorded)
+    return started
+
+
+def test_kept_facts_skip_the_child(tmp_path: Path, children: list[list[str]]) -> None:
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    encode, library, known = encoder(file, cache=cache)
+    assert library == "fastokens" and len(children) == 1
+    assert [p.name for p in cache.folder.iterdir()] == [f"{cache.key(file)}.json"]
+    again, library, kept = encoder(file, cache=cache)
+    assert library == "fastokens" and kept == known
+    assert len(children) == 1  # no second child
+    assert again("ab abc\n a") == encode("ab abc\n a")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"key": "KEY"}',
+        b'{"key": "another", "facts": FACTS}',
+        b'{"key": "KEY", "facts": {"added": {}, "plain": true, "probe": [], "special": []}}',
+        b'{"key": "KEY", "facts": {"added": {"a": -1}, "plain": true, "probe": [], "special": []}}',
+        b'{"key": "KEY", "facts": {"added": {"a": true}, "plain": 1, "probe": [], "special": []}}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_a_corrupt_file_is_a_miss_and_is_replaced(
+    tmp_path: Path, children: list[list[str]], content: bytes
+) -> None:
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    key = cache.key(file)
+    truth = encoder(file, cache=cache)[2]
+    facts = json.dumps(asdict(truth)).encode()
+    kept = cache.folder / f"{key}.json"
+    kept.write_bytes(content.replace(b"KEY", key.encode()).replace(b"FACTS", facts))
+    assert cache.get(key) is None
+    assert encoder(file, cache=cache)[1:] == ("fastokens", truth)
+    assert len(children) == 2  # the child ran again
+    assert cache.get(key) == truth  # and its answer replaced the file
+
+
+def test_links_and_oversized_files_are_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    key = cache.key(file)
+    truth = encoder(file, cache=cache)[2]
+    kept = cache.folder / f"{key}.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    kept.rename(elsewhere)
+    kept.symlink_to(elsewhere)
+    assert cache.get(key) is None
+    kept.unlink()
+    elsewhere.rename(kept)
+    assert cache.get(key) == truth
+    monkeypatch.setattr(factcache, "MAX_BYTES", 100)
+    assert cache.get(key) is None
+
+
+def test_another_file_or_probe_misses(
+    tmp_path: Path, children: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = FactCache(tmp_path / "cache")
+    first = _tiny(tmp_path / "one")
+    other = _tiny(tmp_path / "two", extra="<cb>")
+    encoder(first, cache=cache)
+    assert cache.key(other) != cache.key(first) and cache.get(cache.key(other)) is None
+    _, _, known = encoder(other, cache=cache)
+    assert len(children) == 2 and "<cb>" in known.added
+    before = cache.key(first)
+    assert cache.key(_tiny(tmp_path / "three")) == before  # the same bytes
+    monkeypatch.setattr(factcache, "PROBE", (*PROBE[:-1], "a changed probe"))
+    assert cache.key(first) != before  # what the child computes changed
+
+
+def test_kept_facts_that_are_wrong_are_checked_and_corrected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    key = cache.key(file)
+    truth = encoder(file, cache=cache)[2]
+    wrong = replace(truth, probe=((1, 2, 3), *truth.probe[1:]))
+    cache.put(key, wrong)
+    with caplog.at_level(logging.WARNING, logger="kvgate.tokens.encoders"):
+        assert encoder(file, cache=cache)[1:] == ("tokenizers", truth)
+    assert "disagrees" in caplog.text
+    assert cache.get(key) == truth  # the next start uses fastokens again
+    assert encoder(file, cache=cache)[1] == "fastokens"
+
+
+def test_an_unwritable_folder_is_no_cache(
+    tmp_path: Path, children: list[list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    file = _tiny(tmp_path / "model")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    cache = FactCache(blocked / "cache")
+    with caplog.at_level(logging.WARNING, logger="kvgate.tokens.factcache"):
+        assert encoder(file, cache=cache)[1] == "fastokens"
+        assert encoder(file, cache=cache)[1] == "fastokens"
+    assert len(children) == 2 and "cannot keep" in caplog.text
+
+
+def test_the_cache_folder_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_folder("auto") == tmp_path / "kvgate" / "tokenizers"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_folder("auto") == tmp_path / "home" / ".cache" / "kvgate" / "tokenizers"
+    assert cache_folder("off") is None
+    assert cache_folder(str(tmp_path / "kept")) == tmp_path / "kept"
+
+
+def test_the_facts_parse_only_from_their_own_form() -> None:
+    good = {"added": {"<x>": 7}, "plain": True, "probe": [[1]] * len(PROBE), "special": [2, 1]}
+    assert Reference.parse(good).added == {"<x>": 7}
+    for bad in (
+        {**good, "extra": 1},
+        {**good, "added": {"<x>": 1.5}},
+        {**good, "added": [["<x>", 7]]},
+        {**good, "plain": "yes"},
+        {**good, "probe": [[1]]},
+        {**good, "probe": [[1 << 40]] * len(PROBE)},
+        {**good, "special": "2"},
+        None,
+    ):
+        with pytest.raises(ValueError):
+            Reference.parse(bad)
