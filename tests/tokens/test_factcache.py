@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvgate.tokens import factcache, reference
+from kvgate.tokens import encoders, factcache, reference
 from kvgate.tokens.encoders import encoder
 from kvgate.tokens.factcache import FactCache, cache_folder
 from kvgate.tokens.reference import PROBE, Reference
@@ -37,6 +37,12 @@ def _tiny(folder: Path, extra: str = "") -> Path:
     file = folder / "tokenizer.json"
     tokenizer.save(str(file))
     return file
+
+
+@pytest.fixture(autouse=True)
+def only_fastokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidate the shared environment has (gigatoken would be tried first)."""
+    monkeypatch.setattr(encoders, "CANDIDATES", {"fastokens": encoders._fastokens})
 
 
 @pytest.fixture

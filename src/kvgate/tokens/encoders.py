@@ -1,23 +1,27 @@
-"""Text to a ``tokenizer.json``'s ids: ``fastokens`` where it agrees, else ``tokenizers``.
+"""Text to a ``tokenizer.json``'s ids: the fastest library that agrees, else ``tokenizers``.
 
 Hugging Face's ``tokenizers`` merges a SentencePiece-style BPE without a
 pre-tokenizer (Gemma's, and every vocabulary ``realengine.tokenizer`` writes from a
-GGUF) as one word per span between added tokens: about 5 ms of CPU for a 4k-token
-chat on this project's 2-core machine, ten times the target. ``fastokens`` (PyPI,
-Rust) reads the same ``tokenizer.json`` and gives the same ids in about 0.3 ms
-(``benchmarks/kv_events_bench.py``). Its ids are checked at load against
+GGUF) as one word per span between added tokens: about 6 ms of CPU for a 4k-token
+chat on this project's 2-core machine, twelve times the target. Two Rust libraries on
+PyPI read the same ``tokenizer.json`` and give the same ids (``CANDIDATES``, in order
+of preference): ``gigatoken`` (a 3,700-token chat of real prose in ~0.2 ms, loads in
+2 s and ~90 MB) and ``fastokens`` (~0.55 ms, 4 s and ~190 MB;
+``benchmarks/kv_events_bench.py``). A candidate's ids are checked at load against
 ``tokenizers``' on a probe of the cases where BPE implementations part
-(``tokens.reference``, computed in a child process while fastokens loads: the
-gateway holds one vocabulary, not two; kept by the file's digest, ``tokens.factcache``,
-so a restart skips the child); a tokenizer it does not load or disagrees on
-stays with ``tokenizers`` (``library: auto``, one warning logged), or fails to load
-(``library: fastokens``). Exactness beyond the probe is the tests' (a property test
-against ``tokenizers`` and llama.cpp's own ids in ``tests/realengine``).
+(``tokens.reference``, computed in a child process while the candidate loads: the
+gateway holds one vocabulary, not two; kept by the file's digest,
+``tokens.factcache``, so a restart skips the child); one it does not load or that
+disagrees is passed over for the next (``library: auto``, one warning logged), or
+fails the load (``library: gigatoken`` / ``fastokens``). Exactness beyond the probe
+is the tests' (property tests against ``tokenizers`` and llama.cpp's own ids in
+``tests/realengine``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -31,11 +35,11 @@ logger = logging.getLogger(__name__)
 Encode = Callable[[str], list[int]]
 """``encode(text)``: the ids of ``text`` without the post-processor's special tokens."""
 
-Library = Literal["auto", "fastokens", "tokenizers"]
+Library = Literal["auto", "gigatoken", "fastokens", "tokenizers"]
 
 
 class EncoderLoadError(ValueError):
-    """``library: fastokens`` was asked for and cannot be used."""
+    """A library was asked for by name and cannot be used."""
 
 
 def hf_encoder(tokenizer: Any) -> Encode:
@@ -48,13 +52,49 @@ def hf_encoder(tokenizer: Any) -> Encode:
     return encode
 
 
+def _gigatoken(file: Path) -> Encode:
+    import gigatoken
+
+    tokenizer = gigatoken.Tokenizer.from_json(file.read_bytes())
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = tokenizer.encode(text).tolist()
+        return ids
+
+    return encode
+
+
+def _fastokens(file: Path) -> Encode:
+    import fastokens
+
+    tokenizer = fastokens.Tokenizer.from_file(str(file))
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    return encode
+
+
+CANDIDATES: dict[str, Callable[[Path], Encode]] = {
+    "gigatoken": _gigatoken,
+    "fastokens": _fastokens,
+}
+"""The libraries faster than ``tokenizers``, by name, in the order ``auto`` tries them."""
+
+
+def installed_library(name: str) -> bool:
+    """Whether the library ``name`` can be imported here."""
+    return importlib.util.find_spec(name) is not None
+
+
 def encoder(
     file: Path, library: Library = "auto", cache: FactCache | None = None
 ) -> tuple[Encode, str, Reference]:
     """The encoder for ``file``, its library's name and ``tokenizers``' facts of it;
-    ``auto``: ``fastokens`` if installed and agreeing on ``PROBE``. ``cache``: where
-    the facts are kept by the file's digest (``tokens.factcache``), so a restart skips
-    the child."""
+    ``auto``: the first of ``CANDIDATES`` installed and agreeing on ``PROBE``.
+    ``cache``: where the facts are kept by the file's digest (``tokens.factcache``),
+    so a restart skips the child."""
     try:
         return _choose(file, library, cache)
     finally:
@@ -64,41 +104,42 @@ def encoder(
 def _choose(file: Path, library: Library, cache: FactCache | None) -> tuple[Encode, str, Reference]:
     if library == "tokenizers":
         return _reference(file)
-    try:
-        import fastokens
-    except ImportError:
-        if library == "fastokens":
-            raise EncoderLoadError("library 'fastokens' is not installed") from None
+    names = list(CANDIDATES) if library == "auto" else [library]
+    installed = [name for name in names if installed_library(name)]
+    if not installed:
+        if library != "auto":
+            raise EncoderLoadError(f"library {library!r} is not installed")
         return _reference(file)
     key = cache.key(file) if cache is not None else ""
-    reference = cache.get(key) if cache is not None else None
+    kept = reference = cache.get(key) if cache is not None else None
+    passed_over: list[str] = []
     with Apart(file, start=reference is None) as apart:
-        try:
-            fast = fastokens.Tokenizer.from_file(str(file))
-        except Exception as exc:  # a tokenizer.json it does not support
-            apart.cancel()
-            return _fallback(library, f"fastokens cannot load {file}: {exc}", file)
-        if reference is None:
+        for name in installed:
             try:
-                reference = apart.result()
-            except ReferenceLoadError as exc:
-                why = f"no tokenizers ids to check fastokens by ({exc})"
-                return _fallback(library, why, file)
-            if cache is not None:
-                cache.put(key, reference)
-
-    def candidate(text: str) -> list[int]:
-        ids: list[int] = fast.encode(text, add_special_tokens=False).ids
-        return ids
-
-    for text, ids in zip(PROBE, reference.probe, strict=True):
-        if tuple(candidate(text)) != ids:
-            why = f"fastokens disagrees with tokenizers on {text!r}"
-            found = _fallback(library, why, file)
-            if cache is not None and found[2] != reference:
-                cache.put(key, found[2])  # the kept facts were wrong: keep the true ones
-            return found
-    return candidate, "fastokens", reference
+                encode = CANDIDATES[name](file)
+            except Exception as exc:  # a tokenizer.json it does not support
+                passed_over.append(f"{name} cannot load {file}: {exc}")
+                continue
+            if reference is None:
+                try:
+                    reference = apart.result()
+                except ReferenceLoadError as exc:
+                    why = f"no tokenizers ids to check {name} by ({exc})"
+                    return _fallback(library, why, file)
+                if cache is not None:
+                    cache.put(key, reference)
+            wrong = [
+                t for t, ids in zip(PROBE, reference.probe, strict=True) if encode(t) != list(ids)
+            ]
+            if not wrong:
+                for why in passed_over:
+                    logger.warning("%s; tokenizing with %s", why, name)
+                return encode, name, reference
+            passed_over.append(f"{name} disagrees with tokenizers on {wrong[0]!r}")
+    found = _fallback(library, "; ".join(passed_over), file)
+    if cache is not None and kept is not None and found[2] != kept:
+        cache.put(key, found[2])  # the kept facts were wrong: keep the true ones
+    return found
 
 
 def _reference(file: Path) -> tuple[Encode, str, Reference]:
@@ -107,7 +148,7 @@ def _reference(file: Path) -> tuple[Encode, str, Reference]:
 
 
 def _fallback(library: Library, why: str, file: Path) -> tuple[Encode, str, Reference]:
-    if library == "fastokens":
+    if library != "auto":
         raise EncoderLoadError(why)
     logger.warning("%s; tokenizing with tokenizers", why)
     return _reference(file)
