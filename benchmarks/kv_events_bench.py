@@ -11,14 +11,16 @@ Tokenizing: the bundled Gemma 3 270M's vocabulary (262,144 pieces) as a
 ``tokenizer.json`` built from its GGUF (``realengine.tokenizer``; or ``--tokenizer``
 a folder of your own), ~3,500-token chats rendered through ChatML and tokenized
 (``tokenizers: {kind: hf}``) by each library side by side (``tokenizers``, the
-reference, then ``fastokens``; ``kvgate.bench.tokenizing``), their prose drawn from
+reference, then ``fastokens`` and ``gigatoken`` where installed;
+``kvgate.bench.tokenizing``), their prose drawn from
 the words of MT-Bench's questions at their frequency (``--traces``:
 ``mt_bench/question.jsonl``): cold (every chat new, generated before the clock starts),
 source code, Python's docs, the rendered text alone (the library's cost), chats
 opening with one of 8 shared system prompts, and a conversation's next turn
 (``tokens.spans``); wall and CPU time, the load average; and loading the tokenizer in a
 fresh process (CPU, the reference child's, RSS). Target: p50 <= 0.5 ms, judged on the
-``cold`` row of the library ``auto`` picks (``cold_fastokens``); the last line says
+``cold`` row of the library ``auto`` picks (``cold_gigatoken``, else
+``cold_fastokens``); the last line says
 whether it is met. ``--tokenize-only``: just these.
 
 Decision: 64 workers each holding 200 chains of 4,096 tokens (16-token blocks, 16
