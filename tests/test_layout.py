@@ -136,3 +136,49 @@ def test_one_module_takes_a_request_attempts_lease() -> None:
             ):
                 takers.add(name)
     assert takers == {"kvgate.gateway.dataplane.attempt", "kvgate.gateway.dataplane.warmups"}
+
+
+DEFAULT_BUDGET = 800
+"""Issue 46: ``default`` and the modules it alone uses, in lines (``wc -l``), at most."""
+
+DEFAULT_LINES = 1380
+"""Their lines today, while over the budget: they may not grow (lower this as they shrink,
+until the budget holds; ``docs/dev/default.md`` keeps the why of each term)."""
+
+
+def own_modules(policy: str) -> dict[str, int]:
+    """The lines of ``policy``'s module and of every ``core.policies`` module it imports,
+    directly or not, that no other registered policy imports (``base``, ``learning``,
+    ``running`` and the like are shared and not its own)."""
+    found, pkg = modules(), "kvgate.core.policies"
+
+    def closure(name: str) -> set[str]:
+        seen, todo = set(), [name]
+        while todo:
+            here = todo.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            for target in imports(found[here]):
+                module = target if target in found else target.rpartition(".")[0]
+                if module.startswith(pkg + ".") and module in found:
+                    todo.append(module)
+        return seen
+
+    registered = {m for m in imports(found[pkg]) if m.startswith(pkg + ".")}
+    registered = {m if m in found else m.rpartition(".")[0] for m in registered}
+    others = set().union(*(closure(m) for m in registered if m != f"{pkg}.{policy}"))
+    own = closure(f"{pkg}.{policy}") - others
+    return {m: len(found[m].read_text(encoding="utf-8").splitlines()) for m in sorted(own)}
+
+
+def test_the_default_policy_keeps_its_budget() -> None:
+    """Issue 46: the default policy with its own helpers within ``DEFAULT_BUDGET`` lines
+    (until then, no more than ``DEFAULT_LINES``), its docstring under 40 lines."""
+    own = own_modules("default")
+    lines = sum(own.values())
+    print(f"default: {lines} lines of {DEFAULT_BUDGET}: {own}")
+    assert lines <= max(DEFAULT_BUDGET, DEFAULT_LINES), own
+    path = modules()["kvgate.core.policies.default"]
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    assert doc is not None and len(doc.splitlines()) < 40

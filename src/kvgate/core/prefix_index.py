@@ -82,7 +82,7 @@ class PrefixIndexConfig(BaseModel):
     The engine's LRU evicts a block about one capacity later; the cut errs late,
     because an entry's age counts only what the index saw (not output blocks, nor
     what other replicas sent). The default policy counts the band between one
-    capacity and this cut at the share usage confirms (``ClaimTrust``): on issue
+    capacity and this cut at the share usage confirms (``ClaimShares``): on issue
     11's shared-opening trace claims aged 1.0-1.5 capacities mostly missed, and
     counting them in full hid their 10-20k-token recomputes from the TTFT terms.
     """

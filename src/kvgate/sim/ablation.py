@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from kvgate.core.policies.default_config import Term
+from kvgate.core.policies.default import Term
 from kvgate.judge.scenarios import Scenario, judged
 from kvgate.judge.simulated import sim_config
 from kvgate.sim.simulation import SimConfig, Simulation

@@ -1,17 +1,17 @@
-"""ClaimTrust: the share of unverified cache claims counted, learned from usage reports."""
+"""ClaimShares: the share of unverified cache claims counted, learned from usage reports."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.claims import ClaimShares, ClaimTrust, exact_matches
+from kvgate.core.policies.claims import ClaimShares, exact_matches
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import Resident
 from kvgate.types import WorkerId
 
 
 @pytest.mark.parametrize(
-    ("trust", "resident", "claimed", "expected"),
+    ("past", "resident", "claimed", "expected"),
     [
         (0.0, 1_000, 5_000, 1_000),  # nothing vouched past the resident cache counts
         (0.5, 1_000, 5_000, 3_000),
@@ -21,13 +21,15 @@ from kvgate.types import WorkerId
     ],
 )
 def test_expected_cache_is_the_resident_part_and_the_trusted_share_of_the_rest(
-    trust: float, resident: int, claimed: int, expected: float
+    past: float, resident: int, claimed: int, expected: float
 ) -> None:
-    assert ClaimTrust(trust=trust).expected(resident, claimed) == pytest.approx(expected)
+    shares = ClaimShares()
+    shares.past = past
+    assert shares.expected(resident, resident, claimed) == pytest.approx(expected)
 
 
 # One placement on "a" with 1,000 characters resident and 5,000 claimed (4 characters
-# a token); the worker then reports ``cached_tokens``. Trust moves a tenth of the way
+# a token); the worker then reports ``cached_tokens``. The share moves a tenth of the way
 # toward the share of the 4,000-character gap that was there.
 @pytest.mark.parametrize(
     ("start", "cached_tokens", "after"),
@@ -41,10 +43,14 @@ def test_expected_cache_is_the_resident_part_and_the_trusted_share_of_the_rest(
 def test_usage_moves_trust_toward_the_confirmed_share(
     start: float, cached_tokens: int, after: float
 ) -> None:
-    trust = ClaimTrust(trust=start)
-    trust.note_routed("r", "a", 1_000, 5_000)
-    trust.note_usage("r", "a", 5_000, 1_250, cached_tokens)
-    assert trust.trust == pytest.approx(after)
+    past, band = ClaimShares(), ClaimShares()
+    past.past = band.band = start
+    past.note_routed("r", "a", 1_000, 1_000, 5_000)  # the gap past the resident cut
+    band.note_routed("r", "a", 1_000, 5_000, 5_000)  # the gap within it
+    for shares in (past, band):
+        shares.note_usage("r", "a", 5_000, 1_250, cached_tokens)
+    assert past.past == pytest.approx(after) and past.band == 1.0
+    assert band.band == pytest.approx(after) and band.past == 0.0
 
 
 @pytest.mark.parametrize(
@@ -58,20 +64,21 @@ def test_usage_moves_trust_toward_the_confirmed_share(
 def test_only_a_placement_with_a_gap_teaches(
     routed: str, reported_by: str, resident: int, claimed: int
 ) -> None:
-    trust = ClaimTrust(trust=0.5)
-    trust.note_routed(routed, "a", resident, claimed)
-    trust.note_usage("r", reported_by, 5_000, 1_250, 1_250)
-    assert trust.trust == 0.5
+    shares = ClaimShares()
+    shares.past = 0.5
+    shares.note_routed(routed, "a", resident, resident, claimed)
+    shares.note_usage("r", reported_by, 5_000, 1_250, 1_250)
+    assert shares.past == 0.5
 
 
 def test_pending_placements_are_bounded() -> None:
-    trust = ClaimTrust(max_pending=2)
+    shares = ClaimShares(max_pending=2)
     for n in range(5):
-        trust.note_routed(f"r{n}", "a", 0, 1_000)
-    trust.note_usage("r0", "a", 1_000, 250, 250)  # forgotten: teaches nothing
-    assert trust.trust == 0.0
-    trust.note_usage("r4", "a", 1_000, 250, 250)
-    assert trust.trust == pytest.approx(0.1)
+        shares.note_routed(f"r{n}", "a", 0, 0, 1_000)
+    shares.note_usage("r0", "a", 1_000, 250, 250)  # forgotten: teaches nothing
+    assert shares.past == 0.0
+    shares.note_usage("r4", "a", 1_000, 250, 250)
+    assert shares.past == pytest.approx(0.1)
 
 
 def test_exact_matches_read_the_same_by_count_as_by_worker() -> None:
@@ -118,6 +125,6 @@ def test_likely_counts_each_part_of_a_claim_whole_where_it_more_likely_hits(
     band: float, past: float, expected: float, likely: int
 ) -> None:
     shares = ClaimShares()
-    shares.band.trust, shares.past.trust = band, past
+    shares.band, shares.past = band, past
     assert shares.expected(100, 600, 1000) == pytest.approx(expected)
     assert shares.likely(100, 600, 1000) == likely

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.conversations import Conversations
+from kvgate.core.policies.books import Conversations
 
 FOREVER = 1e9  # no halving: the counts as they are
 

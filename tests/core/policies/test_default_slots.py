@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.core.fleet import WorkerState
-from kvgate.core.policies.default import DefaultConfig, DefaultPolicy
+from kvgate.core.policies.default import DefaultPolicy
 
 from .tables import chain, ctx, fleet, request, worker
 
@@ -24,12 +24,11 @@ def slotted(worker_id: str, prefill_s: float | None = CPU) -> WorkerState:
     return worker(worker_id, slots=4, engine_prefill_s=prefill_s)
 
 
-@pytest.mark.parametrize("learned", [False, True])
-def test_a_shared_prefix_is_not_cached_in_a_cold_free_slot(learned: bool) -> None:
+def test_a_shared_prefix_is_not_cached_in_a_cold_free_slot() -> None:
     """The second opening behind one system prompt goes to the idle worker: the first
     one's worker would give it a cold slot, and the first one's prefill still queues
     there; it is booked uncached where it goes."""
-    policy = DefaultPolicy(DefaultConfig(learned_speed=learned))
+    policy = DefaultPolicy()
     workers = (slotted("a"), slotted("b"))
     first = request("r1", session="s1", hashes=chain(1, 16, tail=1))
     assert policy.pick(first, ctx(fleet(*workers), key="s1")).worker == "a"

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.policies.openers import SHARED, Openers
+from kvgate.core.policies.warming import SHARED, Openers
 from kvgate.core.prefix import build_features
 
 BASE = build_features({"model": "m", "prompt": "x" * 4096}, {}, request_id="base")

@@ -1,8 +1,4 @@
-"""The default policy's bookkeeping: each worker's queue estimate, and conversation lives.
-
-Plain mutable records the policy updates on every placement and report; kept apart
-from the decision so ``core.policies.default`` reads as the cost model it is.
-"""
+"""The default policy's bookkeeping: each worker's queue estimate, and conversation lives."""
 
 from __future__ import annotations
 
@@ -16,11 +12,9 @@ from kvgate.types import BlockHash, Seconds, WorkerId
 _Flight = tuple[WorkerId, float, Seconds, tuple[BlockHash, ...]]
 Cost = tuple[float, float, float, float, float, float, float, float, float, float, float]
 """What a decision reads of a worker: its queue (backlog tokens, as of when, tokens owed),
-its fill, and its learned speed: prefill seconds a token, that over the prior's (its
-*pace*: a cost's prefill terms are in the prior's seconds), overhead and decode seconds;
-then, so that a decision computes the queue only where it has to: until when the queue
-is surely at what is owed (``_left``), those seconds, after when it is surely drained,
-and ``1 - fill``."""
+its fill, its prefill seconds a token and that over the prior's (its *pace*), overhead and
+decode seconds; then until when the queue is surely at what is owed (``_left``), after
+when it is surely drained, and ``1 - fill``: a decision computes the queue only between."""
 
 _MARGIN = 1e-9
 """How far past the float rounding of ``_left``'s terms a ``Cost``'s bounds on its
@@ -28,46 +22,28 @@ queue lie (relative, and in seconds a second of the clock)."""
 
 
 class Book:
-    """What the policy keeps per worker: its prefill queue estimate, cache fill, recent count.
+    """What the policy keeps per worker (one object a worker: one probe a decision)."""
 
-    One object a worker, so a decision costs one dictionary probe per worker.
-    """
-
-    __slots__ = ("as_of", "backlog", "charged", "fill", "owed", "recent", "recent_at", "room",
-                 "sent", "sent_at")  # fmt: skip
+    __slots__ = ("as_of", "backlog", "charged", "fill", "owed", "recent", "room", "sent",
+                 "sent_at")  # fmt: skip
 
     def __init__(self, now: Seconds) -> None:
-        self.backlog = 0.0
-        """Prefill tokens queued there as of ``as_of``: drained at the worker's learned rate."""
-        self.as_of = now
-        self.owed = 0.0
-        """Prefill tokens of the requests routed there and not yet reported back."""
-        self.fill = 0.0
-        """How full its share of the prefix index is (``PrefixIndex.fill``)."""
-        self.room = 0.0
-        """Its KV capacity in tokens, as the index believes it (``PrefixIndex.kv_blocks``)."""
-        self.sent = 0.0
-        """Uncached tokens routed there, halved every ``Queues.recent_half_s`` (as of
-        ``sent_at``)."""
-        self.sent_at = now
-        self.charged = 0.0
-        """The fill a placement is charged: ``fill``, at most what was sent lately fills."""
-        self.recent = 0.0
-        self.recent_at = now
+        self.backlog, self.as_of = 0.0, now  # prefill tokens queued there as of ``as_of``
+        self.owed = 0.0  # prefill tokens of the requests there not yet reported back
+        self.fill = 0.0  # how full its share of the index is (``PrefixIndex.fill``)
+        self.room = 0.0  # its KV capacity in tokens, as the index believes it
+        self.charged = 0.0  # the fill a placement is charged: at most what ``sent`` fills
+        # Uncached tokens and requests routed there, halved every ``recent_half_s``.
+        self.sent, self.recent, self.sent_at = 0.0, 0.0, now
 
 
 class Life:
-    """What a conversation routes over its life, on average: prefill seconds over openings.
-
-    Both counts are halved every ``half_s`` (together, so only their ratio matters).
-    """
+    """Prefill seconds routed over conversations opened (both halved every ``half_s``)."""
 
     __slots__ = ("at", "opened", "seconds")
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        self.opened = 0.0
-        self.at: Seconds = 0.0
+        self.seconds, self.opened, self.at = 0.0, 0.0, 0.0
 
     def add(self, now: Seconds, half_s: float, seconds: float, opened: float) -> None:
         age = now - self.at
@@ -87,52 +63,29 @@ class Queues:
     """Each worker's prefill queue estimate, from the requests routed and not reported.
 
     Each routed request adds its uncached prefill tokens to its worker's queue, which
-    drains at the worker's learned prefill rate (``FleetSpeed.speed``, where ``learned``;
-    else at the prior's: the engines' own rate where they report one, else the configured
-    rate) and is never more than the tokens of the
-    requests still in flight there (``owed``), so a wrong rate cannot make it drift. A
-    request never reported back is dropped after ``horizon_s``, or when more than
-    ``max_pending`` are in flight.
-
-    A worker's fill is charged at most what it was sent lately fills of its cache (the
-    uncached tokens routed there, halved every ``recent_half_s``; ``age``): the index
-    forgets only as new blocks push old ones out, so a worker sent nothing kept its fill
-    for good, paying for evicting a cache nobody had asked for in minutes. With
-    ``learned``, a worker the policy stopped sending to (slowed, fitted slow) stayed so:
-    on uniform-mixed-slowdown it got 0.02-0.04 of the requests for its 0.195.
+    drains at the prior's rate (``FleetSpeed.prior_of``: the engines' own where they
+    report one) and is never more than the tokens of the requests still in flight there
+    (``owed``), so a wrong rate cannot make it drift. A request never reported back is
+    dropped after ``horizon_s``, or when more than ``max_pending`` are in flight. A
+    worker's fill is charged at most what it was sent lately fills of its cache (the
+    uncached tokens routed there, halved every ``recent_half_s``; ``age``).
     """
 
-    __slots__ = ("_aged_at", "_flights", "books", "costs", "horizon_s", "idle", "learned",
-                 "max_pending", "prior_s", "recent_half_s", "running", "speed")  # fmt: skip
+    __slots__ = ("_aged_at", "_flights", "books", "costs", "horizon_s", "idle", "max_pending",
+                 "prior_s", "recent_half_s", "running", "speed")  # fmt: skip
 
     def __init__(
-        self,
-        speed: FleetSpeed,
-        recent_half_s: Seconds,
-        horizon_s: Seconds,
-        max_pending: int,
-        *,
-        learned: bool = True,
+        self, speed: FleetSpeed, recent_half_s: Seconds, horizon_s: Seconds, max_pending: int
     ) -> None:
         self.speed = speed
-        self.learned = learned
-        """Whether a worker's queue and costs are at its learned speed (else the prior's)."""
-        self.prior_s = speed.prior.prefill_s
-        """The prior's prefill seconds a token: the unit of a cost's prefill terms."""
-        self.recent_half_s = recent_half_s
-        self.horizon_s = horizon_s
-        self.max_pending = max_pending
+        self.prior_s = speed.prior.prefill_s  # the unit of a cost's prefill terms
+        self.recent_half_s, self.horizon_s, self.max_pending = recent_half_s, horizon_s, max_pending
         self.books: dict[WorkerId, Book] = {}
+        # Each book as a decision reads it, replaced whenever it or the prior changes.
         self.costs: dict[WorkerId, Cost] = {}
-        """What a decision reads of each book, as one tuple (``Cost``): replaced whenever
-        the book or the worker's learned speed changes, so the hot loop unpacks instead of
-        probing."""
-        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, self._speed(None))
-        """The ``Cost`` of a worker with no book: nothing queued, the fleet's speed."""
-        self.running = RunningBlocks()
-        """The chains of the requests in flight, per worker."""
-        # Requests routed and not reported back: worker, prefill tokens, when routed,
-        # and their chains (counted in ``running`` while they are in flight).
+        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, speed.prior_of(None))  # no book
+        self.running = RunningBlocks()  # the chains of the requests in flight, per worker
+        # Requests not reported back: worker, prefill tokens, when routed, their chain.
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
         self._aged_at = -math.inf  # when the books were last charged their fill (``age``)
 
@@ -141,11 +94,13 @@ class Queues:
         book = self.books.get(worker)
         if book is None:
             return 0.0
-        return _left(book.backlog, book.as_of, book.owed, self._speed(worker).prefill_s, now)
+        return _left(
+            book.backlog, book.as_of, book.owed, self.speed.prior_of(worker).prefill_s, now
+        )
 
     def repace(self) -> None:
-        """The learned speeds moved (an observation): every worker's ``Cost`` is read again."""
-        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self._speed(None))
+        """The prior moved (an engine's own rate): every worker's ``Cost`` is read again."""
+        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self.speed.prior_of(None))
         for worker, book in self.books.items():
             self._publish(worker, book)
 
@@ -154,7 +109,7 @@ class Queues:
         book = self.books.get(worker)
         if book is None:
             return 0.0
-        age = now - book.recent_at
+        age = now - book.sent_at
         age = age if age > 0.0 else 0.0  # not ``max``: keyword parsing on 3.11, per request
         return book.recent * math.exp2(-age / self.recent_half_s)
 
@@ -174,8 +129,7 @@ class Queues:
         queued = self.queued_tokens(worker, now)
         book.backlog, book.as_of = queued + tokens, now
         book.owed += tokens
-        book.recent, book.recent_at = recent + 1.0, now
-        book.sent, book.sent_at = self._sent(book, now) + tokens, now
+        book.recent, book.sent, book.sent_at = recent + 1.0, self._sent(book, now) + tokens, now
         flights = self._flights
         old = flights.pop(request_id, None)
         if old is not None:
@@ -237,17 +191,8 @@ class Queues:
         self.running.forget(worker)
 
     def _publish(self, worker: WorkerId, book: Book) -> None:
-        speed = self._speed(worker)
+        speed = self.speed.prior_of(worker)
         self.costs[worker] = self._cost(book.backlog, book.as_of, book.owed, book.charged, speed)
-
-    def _speed(self, worker: WorkerId | None) -> Speed:
-        """``worker``'s learned speed (``None``: the fleet's), or if not ``learned`` its
-        prior: at the engines' own prefill rate where they report one (llama.cpp:
-        ``FleetSpeed.prior_of``)."""
-        speed = self.speed
-        if not self.learned:
-            return speed.prior_of(worker)
-        return speed.speed(worker) if worker is not None else speed.fleet()
 
     def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:
         per_token = speed.prefill_s
@@ -275,3 +220,67 @@ def _left(backlog: float, as_of: float, owed: float, prefill_s: float, now: Seco
     seconds a token, at most ``owed``."""
     left = backlog - (now - as_of) / prefill_s
     return 0.0 if left <= 0.0 else left if left < owed else owed
+
+
+class Conversations:
+    """What a headerless conversation routes over its life, measured as it goes: the
+    prefill of an opening turn, that of a later turn, and how many turns one has (a turn
+    is *continued* when a later one runs through its end, ``ChainEnds.through``, and
+    *final* once none has for ``idle_gaps`` mean gaps), each halved every ``half_s``
+    (``docs/dev/default.md``)."""
+
+    __slots__ = ("_continued", "_final", "_gap", "_later", "_opening", "_pending", "half_s",
+                 "idle_gaps", "max_pending")  # fmt: skip
+
+    def __init__(self, half_s: Seconds, max_pending: int = 65_536, idle_gaps: float = 4.0) -> None:
+        self.half_s = half_s
+        self.idle_gaps = idle_gaps
+        self.max_pending = max_pending
+        self._opening = Life()  # prefill seconds an opening turn routes, per opening
+        self._later = Life()  # prefill seconds a later turn routes, per later turn
+        self._continued = Life()  # turns continued, per turn resolved
+        self._gap = Life()  # seconds from a turn to the next, per continuation
+        # Turns not yet continued, oldest first: request id -> when routed.
+        self._pending: OrderedDict[str, Seconds] = OrderedDict()
+        # Turns judged final, oldest first: request id -> when routed.
+        self._final: OrderedDict[str, Seconds] = OrderedDict()
+
+    def routed(self, request_id: str, now: Seconds, seconds: float, extends: str | None) -> None:
+        """A headerless request was routed with ``seconds`` of prefill: an opening
+        (``extends`` None) or the next turn of the request ``extends`` names."""
+        half, pending = self.half_s, self._pending
+        if extends is None:
+            self._opening.add(now, half, seconds, 1.0)
+        else:
+            self._later.add(now, half, seconds, 1.0)
+            at = pending.pop(extends, None)
+            late = self._final.pop(extends, None) if at is None else None
+            if at is not None or late is not None:  # a late one was judged final: undone
+                self._continued.add(now, half, 1.0, 0.0 if at is None else 1.0)
+                self._gap.add(now, half, now - (at if at is not None else late or 0.0), 1.0)
+        pending.pop(request_id, None)
+        pending[request_id] = now
+        gap = self._gap.mean()
+        idle = now - self.idle_gaps * gap if gap > 0.0 else None
+        while pending:
+            first = next(iter(pending.values()))
+            old = idle is not None and first < idle
+            if not old and len(pending) <= self.max_pending:
+                break
+            rid, at = pending.popitem(last=False)
+            if old:  # a final turn (one only forgotten, for room, is no evidence)
+                self._continued.add(now, half, 0.0, 1.0)
+                final = self._final
+                final[rid] = at
+                if len(final) > self.max_pending:
+                    final.popitem(last=False)
+
+    def turns(self) -> float:
+        """Turns a conversation has, on average (1: one-shot traffic, or nothing seen yet)."""
+        life = self._continued
+        continued = life.seconds
+        return 1.0 + continued / (life.opened - continued + 1.0)
+
+    def life_s(self) -> float:
+        """Prefill seconds a conversation routes over its life (0: nothing routed yet)."""
+        return self._opening.mean() + (self.turns() - 1.0) * self._later.mean()

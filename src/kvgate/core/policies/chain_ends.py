@@ -1,55 +1,9 @@
 """``ChainEnds``: where recent headerless requests ended, to tell a later turn from an opening.
 
-A headerless request *extends* a conversation when its chain runs through a *chain
-end*: where a headerless request routed before (another one: a retry of this request
-does not count) ended. A later turn carries the earlier turn's whole prompt and goes
-on from there; a chain that shares only an opening with others (a system prompt, a
-tool preamble) runs through no earlier end, and *opens* one.
-
-An end is marked exactly, whatever block it falls in: the chain's last whole block
-``B``, the characters past it rounded down to a fine block (``off``: 0 within the fine
-blocks, under a coarse block's width past them) and the hash of those characters
-seeded with ``B`` (``core.chain.span_hashes``; ``B`` itself when ``off`` is 0). A later
-request runs through the end when one of its whole blocks is ``B`` and its own text
-for ``off`` characters from there hashes the same: however much it adds. The check
-is lazy: only at a block that has marks is any text hashed, once per distinct ``off``
-there (at most ``coarse_factor``). A request without its text (``block_mode: tokens``)
-is marked at its last whole block alone (``off`` 0).
-
-A *lone end* is a block past which one request alone ended: running through it
-extends that request, whatever text follows. A trace of prompt blocks replays a
-conversation's next turn without the earlier turn's last, partial block (its text
-is the block's, and the block grew), so the later turn stops agreeing a little
-before the earlier one's exact end, though it runs through its last whole block.
-Strangers behind shared text ending at a block boundary part there, so once two
-have ended past it only exact marks count: the first stranger after one
-conversation reads as its next turn, the ones after read right.
-
-The partial block a trace rewrites can also reach back into the last whole block
-``B`` (a coarse block is 1,024 tokens, a trace's rewritten block up to 511): the next
-turn then runs through the block before it, not through ``B``. On issue 11's
-shared-opening trace a quarter to half the later turns read as openings that way,
-and were placed as new conversations, away from the worker holding their history.
-So a request is also marked one block back, at ``B-1`` (a *back end*), where that
-block is its own text: past the longest match it had when it was routed, and that
-match was not empty (the request was seen to share text up to there, so strangers
-behind that text part before ``B-1``). A request runs through a back end when its
-chain runs through ``B-1`` and then leaves the earlier chain within ``B`` (its next
-block is not ``B``: one that is runs on through ``B`` and is judged there). A back
-end counts only alone past its block, as a lone end does, and serves one later turn:
-a conversation has one next turn, and a second request through the same block is
-a fork or a stranger, which reads as an opening.
-
-What a later turn finds cached where the earlier one went reaches past ``B``: the
-engine kept the earlier prompt to its end and the reply it generated, which the
-later turn re-sends next (its *reach*). Each request's exact end is kept too, as
-the characters past ``B`` and their hash seeded with ``B``; a later turn through
-its end (not a back end) whose text agrees to that exact end is taken to carry
-the reply next, as long as the worker said it was (``replied``: its completion
-tokens in characters). Counted to the earlier turn's whole blocks alone, the reply
-(a few hundred tokens) counted for nothing, and a later turn went to a worker
-holding only the shared system prompt because that cache was emptier. A trace's
-turn that rewrites the earlier partial block agrees only to ``B``: no further.
+A headerless request extends a conversation when its chain runs through where another one
+routed before ended (marked exactly past its last whole block ``B``, at ``B-1`` too where a
+trace rewrites ``B``); else it opens one. A later turn finds its earlier turn's prompt and
+reply cached where that went (its reach). How and why: ``docs/dev/default.md``.
 """
 
 from __future__ import annotations

@@ -1,42 +1,34 @@
 """``default``: sessions stick; new work goes where its first token comes soonest.
 
-Used when the config names no policy. A request with the client's session id stays on
-its bound worker (``ctx.affinity``) while that one is routable, not under hard pressure
-and under the sticky threshold (``affinity_hit``); otherwise it is placed as below and
-bound where it goes (``affinity_{overloaded,lost,pressure,version}_migrated``). A
-headerless request is never bound: its later turns follow its own prefix chain.
+A request with a session id stays on its bound worker while that one is routable, not
+under hard pressure and under ``threshold`` (``affinity_hit``); otherwise, and for every
+headerless request, the placement minimises, over the candidate workers, in seconds::
 
-**The objective.** Place each request on the worker of the least predicted time to first
-token plus the predicted cost of the cache its new blocks evict there (seconds)::
-
-    cost = queued prefill + uncached prefill + requests in flight × decode_s
+    cost = queued prefill + uncached prefill + in flight × decode_s
            + evict × max(uncached prefill, life) × fill − stay × cached prefill × (1 − fill)
 
-- *queued prefill*: this policy's own estimate (``Queues``), draining at
-  ``prefill_tokens_per_s`` (the engines' own rate where they report one: llama.cpp) and
-  never more than the requests in flight there still owe (``learned_speed``, off: every
-  term at the worker's learned speed, evicting at the fleet's); on an engine of a few
-  batch slots (llama.cpp), the queue and this prefill together at least the TTFT
-  ``core.speed`` predicts there (``core.batch``: past the slots, the wait for one to free);
-- *uncached prefill*: the prompt less the worker's longest match (this replica's index,
-  the store's holders, KV events, KV restorable from disk at ``restorable_credit``), a
-  claim the index cannot vouch for counted at the share usage confirms (``ClaimShares``);
-  a later headerless turn's match reaches its earlier turn's end and reply there
-  (``ChainEnds``); on an engine of slots each with its own KV (llama.cpp), none while
-  the slot a request would get there is cold (``FleetSpeed.slot_cache``);
-- *fill*: how full the worker's KV is with what was sent there (sessions away on a tool
-  call too), at most what was sent lately fills (``Queues``); *life*: an opening (a new
-  session, a headerless request extending no earlier chain) decides where its whole
-  conversation goes, so it is charged for what one routes over its life (``Conversations``);
-- the *pull* of a cache (``stay``; not for a session, whose later turns follow it anyway)
-  keeps one-shot work behind a shared prompt a little past a tie, while it has room.
+- *queued prefill*: what was routed there and not yet prefilled (``Queues``), at most what
+  its requests in flight still owe; on an engine of a few slots (llama.cpp) at least the
+  TTFT ``core.speed`` predicts there;
+- *uncached prefill*: the prompt less the worker's longest match (``Residency``: KV
+  events, this replica's index, the store's holders; KV restorable from disk at
+  ``restorable_credit``), a claim the index cannot vouch for at the share usage confirms
+  (``ClaimShares``), a later headerless turn's match to its earlier turn's end and reply
+  (``ChainEnds``), none in a cold llama.cpp slot;
+- *fill*: how full the worker's KV is with what was sent there lately (``Queues``);
+  *life*: a new session, or a headerless request extending no earlier chain, decides
+  where its whole conversation goes and is charged what one routes over its life
+  (``Conversations``);
+- *stay*: a cache's pull on one-shot work, not for a session (its later turns follow it).
 
-A soft-pressured worker still takes a headerless request whose prompt it holds at least
-half of; idle workers get shared prefixes copied ahead (``Warming``); a decision says how
-much of the prompt's KV requests in flight there hold (``Decision.shared_chars``). Each
-term earns its place in the ablation (``benchmarks/ablation.py --baseline default``,
-``docs/runs/ablation_default.json``). Reasons: ``prefix_match``, ``least_ttft`` (a colder
-worker won), ``least_loaded`` (nothing cached anywhere), ``restorable_match``.
+Rates are the prior's (``prefill_tokens_per_s``, or the engines' own where they report
+one), in the driver's clock (``time_scale``). A soft-pressured worker still takes a
+headerless request whose prompt it holds half of; idle workers get shared prefixes
+copied ahead (``Warming``). A migrated session is bound where it goes
+(``affinity_{overloaded,lost,pressure,version}_migrated``); a headerless request is
+never bound. Reasons: ``prefix_match``, ``least_ttft`` (a colder worker won),
+``least_loaded`` (nothing cached anywhere), ``restorable_match``. Why each term is
+there: ``docs/dev/default.md`` and ``docs/runs/ablation_default.json``.
 
 Example (every option is ``DefaultConfig``'s)::
 
@@ -48,32 +40,85 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Container
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from kvgate.core.decision import CAPACITY_FULL, Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import (
     Holding,
+    PolicyConfig,
     Scored,
+    ThresholdKind,
     affinity_status,
     candidates,
     refuse,
     route,
     under_threshold,
 )
-from kvgate.core.policies.books import Life, Queues
+from kvgate.core.policies.books import Conversations, Life, Queues
 from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
-from kvgate.core.policies.conversations import Conversations
-from kvgate.core.policies.default_config import DefaultConfig
 from kvgate.core.policies.learning import Replies, SpeedLearning
-from kvgate.core.policies.openers import Openers
-from kvgate.core.policies.warming import Warming
+from kvgate.core.policies.warming import Openers, Warming
 from kvgate.core.policy import RouteContext
-from kvgate.core.speed import FleetSpeed, Observation, Speed
+from kvgate.core.prefix_index import PrefixIndexConfig
+from kvgate.core.speed import FleetSpeed, Speed
 from kvgate.types import Seconds, WorkerId
 
 __all__ = ["DefaultConfig", "DefaultPolicy"]
+
+Term = Literal["session_life", "chain_life", "tail", "claims", "running", "holding"]
+"""A term ``DefaultConfig.off`` can switch off (the module docs)."""
+
+
+class DefaultConfig(PolicyConfig):
+    """Options of ``default``: session stickiness and the expected-TTFT cost model."""
+
+    threshold_kind: ThresholdKind = "fraction"
+    threshold: float = Field(default=0.8, gt=0)
+    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
+    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s): the
+    prior, replaced by the engines' own measure where they report one (llama.cpp's
+    ``/metrics``: ``FleetSpeed.prior_of``)."""
+    decode_s: float = Field(default=0.002, ge=0)
+    """Time to first token each request already on a worker adds (its decode steps)."""
+    stay: float = Field(default=0.5, ge=0)
+    """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
+    evict: float = Field(default=1.0, ge=0)
+    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
+    recent_half_life_s: float = Field(default=60.0, gt=0)
+    """Half-life of the per-worker count of recently routed requests (a tie-break), of
+    the counts that measure what a conversation brings over its life, and of the tokens
+    sent to a worker that bound the fill it is charged (``Queues``)."""
+    outstanding_horizon_s: float = Field(default=600.0, gt=0)
+    """A routed request never reported back is dropped from the queue estimate after this."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Model seconds per second of the driver's clock: the rates and times above are the
+    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
+    restorable_credit: float = Field(default=0.9, ge=0, le=1)
+    """What a prefix block restorable from disk is worth on any worker, against one in
+    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
+    takes to recompute it (``benchmarks/real_offload.py``)."""
+    chain_ends: int = Field(default=65_536, ge=1)
+    """Ends of recently routed headerless chains remembered, to tell a conversation's
+    later turn (its chain runs through one) from a request that opens one."""
+    warm_min_blocks: int = Field(default=4, ge=0)
+    """Warm shared prefixes of at least this many index blocks (4: 256 tokens) ahead on an
+    idle worker, where the next opening behind them would copy them (``core.warmup``; a
+    prefix is shared once two openings matched it, ``core.policies.warming``; 0: never)."""
+    index: PrefixIndexConfig = PrefixIndexConfig()
+    off: frozenset[Term] = frozenset()
+    """Terms switched off that no neutral value of a weight above switches off, for the
+    ablation (``benchmarks/ablation.py --baseline default``); ``a+b`` from a string."""
+
+    @field_validator("off", mode="before")
+    @classmethod
+    def _terms(cls, value: object) -> object:
+        return frozenset(filter(None, value.split("+"))) if isinstance(value, str) else value
+
 
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
 
@@ -93,40 +138,27 @@ class DefaultPolicy(Warming, SpeedLearning):
         scale = self.engine_seconds = cfg.time_scale
         self._rate = cfg.prefill_tokens_per_s * scale
         self._decode_s = cfg.decode_s / scale
-        self._recent_half_s = cfg.recent_half_life_s / scale
-        horizon = cfg.outstanding_horizon_s / scale
-        # Each worker's speed, learned (``learning``); the configured rates are its prior.
-        self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))
-        self._queues = Queues(
-            self.speed, self._recent_half_s, horizon, cfg.index.max_pending,
-            learned=cfg.learned_speed,
-        )  # fmt: skip
+        self._recent_half_s = half_s = cfg.recent_half_life_s / scale
+        pending = cfg.index.max_pending
+        self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))  # the prior's
+        self._queues = Queues(self.speed, half_s, cfg.outstanding_horizon_s / scale, pending)
         self._costs = self._queues.costs  # what a decision reads of each worker's queue
-        self._replies = Replies(cfg.index.max_pending)  # a session's cached reply (TTFT)
-        # What a conversation brings over its life: explicit sessions (prefill seconds
-        # routed with a session id over sessions placed for the first time), and
-        # headerless conversations (``Conversations``: an opening's prefill, and a later
-        # turn's times the turns a conversation has).
-        self._sessions = Life()
-        self._chains = Conversations(self._recent_half_s, cfg.chain_ends)
-        # Where each recent headerless request ended (``ChainEnds``).
+        self._replies = Replies(pending)  # a session's cached reply (TTFT)
+        # What a conversation routes over its life: sessions', and headerless ones'.
+        self._sessions, self._chains = Life(), Conversations(half_s, cfg.chain_ends)
         self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
-        # The last request placed and whether it opened a conversation (``on_routed``).
-        self._opened: tuple[str, Through | None] = ("", None)
-        # Shares of a claim's old part that hit (module docs): still judged resident
-        # (trusted at first), and past that. The last placement's claims: request id,
-        # per worker the blocks claimed and the (young, resident) cuts (``_cuts``).
-        self._trust = ClaimShares(max_pending=cfg.index.max_pending)
-        self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
-        # The last placement's chain end (``ChainEnds.through``): request id, the worker
-        # its earlier turn went to, the blocks to that turn's last whole one, its reach.
-        self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
-        # Warm-ups (``warm_up``): the shared prefixes recent openings matched, and
-        # whether ``_place`` runs for one of them (placed again) rather than a request.
+        self._trust = ClaimShares(max_pending=pending)
         self._openers = Openers(cfg.warm_min_blocks)
+        # What a placement remembers for ``on_routed`` (request id first): whether it
+        # opened a conversation (``ChainEnds.through``); per worker the blocks claimed and
+        # their (young, resident) cuts (``_cuts``); the end its chain ran through: the
+        # worker its earlier turn went to, the blocks to that turn's last whole one, and
+        # its reach. ``_probing``: ``_place`` runs for a warm-up's probe, not a request.
+        self._opened: tuple[str, Through | None] = ("", None)
+        self._claims: tuple[str, dict[WorkerId, int], _Cuts] = ("", {}, {})
+        self._tail: tuple[str, WorkerId, int, int] = ("", WorkerId(""), 0, 0)
         self._probing = False
-        # The last placement's costs, per worker scored (``_place``; ``hold_worth``).
-        self._scored = Scored([], [])
+        self._scored = Scored([], [])  # the last placement's costs (``hold_worth``)
 
     # -- learning -----------------------------------------------------------------
 
@@ -169,15 +201,6 @@ class DefaultPolicy(Warming, SpeedLearning):
         if not warm:
             self.index.unclaimed(rid)  # a cold slot's miss says nothing of the worker's KV
         self._refill(worker, now)
-
-    def on_observed(
-        self, request: RequestFeatures, worker: WorkerId, observed: Observation, now: Seconds
-    ) -> None:
-        """Fit the worker's speed (``SpeedLearning``): the costs read the speeds learned
-        (``DefaultConfig.learned_speed``)."""
-        super().on_observed(request, worker, observed, now)
-        if self.learn and self._queues.learned:
-            self._queues.repace()
 
     def session_life_s(self) -> float:
         """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
@@ -226,8 +249,7 @@ class DefaultPolicy(Warming, SpeedLearning):
     def pick(self, request: RequestFeatures, ctx: RouteContext) -> Decision:
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
-        if self.speed.late(ctx.fleet.now) and self._queues.learned:
-            self._queues.repace()  # a request late for its first token moved a speed
+        self.speed.late(ctx.fleet.now)  # a request late for its first token moves a fit
         self._queues.age(ctx.fleet.now)
         found = None
         if request.session_key is None and request.prefix_hashes:
@@ -261,10 +283,8 @@ class DefaultPolicy(Warming, SpeedLearning):
     def _holding(
         self, request: RequestFeatures, ctx: RouteContext, found: dict[WorkerId, int] | None
     ) -> Container[WorkerId]:
-        """For a headerless request, the workers whose cache claims cover at least half of
-        its prompt (``found``: ``matches``, looked up if ``None``): a soft-pressured one
-        still takes it (``candidates``). None for a session's request: soft pressure takes
-        no new sessions."""
+        """The workers whose claims cover half a headerless request's prompt: a soft-pressured
+        one still takes it (``candidates``); none for a session's (``found``: ``matches``)."""
         if request.session_key is not None or not request.prefix_hashes or "holding" in self._off:
             return ()
         found = found if found is not None else self.matches(request, ctx)
@@ -281,10 +301,8 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def hold_worth(self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext) -> Seconds:
         """How much sooner ``request`` is expected to start on ``worker`` than on the best
-        other open worker by this policy's cost (``_place``: queue, prefill with its claims
-        judged, the cache a move would evict), the wait for KV room left out. The KV hold
-        does not wait for a worker worth nothing (``core.route``): a home that evicted a
-        session's history, or one ``_place`` would not choose."""
+        other open worker by ``_place``'s cost, the wait for KV room left out: 0 where
+        ``_place`` would not choose it (``core.route``'s KV hold does not wait for it)."""
         kind, limit = self.config.threshold_kind, self.config.threshold
         cands = candidates(request, ctx, self._holding(request, ctx, None))  # ``pick``'s
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
@@ -435,10 +453,8 @@ class DefaultPolicy(Warming, SpeedLearning):
     def _slot_held(
         self, pool: list[WorkerState], found: dict[WorkerId, int]
     ) -> dict[WorkerId, int]:
-        """``found`` on engines that report their slots or prefill rate (llama.cpp): less
-        the claims on workers whose free slots are cold. Such an engine keeps KV per slot
-        and gives a new request a slot that has served nothing while it has one
-        (``FleetSpeed.slot_cache``): what its other slots hold is theirs. What the engines
+        """``found`` less the claims on engines of slots (llama.cpp) whose free slot is cold
+        (``FleetSpeed.slot_cache``): such an engine keeps KV per slot. What the engines
         report is read first (``FleetSpeed.engine``): the queues drain at their rates."""
         speed, moved = self.speed, False
         for w in pool:

@@ -1,29 +1,99 @@
 """``Warming``: the warm-up hooks of ``default`` (``core.warmup``), a base of ``DefaultPolicy``.
 
-After each placement the policy places again the newest openings behind each shared
-prefix the worker holds (``Openers``); where the next one would copy that prefix to an
-idle worker, the driver sends that worker the prefix alone, ahead of the opening. The
-warm-up is queued and indexed as a request is, and its usage corrects the index.
-
-The placement itself, the prefix index and the queue estimate are ``DefaultPolicy``'s:
-this base names what it reads of them and leaves them to it.
+After each placement the newest openings behind each shared prefix the worker holds are
+placed again (``Openers``: the newest ``limit`` prefixes openings matched at least
+``least_blocks`` of, shared once ``SHARED`` openings' matches end at one); where the next
+would copy the prefix to an idle worker, that worker is sent the prefix alone, ahead of
+it, queued and indexed as a request is (``docs/dev/default.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
 
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import candidates, under_threshold
 from kvgate.core.policies.books import Queues
-from kvgate.core.policies.default_config import DefaultConfig
-from kvgate.core.policies.openers import Openers
+from kvgate.core.policies.claims import Residency
 from kvgate.core.policies.prefix_affinity import PrefixLearning
-from kvgate.core.policies.residency import Residency
 from kvgate.core.policy import RouteContext
 from kvgate.core.warmup import WarmUp
-from kvgate.types import Seconds, WorkerId
+from kvgate.types import BlockHash, Seconds, WorkerId
+
+if TYPE_CHECKING:
+    from kvgate.core.policies.default import DefaultConfig
+
+OPENERS = 8
+"""Prefixes kept: the drivers keep one request body each (``core.warmup``)."""
+
+SHARED = 2
+"""Openings whose matches must end at a prefix before it is warmed (module docs)."""
+
+
+class Openers:
+    """The newest prefixes openings matched, one per prefix (by its last block)."""
+
+    def __init__(self, least_blocks: int, limit: int = OPENERS) -> None:
+        self.least_blocks = least_blocks
+        self.limit = limit
+        # Per prefix: its first opening, the prefix's blocks, and that opening cut to them
+        # once asked for (a copy of the features: made on the warm-up path, not on every
+        # placement).
+        self._by_end: OrderedDict[BlockHash, tuple[RequestFeatures, int, RequestFeatures | None]]
+        self._by_end = OrderedDict()
+        self._matched: dict[BlockHash, int] = {}  # openings that matched each kept prefix
+        self._given = 0
+
+    def note(self, request: RequestFeatures, depth: int) -> None:
+        """The opening ``request`` matched ``depth`` blocks of its chain on some worker
+        (a request on the hot path: a prefix already kept only moves to the newest)."""
+        if not self.least_blocks or depth < self.least_blocks:
+            return
+        by_end, end = self._by_end, request.prefix_hashes[depth - 1]
+        if end in by_end:  # a known prefix: its first opening stays (its body is kept)
+            by_end.move_to_end(end)
+            self._matched[end] += 1
+            return
+        by_end[end] = (request, depth, None)
+        self._matched[end] = 1
+        if len(by_end) > self.limit:
+            del self._matched[by_end.popitem(last=False)[0]]
+
+    def ids(self) -> list[str]:
+        """The request ids of the openings kept."""
+        return [opening.request_id for opening, _, _ in self._by_end.values()]
+
+    def newest_first(self) -> Iterator[RequestFeatures]:
+        """The openings kept whose prefixes are shared, cut to them, newest first (a
+        copy: the caller may note more while it iterates)."""
+        matched = self._matched
+        shared = [end for end in self._by_end if matched[end] >= SHARED]
+        return reversed([self._cut(end) for end in shared])
+
+    def _cut(self, end: BlockHash) -> RequestFeatures:
+        """The first opening that matched the prefix ending at ``end``, cut to it: a
+        headerless opening of the prefix's blocks."""
+        opening, depth, cut = self._by_end[end]
+        if cut is None:
+            cut = dataclasses.replace(
+                opening,
+                prefix_hashes=opening.prefix_hashes[:depth],
+                session_key=None,
+                restorable_blocks=0,
+            )
+            self._by_end[end] = (opening, depth, cut)
+        return cut
+
+    def warm_up(self, opening: RequestFeatures, worker: WorkerId, chars: int) -> WarmUp:
+        """A warm-up of ``opening``'s prefix (its first ``chars`` characters) on ``worker``."""
+        self._given += 1
+        rid = f"{opening.request_id}~warm{self._given}"
+        prefix = dataclasses.replace(opening, request_id=rid, prompt_chars=chars)
+        return WarmUp(worker, prefix, opening.request_id)
 
 
 class Warming(Residency):
@@ -51,28 +121,31 @@ class Warming(Residency):
         return self._openers.ids()
 
     def warm_up(self, worker: WorkerId, ctx: RouteContext) -> WarmUp | None:
-        """After a placement on ``worker``: if the next opening behind a shared prefix
-        it holds would now copy that prefix to an idle worker, warm that one ahead
-        (``Openers.next_copy``: each opening kept is placed again by ``_place``)."""
-        cfg = self.config
-        if not cfg.warm_min_blocks:
+        """After a placement on ``worker``: for each shared prefix kept that it holds whole,
+        newest first, where ``_aside`` would place the next opening behind it now; if that
+        worker lacks the prefix and is idle, the prefix is copied there ahead. One warm-up
+        at most; none, and no placing again, while no worker is idle."""
+        cfg, now, index, openers = self.config, ctx.fleet.now, self.index, self._openers
+
+        def idle(w: WorkerState) -> bool:
+            return not (w.in_flight + (w.waiting or 0) or self._queues.queued_tokens(w.id, now))
+
+        if not cfg.warm_min_blocks or not openers.ids() or not any(map(idle, ctx.fleet.workers)):
             return None
-
-        def place(probe: RequestFeatures) -> WorkerState | None:
-            kind, limit = cfg.threshold_kind, cfg.threshold
-            pool = [w for w in candidates(probe, ctx) if under_threshold(w, kind, limit)]
-            return self._aside(probe, pool, ctx, opening=True) if pool else None
-
-        now = ctx.fleet.now
-        index, queued = self.index, self._queues.queued_tokens
-        return self._openers.next_copy(
-            ctx.fleet.workers,
-            holds=lambda probe: index.match_worker(probe.prefix_hashes, worker),
-            place=place,
-            held=lambda probe, w: self.matches(probe, ctx).get(w, 0),
-            idle=lambda w: not (w.in_flight + (w.waiting or 0) or queued(w.id, now)),
-            chars=index.depth_chars,
-        )
+        kind, limit = cfg.threshold_kind, cfg.threshold
+        for opening in openers.newest_first():
+            depth = len(opening.prefix_hashes)
+            if index.match_worker(opening.prefix_hashes, worker) < depth:
+                continue
+            pool = [w for w in candidates(opening, ctx) if under_threshold(w, kind, limit)]
+            if not pool:
+                return None  # no worker may take an opening now
+            best = self._aside(opening, pool, ctx, opening=True)
+            if self.matches(opening, ctx).get(best.id, 0) >= depth or not idle(best):
+                continue  # it would go where the prefix is, or the copy would delay others
+            chars = min(index.depth_chars(depth), opening.prompt_chars)
+            return openers.warm_up(opening, best.id, chars)
+        return None
 
     def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
