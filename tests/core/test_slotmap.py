@@ -6,14 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgate.core.slotmap import KvTier, SlotBounds, SlotMap, SlotPlan
+from kvgate.core.slotmap import MAX_SLOTS, PREFIX_BLOCKS, KvTier, SlotBounds, SlotMap, SlotPlan
 
 W1, W2 = "http://w1", "http://w2"
 
 
-def _served(m: SlotMap, worker: str, key: str | None, now: float) -> SlotPlan:
+def _served(
+    m: SlotMap, worker: str, key: str | None, now: float, prefix: tuple[int, ...] = ()
+) -> SlotPlan:
     """Acquire, report every move as done (1,000 tokens, 10 bytes), release as served."""
-    plan = m.acquire(worker, key, now)
+    plan = m.acquire(worker, key, now, prefix)
     assert plan is not None
     if plan.evict is not None and plan.evict_cell is not None:
         m.saved(plan.evict, plan.evict_cell, 1000, 10, now)
@@ -145,17 +147,23 @@ def test_abandoned_plan_gives_back_cells_and_source() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from([W1, W2]), st.sampled_from(["a", "b", "c", "d", "e", None])),
+        st.tuples(
+            st.sampled_from([W1, W2]),
+            st.sampled_from(["a", "b", "c", "d", "e", None]),
+            st.sampled_from([(), (1,), (1, 2), (1, 3), (4, 5, 6)]),
+        ),
         max_size=60,
     )
 )
-def test_invariants_hold_on_any_sequence(steps: list[tuple[str, str | None]]) -> None:
+def test_invariants_hold_on_any_sequence(
+    steps: list[tuple[str, str | None, tuple[int, ...]]],
+) -> None:
     """A session is in at most one place; cells are never shared; bounds always hold."""
     m = SlotMap(SlotBounds(max_saved=3, max_bytes=10_000))
     m.add_worker(W1, 2)
     m.add_worker(W2, 1)
-    for t, (worker, key) in enumerate(steps):
-        _served(m, worker, key, float(t))
+    for t, (worker, key, prefix) in enumerate(steps):
+        _served(m, worker, key, float(t), prefix)
         resident = [h for w in (W1, W2) for h in m.holders(w) if h is not None]
         assert len(resident) == len(set(resident))
         assert not set(resident) & set(m._saved)
@@ -204,3 +212,75 @@ def test_a_worker_with_no_slot_of_ours_is_refused() -> None:
     with pytest.raises(ValueError, match="none of the 1 slots"):
         slots.add_worker("w", 1, owned=[])
     assert not slots.manages("w")
+
+
+def test_a_worker_claiming_absurdly_many_slots_is_refused() -> None:
+    """A garbage ``GET /slots`` (longer than any ``--parallel``) pins nothing: the plane
+    then forwards unpinned (``SlotPlane._known``)."""
+    slots = SlotMap(SlotBounds())
+    with pytest.raises(ValueError, match="1 to"):
+        slots.add_worker("w", MAX_SLOTS + 1)
+    slots.add_worker("w", MAX_SLOTS)
+    assert slots.manages("w")
+
+
+SYSTEM = tuple(range(100, 120))  # 20 blocks every prompt shares (a system prompt)
+
+
+def test_a_new_session_takes_the_slot_sharing_its_prefix_and_saves_its_holder() -> None:
+    """llama.cpp's own rule (the idle slot sharing most of the prompt), the holder saved
+    first: the shared system prompt is reused in place, not computed in an empty slot."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 3)
+    _served(m, W1, "a", 1, (*SYSTEM, 1, 2))
+    b = _served(m, W1, "b", 2, (*SYSTEM, 7))
+    assert b.place.slot == 0 and b.evict == "a" and b.tier is KvTier.RECOMPUTE
+    assert m.where("a") == (KvTier.DISK, None) and m.holders(W1) == ["b", None, None]
+    back = _served(m, W1, "a", 3, (*SYSTEM, 1, 2, 3))
+    assert back.tier is KvTier.DISK and back.place.slot == 1  # restored: an empty slot
+
+
+def test_the_longest_shared_prefix_wins_then_a_slot_nobody_holds_then_the_oldest() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 4)
+    plans = [m.acquire(W1, key, t, (*SYSTEM, t)) for key, t in (("a", 1), ("b", 2), ("c", 3))]
+    for t, plan in enumerate(plans, start=1):  # all at once: each its own slot
+        assert plan is not None
+        m.release(plan, t, served=True)
+    assert m.holders(W1) == ["a", "b", "c", None]
+    # "c"'s slot shares one block more; nobody's slot would cost no save.
+    assert _served(m, W1, "d", 4, (*SYSTEM, 3, 9)).place.slot == 2
+    anonymous = m.acquire(W1, None, 5, (*SYSTEM, 1))
+    assert anonymous is not None and anonymous.place.slot == 0
+    m.release(anonymous, 5, served=True)  # slot 0 keeps its prompt, held by nobody
+    assert m.holders(W1) == [None, "b", "d", None]
+    e = _served(m, W1, "e", 6, (*SYSTEM, 5))  # slots 0 and 1 share as much: 0 has no holder
+    assert e.place.slot == 0 and e.evict is None
+    f = _served(m, W1, "f", 7, (*SYSTEM, 6))  # "b" (2) is older than "d" (4) and "e" (6)
+    assert f.place.slot == 1 and f.evict == "b"
+
+
+def test_a_prefix_shared_too_little_takes_an_empty_slot() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    _served(m, W1, "a", 1, (1, *range(200, 220)))
+    b = _served(m, W1, "b", 2, (1, *range(300, 320)))  # 1 block of 21: not above 10%
+    assert b.place.slot == 1 and b.evict is None
+    assert m.holders(W1) == ["a", "b"]
+
+
+def test_a_failed_request_leaves_nothing_to_share() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    plan = m.acquire(W1, "a", 1, SYSTEM)
+    assert plan is not None
+    m.release(plan, 1, served=False)
+    assert _served(m, W1, "b", 2, SYSTEM).place.slot == 0  # empty slots: the first
+    assert _served(m, W1, "c", 3, SYSTEM).evict == "b"  # b's prompt is known
+
+
+def test_a_slot_keeps_a_bounded_prefix() -> None:
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    plan = _served(m, W1, "a", 1, tuple(range(5 * PREFIX_BLOCKS)))
+    assert len(plan.prefix) == PREFIX_BLOCKS

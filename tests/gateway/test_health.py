@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from kvgate.core.fleet import Health, WorkerState
+from kvgate.core.slotmap import MAX_SLOTS
 from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.observe.scrape import WorkerSignals
@@ -187,3 +188,14 @@ async def test_slots_are_asked_again_while_the_worker_loads() -> None:
 
     state = await _slots_probe(slots)
     assert (state.slots, state.running) == (3, 3)
+
+
+async def test_a_slots_page_listing_absurdly_many_is_no_slot_model() -> None:
+    """A ``GET /slots`` list longer than any llama.cpp's ``--parallel`` (``MAX_SLOTS``) is
+    garbage: no slot model, rather than one every prediction scans."""
+
+    async def slots(request: web.Request) -> web.Response:
+        return web.json_response([{"id": i} for i in range(MAX_SLOTS + 1)])
+
+    state = await _slots_probe(slots)
+    assert (state.slots, state.running) == (None, 3)

@@ -264,3 +264,39 @@ def test_config_refuses_slot_offload_over_several_processes() -> None:
     assert parsed.workers[0].engine == "llamacpp"
     with pytest.raises(ConfigError, match="engine"):
         parse_config({"workers": [{"url": "http://127.0.0.1:9", "engine": "vllm-ish"}]})
+
+
+async def test_a_new_session_takes_the_idle_slot_sharing_its_system_prompt(folder: Path) -> None:
+    """As llama.cpp picks a slot itself: a new session goes where its system prompt is
+    already computed (its holder saved first), not to an empty slot that computes it again."""
+    fake = FakeLlamaCpp(folder, slots=2)
+    system = " ".join(f"rule{i}" for i in range(400))
+
+    async def chat(session: str, text: str) -> tuple[int, str]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                gw.url + "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": text},
+                    ],
+                },
+                headers={"X-Session-ID": session},
+            ) as resp,
+        ):
+            body = await resp.json()
+            return body["usage"]["prompt_tokens_details"]["cached_tokens"], resp.headers[
+                "X-Kvgate-KV-Tier"
+            ]
+
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        assert await chat("a", "alpha") == (0, "recompute")
+        assert await chat("b", "beta") == (400, "recompute")  # in a's slot: 400 words reused
+        assert fake.pinned == [0, 0]
+        assert gw.gateway.slots.map.holders(fake.url) == ["b", None]
+        assert await chat("a", "alpha gamma") == (401, "disk")  # a restored, to the empty slot
+        assert fake.pinned == [0, 0, 1]

@@ -12,6 +12,12 @@ whose KV each slot holds. That turns the slot API into real actions:
 - **migrate**: a session placed on another worker than the one whose slot holds
   it is saved there and restored here (both workers read the same folder).
 
+A request that holds no slot gets the idle slot whose last prompt shares the most
+of its prefix, as llama.cpp itself picks one (``--slot-prompt-similarity``: more than
+``SIMILARITY`` of the prompt), its holder saved first: a shared system prompt is then
+reused in place instead of computed again in an empty slot, and the holder comes back
+from disk. Without such a slot it gets an empty one, else the least recently used.
+
 This module only decides; ``gateway.control.offload`` carries the plan out and
 reports back. Saved slots live in a bounded set of **cells** (file names reused
 in turn), bounded by count, bytes and age, so the disk tier can never grow
@@ -27,7 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
+
+SIMILARITY = 0.1
+"""The share of a request's prefix blocks an idle slot's last prompt must hold for the
+request to take that slot over an empty one (llama.cpp's ``--slot-prompt-similarity``)."""
+MAX_SLOTS = 1024
+"""The most slots a worker is believed to have: llama.cpp's ``--parallel`` is in the tens;
+a longer ``GET /slots`` list is garbage, not a model of the engine (each request scans them)."""
+PREFIX_BLOCKS = 1024
+"""Prefix blocks kept per slot (a bound: past them two prompts count as alike)."""
 
 
 class KvTier(StrEnum):
@@ -65,6 +80,9 @@ class Slot:
     holder: SessionKey | None = None
     last_used: Seconds = float("-inf")
     busy: bool = False
+    prefix: tuple[BlockHash, ...] = ()
+    """The prefix blocks of the last prompt served here (its KV stays in the slot when the
+    holder is saved away); empty when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +123,9 @@ class SlotPlan:
     restore: Saved | None = None
     source_held: bool = False
     """The migration source's slot is still marked busy for this plan."""
+    prefix: tuple[BlockHash, ...] = ()
+    """The request's prefix blocks (at most ``PREFIX_BLOCKS``): what the slot holds once
+    it is served."""
 
 
 class SlotMap:
@@ -130,8 +151,8 @@ class SlotMap:
         ``owned``: the slots this gateway may pin (its replica's share); the others
         are left to the replicas that own them. Default: all.
         """
-        if slots < 1:
-            raise ValueError(f"a worker needs at least one slot, got {slots}")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"a worker has 1 to {MAX_SLOTS} slots, not {slots}")
         mine = list(range(slots)) if owned is None else [i for i in owned if 0 <= i < slots]
         if not mine:
             raise ValueError(f"none of the {slots} slots of {worker} is this gateway's to pin")
@@ -170,23 +191,32 @@ class SlotMap:
 
     # -- the plan -----------------------------------------------------------------
 
-    def acquire(self, worker: WorkerId, key: SessionKey | None, now: Seconds) -> SlotPlan | None:
+    def acquire(
+        self,
+        worker: WorkerId,
+        key: SessionKey | None,
+        now: Seconds,
+        prefix: Sequence[BlockHash] = (),
+    ) -> SlotPlan | None:
         """Give the request a free slot of ``worker`` and say what must move first.
 
         None when every slot is busy, or while ``key``'s own slot is being saved
         (its KV is neither in a slot nor on disk yet): the caller waits for a
         release or for the save to end, then asks again. Prefers the slot that
-        holds ``key``, then an empty one, then the least recently used.
+        holds ``key``, then the idle slot sharing most of ``prefix`` (the request's
+        prefix blocks; more than ``SIMILARITY`` of them), then an empty one, then
+        the least recently used.
         """
         if key is not None and key in self._saving:
             return None
         slots = self._slots[worker]
-        index = self._choose(worker, slots, key)
+        blocks = tuple(prefix[:PREFIX_BLOCKS])
+        index = self._choose(worker, slots, key, blocks)
         if index is None:
             return None
         slot = slots[index]
         slot.busy = True
-        plan = SlotPlan(key, Place(worker, index), KvTier.RECOMPUTE)
+        plan = SlotPlan(key, Place(worker, index), KvTier.RECOMPUTE, prefix=blocks)
         if key is not None and slot.holder == key:
             plan.tier = KvTier.SLOT
             return plan
@@ -242,7 +272,13 @@ class SlotMap:
         self._saving[key] = cell
         return SlotPlan(None, place, KvTier.DISK, evict=key, evict_cell=cell)
 
-    def _choose(self, worker: WorkerId, slots: list[Slot], key: SessionKey | None) -> int | None:
+    def _choose(
+        self,
+        worker: WorkerId,
+        slots: list[Slot],
+        key: SessionKey | None,
+        prefix: tuple[BlockHash, ...],
+    ) -> int | None:
         if key is not None:
             place = self._resident.get(key)
             if place is not None and place.worker == worker and not slots[place.slot].busy:
@@ -250,6 +286,15 @@ class SlotMap:
         idle = [i for i in self._owned[worker] if not slots[i].busy]
         if not idle:
             return None
+        moving = key is not None and (key in self._resident or key in self._saved)
+        if prefix and not moving:  # KV restored or migrated replaces what the slot held
+            shares = {i: _common(slots[i].prefix, prefix) for i in idle}
+            best = max(shares.values())
+            if best > SIMILARITY * len(prefix):
+                # The engine's own rule, its holder saved first; among equals, a slot
+                # nobody holds (nothing to save), then the least recently used.
+                alike = [i for i in idle if shares[i] == best]
+                return min(alike, key=lambda i: (slots[i].holder is not None, slots[i].last_used))
         empty = [i for i in idle if slots[i].holder is None]
         if empty:
             return empty[0]
@@ -337,6 +382,7 @@ class SlotMap:
                 if other is not None and other[old.slot].holder == key:
                     other[old.slot].holder = None
             slot.holder = key
+            slot.prefix = plan.prefix
             self._resident[key] = plan.place
             stale = self._saved.pop(key, None)
             if stale is not None:
@@ -347,6 +393,8 @@ class SlotMap:
             if slot.holder is not None:
                 self._resident.pop(slot.holder, None)
             slot.holder = None
+            # Served without a session (its prompt is in the slot), or failed: unknown.
+            slot.prefix = plan.prefix if served else ()
 
     def expire(self, now: Seconds) -> list[int]:
         """Forget sessions saved longer than ``max_age_s`` ago; their cells."""
@@ -358,3 +406,14 @@ class SlotMap:
                 break
             dropped.append(self._drop(key))
         return dropped
+
+
+def _common(a: tuple[BlockHash, ...], b: tuple[BlockHash, ...]) -> int:
+    """How many leading blocks ``a`` and ``b`` share (chained hashes: the first
+    difference ends the match)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -33,7 +33,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,7 +49,7 @@ from kvgate.gateway.observe.pool import Worker
 from kvgate.gateway.upstream.slots import SlotActions, SlotCallError
 from kvgate.gateway.upstream.transport import UpstreamResponse
 from kvgate.store.base import AffinityStore
-from kvgate.types import SessionKey, WorkerId
+from kvgate.types import BlockHash, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.offload")
 
@@ -182,11 +182,15 @@ class SlotPlane:
         body: bytes,
         headers: Mapping[str, str],
         key: SessionKey | None,
+        *,
+        prefix: Sequence[BlockHash] = (),
     ) -> UpstreamResponse:
-        """``worker.upstream.post`` under a slot lease; the lease ends with the response."""
+        """``worker.upstream.post`` under a slot lease; the lease ends with the response.
+        ``prefix``: the request's prefix blocks (a new session takes the idle slot sharing
+        most of them: ``SlotMap.acquire``)."""
         if not await self._known(worker):
             return await worker.upstream.post(path, body, headers)
-        plan = await self._acquire(worker, key)
+        plan = await self._acquire(worker, key, prefix)
         try:
             tier = await self._prepare(worker, plan)
             pinned = _pin(body, plan.place.slot)
@@ -261,12 +265,14 @@ class SlotPlane:
             )
         return found
 
-    async def _acquire(self, worker: Worker, key: SessionKey | None) -> SlotPlan:
+    async def _acquire(
+        self, worker: Worker, key: SessionKey | None, prefix: Sequence[BlockHash] = ()
+    ) -> SlotPlan:
         """A plan with a slot of ``worker``, waiting for a release while all are busy."""
         deadline = self.mono() + self.wait_limit_s
         while True:
             self._drop_files(self.map.expire(self.mono()))
-            plan = self.map.acquire(worker.id, key, self.mono())
+            plan = self.map.acquire(worker.id, key, self.mono(), prefix)
             if plan is not None:
                 return plan
             left = deadline - self.mono()

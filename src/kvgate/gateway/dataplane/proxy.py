@@ -384,7 +384,12 @@ class Proxy:
                             # A llama.cpp worker: a slot lease (offload/restore/migration).
                             attempt.sent()
                             upstream = await self.slots.post(
-                                worker, path, body, headers, features.affinity_key
+                                worker,
+                                path,
+                                body,
+                                headers,
+                                features.affinity_key,
+                                prefix=features.prefix_hashes,
                             )
                             # The reason says which tier the KV came from: slot, disk, ...
                             if tier := upstream.headers.get(TIER_HEADER):

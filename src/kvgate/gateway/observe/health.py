@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from kvgate.core.outlier import HealthTracker, OutlierConfig, OutlierDetector, Transition
+from kvgate.core.slotmap import MAX_SLOTS
 from kvgate.gateway.config import HealthConfig
 from kvgate.gateway.dataplane.errors import UpstreamError, UpstreamTooLarge
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -268,7 +269,8 @@ class HealthChecker:
                 listed = json.loads(body) if status == 200 else None
             except (ValueError, RecursionError):  # nested past the parser's depth too
                 listed = None
-            self._slots[worker.id] = len(listed) if isinstance(listed, list) and listed else None
+            count = len(listed) if isinstance(listed, list) else 0
+            self._slots[worker.id] = count if 0 < count <= MAX_SLOTS else None
         return self._slots[worker.id]
 
     @staticmethod
