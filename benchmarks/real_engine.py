@@ -8,7 +8,17 @@ behind one shared system prompt of about ``--system-tokens`` tokens (measured
 with the worker's own tokenizer). Sessions start on a seeded Poisson schedule;
 a session's second turn follows its first after a seeded think time. Every
 policy replays the same schedule on the same fleet, made cold in between (every
-slot erased).
+slot erased), and the policies take turns at going first (``run_order``: seed 0 runs
+them in the order given, seed 1 starts from the second, ...), so a machine whose load
+drifts during a seed favours none of them.
+
+The gateway is configured as kvgate's docs say for llama.cpp (``engine: llamacpp``,
+docs/configuration.md): it pins every request to a slot (``id_slot``), saves an idle
+session's slot to a folder all workers share before another session takes it, and
+restores it (or migrates it from the other worker) when the session returns, for every
+policy alike. ``--plain-workers`` configures them as any OpenAI server instead (the
+engine then picks the slot, and a session's second turn finds its own KV only if no
+other session took that slot meanwhile: how the runs before 2026-12-07 were made).
 
 Reported per policy: TTFT p50/p99 (all turns and second turns), the cached-token
 ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
@@ -42,6 +52,7 @@ import json
 import os
 import random
 import statistics
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -120,9 +131,22 @@ class PolicyRun:
     policy: str
     turns: list[Turn] = field(default_factory=list)
     wall_s: float = 0.0
+    position: int = 0
+    """Where it ran in its seed's order (0: first; ``run_order``)."""
+    load: tuple[float, float] = (0.0, 0.0)
+    """The machine's 1-minute load average as the run started and as it ended."""
     learned: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Per worker URL, what the policy learned of its speed (``core.speed``; empty: a policy
     that learns none): observations, median |predicted - observed| / observed TTFT, rates."""
+
+
+def run_order(policies: Sequence[str], seed: int) -> list[str]:
+    """``policies`` in the order seed ``seed`` runs them: rotated by the seed, so over
+    consecutive seeds each goes first as often (two policies: alternately)."""
+    if not policies:
+        return []
+    shift = seed % len(policies)
+    return [*policies[shift:], *policies[:shift]]
 
 
 def request_id(session: str, index: int) -> str:
@@ -283,6 +307,26 @@ def policy_options(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def gateway_config(
+    urls: Sequence[str], policy: str, options: dict[str, Any] | None, slot_dir: Path | None
+) -> dict[str, Any]:
+    """The gateway's config for one policy run: with ``slot_dir`` (the folder every
+    llama.cpp worker saves its slots in) the workers are ``engine: llamacpp``, whose slots
+    the gateway pins, saves and restores (docs/configuration.md, ``slots``)."""
+    worker: dict[str, Any] = {"model": DEFAULT_MODEL_NAME}
+    if slot_dir is not None:
+        worker["engine"] = "llamacpp"
+    config: dict[str, Any] = {
+        "workers": [{"url": url, **worker} for url in urls],
+        "expose_worker_urls": True,  # answers are attributed to worker URLs
+        "policy": {"name": policy, "options": options or {}},
+        "health": {"interval_s": 0.5, "timeout_s": 5.0},
+    }
+    if slot_dir is not None:
+        config["slots"] = {"dir": str(slot_dir)}
+    return config
+
+
 async def run_policy(
     fleet: Fleet,
     policy: str,
@@ -293,16 +337,13 @@ async def run_policy(
     time_scale: float,
     options: dict[str, Any] | None = None,
     headerless: bool = False,
+    slot_dir: Path | None = None,
 ) -> PolicyRun:
     """The sessions through a fresh gateway with ``policy`` on the (reset) fleet."""
     await fleet.reset()
-    config = {
-        "workers": [{"url": url, "model": DEFAULT_MODEL_NAME} for url in fleet.urls],
-        "expose_worker_urls": True,  # answers are attributed to worker URLs
-        "policy": {"name": policy, "options": options or {}},
-        "health": {"interval_s": 0.5, "timeout_s": 5.0},
-    }
+    config = gateway_config(fleet.urls, policy, options, slot_dir)
     run = PolicyRun(policy)
+    load_at_start = os.getloadavg()[0]
     async with running_gateway(config) as gateway:
         await wait_until(gateway.gateway.ready, timeout=60, interval=0.1, message="gateway")
         async with BenchClient(gateway.url, concurrency=64) as client:
@@ -323,6 +364,7 @@ async def run_policy(
                 )
             )
             run.wall_s = time.perf_counter() - started
+            run.load = (load_at_start, os.getloadavg()[0])
         run.learned = {
             str(worker): {
                 "observations": r.observations,
@@ -359,6 +401,7 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         return cached / prompt if prompt else 0.0
 
     served = Counter(t.answer.worker for t in ok)
+    tiers = Counter(t.answer.kv_tier for t in ok if t.answer.kv_tier is not None)
     errors = [e for w in run.learned.values() if (e := w["ttft_error"]) is not None]
     # Each turn's |predicted - observed| / observed, both on the client's clock's terms: the
     # prediction is the gateway's at the send, the TTFT the client's (the gateway's plus
@@ -382,6 +425,9 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         if ok
         else 0.0,
         "served": [served.get(url, 0) for url in urls],
+        "kv_tiers": dict(sorted(tiers.items())),
+        "position": run.position,
+        "load_average": list(run.load),
         "wall_s": run.wall_s * time_scale,
         "learned": run.learned,
         "ttft_error": statistics.median(errors) if errors else None,
@@ -394,6 +440,7 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
                 "worker": t.answer.worker,
                 "prompt_tokens": t.answer.prompt_tokens,
                 "cached_tokens": t.answer.cached_tokens,
+                "kv_tier": t.answer.kv_tier,
                 "ttft": None if t.ttft is None else t.ttft * time_scale,
                 "predicted_ttft": None if t.predicted is None else t.predicted * time_scale,
                 "error": t.answer.error,
@@ -404,13 +451,18 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
 
 
 @contextlib.asynccontextmanager
-async def open_fleet(args: argparse.Namespace) -> AsyncIterator[Fleet]:
-    """The fleet ``--engine`` names: real llama.cpp workers, or emulated cpu-small ones."""
+async def open_fleet(args: argparse.Namespace) -> AsyncIterator[tuple[Fleet, Path | None]]:
+    """The fleet ``--engine`` names: real llama.cpp workers, or emulated cpu-small ones;
+    and the folder all its workers save slots in (``None``: slots are not the gateway's)."""
     if args.engine == "llamacpp":
         options = small_options(threads=1, parallel=args.slots, ctx=SLOT_CTX * args.slots)
-        async with running_llamacpp_fleet(args.workers, options) as fleet:
+        root = Path(tempfile.mkdtemp(prefix="kvgate-real-engine-"))
+        slot_dir = None if args.plain_workers else root / "slots"
+        async with running_llamacpp_fleet(
+            args.workers, options, workdir=root, slot_dir=slot_dir
+        ) as fleet:
             await asyncio.gather(*(asyncio.to_thread(prime, url) for url in fleet.urls))
-            yield fleet
+            yield fleet, slot_dir
         return
     spec = FleetSpec(
         workers=args.workers,
@@ -422,7 +474,7 @@ async def open_fleet(args: argparse.Namespace) -> AsyncIterator[Fleet]:
     )
     factory: AbstractAsyncContextManager[Fleet] = emulated_fleet(spec)
     async with factory as emulated:
-        yield emulated
+        yield emulated, None
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -432,7 +484,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     time_scale = args.time_scale if args.engine == "emulated" else 1.0
-    async with open_fleet(args) as fleet:
+    async with open_fleet(args) as (fleet, slot_dir):
         count = (
             llamacpp_token_counter(fleet.urls[0])
             if args.engine == "llamacpp"
@@ -441,8 +493,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         system, system_tokens = await asyncio.to_thread(
             system_prompt, rest, args.system_tokens, count
         )
-        runs = {
-            p: await run_policy(
+        order = run_order(policies, args.seed)
+        runs: dict[str, PolicyRun] = {}
+        for position, p in enumerate(order):
+            runs[p] = await run_policy(
                 fleet,
                 p,
                 sessions,
@@ -451,14 +505,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 time_scale=time_scale,
                 options=policy_options(args.option).get(p),
                 headerless=args.headerless,
+                slot_dir=slot_dir,
             )
-            for p in policies
-        }
+            runs[p].position = position
         urls = fleet.urls
     return {
         "config": {
             "engine": args.engine,
             "headerless": args.headerless,
+            "slot_plane": slot_dir is not None,
+            "order": order,
             "model": DEFAULT_MODEL_NAME,
             "workers": args.workers,
             "threads": 1,
@@ -476,7 +532,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg()[:2],
         },
-        "policies": {p: summarize(r, urls, time_scale) for p, r in runs.items()},
+        "policies": {p: summarize(runs[p], urls, time_scale) for p in policies},
     }
 
 
@@ -503,7 +559,8 @@ def table(results: dict[str, Any]) -> Table:
     )
     columns = (
         "policy", "done", "errors", "cached", "turn-2 cached", "TTFT p50", "TTFT p99",
-        "turn-2 p50", "turn-2 p99", "served", "prediction error", "wall",
+        "turn-2 p50", "turn-2 p99", "served", "prediction error", "KV tiers", "run", "load",
+        "wall",
     )  # fmt: skip
     for column in columns:
         out.add_column(column, justify="left" if column == "policy" else "right")
@@ -524,6 +581,9 @@ def table(results: dict[str, Any]) -> Table:
                 "-" if (e := w["ttft_error"]) is None else f"{e:.0%}" for w in s["learned"].values()
             )
             + ("" if s.get("request_ttft_error") is None else ")"),
+            " ".join(f"{k} {n}" for k, n in s["kv_tiers"].items()) or "-",
+            f"{s['position'] + 1}",
+            "-".join(f"{x:.1f}" for x in s["load_average"]),
             f"{s['wall_s']:.0f} s",
         )
     return out
@@ -558,6 +618,12 @@ def main() -> None:
         "--headerless",
         action="store_true",
         help="send no X-Session-ID: a second turn is followed by its prefix chain alone",
+    )
+    parser.add_argument(
+        "--plain-workers",
+        action="store_true",
+        help="configure the llama.cpp workers as plain OpenAI servers: no slot pinning, "
+        "offload or restore by the gateway (the engine picks each request's slot)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     args = parser.parse_args()

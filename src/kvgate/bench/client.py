@@ -21,6 +21,7 @@ from kvgate.bench.payloads import Payload
 
 WORKER_HEADER = "X-Kvgate-Worker"
 REASON_HEADER = "X-Kvgate-Route-Reason"
+TIER_HEADER = "X-Kvgate-KV-Tier"
 
 _ERROR_BODY_CHARS = 300
 
@@ -40,6 +41,9 @@ class Answer:
     completion_tokens: int | None = None
     worker: str | None = None
     reason: str | None = None
+    kv_tier: str | None = None
+    """Where a pinned llama.cpp slot's KV came from (``X-Kvgate-KV-Tier``: slot, disk,
+    migrated, recompute, fallback); ``None`` where the gateway pins no slots."""
     worker_ttft: float | None = None
     """The worker's own TTFT (model seconds), when it reports ``kvgate_timing``."""
     served_by: str | None = None
@@ -139,6 +143,7 @@ class BenchClient:
                 answer.status = resp.status
                 answer.worker = resp.headers.get(WORKER_HEADER)
                 answer.reason = resp.headers.get(REASON_HEADER)
+                answer.kv_tier = resp.headers.get(TIER_HEADER)
                 if resp.status != 200:
                     body = await resp.text(errors="replace")
                     answer.error = f"HTTP {resp.status}: {_error_message(body)}"

@@ -1,0 +1,32 @@
+"""``benchmarks/real_engine.py``: the order policies run in, and the gateway it configures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .loading import load_benchmark
+
+
+def test_each_policy_goes_first_as_often_over_consecutive_seeds() -> None:
+    bench = load_benchmark("real_engine")
+    two = ["default", "round_robin"]
+    assert [bench.run_order(two, seed) for seed in range(3)] == [
+        ["default", "round_robin"],
+        ["round_robin", "default"],
+        ["default", "round_robin"],
+    ]
+    three = ["a", "b", "c"]
+    firsts = [bench.run_order(three, seed)[0] for seed in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert sorted(bench.run_order(three, 4)) == three and bench.run_order([], 3) == []
+
+
+def test_llamacpp_workers_are_configured_as_the_docs_say(tmp_path: Path) -> None:
+    bench = load_benchmark("real_engine")
+    urls = ["http://w0", "http://w1"]
+    pinned = bench.gateway_config(urls, "default", None, tmp_path)
+    assert [w["engine"] for w in pinned["workers"]] == ["llamacpp", "llamacpp"]
+    assert pinned["slots"] == {"dir": str(tmp_path)}
+    plain = bench.gateway_config(urls, "round_robin", {"x": 1}, None)
+    assert all("engine" not in w for w in plain["workers"]) and "slots" not in plain
+    assert plain["policy"] == {"name": "round_robin", "options": {"x": 1}}
