@@ -42,8 +42,12 @@ class WorkerState:
     id: WorkerId
     model: str
     version: str = "default"
-    health: Health = Health.HEALTHY
-    pressure: Pressure = Pressure.NORMAL
+    # Defaulted by factories, so the class holds no Enum member by these names: CPython
+    # (3.11) does not specialize loads of an attribute the class shadows with an object of
+    # a mutable type (an Enum's), and these two are read for every worker of every
+    # decision (``base.candidates``), 4x slower unspecialized.
+    health: Health = field(default_factory=lambda: Health.HEALTHY)
+    pressure: Pressure = field(default_factory=lambda: Pressure.NORMAL)
     in_flight: int = 0
     max_in_flight: int = 256
     sessions: int = 0

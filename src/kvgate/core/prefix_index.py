@@ -398,11 +398,36 @@ class PrefixIndex:
         depth = depth if depth < len(hashes) else len(hashes)
         if lru is None or depth <= 0:
             return 0
-        unit = self._unit
         if turnover is None:
             turnover = self.config.resident_turnover
-        window = self.kv_blocks(worker) * turnover
-        oldest = self._clock[worker] - window
+        return self._held_since(
+            lru, hashes, depth, self._clock[worker] - self.kv_blocks(worker) * turnover
+        )
+
+    def resident_cuts(
+        self, hashes: Sequence[BlockHash], worker: WorkerId, depth: int, young: float
+    ) -> tuple[int, int]:
+        """Of the first ``depth`` blocks, how many are younger than ``young`` KV turnovers
+        among those ``resident_depth`` judges resident, and how many that judges resident:
+        a claim's two cuts with one look-up of the worker's window."""
+        lru = self._lru.get(worker)
+        depth = depth if depth < len(hashes) else len(hashes)
+        if lru is None or depth <= 0:
+            return 0, 0
+        clock, blocks = self._clock[worker], self.kv_blocks(worker)
+        resident = self._held_since(
+            lru, hashes, depth, clock - blocks * self.config.resident_turnover
+        )
+        if resident <= 0:
+            return 0, 0
+        return self._held_since(lru, hashes, resident, clock - blocks * young), resident
+
+    def _held_since(
+        self, lru: dict[BlockHash, int], hashes: Sequence[BlockHash], depth: int, oldest: float
+    ) -> int:
+        """How many of the first ``depth`` (> 0) of ``hashes`` ``lru`` holds stamped at
+        ``oldest`` or later (``resident_depth``: monotone along a chain)."""
+        unit = self._unit
         value = lru.get(hashes[depth - 1])
         if value is not None and value // unit >= oldest:
             return depth

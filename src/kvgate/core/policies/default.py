@@ -510,11 +510,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """Blocks of a claim younger than the KV turnover, and those judged resident."""
         if self.told(request, worker) or "claims" in self._off:
             return depth, depth  # the engine's word (``Residency``): resident, as good as young
-        hashes, index = request.prefix_hashes, self.index
-        resident = index.resident_depth(hashes, worker, depth)
-        if resident <= 0:
-            return 0, 0
-        return index.resident_depth(hashes, worker, resident, LRU_TURNOVER), resident
+        return self.index.resident_cuts(request.prefix_hashes, worker, depth, LRU_TURNOVER)
 
     def _chars(self, depth: int, request: RequestFeatures, worker: WorkerId) -> int:
         """Characters of the request's prompt that ``depth`` blocks of it on ``worker``
