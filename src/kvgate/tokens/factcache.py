@@ -10,8 +10,11 @@ these: an edited file, a new probe or a new ``tokenizers`` misses.
 The file is untrusted input: read without following links, at most ``MAX_BYTES``,
 parsed and checked field by field (``Reference.parse``) and against the key it says it
 is for; anything else is a miss, and the child runs as without a cache. A file is
-written whole or not at all (a temporary file renamed over it). The facts are then
-checked as the child's are (``tokens.encoders``: fastokens' ids of the probe).
+written whole or not at all (a temporary file renamed over it), in a folder only its
+user may enter. The facts are then checked as the child's are (``tokens.encoders``: the
+library's ids of the probe; kept facts it disagrees with are replaced). What that does
+not catch is a well-formed file forged to name wrong added tokens: whoever can write
+the user's cache folder can as well edit the ``tokenizer.json`` itself.
 
 Example::
 
