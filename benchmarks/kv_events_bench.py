@@ -6,6 +6,7 @@
                                                    [--traces ../shared/traces]
     .venv/bin/python benchmarks/kv_events_bench.py --eviction 1-8 [--kv-blocks 150]
                                                    [--peers cache_aware] [--jobs 2]
+                                                   [--losses]
 
 Tokenizing: the bundled Gemma 3 270M's vocabulary (262,144 pieces) as a
 ``tokenizer.json`` built from its GGUF (``realengine.tokenizer``; or ``--tokenizer``
@@ -36,7 +37,9 @@ the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a loc
 ``--eviction SEEDS``: only the simulator's comparison of precise and approximate
 routing on caches under eviction (``kvgate.sim.eviction``: shared-prefix groups at
 KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker),
-each figure with its 95% interval over the seeds.
+each figure with its 95% interval over the seeds. ``--losses``: where each policy's
+hits were lost against the reference's (``workload.losses``: held on another worker,
+evicted where it was sent, evicted elsewhere, new), and its placement with copies free.
 """
 
 from __future__ import annotations
@@ -89,11 +92,18 @@ def main() -> None:
     parser.add_argument("--kv-blocks", type=int, default=150, help="with --eviction: a worker's")
     parser.add_argument("--peers", default="", help="with --eviction: policies run beside")
     parser.add_argument("--jobs", type=int, default=1, help="with --eviction: processes")
+    parser.add_argument(
+        "--losses", action="store_true", help="with --eviction: where the hits were lost"
+    )
     args = parser.parse_args()
     if args.eviction is not None:
         peers = [p for p in args.peers.split(",") if p]
         found = compare(
-            parse_seeds(args.eviction), kv_blocks=args.kv_blocks, peers=peers, jobs=args.jobs
+            parse_seeds(args.eviction),
+            kv_blocks=args.kv_blocks,
+            peers=peers,
+            jobs=args.jobs,
+            lost=args.losses,
         )
         print("\n".join(lines(found)))
         if args.json is not None:

@@ -6,7 +6,7 @@ from kvgate.sim.eviction import APPROXIMATE, PRECISE, compare, lines
 
 
 def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_seed() -> None:
-    found = compare([1, 2], shapes=["shared-prefix-groups"])
+    found = compare([1, 2], shapes=["shared-prefix-groups"], lost=True)
     row = found["shared-prefix-groups"]
     assert row["seeds"] == [1, 2]
     for policy in (APPROXIMATE, PRECISE):
@@ -16,6 +16,15 @@ def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_se
             replayed = row[f"{policy}'s timing: {replay} replay of reference %"]
             assert replayed["n"] == 2 and 0.0 < replayed["value"] < 150.0
         assert row[f"{policy} of pinned reference %"]["n"] == 2
+        # Where the hits were lost: the causes add up to the prompt tokens, the
+        # reference loses none to another worker, and copies take some of the KV.
+        causes = ("hit", "elsewhere", "evicted_here", "evicted_away", "new")
+        total = sum(row[f"{policy} lost, pt: {cause}"]["value"] for cause in causes)
+        assert abs(total - 100.0) < 0.1
+        less = row[f"{policy} lost, pt: elsewhere less the reference's"]
+        assert less["value"] == row[f"{policy} lost, pt: elsewhere"]["value"]
+        assert row[f"{policy}'s placement, free copies, of reference %"]["value"] > 50.0
+        assert 0.0 <= row[f"{policy} copies, % of KV"]["value"] < 100.0
     assert row["hit, events - approximate, pt"]["n"] == 2
     assert row["ttft_p99, events / approximate"]["value"] > 0.0
     text = lines(found)

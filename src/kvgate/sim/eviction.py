@@ -14,6 +14,13 @@ Per shape: each policy's hit rate as a share of the capacity-aware reference (on
 LRU cache the size of the fleet's KV, ``workload.bound``) with its 95% interval,
 and the paired figures the bar asks for (``judge.stats``): hit rate, events less
 approximate, in points; TTFT p99 and p50, events over approximate.
+
+``losses=True`` (``--losses``) adds where each policy's hits were lost
+(``workload.losses``): its placements replayed on a pinned pool per worker, each
+prompt token put down to a cause, in points of the prompt tokens, beside the
+reference's own (its ``evicted_here``: what one pool of the fleet's KV evicts);
+the same placements with a second copy of a block free (``free copies``); and
+the share of the fleet's KV that second copies took.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from typing import Any
 from kvgate.judge.stats import Estimate, mean_interval, paired_points, paired_ratio
 from kvgate.sim.experiment import Experiment, fleet_kv_blocks
 from kvgate.sim.simulation import SimConfig
-from kvgate.workload.pinned import pinned_reference, split_replay
+from kvgate.workload.losses import CAUSES, losses
+from kvgate.workload.pinned import Span, pinned_reference, split_replay
 from kvgate.workload.prompts import PromptCodec
+from kvgate.workload.request import SimRequest
 from kvgate.workload.synthetic import build_workload
 
 APPROXIMATE, PRECISE = "default", "default+kv_events"
@@ -44,9 +53,10 @@ SHAPES: dict[str, tuple[str, int | None, int | None]] = {
 
 
 def run_shape(
-    shape: str, seed: int, kv_blocks: int, policies: Sequence[str]
+    shape: str, seed: int, kv_blocks: int, policies: Sequence[str], lost: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """One seed of one shape: each policy's summary (``hit_rate_of_reference`` included)."""
+    """One seed of one shape: each policy's summary (``hit_rate_of_reference`` included;
+    with ``lost``, its ``lost`` causes and the reference's, module docs)."""
     spec, blocks, requests = SHAPES[shape]
     config = SimConfig(
         workers=4, kv_blocks=(blocks or kv_blocks,), seed=seed, max_requests=requests
@@ -72,6 +82,27 @@ def run_shape(
             summary[f"{name}_of_reference"] = bound.hit_rate / reference if reference else None
         pinned = replays["pinned"].hit_rate
         summary["hit_rate_of_pinned"] = summary["hit_rate"] / pinned if pinned else None
+        if lost:
+            summary["lost"] = _lost(served, codec, pools, run.spans, reference)
+    return out
+
+
+def _lost(
+    served: list[SimRequest],
+    codec: PromptCodec,
+    pools: list[int],
+    spans: dict[str, Span],
+    reference: float,
+) -> dict[str, float]:
+    """A run's placements replayed (``workload.losses``): points of its prompt tokens by
+    cause, the reference's, and what free copies and the copies' share come to."""
+    own = losses(served, codec, pools, spans, "run")
+    free = losses(served, codec, pools, spans, "run", free_copies=True)
+    ref = losses(served, codec, pools, None, "reference")
+    out = {cause: points for cause, points in own.points().items()}
+    out |= {f"reference {cause}": points for cause, points in ref.points().items()}
+    out["free copies of reference"] = free.hit_rate / reference if reference else 0.0
+    out["copies"] = 100.0 * own.copies
     return out
 
 
@@ -91,12 +122,13 @@ def compare(
     shapes: Sequence[str] = tuple(SHAPES),
     peers: Sequence[str] = (),
     jobs: int = 1,
+    lost: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Every shape over ``seeds`` (``jobs`` processes): the figures of the module docs."""
     policies = (APPROXIMATE, PRECISE, *peers)
     work = [(shape, seed) for shape in shapes for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_shape, s, seed, kv_blocks, policies) for s, seed in work]
+        futures = [pool.submit(run_shape, s, seed, kv_blocks, policies, lost) for s, seed in work]
         runs = [f.result() for f in futures]
     results: dict[str, dict[str, Any]] = {}
     for shape in shapes:
@@ -115,6 +147,8 @@ def compare(
                     mean_interval([100.0 * x for x in of(policy, f"{name}_of_reference")])
                 )
             row[f"{policy} ttft_p99 s"] = _figure(mean_interval(of(policy, "ttft_p99")), 2)
+            if lost:
+                row |= _lost_rows(by_seed, policy)
         row["hit, events - approximate, pt"] = _figure(
             paired_points(of(PRECISE, "hit_rate"), of(APPROXIMATE, "hit_rate")), 2
         )
@@ -124,6 +158,22 @@ def compare(
             )
         results[shape] = row
     return results
+
+
+def _lost_rows(by_seed: list[dict[str, dict[str, Any]]], policy: str) -> dict[str, Any]:
+    """``_lost``'s figures over the seeds: each cause's points, the policy's less the
+    reference's (what the gap to it is made of), and the free copies' replay."""
+    lost = [row[policy]["lost"] for row in by_seed]
+    rows: dict[str, Any] = {}
+    for cause in CAUSES:
+        rows[f"{policy} lost, pt: {cause}"] = _figure(mean_interval([x[cause] for x in lost]), 2)
+        rows[f"{policy} lost, pt: {cause} less the reference's"] = _figure(
+            mean_interval([x[cause] - x[f"reference {cause}"] for x in lost]), 2
+        )
+    free = [100.0 * x["free copies of reference"] for x in lost]
+    rows[f"{policy}'s placement, free copies, of reference %"] = _figure(mean_interval(free))
+    rows[f"{policy} copies, % of KV"] = _figure(mean_interval([x["copies"] for x in lost]))
+    return rows
 
 
 def lines(results: dict[str, dict[str, Any]]) -> list[str]:
