@@ -131,17 +131,17 @@ FAR_STRANGER = (*PREAMBLE, *chain(4, 9))  # the same, the preamble less than hal
     ("pressure", "kv_usage", "hashes", "expected"),
     [
         (Pressure.SOFT, None, NEXT, "b"),
-        # A new conversation whose prompt b holds most of (8 of 11 blocks) adds only
-        # its own 3 blocks of KV there, where a would take all 11: soft pressure lets
-        # b have it (``candidates``' ``holding``); with less than half there it does not.
+        # A new conversation behind the preamble b holds: soft pressure turns away
+        # new sessions only, so the cost weighs b's cache against idle a, which would
+        # copy the preamble (8 of 11 blocks, or of 17: less than half of it).
         (Pressure.SOFT, None, STRANGER, "b"),
-        (Pressure.SOFT, None, FAR_STRANGER, "a"),
+        (Pressure.SOFT, None, FAR_STRANGER, "b"),
         # Hard pressure keeps every new request off b.
         (Pressure.HARD, 0.97, NEXT, "a"),
         (Pressure.HARD, 0.97, STRANGER, "a"),
     ],
 )
-def test_a_soft_pressured_worker_takes_a_request_only_if_it_holds_most_of_it(
+def test_a_soft_pressured_worker_takes_headerless_work_by_its_cost(
     pressure: Pressure, kv_usage: float | None, hashes: tuple[int, ...], expected: str
 ) -> None:
     """b took the first turn and has since reached a pressure mark; a is idle and cold."""

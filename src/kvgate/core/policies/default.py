@@ -22,9 +22,9 @@ headerless request, the placement minimises, over the candidate workers, in seco
 - *stay*: a cache's pull on one-shot work, not for a session (its later turns follow it).
 
 Rates are the prior's (``prefill_tokens_per_s``, or the engines' own where they report
-one), in the driver's clock (``time_scale``). A soft-pressured worker still takes a
-headerless request whose prompt it holds half of; idle workers get shared prefixes
-copied ahead (``Warming``). A migrated session is bound where it goes
+one), in the driver's clock (``time_scale``). Soft pressure turns away new sessions
+only (the KV gate holds a request whose KV does not fit yet); idle workers get shared
+prefixes copied ahead (``Warming``). A migrated session is bound where it goes
 (``affinity_{overloaded,lost,pressure,version}_migrated``); a headerless request is
 never bound. Reasons: ``prefix_match``, ``least_ttft`` (a colder worker won),
 ``least_loaded`` (nothing cached anywhere), ``restorable_match``. Why each term is
@@ -121,6 +121,8 @@ class DefaultConfig(PolicyConfig):
 
 
 _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) of a claim
+
+_EVERY = Holding({}, 0)  # every worker holds 0 blocks or more (``DefaultPolicy._holding``)
 
 
 class DefaultPolicy(Warming, SpeedLearning):
@@ -255,7 +257,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._ends.through(request))
             found = self.matches(request, ctx)
-        cands = candidates(request, ctx, self._holding(request, ctx, found))
+        cands = candidates(request, ctx, self._holding(request))
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
         if bound is not None:
             return route(bound, "affinity_hit", shared_chars=self._shared_chars(request, bound.id))
@@ -280,15 +282,12 @@ class DefaultPolicy(Warming, SpeedLearning):
         keyed = request.session_key is not None
         return route(worker, reason, request if keyed else None, old, shared)
 
-    def _holding(
-        self, request: RequestFeatures, ctx: RouteContext, found: dict[WorkerId, int] | None
-    ) -> Container[WorkerId]:
-        """The workers whose claims cover half a headerless request's prompt: a soft-pressured
-        one still takes it (``candidates``); none for a session's (``found``: ``matches``)."""
+    def _holding(self, request: RequestFeatures) -> Container[WorkerId]:
+        """The soft-pressured workers that still take ``request`` (``candidates``): all of
+        them for a headerless request, none for a session's (``docs/dev/default.md``)."""
         if request.session_key is not None or not request.prefix_hashes or "holding" in self._off:
             return ()
-        found = found if found is not None else self.matches(request, ctx)
-        return Holding(found, self.index.depth_for_chars(-(-request.prompt_chars // 2)))
+        return _EVERY
 
     def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
         """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
@@ -304,7 +303,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         other open worker by ``_place``'s cost, the wait for KV room left out: 0 where
         ``_place`` would not choose it (``core.route``'s KV hold does not wait for it)."""
         kind, limit = self.config.threshold_kind, self.config.threshold
-        cands = candidates(request, ctx, self._holding(request, ctx, None))  # ``pick``'s
+        cands = candidates(request, ctx, self._holding(request))  # ``pick``'s
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
         if len(pool) < 2:
             return 0.0
