@@ -9,9 +9,8 @@ from openai import AsyncOpenAI
 
 from kvgate.gateway.observe.metrics import HEALTH_STATES, GatewayMetrics, WorkerGaugeRow
 from kvgate.gateway.testing import running_gateway
-from kvgate.workersim.runner import WorkerHandle
 
-from .conftest import every_worker_up, gateway_config
+from .conftest import every_worker_up, gateway_config, worker_fleet
 
 ROW = WorkerGaugeRow(
     worker="http://w1",
@@ -114,10 +113,15 @@ def test_created_series_only_when_asked_for() -> None:
     assert "kvgate_time_to_first_token_seconds_count" in quiet.render().decode()
 
 
-async def test_latency_histograms_and_decisions_are_labelled_by_worker(
-    workers: list[WorkerHandle],
-) -> None:
-    async with running_gateway(gateway_config(workers)) as gw:
+async def test_latency_histograms_and_decisions_are_labelled_by_worker() -> None:
+    # Workers at a fifth of real time: the stream's 400 tokens take ~0.2 s, so its first and
+    # last chunks reach the gateway apart however loaded the machine (at the fixture's time
+    # scale of 50 the whole stream took under a millisecond, and a gateway descheduled that
+    # long read it in one piece: no gap between chunks, no inter-token observation).
+    async with (
+        worker_fleet(2, time_scale=0.2) as workers,
+        running_gateway(gateway_config(workers)) as gw,
+    ):
         await every_worker_up(gw)
         client = AsyncOpenAI(base_url=gw.openai_base, api_key="x", max_retries=0)
         first = await client.chat.completions.with_raw_response.create(
