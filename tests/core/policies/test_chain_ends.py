@@ -199,64 +199,10 @@ def test_without_its_text_a_request_is_marked_at_its_last_whole_block() -> None:
     assert seen.through(later) == ("a", 4, 8, "t1")
 
 
-# A trace turn's rewritten partial block can reach back into its last whole block: the
-# earlier turn below is 36,164 characters of conversation and a 1,500-character tail of
-# its own, so its last whole coarse block (32,768-36,864) holds 700 of the tail's.
-SHARED = 36_164
-TAIL_ACROSS = text(60, 1_500)
-
-
-def test_a_rewritten_tail_across_the_last_whole_block_extends_it_by_the_block_before() -> None:
-    """The next turn re-sends the conversation, not the tail: it runs through the block
-    before the earlier turn's last whole one, which is the earlier turn's own text (its
-    longest match, ``seen``, was the opening's 8 blocks): a back end."""
-    earlier = features("t1", CONVERSATION[:SHARED], TAIL_ACROSS)
-    later = features("t2", CONVERSATION[:SHARED], text(61, 8_000))
-    n = len(earlier.prefix_hashes)
-    assert later.prefix_hashes[: n - 2] == earlier.prefix_hashes[: n - 2]
-    assert later.prefix_hashes[n - 2] != earlier.prefix_hashes[n - 2]  # the last whole block
-    seen = ChainEnds(100, DEPTH)
-    seen.note(earlier, WorkerId("w-t1"), seen=8)
-    assert seen.through(later) == ("w-t1", n - 2, DEPTH(n - 2), "t1")
-    # Noted without a match, or with one reaching the block before, it is not marked.
-    for match in (0, n - 2):
-        bare = ChainEnds(100, DEPTH)
-        bare.note(earlier, WorkerId("w-t1"), seen=match)
-        assert bare.opens(later)
-
-
-def test_a_back_end_serves_one_later_turn_and_not_a_chain_that_runs_on() -> None:
-    """A conversation has one next turn: once one ran through a back end (``note`` told
-    so), a second request through it is a fork or a stranger and opens. A chain that
-    goes on with the earlier turn's last whole block is judged there, not by the back end."""
-    earlier = features("t1", CONVERSATION[:SHARED], TAIL_ACROSS)
-    later = features("t2", CONVERSATION[:SHARED], text(61, 8_000))
-    fork = features("f2", CONVERSATION[:SHARED], text(62, 8_000))
-    seen = ChainEnds(100, DEPTH)
-    seen.note(earlier, WorkerId("w-t1"), seen=8)
-    end = seen.through(later)
-    assert end is not None and seen.through(fork) == end
-    seen.note(later, WorkerId("w-t1"), seen=end[1], through=end)
-    assert seen.opens(fork)
-    # Through the last whole block and on with other text: the block's lone end.
-    runs_on = features("r2", CONVERSATION[:SHARED], TAIL_ACROSS[:700], text(63, 5_000))
-    fresh = ChainEnds(100, DEPTH)
-    fresh.note(earlier, WorkerId("w-t1"), seen=8)
-    n = len(earlier.prefix_hashes)
-    assert fresh.through(runs_on) == ("w-t1", n - 1, DEPTH(n - 1), "t1")
-    # ...unless a stranger also ended past that block: then neither end takes it.
-    stranger = features("u1", CONVERSATION[:SHARED], TAIL_ACROSS[:700], text(64, 3_000))
-    fresh.note(stranger, WorkerId("w-u1"))
-    assert fresh.opens(runs_on)
-
-
-def test_strangers_behind_a_shared_opening_are_no_back_ends_turns() -> None:
-    """Agents behind one preamble, each noted with the preamble as its match: their back
-    ends (where their task is two blocks or more) lie in their own tasks, so a new agent
-    behind the preamble runs through none of them."""
+def test_strangers_behind_a_shared_opening_run_through_none_of_their_ends() -> None:
+    """Agents behind one preamble end in their own tasks, so a new agent behind the
+    preamble runs through none of them."""
     agents = [features(f"a{n}", PREAMBLE, text(10 + n, 9_000)) for n in range(3)]
-    seen = ChainEnds(100, DEPTH)
-    for agent in agents:
-        seen.note(agent, WorkerId(f"w-{agent.request_id}"), seen=CFG.max_blocks)
+    seen = ends(*agents)
     assert seen.opens(features("a9", PREAMBLE, text(19, 9_000)))
-    assert len(seen) == 6  # an exact and a back end each
+    assert len(seen) == 3

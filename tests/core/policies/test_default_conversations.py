@@ -151,33 +151,6 @@ def test_a_soft_pressured_worker_takes_headerless_work_by_its_cost(
     assert policy.pick(request("q", hashes=hashes), ctx(fleet(*workers))).worker == expected
 
 
-def test_a_trace_turn_whose_rewritten_tail_crossed_a_block_stays_on_its_soft_worker() -> None:
-    """A trace re-sends a conversation without its earlier turn's partial last block,
-    and here that block reached 700 characters into the last whole coarse block: the
-    later turn runs through the block before it (``ChainEnds``' back end, marked because
-    the earlier turn's match, the shared opening, ended before it). So it is that
-    conversation's next turn, and stays on b though b is soft; a stranger behind the
-    opening is a new conversation, for idle a."""
-    rng = random.Random(3)
-    opening = "".join(rng.choice("abcdefgh ") for _ in range(2_048))
-    own = "".join(rng.choice("ijklmnop ") for _ in range(34_116))  # to 36,164 characters
-
-    def features(name: str, *parts: str) -> RequestFeatures:
-        body = {"model": "m", "prompt": "".join(parts)}
-        return build_features(body, {}, request_id=name, endpoint="completions")
-
-    policy = DefaultPolicy()
-    policy.on_routed(features("s1", opening, "q" * 3_000), "a", -60.0)
-    policy.on_routed(features("t1", opening, own, "tail " * 300), "b", -50.0)
-    later = features("t2", opening, own, "next " * 1_600)
-    assert not policy.opens(later)
-    workers = (worker("a"), worker("b", pressure=Pressure.SOFT))
-    decision = policy.pick(later, ctx(fleet(*workers)))
-    assert (decision.worker, decision.reason) == ("b", "prefix_match")
-    stranger = features("u2", opening, "r" * 9_000)
-    assert policy.pick(stranger, ctx(fleet(*workers))).worker == "a"
-
-
 def conversations(policy: DefaultPolicy, count: int, turns: int, blocks: int) -> None:
     """Headerless conversations of ``turns`` turns, each adding ``blocks`` new blocks, on d."""
     for n in range(count):

@@ -1,9 +1,9 @@
 """``ChainEnds``: where recent headerless requests ended, to tell a later turn from an opening.
 
 A headerless request extends a conversation when its chain runs through where another one
-routed before ended (marked exactly past its last whole block ``B``, at ``B-1`` too where a
-trace rewrites ``B``); else it opens one. A later turn finds its earlier turn's prompt and
-reply cached where that went (its reach). How and why: ``docs/dev/default.md``.
+routed before ended (marked exactly past its last whole block ``B``); else it opens one. A
+later turn finds its earlier turn's prompt and reply cached where that went (its reach).
+How and why: ``docs/dev/default.md``.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ from kvgate.core.features import RequestFeatures
 from kvgate.types import BlockHash, WorkerId
 
 _End = tuple[str, BlockHash, int, WorkerId, int, BlockHash, int]
-"""What a mark stands for: the request that ended there, its block ``B`` (of a back end:
-``B-1``), ``off`` (of a back end: ``_BACK``), the worker the request was routed to, and
-its exact end: the characters past ``B`` (-1: not known, as of a back end or a request
-without its text), their hash seeded with ``B``, and its reply's characters (``replied``)."""
-
-_BACK = -1
-"""The ``off`` of a back end (see the module docs): no text past its block is hashed."""
-
-_BACK_SALT = 0x5BD1E9955BD1E995
-"""A back end's mark is its block's hash with these bits flipped: apart from the block's
-own mark (its ``off`` 0), which means a chain that ended exactly there."""
+"""What a mark stands for: the request that ended there, its block ``B``, ``off``, the
+worker the request was routed to, and its exact end: the characters past ``B`` (-1: not
+known, as of a request without its text), their hash seeded with ``B``, and its reply's
+characters (``replied``)."""
 
 Through = tuple[WorkerId, int, int, str]
 """The end a request runs through: the worker the earlier request went to, the whole
@@ -41,18 +34,16 @@ the characters past ``B`` to its exact end (-1: not known) and their hash."""
 
 
 class _Past:
-    """The marks past one block ``B``: how many at each ``off`` (back ends only in
-    ``count``), whose was noted last (the request and its worker) and, of a back end,
-    the block its chain went on with (``after``)."""
+    """The marks past one block ``B``: how many at each ``off``, and whose was noted last
+    (the request and its worker)."""
 
-    __slots__ = ("after", "count", "last", "offsets", "worker")
+    __slots__ = ("count", "last", "offsets", "worker")
 
     def __init__(self) -> None:
         self.count = 0
         self.last = ""
         self.worker: WorkerId = WorkerId("")
         self.offsets: dict[int, int] = {}
-        self.after: BlockHash | None = None
 
 
 class ChainEnds:
@@ -109,13 +100,7 @@ class ChainEnds:
                 end = ends.get(mark)
                 if end is not None and end[0] != rid:
                     return end[3], i + 1, self._reach(request, end, start, off), end[0]
-            # A lone end (see the module docs); a back end only where the chain leaves
-            # the earlier one right past it.
-            if (
-                past.count == 1
-                and past.last != rid
-                and (at or (i + 1 < len(hashes) and hashes[i + 1] != past.after))
-            ):
+            if past.count == 1 and past.last != rid:  # a lone end (``docs/dev/default.md``)
                 return past.worker, i + 1, start, past.last
         return None
 
@@ -141,32 +126,14 @@ class ChainEnds:
         if end is not None and end[0] == request.request_id and end[4] >= 0:
             self._ends[mark] = (*end[:6], chars)
 
-    def note(
-        self,
-        request: RequestFeatures,
-        worker: WorkerId,
-        seen: int = 0,
-        through: Through | None = None,
-    ) -> None:
-        """Remember where ``request``, routed to ``worker``, ended (see the module docs).
-
-        ``seen``: blocks of its chain the longest match held when it was routed (0:
-        none, or unknown: no back end is marked); ``through``: the earlier end it ran
-        through (``through``), used up here if that was a back end.
-        """
+    def note(self, request: RequestFeatures, worker: WorkerId) -> None:
+        """Remember where ``request``, routed to ``worker``, ended (see the module docs)."""
         found = self._end_of(request)
         if found is None:
             return
-        hashes = request.prefix_hashes
-        if through is not None:
-            self._use(hashes[through[1] - 1], through[3])
         mark, full, off, rest, exact = found
-        block, rid = hashes[full - 1], request.request_id
+        block, rid = request.prefix_hashes[full - 1], request.request_id
         self._mark(mark, (rid, block, off, worker, rest, exact, 0))
-        if 0 < seen < full - 1:  # ``B-1`` is past the longest match: its own text
-            back = hashes[full - 2]
-            end = (rid, back, _BACK, worker, -1, back, 0)
-            self._mark(back ^ _BACK_SALT, end).after = block
 
     def _end_of(self, request: RequestFeatures) -> _Where | None:
         """Where ``request`` ends: its mark, its whole blocks (``B`` the last), ``off``, and
@@ -186,17 +153,8 @@ class ChainEnds:
             rest = -1  # no text, or the chain stops short of the prompt's end
         return spans[0] if off else block, full, off, rest, spans[1]
 
-    def _use(self, block: BlockHash, rid: str) -> None:
-        """A later turn ran through ``rid``'s end past ``block``: a back end is used up."""
-        mark = block ^ _BACK_SALT
-        end = self._ends.get(mark)
-        if end is not None and end[0] == rid:
-            del self._ends[mark]
-            self._unmark(block, _BACK)
-
-    def _mark(self, mark: BlockHash, end: _End) -> _Past:
-        """Note ``end`` at ``mark`` (the newest), forgetting the oldest past ``capacity``;
-        the marks past its block."""
+    def _mark(self, mark: BlockHash, end: _End) -> None:
+        """Note ``end`` at ``mark`` (the newest), forgetting the oldest past ``capacity``."""
         rid, block, off, worker = end[:4]
         ends, blocks = self._ends, self._past
         past = blocks.get(block)
@@ -204,23 +162,20 @@ class ChainEnds:
             past = blocks[block] = _Past()
         if ends.pop(mark, None) is None:
             past.count += 1
-            if off != _BACK:
-                past.offsets[off] = past.offsets.get(off, 0) + 1
+            past.offsets[off] = past.offsets.get(off, 0) + 1
         past.last, past.worker = rid, worker
         ends[mark] = end
         if len(ends) > self._capacity:
             _, (_, old, old_off, *_) = ends.popitem(last=False)
             self._unmark(old, old_off)
-        return past
 
     def _unmark(self, block: BlockHash, off: int) -> None:
         """One end past ``block`` (at ``off``) is gone."""
         past = self._past[block]
         past.count -= 1
-        if off != _BACK:
-            at = past.offsets
-            at[off] -= 1
-            if not at[off]:
-                del at[off]
+        at = past.offsets
+        at[off] -= 1
+        if not at[off]:
+            del at[off]
         if not past.count:
             del self._past[block]

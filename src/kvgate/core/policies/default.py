@@ -197,8 +197,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             opened = self._opened
             end = opened[1] if opened[0] == rid else self._ends.through(request)
             self._chains.routed(rid, now, seconds, None if end is None else end[3])
-            held = found if last == rid else self.index.match(hashes)  # own text starts past
-            self._ends.note(request, worker, max(held.values(), default=0), end)
+            self._ends.note(request, worker)
         super().on_routed(request, worker, now)
         if not warm:
             self.index.unclaimed(rid)  # a cold slot's miss says nothing of the worker's KV
