@@ -21,28 +21,12 @@ REGISTRY = default_registry()
 NAMES = sorted(REGISTRY)
 
 
-def earlier_there(
-    history: list[tuple[RequestFeatures, str]], req: RequestFeatures, worker: str
-) -> bool:
-    """Whether ``history`` sent ``worker`` an earlier headerless request whose chain is a
-    leading part of ``req``'s (``req`` is a later turn, ``worker`` its home)."""
-    hashes = req.prefix_hashes
-    for earlier, where in history:
-        if where != worker or not earlier.prefix_hashes or earlier.session_key is not None:
-            continue
-        theirs = earlier.prefix_hashes
-        if len(theirs) <= len(hashes) and tuple(hashes[: len(theirs)]) == tuple(theirs):
-            return True
-    return False
-
-
 def check(
     decision: Decision,
     req: RequestFeatures,
     context: RouteContext,
-    history: list[tuple[RequestFeatures, str]] | None = None,
 ) -> None:
-    """The invariants of one decision (``history``: the requests routed before it)."""
+    """The invariants of one decision."""
     assert decision.reason, "every decision says why"
     if decision.shed:
         assert decision.retry_after is not None and decision.retry_after > 0
@@ -58,12 +42,9 @@ def check(
     if chosen.id == bound:
         assert chosen.pressure is not Pressure.HARD
     elif not chosen.accepts_new_sessions:
-        # Only a headerless request may: on its conversation's home (a later turn keeps
-        # it), or on a soft-pressured worker (``candidates``: soft pressure turns away
-        # new sessions; a policy may weigh a soft worker for headerless work).
-        home = earlier_there(history or [], req, chosen.id)
-        kept = home or chosen.pressure is Pressure.SOFT
-        assert req.session_key is None and kept, "a new session never lands on a pressured worker"
+        # Only a headerless request may (``candidates``: pressure turns away new
+        # sessions; a policy may weigh a pressured worker for headerless work).
+        assert req.session_key is None, "a new session never lands on a pressured worker"
     if decision.affinity is not None:
         assert decision.affinity.worker == chosen.id
         assert decision.affinity.session_key == req.affinity_key
@@ -228,33 +209,30 @@ def test_invariants_hold_on_random_fleets(
     decision, context = run(
         REGISTRY.build(name), workers, history, req, bound_to=bound_to, seed=seed
     )
-    check(decision, req, context, history)
+    check(decision, req, context)
     again, _ = run(REGISTRY.build(name), workers, history, req, bound_to=bound_to, seed=seed)
     assert again == decision, "same inputs and seed, same decision"
 
 
 @pytest.mark.parametrize(
-    ("session", "pressure", "history_hashes", "allowed"),
+    ("session", "pressure", "allowed"),
     [
-        # Headerless, on a soft worker: whatever it holds (soft pressure turns away new
-        # sessions only; a policy weighs a soft worker for headerless work).
-        (None, Pressure.SOFT, chain(0, 4), True),
-        (None, Pressure.SOFT, chain(0, 2), True),
-        (None, Pressure.SOFT, chain(1, 4), True),  # another group's chain: nothing held
-        (None, Pressure.HARD, chain(0, 1), True),  # a home is kept under hard pressure
-        (None, Pressure.HARD, chain(0, 6), False),  # more than it: not its home, and hard
-        ("s1", Pressure.SOFT, chain(0, 4), False),  # a new session never, whatever is held
+        # Headerless, on a pressured worker: whatever it holds (pressure turns away new
+        # sessions only; a policy weighs a pressured worker for headerless work).
+        (None, Pressure.SOFT, True),
+        (None, Pressure.HARD, True),
+        ("s1", Pressure.SOFT, False),  # a new session never
+        ("s1", Pressure.HARD, False),
     ],
 )
-def test_the_check_lets_a_pressured_worker_take_only_what_it_may(
-    session: str | None, pressure: Pressure, history_hashes: tuple[int, ...], allowed: bool
+def test_the_check_lets_a_pressured_worker_take_only_headerless_work(
+    session: str | None, pressure: Pressure, allowed: bool
 ) -> None:
     snapshot = fleet(worker("w0", pressure=pressure), worker("w1"))
     req = request("r1", session=session, hashes=chain(0, 4))
-    history = [(request("r0", hashes=history_hashes), "w0")]
     decision = Decision("w0", "prefix_match", snapshot.workers[0].version)
     if allowed:
-        check(decision, req, ctx(snapshot), history)
+        check(decision, req, ctx(snapshot))
     else:
         with pytest.raises(AssertionError, match="never lands on a pressured worker"):
-            check(decision, req, ctx(snapshot), history)
+            check(decision, req, ctx(snapshot))

@@ -11,14 +11,15 @@ its whole context elsewhere, more KV on a fleet already short of memory, where a
 home it adds only its new tokens; the KV gate (``core.route``) holds it at the
 gateway until those fit.
 
-Under soft pressure a worker also takes a headerless request whose prompt it holds
-most of (``holding``, as the policy's index knows: a group's system prompt, a shared
-document): there the request adds only its own part's KV, where any other worker
-would take its whole prompt and compute the shared text again, adding more KV to a
-fleet already short of it. On SGLang's shared-prefix groups with each worker's KV a
-quarter of the group prompts, the groups were sent off the workers holding them
-whenever those read 85% (hit 76.4% against 82.3% for the peers' rule run without
-pressure handling, p99 TTFT 3.2 s against 0.5 s).
+Under soft pressure a worker also takes the headerless requests its policy names
+(``holding``: ``default`` every one, ``ttft`` those whose prompt it holds most of, as
+the policy's index knows), and under hard pressure too where the policy says so
+(``hard``: ``default``): there the request adds only its own part's KV, where another
+worker would compute the shared text again, adding more KV to a fleet already short of
+it, and the KV gate holds it until its KV fits. On SGLang's shared-prefix groups with
+each worker's KV a quarter of the group prompts, the groups were sent off the workers
+holding them whenever those read 85% (hit 76.4% against 82.3% for the peers' rule run
+without pressure handling, p99 TTFT 3.2 s against 0.5 s).
 """
 
 from __future__ import annotations
@@ -70,9 +71,12 @@ def candidates(
     request: RequestFeatures,
     ctx: RouteContext,
     holding: Container[WorkerId] = (),
+    *,
+    hard: bool = False,
 ) -> list[WorkerState]:
     """The workers ``request`` may be sent to, in fleet order (see the module docs);
-    ``holding``: the workers holding most of its prompt, taken under soft pressure."""
+    ``holding``: the workers holding most of its prompt, taken under soft pressure, and
+    under hard pressure too where ``hard``."""
     bound = ctx.affinity.worker if ctx.affinity is not None else None
     pinned = request.pinned_version
     # Comprehensions with inlined ``routable`` / ``full``: this runs over every
@@ -81,7 +85,7 @@ def candidates(
         return [
             w
             for w in ctx.fleet.workers
-            if (w.pressure is _NORMAL or (w.pressure is _SOFT and w.id in holding))
+            if (w.pressure is _NORMAL or ((w.pressure is _SOFT or hard) and w.id in holding))
             and w.health in _ROUTABLE
             and w.in_flight < w.max_in_flight
         ]

@@ -22,8 +22,8 @@ headerless request, the placement minimises, over the candidate workers, in seco
 - *stay*: a cache's pull on one-shot work, not for a session (its later turns follow it).
 
 Rates are the prior's (``prefill_tokens_per_s``, or the engines' own where they report
-one), in the driver's clock (``time_scale``). Soft pressure turns away new sessions
-only (the KV gate holds a request whose KV does not fit yet); idle workers get shared
+one), in the driver's clock (``time_scale``). Pressure turns away new sessions only
+(the KV gate holds a request whose KV does not fit yet); idle workers get shared
 prefixes copied ahead (``Warming``). A migrated session is bound where it goes
 (``affinity_{overloaded,lost,pressure,version}_migrated``); a headerless request is
 never bound. Reasons: ``prefix_match``, ``least_ttft`` (a colder worker won),
@@ -256,7 +256,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._ends.through(request))
             found = self.matches(request, ctx)
-        cands = candidates(request, ctx, self._holding(request))
+        cands = candidates(request, ctx, self._holding(request), hard=True)
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
         if bound is not None:
             return route(bound, "affinity_hit", shared_chars=self._shared_chars(request, bound.id))
@@ -282,8 +282,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         return route(worker, reason, request if keyed else None, old, shared)
 
     def _holding(self, request: RequestFeatures) -> Container[WorkerId]:
-        """The soft-pressured workers that still take ``request`` (``candidates``): all of
-        them for a headerless request, none for a session's (``docs/dev/default.md``)."""
+        """The pressured workers (soft or hard) that still take ``request``: all for a
+        headerless request, none for a session's (``docs/dev/default.md``)."""
         if request.session_key is not None or not request.prefix_hashes or "holding" in self._off:
             return ()
         return _EVERY
@@ -302,7 +302,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         other open worker by ``_place``'s cost, the wait for KV room left out: 0 where
         ``_place`` would not choose it (``core.route``'s KV hold does not wait for it)."""
         kind, limit = self.config.threshold_kind, self.config.threshold
-        cands = candidates(request, ctx, self._holding(request))  # ``pick``'s
+        cands = candidates(request, ctx, self._holding(request), hard=True)  # ``pick``'s
         pool = [w for w in cands if w.id == worker or under_threshold(w, kind, limit)]
         if len(pool) < 2:
             return 0.0
