@@ -284,3 +284,20 @@ def test_a_slot_keeps_a_bounded_prefix() -> None:
     m.add_worker(W1, 1)
     plan = _served(m, W1, "a", 1, tuple(range(5 * PREFIX_BLOCKS)))
     assert len(plan.prefix) == PREFIX_BLOCKS
+
+
+def test_a_short_prompt_sharing_a_long_conversations_opening_does_not_save_it() -> None:
+    """A one-block prompt matching the first block of an idle 100-block conversation
+    (any client can send one) would have had that conversation saved to disk and later
+    restored, though an empty slot was free: a held slot needs the share of its own
+    prompt too, so the KV saved is at most ten times the prefix reused."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    _served(m, W1, "a", 1, (*SYSTEM, *range(500, 580)))
+    for t, key in enumerate((None, "x"), start=2):
+        probe = _served(m, W1, key, float(t), SYSTEM[:1])
+        assert probe.evict is None and probe.place.slot == 1
+    assert m.holders(W1) == ["a", "x"] and m.where("a")[0] is KvTier.SLOT
+    # A new session sharing the whole system prompt (20 of 100 blocks) still takes it.
+    b = _served(m, W1, "b", 5, (*SYSTEM, 9))
+    assert b.place.slot == 0 and b.evict == "a"

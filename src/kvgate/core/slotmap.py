@@ -37,7 +37,8 @@ from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 SIMILARITY = 0.1
 """The share of a request's prefix blocks an idle slot's last prompt must hold for the
-request to take that slot over an empty one (llama.cpp's ``--slot-prompt-similarity``)."""
+request to take that slot over an empty one (llama.cpp's ``--slot-prompt-similarity``);
+a slot someone holds, of the holder's last prompt too (its KV is saved first)."""
 MAX_SLOTS = 1024
 """The most slots a worker is believed to have: llama.cpp's ``--parallel`` is in the tens;
 a longer ``GET /slots`` list is garbage, not a model of the engine (each request scans them)."""
@@ -288,12 +289,19 @@ class SlotMap:
             return None
         moving = key is not None and (key in self._resident or key in self._saved)
         if prefix and not moving:  # KV restored or migrated replaces what the slot held
-            shares = {i: _common(slots[i].prefix, prefix) for i in idle}
-            best = max(shares.values())
-            if best > SIMILARITY * len(prefix):
+            # A held slot also needs the share of its own prompt: else a prompt of a
+            # block or two would have a long conversation's KV saved (and restored).
+            shares = {
+                i: n
+                for i in idle
+                if (n := _common(slots[i].prefix, prefix)) > SIMILARITY * len(prefix)
+                and (slots[i].holder is None or n > SIMILARITY * len(slots[i].prefix))
+            }
+            best = max(shares.values(), default=0)
+            if best > 0:
                 # The engine's own rule, its holder saved first; among equals, a slot
                 # nobody holds (nothing to save), then the least recently used.
-                alike = [i for i in idle if shares[i] == best]
+                alike = [i for i in shares if shares[i] == best]
                 return min(alike, key=lambda i: (slots[i].holder is not None, slots[i].last_used))
         empty = [i for i in idle if slots[i].holder is None]
         if empty:
