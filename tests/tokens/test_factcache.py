@@ -146,9 +146,9 @@ def test_kept_facts_that_are_wrong_are_checked_and_corrected(
     wrong = replace(truth, probe=((1, 2, 3), *truth.probe[1:]))
     cache.put(key, wrong)
     with caplog.at_level(logging.WARNING, logger="kvgate.tokens.encoders"):
-        assert encoder(file, cache=cache)[1:] == ("tokenizers", truth)
-    assert "disagrees" in caplog.text
-    assert cache.get(key) == truth  # the next start uses fastokens again
+        assert encoder(file, cache=cache)[1:] == ("fastokens", truth)  # judged by the child's
+    assert "kept facts" in caplog.text
+    assert cache.get(key) == truth  # the next start uses them
     assert encoder(file, cache=cache)[1] == "fastokens"
 
 
@@ -190,3 +190,41 @@ def test_the_facts_parse_only_from_their_own_form() -> None:
     ):
         with pytest.raises(ValueError):
             Reference.parse(bad)
+
+
+def test_a_folder_others_can_write_is_no_cache(
+    tmp_path: Path, children: list[list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``reference_cache: /tmp/...`` or an ``XDG_CACHE_HOME`` shared with other users: a
+    folder that exists already keeps its mode (``mkdir`` makes only a new one 0700), and
+    a file another user wrote there could name any added tokens: not read, not written."""
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    key = cache.key(file)
+    truth = encoder(file, cache=cache)[2]
+    cache.folder.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="kvgate.tokens.factcache"):
+        assert cache.get(key) is None
+        (cache.folder / f"{key}.json").unlink()
+        assert encoder(file, cache=cache)[1:] == ("fastokens", truth)
+    assert len(children) == 2 and "cannot keep" in caplog.text
+    assert not (cache.folder / f"{key}.json").exists()
+    cache.folder.chmod(0o700)
+    cache.put(key, truth)
+    (cache.folder / f"{key}.json").chmod(0o666)
+    assert cache.get(key) is None
+
+
+def test_wrong_kept_facts_do_not_fail_a_library_asked_for_by_name(tmp_path: Path) -> None:
+    """A well-formed kept file with a wrong probe (stale, or forged) made ``library:
+    fastokens`` fail every start (EncoderLoadError, the file never replaced) and ``auto``
+    start on ``tokenizers``: the child's facts judge instead, and replace the file."""
+    file = _tiny(tmp_path / "model")
+    cache = FactCache(tmp_path / "cache")
+    key = cache.key(file)
+    truth = encoder(file, cache=cache)[2]
+    wrong = replace(truth, probe=((1, 2, 3), *truth.probe[1:]))
+    for library in ("fastokens", "auto"):
+        cache.put(key, wrong)
+        assert encoder(file, library, cache)[1:] == ("fastokens", truth)  # type: ignore[arg-type]
+        assert cache.get(key) == truth

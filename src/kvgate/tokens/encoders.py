@@ -113,6 +113,7 @@ def _choose(file: Path, library: Library, cache: FactCache | None) -> tuple[Enco
     key = cache.key(file) if cache is not None else ""
     kept = reference = cache.get(key) if cache is not None else None
     passed_over: list[str] = []
+    disagreed = False
     with Apart(file, start=reference is None) as apart:
         for name in installed:
             try:
@@ -136,10 +137,16 @@ def _choose(file: Path, library: Library, cache: FactCache | None) -> tuple[Enco
                     logger.warning("%s; tokenizing with %s", why, name)
                 return encode, name, reference
             passed_over.append(f"{name} disagrees with tokenizers on {wrong[0]!r}")
-    found = _fallback(library, "; ".join(passed_over), file)
-    if cache is not None and kept is not None and found[2] != kept:
-        cache.put(key, found[2])  # the kept facts were wrong: keep the true ones
-    return found
+            disagreed = True
+    if kept is not None and cache is not None and disagreed:
+        # The kept facts, not the libraries, may be wrong (a stale or forged file): judge
+        # by the child's, and keep those (else every start fails, or tokenizes slowly).
+        logger.warning("the kept facts of %s are not the libraries' ids: computing them", file)
+        found = _choose(file, library, None)
+        if found[2] != kept:
+            cache.put(key, found[2])
+        return found
+    return _fallback(library, "; ".join(passed_over), file)
 
 
 def _reference(file: Path) -> tuple[Encode, str, Reference]:

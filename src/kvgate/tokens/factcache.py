@@ -65,6 +65,13 @@ def _tokenizers_version() -> str:
         return "none"
 
 
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else (a file another user can write
+    into could name any added tokens: the gateway's ids and prefix hashes)."""
+    euid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    return st.st_uid == euid and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 class FactCache:
     """``tokens.reference`` facts by ``tokenizer.json`` digest in ``folder``."""
 
@@ -91,6 +98,8 @@ class FactCache:
             with os.fdopen(fd, "rb") as f:
                 if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                     raise ValueError("not a regular file")
+                if not (_private(os.stat(self.folder)) and _private(os.fstat(f.fileno()))):
+                    raise ValueError("its folder or itself not this user's alone")
                 raw = f.read(MAX_BYTES + 1)
             if len(raw) > MAX_BYTES:
                 raise ValueError(f"larger than {MAX_BYTES} bytes")
@@ -108,6 +117,8 @@ class FactCache:
         tmp = None
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(os.stat(self.folder)):  # mkdir leaves an existing folder as is
+                raise PermissionError("the folder is not this user's alone")
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".facts-", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
