@@ -228,3 +228,17 @@ def test_wrong_kept_facts_do_not_fail_a_library_asked_for_by_name(tmp_path: Path
         cache.put(key, wrong)
         assert encoder(file, library, cache)[1:] == ("fastokens", truth)  # type: ignore[arg-type]
         assert cache.get(key) == truth
+
+
+def test_no_home_folder_is_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's user without a passwd entry nor HOME: ``Path.home()`` raises, and the
+    default ``auto`` failed the tokenizer's load; now it only keeps nothing."""
+    import pwd
+
+    def unknown(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    assert cache_folder("auto") is None

@@ -54,7 +54,13 @@ def cache_folder(setting: str) -> Path | None:
         return None
     if setting != "auto":
         return Path(setting).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and a user without a passwd entry (a container)
+            logger.warning("no home folder to keep the reference's facts in: not kept")
+            return None
     return Path(base) / "kvgate" / "tokenizers"
 
 
