@@ -10,15 +10,11 @@ from kvgate.core.speed import FleetSpeed, Speed
 from kvgate.types import BlockHash, Seconds, WorkerId
 
 _Flight = tuple[WorkerId, float, Seconds, tuple[BlockHash, ...]]
-Cost = tuple[float, float, float, float, float, float, float, float, float, float, float]
-"""What a decision reads of a worker: its queue (backlog tokens, as of when, tokens owed),
-its fill, its prefill seconds a token and that over the prior's (its *pace*), overhead and
-decode seconds; then until when the queue is surely at what is owed (``_left``), after
-when it is surely drained, and ``1 - fill``: a decision computes the queue only between."""
-
-_MARGIN = 1e-9
-"""How far past the float rounding of ``_left``'s terms a ``Cost``'s bounds on its
-queue lie (relative, and in seconds a second of the clock)."""
+Cost = tuple[float, float, float, float, float, float, float, float, float]
+"""What a decision reads of a worker, each term as the cost takes it: when its queue drains
+and the most it owes (seconds), prefill seconds a token, its fill, its *pace* (that over
+the prior's), overhead and decode seconds; its fill at the fleet's pace (an eviction costs
+the later requests that, wherever they go) and ``1 - fill`` at its own (a cache's pull)."""
 
 
 class Book:
@@ -83,7 +79,7 @@ class Queues:
         self.books: dict[WorkerId, Book] = {}
         # Each book as a decision reads it, replaced whenever it or the prior changes.
         self.costs: dict[WorkerId, Cost] = {}
-        self.idle: Cost = self._cost(0.0, 0.0, 0.0, 0.0, speed.prior_of(None))  # no book
+        self.idle: Cost = self._idle()  # no book
         self.running = RunningBlocks()  # the chains of the requests in flight, per worker
         # Requests not reported back: worker, prefill tokens, when routed, their chain.
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
@@ -100,7 +96,7 @@ class Queues:
 
     def repace(self) -> None:
         """The prior moved (an engine's own rate): every worker's ``Cost`` is read again."""
-        self.idle = self._cost(0.0, 0.0, 0.0, 0.0, self.speed.prior_of(None))
+        self.idle = self._idle()
         for worker, book in self.books.items():
             self._publish(worker, book)
 
@@ -191,19 +187,23 @@ class Queues:
         self.running.forget(worker)
 
     def _publish(self, worker: WorkerId, book: Book) -> None:
-        speed = self.speed.prior_of(worker)
-        self.costs[worker] = self._cost(book.backlog, book.as_of, book.owed, book.charged, speed)
+        self.costs[worker] = self._cost(book, self.speed.prior_of(worker), self.idle[4])
 
-    def _cost(self, backlog: float, as_of: float, owed: float, fill: float, speed: Speed) -> Cost:
+    def _idle(self) -> Cost:
+        speed = self.speed.prior_of(None)
+        return self._cost(None, speed, speed.prefill_s / self.prior_s)
+
+    def _cost(self, book: Book | None, speed: Speed, fleet: float) -> Cost:
+        """``book`` (``None``: nothing queued) at ``speed``, evicting at pace ``fleet``."""
+        backlog, as_of, owed, fill = (
+            (0.0, 0.0, 0.0, 0.0)
+            if book is None
+            else (book.backlog, book.as_of, book.owed, book.charged)
+        )
         per_token = speed.prefill_s
         pace = per_token / self.prior_s
-        # ``_left`` is ``owed`` before ``full``, 0 after ``drained``: a decision computes it
-        # between them alone (the same operations, so the same cost to the last bit).
-        slack = _MARGIN * (abs(as_of) + 1.0)
-        full = as_of + (backlog - owed) * per_token * (1.0 - _MARGIN) - slack
-        drained = as_of + backlog * per_token * (1.0 + _MARGIN) + slack
-        return (backlog, as_of, owed, fill, per_token, pace, speed.overhead_s, speed.decode_s,
-                full, drained, 1.0 - fill)  # fmt: skip
+        return (as_of + backlog * per_token, owed * per_token, per_token, fill, pace,
+                speed.overhead_s, speed.decode_s, fill * fleet, pace * (1.0 - fill))  # fmt: skip
 
     def _settle(self, flight: _Flight) -> None:
         worker, tokens, _, hashes = flight

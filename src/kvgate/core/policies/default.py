@@ -354,7 +354,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         costs, idle = self._costs.get, self._queues.idle
         evict = cfg.evict
-        fleet_pace = idle[5]  # what an eviction costs is paid at the fleet's pace
+        fleet_pace = idle[4]  # what an eviction costs is paid at the fleet's pace
         # An opening adds its conversation's whole life here, not this turn's; a
         # session's binding makes a pull buy nothing past this turn (module docs).
         stay, life, rid = cfg.stay * per_char, 0.0, request.request_id
@@ -397,40 +397,24 @@ class DefaultPolicy(Warming, SpeedLearning):
         best, least, tied = pool[0], math.inf, False
         scores: list[float] = []  # per worker of ``pool``
         score = scores.append
-        # One pass over plain locals: this runs for every worker on every placement.
+        # One pass over plain locals: this runs for every worker on every placement. Its
+        # prefill and the pull at the worker's pace, what it evicts at the fleet's (the
+        # later requests pay it wherever), its queue in seconds (``Cost``).
         for w in pool:
             wid = w.id
-            # Its queue drained at its learned speed, and that speed (``Queues``).
-            backlog, as_of, owed, fill, per_token, pace, base, decode_s, full, drained, unfill = (
-                costs(wid) or idle
-            )
+            drains, owes, _, fill, pace, base, decode_s, evicts, keeps = costs(wid) or idle
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
-                unfill = 1.0 - fill
+                evicts, keeps = fill * fleet_pace, pace * (1.0 - fill)
             fresh, weight, pull = terms[depth_at(wid, 0)]
-            # The terms in the prior's seconds: its prefill and the pull at the worker's
-            # pace, what it evicts at the fleet's (the later requests pay it wherever).
-            cost = fresh + weight * fill * (fleet_pace / pace)
-            if pull:
-                cost -= pull * unfill  # a full cache keeps new work only by evicting
+            queued = drains - now
+            queued = 0.0 if queued <= 0.0 else owes if queued > owes else queued
             if predict is not None and w.slots:  # at least the TTFT of the slots' model
-                queued = backlog - (now - as_of) / per_token
-                queued = 0.0 if queued <= 0.0 else owed if queued > owed else queued
-                ahead = queued * per_token
                 start = predict(wid, fresh * rate, now, in_flight=w.in_flight) - pace * fresh
-                ahead = start if start > ahead else ahead
-                cost = base + w.in_flight * decode_s + ahead + pace * cost
-            elif now < full:  # its queue is all it owes
-                cost = base + w.in_flight * decode_s + owed * per_token + pace * cost
-            elif now > drained:  # its queue is empty (``+ 0.0`` is exact)
-                cost = base + w.in_flight * decode_s + pace * cost
-            else:
-                queued = backlog - (now - as_of) / per_token
-                if queued <= 0.0:
-                    queued = 0.0
-                elif queued > owed:
-                    queued = owed
-                cost = base + w.in_flight * decode_s + queued * per_token + pace * cost
+                queued = start if start > queued else queued
+            cost = base + w.in_flight * decode_s + queued + pace * fresh + weight * evicts
+            if pull:
+                cost -= pull * keeps  # a full cache keeps new work only by evicting
             score(cost)
             if cost <= least:  # the cheapest so far; exact ties (common at low load) after
                 least, best, tied = cost, w, cost == least
@@ -481,7 +465,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """
         prompt, evict = request.prompt_chars, self.config.evict
         per_char = self._tokens_per_char / self._rate
-        fleet = self._queues.idle[5]  # the fleet's pace: what an eviction costs (``_place``)
+        fleet = self._queues.idle[4]  # the fleet's pace: what an eviction costs (``_place``)
         judged: _Cuts = {}
         while True:
             wid = best.id
@@ -494,7 +478,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            _, _, _, fill, _, pace, *_ = self._costs.get(wid) or self._queues.idle  # ``Cost``
+            _, _, _, fill, pace, *_ = self._costs.get(wid) or self._queues.idle  # ``Cost``
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
             evicts = evict * fill * (max(more, life) - max(fresh, life)) * (fleet / pace)
