@@ -374,7 +374,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         tail = tail if tail < prompt else prompt
         get = matches.get
         held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
-        top = max(self._chars(deepest := max(matches.values(), default=0), request, ""), tail)
+        depths = {0, *matches.values()}  # the depths held (a few), and none
+        top = max(self._chars(deepest := max(depths), request, ""), tail)
         if life > 0.0 and cfg.warm_min_blocks and not restorable and not self._probing:
             self._openers.note(request, deepest)  # ``own`` is ``matches`` when not restorable
         # Terms by chain depth held (most hold one of a few): own prefill, evict weight,
@@ -383,8 +384,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         depth_of = matches
         if tail_worker:
             depth_of = {**matches, tail_worker: ~matches.get(tail_worker, 0)}
+            depths.add(depth_of[tail_worker])
         terms: dict[int, tuple[float, float, float]] = {}
-        for key in {0, *depth_of.values()}:
+        for key in depths:
             depth = key if key >= 0 else ~key
             # ``PrefixIndex.depth_chars``, inlined.
             chars = depth if depth <= fine else fine + (depth - fine) * coarse
