@@ -135,6 +135,19 @@ def test_removing_a_worker_forgets_it_and_frees_its_bit() -> None:
     assert index.distinct_blocks() == 0
 
 
+def test_a_match_names_whoever_holds_a_mask_now() -> None:
+    """``match`` keeps a holder mask's workers named: a caller's changes to an answer, and
+    a bit freed and taken by another worker, do not reach later answers."""
+    index = PrefixIndex()
+    index.insert("a", chain(1, 4))
+    found = index.match(chain(1, 4))
+    found["x"] = 9
+    assert index.match(chain(1, 4)) == {"a": 4}
+    index.remove_worker("a")
+    index.insert("b", chain(1, 4))  # a's bit: the same mask
+    assert index.match(chain(1, 4)) == {"b": 4}
+
+
 def test_far_fewer_cached_tokens_than_predicted_shrinks_the_workers_share() -> None:
     index = small(default_worker_blocks=100, min_worker_blocks=1, miss_decrease=0.5)
     index.note_routed("r1", "a", chain(1, 10))

@@ -43,6 +43,10 @@ from kvgate.types import BlockHash, WorkerId
 _DIGITS = bytes.maketrans(b"01", b"\x00\x01")
 """A mask's binary digits (``bin``) to the bytes 0 and 1: ``compress``'s selectors."""
 
+_NAMED = 1024
+"""The most holder masks whose workers ``PrefixIndex._record`` keeps named (then it starts
+over)."""
+
 
 class PrefixIndexConfig(BaseModel):
     """Size bounds and feedback rates of the prefix index.
@@ -104,6 +108,9 @@ class PrefixIndex:
         self._weight: dict[WorkerId, int] = {}
         self._bit: dict[WorkerId, int] = {}
         self._by_bit: list[WorkerId | None] = []
+        # A holder mask's workers at a depth, as ``match`` answers them (``_record``): the
+        # same few masks (a shared prompt's holders) come back on request after request.
+        self._named: dict[tuple[int, int], dict[WorkerId, int]] = {}
         self._base: dict[WorkerId, int] = {}
         # Per worker whose KV capacity is known, that capacity in index blocks: the
         # engine's LRU turns over at it whatever the index's miss feedback (``_scale``).
@@ -322,6 +329,7 @@ class PrefixIndex:
             return
         bit = self._bit.pop(worker)
         self._by_bit[bit] = None
+        self._named.clear()
         keep = ~(1 << bit)
         holders = self._holders
         for h in lru:
@@ -444,17 +452,23 @@ class PrefixIndex:
     # -- internals -----------------------------------------------------------
 
     def _record(self, mask: int, depth: int, result: dict[WorkerId, int]) -> None:
-        # Masks are often dense (a shared system prompt is on every worker): the workers
-        # of its set bits are picked out in C, its binary digits read as bytes 0 and 1
-        # (a set bit always names a worker: ``remove_worker`` clears its bit everywhere).
-        bits = bin(mask)[:1:-1].encode().translate(_DIGITS)
-        held = cast("Iterator[WorkerId]", compress(self._by_bit, bits))
-        result.update(dict.fromkeys(held, depth))
+        named = self._named.get((mask, depth))
+        if named is None:
+            # Masks are often dense (a shared system prompt is on every worker): the
+            # workers of its set bits are picked out in C, its binary digits read as bytes
+            # 0 and 1 (a set bit always names a worker: ``remove_worker`` clears it).
+            bits = bin(mask)[:1:-1].encode().translate(_DIGITS)
+            named = dict.fromkeys(cast("Iterator[WorkerId]", compress(self._by_bit, bits)), depth)
+            if len(self._named) >= _NAMED:
+                self._named.clear()
+            self._named[mask, depth] = named
+        result.update(named)  # a copy: ``named`` stays as it is
 
     def _add_worker(self, worker: WorkerId) -> OrderedDict[BlockHash, int]:
         try:
             bit = self._by_bit.index(None)
             self._by_bit[bit] = worker
+            self._named.clear()
         except ValueError:
             bit = len(self._by_bit)
             self._by_bit.append(worker)
