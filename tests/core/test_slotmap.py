@@ -301,3 +301,18 @@ def test_a_short_prompt_sharing_a_long_conversations_opening_does_not_save_it() 
     # A new session sharing the whole system prompt (20 of 100 blocks) still takes it.
     b = _served(m, W1, "b", 5, (*SYSTEM, 9))
     assert b.place.slot == 0 and b.evict == "a"
+
+
+def test_a_holder_longer_than_the_kept_prefix_is_judged_by_its_whole_prompt() -> None:
+    """The slot keeps ``PREFIX_BLOCKS`` blocks of its prompt, but the KV a save writes is
+    all of it: a 5,120-block conversation sharing its first 200 blocks (20% of the kept
+    prefix, 4% of the prompt) is not saved for them — an empty slot is free."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    _served(m, W1, "a", 1, tuple(range(5 * PREFIX_BLOCKS)))
+    b = _served(m, W1, "b", 2, (*range(200), -1))
+    assert b.evict is None and b.place.slot == 1
+    assert m.where("a")[0] is KvTier.SLOT
+    # Sharing more than a tenth of the whole prompt (all the kept blocks) still takes it.
+    c = _served(m, W1, "c", 3, (*range(2 * PREFIX_BLOCKS), -2))
+    assert c.place.slot == 0 and c.evict == "a"

@@ -84,6 +84,9 @@ class Slot:
     prefix: tuple[BlockHash, ...] = ()
     """The prefix blocks of the last prompt served here (its KV stays in the slot when the
     holder is saved away); empty when unknown."""
+    blocks: int = 0
+    """How many blocks that prompt had: ``prefix`` keeps at most ``PREFIX_BLOCKS``, and a
+    share of the holder's prompt is a share of all of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,8 @@ class SlotPlan:
     prefix: tuple[BlockHash, ...] = ()
     """The request's prefix blocks (at most ``PREFIX_BLOCKS``): what the slot holds once
     it is served."""
+    blocks: int = 0
+    """How many prefix blocks the request has (``prefix`` is cut at ``PREFIX_BLOCKS``)."""
 
 
 class SlotMap:
@@ -217,7 +222,9 @@ class SlotMap:
             return None
         slot = slots[index]
         slot.busy = True
-        plan = SlotPlan(key, Place(worker, index), KvTier.RECOMPUTE, prefix=blocks)
+        plan = SlotPlan(
+            key, Place(worker, index), KvTier.RECOMPUTE, prefix=blocks, blocks=len(prefix)
+        )
         if key is not None and slot.holder == key:
             plan.tier = KvTier.SLOT
             return plan
@@ -289,13 +296,14 @@ class SlotMap:
             return None
         moving = key is not None and (key in self._resident or key in self._saved)
         if prefix and not moving:  # KV restored or migrated replaces what the slot held
-            # A held slot also needs the share of its own prompt: else a prompt of a
-            # block or two would have a long conversation's KV saved (and restored).
+            # A held slot also needs the share of its own prompt (all of it, not the kept
+            # blocks): else a prompt of a block or two would have a long conversation's
+            # KV saved (and restored).
             shares = {
                 i: n
                 for i in idle
                 if (n := _common(slots[i].prefix, prefix)) > SIMILARITY * len(prefix)
-                and (slots[i].holder is None or n > SIMILARITY * len(slots[i].prefix))
+                and (slots[i].holder is None or n > SIMILARITY * slots[i].blocks)
             }
             best = max(shares.values(), default=0)
             if best > 0:
@@ -391,6 +399,7 @@ class SlotMap:
                     other[old.slot].holder = None
             slot.holder = key
             slot.prefix = plan.prefix
+            slot.blocks = plan.blocks
             self._resident[key] = plan.place
             stale = self._saved.pop(key, None)
             if stale is not None:
@@ -403,6 +412,7 @@ class SlotMap:
             slot.holder = None
             # Served without a session (its prompt is in the slot), or failed: unknown.
             slot.prefix = plan.prefix if served else ()
+            slot.blocks = plan.blocks if served else 0
 
     def expire(self, now: Seconds) -> list[int]:
         """Forget sessions saved longer than ``max_age_s`` ago; their cells."""
