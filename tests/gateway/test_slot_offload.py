@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from kvgate.core.features import RequestFeatures
+from kvgate.core.slotmap import KvTier
 from kvgate.gateway.config import ConfigError, parse_config
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.testing import wait_until
@@ -35,6 +36,10 @@ class FakeLlamaCpp:
     fail_restore: bool = False
     fail_save: bool = False
     hold: asyncio.Event | None = None
+    hold_first_save: asyncio.Event | None = None
+    """The first save waits for it, then writes its file (llama.cpp finishes a save whose
+    caller went away)."""
+    saves: list[str] = field(default_factory=list)
     content: list[list[str]] = field(default_factory=list)
     pinned: list[int] = field(default_factory=list)
     url: str = ""
@@ -67,10 +72,15 @@ class FakeLlamaCpp:
             return web.json_response({"id_slot": slot})
         path = self.folder / body["filename"]
         if action == "save":
+            self.saves.append(body["filename"])
+            kept = list(self.content[slot])  # the engine takes its tasks in order
+            if self.hold_first_save is not None and len(self.saves) == 1:
+                with contextlib.suppress(TimeoutError):  # a failing test ends all the same
+                    await asyncio.wait_for(self.hold_first_save.wait(), 10)
             if self.fail_save:
                 return web.json_response({"error": {"message": "disk full"}}, status=500)
-            path.write_text(json.dumps(self.content[slot]))
-            n = len(self.content[slot])
+            path.write_text(json.dumps(kept))
+            n = len(kept)
             return web.json_response(
                 {"n_saved": n, "n_written": 100 * n, "timings": {"save_ms": 1}}
             )
@@ -300,3 +310,75 @@ async def test_a_new_session_takes_the_idle_slot_sharing_its_system_prompt(folde
         assert gw.gateway.slots.map.holders(fake.url) == ["b", None]
         assert await chat("a", "alpha gamma") == (401, "disk")  # a restored, to the empty slot
         assert fake.pinned == [0, 0, 1]
+
+
+async def test_a_cancelled_save_keeps_its_file_until_the_worker_has_written_it(
+    folder: Path,
+) -> None:
+    """A client gone while its slot's holder is saved: llama.cpp writes the file anyway.
+    Were its cell freed at once, the next save (here ``x``'s) would take the same file and
+    the late write land last — ``x`` restored from ``a``'s KV. The cell stays taken until
+    the save returns, which then counts ``a`` as saved."""
+    release = asyncio.Event()
+    fake = FakeLlamaCpp(folder, slots=2, hold_first_save=release)
+    async with serving([fake]):
+        config = _config([fake], folder)
+        config["slots"]["max_saved"] = 2
+        async with running_gateway(config) as gw:
+            await wait_until(gw.gateway.ready, message="gateway ready")
+            plane = gw.gateway.slots
+            assert (await _chat(gw, "a", "alpha one"))[0] == 200
+            assert (await _chat(gw, "x", "xray two"))[0] == 200
+            assert plane.map.holders(fake.url) == ["a", "x"]
+            cut = asyncio.create_task(_chat(gw, "b", "beta"))  # a, least recent, is saved first
+            await wait_until(lambda: len(fake.saves) == 1, message="a's save at the worker")
+            cut.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cut
+            slot0 = plane.map._slots[fake.url][0]
+            await wait_until(lambda: not slot0.busy, message="the cancelled request let go")
+            assert (await _chat(gw, "c", "charlie"))[2] == "recompute"  # the empty slot 0
+            assert (await _chat(gw, "d", "delta"))[2] == "recompute"  # x saved first
+            assert fake.saves == [
+                "kvgate-0.bin",
+                "kvgate-1.bin",
+            ]  # not a's file, still being written
+            release.set()
+            await wait_until(lambda: plane.map.where("a")[0] is KvTier.DISK, message="a saved")
+            status, body, tier = await _chat(gw, "a", "alpha one more")
+            assert (status, tier) == (200, "disk")
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+
+
+async def test_a_migration_cancelled_during_its_save_keeps_its_file_until_written(
+    folder: Path,
+) -> None:
+    """The same for a migration's save on the old worker: its cell stays taken until the
+    save returns, then is freed and its file deleted."""
+    release = asyncio.Event()
+    fakes = [FakeLlamaCpp(folder), FakeLlamaCpp(folder)]
+    async with serving(fakes):
+        config = _config(fakes, folder)
+        config["slots"]["max_saved"] = 2
+        async with running_gateway(config) as gw:
+            await wait_until(gw.gateway.ready, message="gateway ready")
+            assert (await _chat(gw, "a", "alpha one"))[0] == 200
+            source = next(w for w in gw.gateway.pool if "a" in gw.gateway.slots.map.holders(w.id))
+            held = next(f for f in fakes if f.url == source.id)
+            other = next(f for f in fakes if f is not held)
+            held.hold_first_save = release
+            gw.gateway.pressure.set_admin_drain(source, True)
+            cut = asyncio.create_task(_chat(gw, "a", "alpha one two"))  # migrates: saved there
+            await wait_until(lambda: len(held.saves) == 1, message="the migration's save")
+            cut.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cut
+            slot = gw.gateway.slots.map._slots[other.url][0]
+            await wait_until(lambda: not slot.busy, message="the cancelled request let go")
+            assert (await _chat(gw, "x", "xray"))[2] == "recompute"
+            assert (await _chat(gw, "y", "yankee"))[2] == "recompute"  # x saved first
+            assert held.saves == ["kvgate-0.bin"] and other.saves == ["kvgate-1.bin"]
+            release.set()
+            free = gw.gateway.slots.map._free_cells
+            await wait_until(lambda: free == [0], message="the cell freed once written")
+            assert not (folder / "kvgate-0.bin").exists()  # and its file deleted

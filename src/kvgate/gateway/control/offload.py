@@ -33,9 +33,10 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -46,12 +47,13 @@ from kvgate.gateway.control.slotclaim import SlotClaim, SlotClaimError
 from kvgate.gateway.dataplane.errors import UpstreamTimeout
 from kvgate.gateway.observe.metrics import SlotMetrics
 from kvgate.gateway.observe.pool import Worker
-from kvgate.gateway.upstream.slots import SlotActions, SlotCallError
+from kvgate.gateway.upstream.slots import SlotActions, SlotCallError, SlotTransfer
 from kvgate.gateway.upstream.transport import UpstreamResponse
 from kvgate.store.base import AffinityStore
 from kvgate.types import BlockHash, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.offload")
+_T = TypeVar("_T")
 
 TIER_HEADER = "X-Kvgate-KV-Tier"
 _DISCOVERY_RETRY_S = 5.0
@@ -88,6 +90,9 @@ class SlotPlane:
         self._restores = _Mean()
         self._freed = asyncio.Event()
         """Set (and replaced) whenever a slot is released or a save ends: wakes waiters."""
+        self._writing: set[asyncio.Future[Any]] = set()
+        """Saves under way (``_finished``): a cancelled request's runs on, as the worker
+        writes the file anyway (at most the action timeout), and keeps its cell till then."""
 
     def manages(self, worker: Worker) -> bool:
         """True for a llama.cpp worker while slot offload is on."""
@@ -227,8 +232,9 @@ class SlotPlane:
             plan = self.map.evict_idle(worker.id, key)
             if plan is None or plan.evict_cell is None:
                 continue
+            cell, plan.evict_cell = plan.evict_cell, None  # the save's own, on every path
             try:
-                if await self._save(worker.id, actions, plan.place.slot, key, plan.evict_cell):
+                if await self._finished(self._save(worker.id, actions, plan.place.slot, key, cell)):
                     saved += 1
             finally:
                 self.map.abandon(plan)
@@ -296,10 +302,12 @@ class SlotPlane:
         here = self._actions_of(worker)
         slot = plan.place.slot
         if plan.evict is not None and plan.evict_cell is not None:
-            await self._save(worker.id, here, slot, plan.evict, plan.evict_cell)
+            cell, plan.evict_cell = plan.evict_cell, None  # the save's own, on every path
+            await self._finished(self._save(worker.id, here, slot, plan.evict, cell))
         tier = plan.tier
         if plan.migrate_from is not None and plan.move_cell is not None and plan.key is not None:
-            tier = await self._migrate(worker, plan, plan.key, plan.move_cell)
+            cell, plan.move_cell = plan.move_cell, None  # the migration's own, on every path
+            tier = await self._migrate(worker, plan, plan.key, cell)
         elif plan.restore is not None:
             saved = plan.restore
             restored = await self._restore(worker.id, here, slot, saved.cell)
@@ -309,15 +317,32 @@ class SlotPlane:
                 tier = KvTier.FALLBACK
         return tier
 
+    def _finished(self, call: Awaitable[_T]) -> asyncio.Future[_T]:
+        """``call`` carried to its end even when the request awaiting it is cancelled.
+
+        A slot save is the worker's to finish once sent: were its cell freed when the
+        client went away, a save of another session (here or on a worker sharing the
+        folder) could take the file, and the late write would land last. Shielded, the
+        save keeps its cell and reports as usual when the call returns (at most the
+        action timeout later).
+        """
+        task: asyncio.Future[_T] = asyncio.ensure_future(call)
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+        return asyncio.shield(task)
+
     async def _save(
         self, worker: WorkerId, actions: SlotActions, slot: int, key: SessionKey, cell: int
     ) -> bool:
+        """Save ``slot`` into ``cell``; the one owner of the cell: reported saved or released."""
         started = self.mono()
         try:
             moved = await actions.save(slot, self.filename(cell))
-        except SlotCallError as exc:
+        except BaseException as exc:
             self.map.release_cell(cell)
             self._wake()
+            if not isinstance(exc, SlotCallError):
+                raise
             self.metrics.saves.labels(worker, "error").inc()
             log.warning("saving slot %d of %s failed, its KV is dropped: %s", slot, worker, exc)
             return False
@@ -345,22 +370,33 @@ class SlotPlane:
         return True
 
     async def _migrate(self, worker: Worker, plan: SlotPlan, key: SessionKey, cell: int) -> KvTier:
-        """Save ``key``'s slot on its old worker, restore it into this one's slot."""
+        """Save ``key``'s slot on its old worker, restore it into this one's slot.
+
+        Owns ``cell``: released when done, on every path; cancelled during the save,
+        once that save has really returned (see ``_finished``)."""
         source = plan.migrate_from
         assert source is not None
         source_actions = self._actions.get(source.worker)
         ok = False
-        if source_actions is not None:
-            try:
-                await source_actions.save(source.slot, self.filename(cell))
-                ok = True
-            except SlotCallError as exc:
-                log.warning("migration save on %s failed: %s", source.worker, exc)
-        self.map.moved_out(plan)
-        if ok:
-            ok = await self._restore(worker.id, self._actions_of(worker), plan.place.slot, cell)
-        self.map.release_cell(cell)
-        self._drop_files([cell])
+        saving: asyncio.Future[SlotTransfer] | None = None
+        try:
+            if source_actions is not None:
+                saving = asyncio.ensure_future(
+                    source_actions.save(source.slot, self.filename(cell))
+                )
+                try:
+                    await self._finished(saving)
+                    ok = True
+                except SlotCallError as exc:
+                    log.warning("migration save on %s failed: %s", source.worker, exc)
+            self.map.moved_out(plan)
+            if ok:
+                ok = await self._restore(worker.id, self._actions_of(worker), plan.place.slot, cell)
+        finally:
+            if saving is not None and not saving.done():  # cancelled: the worker writes on
+                saving.add_done_callback(lambda done: self._moved_file(cell, done))
+            else:
+                self._moved_file(cell, saving)
         result = "ok" if ok else "error"
         self.metrics.migrations.labels(source.worker, worker.id, result).inc()
         if not ok:
@@ -369,6 +405,14 @@ class SlotPlane:
         return KvTier.MIGRATED
 
     # -- disk bookkeeping ---------------------------------------------------------
+
+    def _moved_file(self, cell: int, saving: asyncio.Future[SlotTransfer] | None) -> None:
+        """A migration is done with ``cell`` (its save has returned): free it, delete the file."""
+        if saving is not None and not saving.cancelled():
+            saving.exception()  # retrieved: a late save's failure is the migration's, logged
+        self.map.release_cell(cell)
+        self._drop_files([cell])
+        self._wake()
 
     def _drop_files(self, cells: list[int]) -> None:
         """Delete files of cells no longer needed, when the gateway can see the folder.
