@@ -24,6 +24,7 @@ from kvgate.realengine import LlamaCppProcess
 from kvgate.realengine.model import default_model_path
 from kvgate.realengine.tokenizer import write_tokenizer
 from kvgate.tokens.config import TokenizerConfig
+from kvgate.tokens.encoders import CANDIDATES
 from kvgate.tokens.hf import HFTokenizer
 from kvgate.tokens.remote import WorkerTokenizer
 
@@ -90,12 +91,29 @@ def hf(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
     return HFTokenizer(config)
 
 
+INSTALLED = [name for name in CANDIDATES if importlib.util.find_spec(name) is not None]
+
+
+def test_auto_takes_the_first_installed_fast_library(hf: HFTokenizer) -> None:
+    assert hf.library == (INSTALLED[0] if INSTALLED else "tokenizers")
+
+
+@pytest.mark.parametrize("library", [*INSTALLED, "tokenizers"])
 def test_hf_tokens_equal_llamacpps_on_every_request(
-    llamacpp_worker: LlamaCppProcess, hf: HFTokenizer
+    llamacpp_worker: LlamaCppProcess,
+    hf: HFTokenizer,
+    library: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    """Every library ``auto`` may take gives llama.cpp's own ids, not only the first."""
     url = llamacpp_worker.url
-    if importlib.util.find_spec("fastokens") is not None:
-        assert hf.library == "fastokens"  # what is proven here is the fast path's ids
+    if hf.library != library:
+        folder = write_tokenizer(default_model_path(), tmp_path_factory.mktemp(library))
+        config = TokenizerConfig.model_validate(
+            {"kind": "hf", "path": str(folder), "chat_special_tokens": True, "library": library}
+        )
+        hf = HFTokenizer(config)
+    assert hf.library == library
     for messages in CHATS:
         prompt = _post(url + "/apply-template", {"messages": messages})["prompt"]
         assert hf.render(messages) == prompt
