@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.core.attempt import AttemptEnd, EndKind
 from kvgate.core.routed import Scraped
+from kvgate.core.session import scoped
 from kvgate.gateway.control.toolcalls import ToolCallPlane
 from kvgate.gateway.dataplane.queue import AdmissionQueue
 from kvgate.gateway.observe.metrics import GatewayMetrics
@@ -99,7 +100,9 @@ async def test_a_messages_turn_ending_in_tool_use_is_booked(workers: list[Worker
                 else:
                     await claude.messages.create(**ask)
         await wait_until(lambda: len(plane.book) == 2, message="both turns booked")
-        assert plane.book.get("cc-False") is not None and plane.book.get("cc-True") is not None
+        # Booked under the session key scoped by the client's x-api-key (core.session.scoped).
+        booked = [plane.book.get(scoped(f"cc-{stream}", b"k")) for stream in (False, True)]
+        assert None not in booked
 
 
 async def test_away_sessions_are_offloaded_once_to_a_lossless_tier_past_the_threshold(

@@ -85,6 +85,13 @@ InvalidRequest = InvalidRequestError
 class FeatureConfig(BaseModel):
     """How request features are extracted (the ``features:`` section of the config).
 
+    A session id (header, agent header, ``user``, parent) is the client's to choose, so
+    a request with a credential (``Authorization: Bearer``, else ``x-api-key``) has its
+    session scoped by it: the key is a one-way digest of (credential, id), the same on
+    every replica, and two clients sending one id never share a worker binding or slot
+    (``core.session.scoped``). Without a credential (an upstream gateway that strips
+    it) ids are shared by whoever sends them.
+
     Example::
 
         features:

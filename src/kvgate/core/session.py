@@ -11,11 +11,20 @@ A subagent names its parent (``PARENT_SESSION_HEADERS``: Dynamo's
 Codex's ``x-codex-parent-thread-id``): ``parent_key_from`` reads it, and routing
 places the subagent under its parent's binding until it has its own
 (``core.route.under_parent``).
+
+A session id is the client's to choose, so it is scoped by the client's credential:
+when a request carries one (``Authorization: Bearer <key>``, else ``x-api-key``), its
+session key (and its parent's) is a digest of (the credential, the id) (``scoped``), so
+two clients that send the same id never share an affinity, a saved slot or a store
+entry. The digest is unkeyed (every replica and the endpoint picker derive the same key
+for the shared store) and one-way (BLAKE2b): the credential itself is never a key.
+A request without a credential keeps its id as it is (the simulator's placements).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from hashlib import blake2b
 from typing import Any
 
 import xxhash
@@ -63,6 +72,44 @@ def normalize_key(raw: str, max_chars: int) -> SessionKey | None:
     return key
 
 
+SCOPED_TAG = "cred:"
+"""Leading tag of a session key scoped by a client's credential (``scoped``). An id a
+client sends that already starts with it (with no credential to scope it) is hashed, so
+no one can name a scoped key without holding its credential."""
+
+
+def credential_of(headers: Mapping[str, str]) -> bytes | None:
+    """The client's credential: the token of ``Authorization: Bearer``, else ``x-api-key``
+    (what ``dataplane.middleware.key_presented`` checks); ``None`` without one."""
+    if not headers:
+        return None
+    auth = header_value(headers, "authorization")
+    if auth is not None:
+        scheme, _, token = auth.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            return token.encode("utf-8", "surrogatepass")
+    given = header_value(headers, "x-api-key")
+    if given is not None and given.strip():
+        return given.strip().encode("utf-8", "surrogatepass")
+    return None
+
+
+def scoped(key: SessionKey | None, credential: bytes | None) -> SessionKey | None:
+    """``key`` in the credential's own space: a digest of both when there is a
+    credential; otherwise ``key`` itself (hashed if it poses as a scoped one)."""
+    if key is None:
+        return None
+    if credential is None:
+        if key.startswith(SCOPED_TAG):
+            return "sha:" + xxhash.xxh3_128_hexdigest(key.encode("utf-8", "surrogatepass"))
+        return key
+    digest = blake2b(credential, digest_size=16)
+    digest.update(b"\0")
+    digest.update(key.encode("utf-8", "surrogatepass"))
+    return SCOPED_TAG + digest.hexdigest()
+
+
 AGENT_SESSION_HEADERS: tuple[str, ...] = (
     "x-claude-code-session-id",
     "session_id",
@@ -95,22 +142,22 @@ def session_key_from(
     agent_headers: tuple[str, ...] = (),
 ) -> tuple[SessionKey | None, SessionSource]:
     """The request's session key and where it came from (header > an agent's identity
-    header > ``user`` > none)."""
+    header > ``user`` > none), scoped by the client's credential (``scoped``)."""
     raw = header_value(headers, header) if header else None
     if raw is not None:
         key = normalize_key(raw, max_chars)
         if key is not None:
-            return key, SessionSource.HEADER
+            return scoped(key, credential_of(headers)), SessionSource.HEADER
     if agent_headers and headers:
         key = first_header_key(headers, agent_headers, max_chars)
         if key is not None:
-            return key, SessionSource.AGENT
+            return scoped(key, credential_of(headers)), SessionSource.AGENT
     if use_user_field:
         user = body.get("user")
         if isinstance(user, str):
             key = normalize_key(user, max_chars)
             if key is not None:
-                return key, SessionSource.USER
+                return scoped(key, credential_of(headers)), SessionSource.USER
     return None, _NONE
 
 
@@ -130,5 +177,9 @@ def first_header_key(
 def parent_key_from(
     headers: Mapping[str, str], names: tuple[str, ...], max_chars: int
 ) -> SessionKey | None:
-    """The parent session a subagent's request names (``None``: not a subagent's)."""
-    return first_header_key(headers, names, max_chars) if names and headers else None
+    """The parent session a subagent's request names (``None``: not a subagent's), scoped
+    by the client's credential as its session key is."""
+    if not names or not headers:
+        return None
+    key = first_header_key(headers, names, max_chars)
+    return scoped(key, credential_of(headers)) if key is not None else None
