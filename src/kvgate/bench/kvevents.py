@@ -63,14 +63,9 @@ _WORDS = """river stone lantern orchard copper meadow harbor violet thunder ceda
 velvet ember falcon quarry saddle beacon willow prism, the of and to is in that it was for on"""
 
 
-def chat_of_tokens(count_words: int, seed: int = 0) -> list[dict[str, str]]:
-    """A chat of about ``count_words`` words: a system prompt, turns, a question."""
-    rng = random.Random(seed)
-    words = _WORDS.split()
-
-    def text(n: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(n))
-
+def chat_shaped(text: Callable[[int], str], count_words: int) -> list[dict[str, str]]:
+    """A system prompt, a question, an answer and a question of ``count_words`` words in
+    all, each ``text(n)`` words long."""
     third = count_words // 3
     return [
         {"role": "system", "content": text(third)},
@@ -78,6 +73,13 @@ def chat_of_tokens(count_words: int, seed: int = 0) -> list[dict[str, str]]:
         {"role": "assistant", "content": text(third // 2)},
         {"role": "user", "content": text(third)},
     ]
+
+
+def chat_of_tokens(count_words: int, seed: int = 0) -> list[dict[str, str]]:
+    """A chat of about ``count_words`` words: a system prompt, turns, a question."""
+    rng = random.Random(seed)
+    words = _WORDS.split()
+    return chat_shaped(lambda n: " ".join(rng.choice(words) for _ in range(n)), count_words)
 
 
 def exact_decision(

@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvgate.bench.kvevents import timed
+from kvgate.bench.kvevents import chat_shaped, timed
 from kvgate.tokens.config import TokenizerConfig
 from kvgate.tokens.encoders import CANDIDATES, Library
 from kvgate.tokens.hf import HFTokenizer
@@ -154,17 +154,9 @@ class Prose:
     def chat(self, count_words: int, seed: int) -> list[dict[str, str]]:
         """A system prompt, a question, an answer and a question: ``count_words`` words."""
         rng = random.Random(seed)
-
-        def text(n: int) -> str:
-            return " ".join(rng.choices(self._words, self._weights, k=n))
-
-        third = count_words // 3
-        return [
-            {"role": "system", "content": text(third)},
-            {"role": "user", "content": text(third // 2)},
-            {"role": "assistant", "content": text(third // 2)},
-            {"role": "user", "content": text(third)},
-        ]
+        return chat_shaped(
+            lambda n: " ".join(rng.choices(self._words, self._weights, k=n)), count_words
+        )
 
 
 def load_cost(folder: Path, library: Library, reference_cache: str = "off") -> dict[str, float]:

@@ -25,6 +25,17 @@ import xxhash
 from kvgate.types import BlockHash
 
 
+def shared_blocks(a: Sequence[BlockHash], b: Sequence[BlockHash]) -> int:
+    """How many leading blocks chains ``a`` and ``b`` share (chained hashes: the first
+    difference ends the match)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def block_widths(width: int, fine_blocks: int, coarse_factor: int, length: int) -> list[int]:
     """Widths of the blocks covering ``length`` units: ``fine_blocks`` of ``width``, then coarse.
 

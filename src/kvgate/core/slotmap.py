@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvgate.core.chain import shared_blocks
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 SIMILARITY = 0.1
@@ -302,7 +303,7 @@ class SlotMap:
             shares = {
                 i: n
                 for i in idle
-                if (n := _common(slots[i].prefix, prefix)) > SIMILARITY * len(prefix)
+                if (n := shared_blocks(slots[i].prefix, prefix)) > SIMILARITY * len(prefix)
                 and (slots[i].holder is None or n > SIMILARITY * slots[i].blocks)
             }
             best = max(shares.values(), default=0)
@@ -424,14 +425,3 @@ class SlotMap:
                 break
             dropped.append(self._drop(key))
         return dropped
-
-
-def _common(a: tuple[BlockHash, ...], b: tuple[BlockHash, ...]) -> int:
-    """How many leading blocks ``a`` and ``b`` share (chained hashes: the first
-    difference ends the match)."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

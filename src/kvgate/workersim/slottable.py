@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate.core.chain import shared_blocks
 from kvgate.engine import Engine, EngineRequest
 from kvgate.types import BlockHash
 
@@ -38,15 +39,6 @@ def salted(chain: list[BlockHash], slot: int) -> list[BlockHash]:
     """``chain`` in ``slot``'s namespace of block hashes (a deterministic mix)."""
     salt = (slot + 1) * 0x9E3779B97F4A7C15
     return [((h ^ salt) * 0xBF58476D1CE4E5B9) & _MASK for h in chain]
-
-
-def _shared(a: list[BlockHash], b: list[BlockHash]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(slots=True)
@@ -83,7 +75,7 @@ class SlotTable:
         if not idle:
             return None
         slots = self.slots
-        return max(idle, key=lambda i: (_shared(slots[i].chain, chain), -slots[i].last_used))
+        return max(idle, key=lambda i: (shared_blocks(slots[i].chain, chain), -slots[i].last_used))
 
     async def acquire(self, requested: int | None, chain: list[BlockHash], task: int) -> int:
         """A slot for a request (``requested``, else ``pick``), waiting while it is busy."""
@@ -111,7 +103,7 @@ class SlotTable:
         is dropped (overwritten), and the slot now holds this prompt and its output."""
         state = self.slots[slot]
         chain = list(request.block_hashes) + list(request.output_block_hashes)
-        keep = _shared(state.chain, chain)
+        keep = shared_blocks(state.chain, chain)
         self.engine.forget(salted(state.chain[keep:], slot))
         state.chain, state.tokens = chain, request.prompt_tokens + request.max_tokens
         return dataclasses.replace(
