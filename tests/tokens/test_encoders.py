@@ -15,6 +15,8 @@ from kvgate.tokens import encoders, reference
 from kvgate.tokens.encoders import EncoderLoadError, encoder, hf_encoder
 from kvgate.tokens.reference import facts
 
+from .tiny import tiny_tokenizer
+
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("fastokens")
 
@@ -27,27 +29,10 @@ def only_fastokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(encoders, "CANDIDATES", {"fastokens": encoders._fastokens})
 
 
-def _tiny(folder: Path) -> Path:
-    """A small BPE ``tokenizer.json`` shaped like Gemma's (▁ for spaces, byte fallback)."""
-    from tokenizers import Tokenizer, normalizers
-    from tokenizers.models import BPE
-
-    pieces = ["▁", "a", "b", "c", "▁a", "ab", "▁ab", "abc", "\n"]
-    pieces += [f"<0x{b:02X}>" for b in range(256)]
-    vocab = {p: i for i, p in enumerate(["<unk>", *pieces])}
-    merges = [("▁", "a"), ("a", "b"), ("▁a", "b"), ("ab", "c")]
-    tokenizer = Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-    tokenizer.normalizer = normalizers.Replace(" ", "▁")
-    tokenizer.add_tokens(["\n"])
-    file = folder / "tokenizer.json"
-    tokenizer.save(str(file))
-    return file
-
-
 def test_fastokens_is_used_where_it_agrees_and_falls_back_where_it_cannot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    file = _tiny(tmp_path)
+    file = tiny_tokenizer(tmp_path)
     tokenizer = tokenizers.Tokenizer.from_file(str(file))
     encode, library, known = encoder(file)
     assert library == "fastokens"
@@ -74,7 +59,7 @@ def test_fastokens_is_used_where_it_agrees_and_falls_back_where_it_cannot(
 def test_without_the_reference_fastokens_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    file = _tiny(tmp_path)
+    file = tiny_tokenizer(tmp_path)
     known = facts(tokenizers.Tokenizer.from_file(str(file)))
     for command in (
         [sys.executable, "-c", "import sys; sys.exit('no tokenizers here')"],
@@ -97,7 +82,7 @@ def test_the_child_is_stopped_when_the_load_is_interrupted(
 
     import fastokens
 
-    file = _tiny(tmp_path)
+    file = tiny_tokenizer(tmp_path)
     started: list[subprocess.Popen[bytes]] = []
     popen = subprocess.Popen
 
@@ -121,7 +106,7 @@ def test_the_child_is_stopped_when_the_load_is_interrupted(
 def test_a_disagreeing_fastokens_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    file = _tiny(tmp_path)
+    file = tiny_tokenizer(tmp_path)
     import fastokens
 
     real = fastokens.Tokenizer.from_file
@@ -145,7 +130,7 @@ def test_a_disagreeing_fastokens_is_not_used(
 def test_auto_takes_the_first_candidate_that_loads_and_agrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    file = _tiny(tmp_path)
+    file = tiny_tokenizer(tmp_path)
     known = facts(tokenizers.Tokenizer.from_file(str(file)))
     real = encoders._fastokens
 

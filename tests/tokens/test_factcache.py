@@ -17,26 +17,10 @@ from kvgate.tokens.encoders import encoder
 from kvgate.tokens.factcache import FactCache, cache_folder
 from kvgate.tokens.reference import PROBE, Reference
 
+from .tiny import tiny_tokenizer
+
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("fastokens")
-
-
-def _tiny(folder: Path, extra: str = "") -> Path:
-    """A small BPE ``tokenizer.json`` shaped like Gemma's (``extra``: one more added token)."""
-    from tokenizers import Tokenizer, normalizers
-    from tokenizers.models import BPE
-
-    pieces = ["▁", "a", "b", "c", "▁a", "ab", "▁ab", "abc", "\n"]
-    pieces += [f"<0x{b:02X}>" for b in range(256)]
-    vocab = {p: i for i, p in enumerate(["<unk>", *pieces])}
-    merges = [("▁", "a"), ("a", "b"), ("▁a", "b"), ("ab", "c")]
-    tokenizer = Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-    tokenizer.normalizer = normalizers.Replace(" ", "▁")
-    tokenizer.add_tokens(["\n", *([extra] if extra else [])])
-    folder.mkdir(parents=True, exist_ok=True)
-    file = folder / "tokenizer.json"
-    tokenizer.save(str(file))
-    return file
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +44,7 @@ def children(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 def test_kept_facts_skip_the_child(tmp_path: Path, children: list[list[str]]) -> None:
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     encode, library, known = encoder(file, cache=cache)
     assert library == "fastokens" and len(children) == 1
@@ -88,7 +72,7 @@ def test_kept_facts_skip_the_child(tmp_path: Path, children: list[list[str]]) ->
 def test_a_corrupt_file_is_a_miss_and_is_replaced(
     tmp_path: Path, children: list[list[str]], content: bytes
 ) -> None:
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     key = cache.key(file)
     truth = encoder(file, cache=cache)[2]
@@ -104,7 +88,7 @@ def test_a_corrupt_file_is_a_miss_and_is_replaced(
 def test_links_and_oversized_files_are_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     key = cache.key(file)
     truth = encoder(file, cache=cache)[2]
@@ -124,14 +108,14 @@ def test_another_file_or_probe_misses(
     tmp_path: Path, children: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = FactCache(tmp_path / "cache")
-    first = _tiny(tmp_path / "one")
-    other = _tiny(tmp_path / "two", extra="<cb>")
+    first = tiny_tokenizer(tmp_path / "one")
+    other = tiny_tokenizer(tmp_path / "two", extra="<cb>")
     encoder(first, cache=cache)
     assert cache.key(other) != cache.key(first) and cache.get(cache.key(other)) is None
     _, _, known = encoder(other, cache=cache)
     assert len(children) == 2 and "<cb>" in known.added
     before = cache.key(first)
-    assert cache.key(_tiny(tmp_path / "three")) == before  # the same bytes
+    assert cache.key(tiny_tokenizer(tmp_path / "three")) == before  # the same bytes
     monkeypatch.setattr(factcache, "PROBE", (*PROBE[:-1], "a changed probe"))
     assert cache.key(first) != before  # what the child computes changed
 
@@ -139,7 +123,7 @@ def test_another_file_or_probe_misses(
 def test_kept_facts_that_are_wrong_are_checked_and_corrected(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     key = cache.key(file)
     truth = encoder(file, cache=cache)[2]
@@ -155,7 +139,7 @@ def test_kept_facts_that_are_wrong_are_checked_and_corrected(
 def test_an_unwritable_folder_is_no_cache(
     tmp_path: Path, children: list[list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     cache = FactCache(blocked / "cache")
@@ -198,7 +182,7 @@ def test_a_folder_others_can_write_is_no_cache(
     """``reference_cache: /tmp/...`` or an ``XDG_CACHE_HOME`` shared with other users: a
     folder that exists already keeps its mode (``mkdir`` makes only a new one 0700), and
     a file another user wrote there could name any added tokens: not read, not written."""
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     key = cache.key(file)
     truth = encoder(file, cache=cache)[2]
@@ -219,7 +203,7 @@ def test_wrong_kept_facts_do_not_fail_a_library_asked_for_by_name(tmp_path: Path
     """A well-formed kept file with a wrong probe (stale, or forged) made ``library:
     fastokens`` fail every start (EncoderLoadError, the file never replaced) and ``auto``
     start on ``tokenizers``: the child's facts judge instead, and replace the file."""
-    file = _tiny(tmp_path / "model")
+    file = tiny_tokenizer(tmp_path / "model")
     cache = FactCache(tmp_path / "cache")
     key = cache.key(file)
     truth = encoder(file, cache=cache)[2]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvgate.types import Seconds
-from kvgate.workload.pinned import Span
+from kvgate.workload.pinned import Span, unpin
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 
@@ -104,12 +104,7 @@ class Pools:
     def end(self, pool: int, chain: list[int], output: list[int]) -> None:
         """A request ends: its chain is released, tail first, its output cached beside it."""
         pinned, free, holders = self.pinned[pool], self.free[pool], self.holders
-        for block in chain:
-            held = pinned[block] - 1
-            if held:
-                pinned[block] = held
-            else:
-                del pinned[block]
+        unpin(pinned, chain)
         for block in reversed((*chain, *output)):
             if block in pinned:
                 continue

@@ -38,6 +38,16 @@ Span = tuple[Seconds, Seconds, int]
 """When a request ran (first token, last token) and on which worker (its index)."""
 
 
+def unpin(pinned: dict[int, int], chain: list[int]) -> None:
+    """A request ends: each block of its ``chain`` held by one running request fewer."""
+    for block in chain:
+        held = pinned[block] - 1
+        if held:
+            pinned[block] = held
+        else:
+            del pinned[block]
+
+
 class PinnedPool:
     """One LRU cache of ``capacity`` blocks whose running requests' chains are pinned."""
 
@@ -64,12 +74,7 @@ class PinnedPool:
     def end(self, chain: list[int], output: list[int]) -> None:
         """A request ends: its chain is released, tail first, with its output beside it."""
         pinned, free = self.pinned, self.free
-        for block in chain:
-            held = pinned[block] - 1
-            if held:
-                pinned[block] = held
-            else:
-                del pinned[block]
+        unpin(pinned, chain)
         for block in reversed((*chain, *output)):
             if block not in pinned:
                 free[block] = None
