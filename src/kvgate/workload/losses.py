@@ -33,8 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvgate.types import Seconds
-from kvgate.workload.pinned import Span, unpin
+from kvgate.workload.pinned import Span, events_of, unpin
 from kvgate.workload.prompts import PromptCodec
 from kvgate.workload.request import SimRequest
 
@@ -153,26 +152,6 @@ class Pools:
                     over = True
 
 
-def _events(
-    requests: Iterable[SimRequest], spans: Mapping[str, Span] | None
-) -> list[tuple[Seconds, int, int, SimRequest, int]]:
-    """Starts and ends in time order (``workload.pinned``'s); without ``spans``, each
-    request in arrival order, ending as it starts."""
-    events: list[tuple[Seconds, int, int, SimRequest, int]] = []
-    for n, request in enumerate(requests):
-        if spans is None:
-            events += [(float(n), 1, n, request, 0), (float(n), 2, n, request, 0)]
-            continue
-        span = spans.get(request.request_id)
-        if span is not None:
-            start, end, worker = span
-            end = end if end > start else start
-            events.append((start, 1, n, request, worker))
-            events.append((end, 0 if end > start else 2, n, request, worker))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
-    return events
-
-
 def losses(
     requests: Iterable[SimRequest],
     codec: PromptCodec,
@@ -200,7 +179,7 @@ def losses(
     prompt = samples = 0
     copies = 0.0
     room = sum(worker_blocks)
-    events = _events(requests, None if place == "reference" else spans)
+    events = events_of(requests, None if place == "reference" else spans)
     for _, kind, n, request, worker in events:
         if kind != 1:
             pool, chain, output = running.pop(n)

@@ -38,6 +38,28 @@ Span = tuple[Seconds, Seconds, int]
 """When a request ran (first token, last token) and on which worker (its index)."""
 
 
+def events_of(
+    requests: Iterable[SimRequest], spans: Mapping[str, Span] | None
+) -> list[tuple[Seconds, int, int, SimRequest, int]]:
+    """Starts (1) and ends in time order, each with its request's index, the request and
+    its worker: ends before starts at one instant, but a request that took no time ends
+    (2) after it starts. Without ``spans``, each request in arrival order, ending as it
+    starts; a request without a span is left out."""
+    events: list[tuple[Seconds, int, int, SimRequest, int]] = []
+    for n, request in enumerate(requests):
+        if spans is None:
+            events += [(float(n), 1, n, request, 0), (float(n), 2, n, request, 0)]
+            continue
+        span = spans.get(request.request_id)
+        if span is not None:
+            start, end, worker = span
+            end = end if end > start else start
+            events.append((start, 1, n, request, worker))
+            events.append((end, 0 if end > start else 2, n, request, worker))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    return events
+
+
 def unpin(pinned: dict[int, int], chain: list[int]) -> None:
     """A request ends: each block of its ``chain`` held by one running request fewer."""
     for block in chain:
@@ -95,17 +117,7 @@ def _replay(
     place: Literal["one", "run", "greedy", "partition"],
 ) -> Bound:
     block_size = codec.block_size
-    events: list[tuple[Seconds, int, int, SimRequest, int]] = []
-    for n, request in enumerate(requests):
-        span = spans.get(request.request_id)
-        if span is not None:
-            start, end, worker = span
-            end = end if end > start else start
-            events.append((start, 1, n, request, worker))
-            # Ends before starts at one instant, but a request that took no time
-            # ends after it starts.
-            events.append((end, 0 if end > start else 2, n, request, worker))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    events = events_of(requests, spans)
     running: dict[int, tuple[PinnedPool, list[int]]] = {}
     given: dict[int, int] = {}  # first block -> its pool (``partition``)
     shares = [0] * len(pools)  # first blocks given each pool
