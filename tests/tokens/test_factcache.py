@@ -226,3 +226,24 @@ def test_no_home_folder_is_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", unknown)
     assert cache_folder("auto") is None
+
+
+@pytest.mark.parametrize("relative", ["cache", "./cache", "~/cache"])
+def test_a_relative_xdg_cache_home_is_ignored(
+    relative: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The XDG spec: a relative path in ``XDG_CACHE_HOME`` is invalid and must be ignored.
+    It was taken from the working directory (a gateway started in a shared folder kept its
+    facts there); now the default, ``~/.cache``, is used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", relative)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert cache_folder("auto") == tmp_path / "home" / ".cache" / "kvgate" / "tokenizers"
+
+
+def test_a_relative_home_is_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative ``HOME`` made ``~/.cache`` the working directory's."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "home")
+    assert cache_folder("auto") is None

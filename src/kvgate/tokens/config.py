@@ -37,7 +37,8 @@ class TokenizerConfig(BaseModel):
     """``hf`` with gigatoken or fastokens: where ``tokenizers``' facts of the file
     (its ids of a probe, its added tokens) are kept by the file's digest, so a restart
     skips computing them (~2 s of CPU, ~370 MB): ``auto``,
-    ``$XDG_CACHE_HOME/kvgate/tokenizers`` (or ``~/.cache/...``); ``off``; or a folder
+    ``$XDG_CACHE_HOME/kvgate/tokenizers`` (or ``~/.cache/...``; a relative
+    ``XDG_CACHE_HOME`` is ignored, as XDG says); ``off``; or a folder
     (``tokens.factcache``)."""
     cache_entries: int = Field(default=4096, ge=0)
     """``worker``: answers remembered (least recently used forgotten first)."""

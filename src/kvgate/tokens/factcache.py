@@ -49,19 +49,26 @@ MAX_BYTES = 64 << 20
 
 def cache_folder(setting: str) -> Path | None:
     """The folder ``reference_cache`` names: ``auto``, ``$XDG_CACHE_HOME/kvgate/tokenizers``
-    (``~/.cache`` without it); ``off``, none; else that folder."""
+    (``~/.cache`` without it); ``off``, none; else that folder.
+
+    A relative ``XDG_CACHE_HOME`` is ignored, as the XDG spec requires (it would be
+    taken from whatever folder the gateway started in), and a relative home (``HOME=``)
+    keeps nothing."""
     if setting == "off":
         return None
     if setting != "auto":
         return Path(setting).expanduser()
     base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError:  # no HOME and a user without a passwd entry (a container)
-            logger.warning("no home folder to keep the reference's facts in: not kept")
-            return None
-    return Path(base) / "kvgate" / "tokenizers"
+    if base and os.path.isabs(base):
+        return Path(base) / "kvgate" / "tokenizers"
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and a user without a passwd entry (a container)
+        home = None
+    if home is None or not home.is_absolute():
+        logger.warning("no home folder to keep the reference's facts in: not kept")
+        return None
+    return home / ".cache" / "kvgate" / "tokenizers"
 
 
 def _tokenizers_version() -> str:
