@@ -56,3 +56,67 @@ def test_a_session_id_is_scoped_by_the_clients_credential() -> None:
     posing = key({"X-Session-ID": alice})
     assert posing is not None and posing != alice and posing.startswith("sha:")
     assert scoped(None, b"sk") is None
+
+
+def test_a_trusted_hops_identity_header_scopes_session_ids() -> None:
+    """``session_scope: {header, trusted_peers}``: behind an auth proxy that replaces the
+    client's credential with its own, the identity it sets is the scope; read only from a
+    trusted peer and only once, else the session ids are ignored (never shared)."""
+    from kvgate.core.prefix import FeatureConfig, build_features
+    from kvgate.core.session import HeaderScope
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u"}
+    scope = HeaderScope(header="X-User-Id", trusted_peers=("10.0.0.0/8", "::1"))
+    cfg = FeatureConfig(session_scope=scope)
+
+    def keys(pairs: list[tuple[str, str]], peer: str | None = "10.1.2.3") -> tuple[object, ...]:
+        f = build_features(body, CIMultiDict(pairs), cfg, request_id="r", peer=peer)
+        return f.session_key, f.parent_key, f.session_source.value
+
+    proxy = ("Authorization", "Bearer the-proxys-own-token")
+    sid, parent = ("X-Session-ID", "shared"), ("x-parent-session-id", "p")
+    alice = keys([proxy, sid, parent, ("x-user-id", "alice")])
+    bob = keys([proxy, sid, parent, ("X-USER-ID", "bob")])
+    assert alice[0] != bob[0] and alice[1] != bob[1] and alice[2] == "header"
+    assert all("alice" not in str(k) for k in alice)
+    # A rotated token is the same session: only the identity counts.
+    rotated = keys([("Authorization", "Bearer jwt-2"), sid, parent, ("x-user-id", "alice")])
+    assert rotated == alice
+    assert keys([sid, parent, ("x-user-id", "alice")], peer="::ffff:10.9.9.9") == alice
+    # No identity, an untrusted peer, an unknown one, a second header: no session at all
+    # (the user field, the agent headers and the parent alike).
+    refused = (None, None, "none")
+    assert keys([proxy, sid, parent]) == refused
+    assert keys([proxy, parent, ("x-user-id", " ")]) == refused
+    assert keys([proxy, sid, parent, ("x-user-id", "alice")], peer="192.168.1.1") == refused
+    assert keys([proxy, sid, parent, ("x-user-id", "alice")], peer=None) == refused
+    two = [sid, ("x-user-id", "mallory"), ("X-User-Id", "alice")]
+    assert keys(two) == refused
+    # An identity never shares a space with a credential of the same bytes.
+    credential = build_features(
+        body, {"X-Session-ID": "shared", "Authorization": "Bearer alice"}, request_id="r"
+    ).session_key
+    assert credential is not None and credential != alice[0]
+
+
+def test_session_scope_none_shares_ids_and_bad_peers_are_refused_at_load() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from kvgate.core.prefix import FeatureConfig, build_features
+    from kvgate.core.session import HeaderScope
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    cfg = FeatureConfig(session_scope="none")
+    for token in ("sk-a", "sk-b"):
+        headers = {"X-Session-ID": "shared", "Authorization": f"Bearer {token}"}
+        assert build_features(body, headers, cfg, request_id="r").session_key == "shared"
+    for peers in ((), ("10.0.0.0/33",), ("proxy.local",)):
+        with pytest.raises(ValidationError):
+            HeaderScope(header="x-user-id", trusted_peers=peers)
+    with pytest.raises(ValidationError):
+        HeaderScope(header="x-user-id\r\nx-evil", trusted_peers=("::1",))
+    config = FeatureConfig.model_validate(
+        {"session_scope": {"header": "x-user-id", "trusted_peers": ["127.0.0.1"]}}
+    )
+    assert isinstance(config.session_scope, HeaderScope)

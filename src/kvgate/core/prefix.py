@@ -41,6 +41,7 @@ from kvgate.core.messages import MessagesShapeError, as_chat, canonical_json, us
 from kvgate.core.session import (
     AGENT_SESSION_HEADERS,
     PARENT_SESSION_HEADERS,
+    SessionScope,
     header_value,
     parent_key_from,
     session_key_from,
@@ -90,7 +91,10 @@ class FeatureConfig(BaseModel):
     session scoped by it: the key is a one-way digest of (credential, id), the same on
     every replica, and two clients sending one id never share a worker binding or slot
     (``core.session.scoped``). Without a credential (an upstream gateway that strips
-    it) ids are shared by whoever sends them.
+    it) ids are shared by whoever sends them: behind an auth proxy, scope them by the
+    identity it sets instead (``session_scope: {header: x-user-id, trusted_peers:
+    [...]}``), which also keeps a session's worker when its client's short-lived token
+    is rotated (a credential-scoped session starts over with each new token).
 
     Example::
 
@@ -105,6 +109,13 @@ class FeatureConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     session_header: str = "X-Session-ID"
+    session_scope: SessionScope = "credential"
+    """What session ids are scoped by: ``credential`` (the client's ``Authorization:
+    Bearer`` or ``x-api-key``; without one: ids as sent); ``{header, trusted_peers}``, the
+    identity header a trusted hop sets (an auth proxy's ``x-user-id``, Envoy ext_authz's),
+    read only from those peers and only once per request, else the request's session ids
+    are ignored (``core.session.HeaderScope``); ``none``: ids as sent, shared by whoever
+    sends them: unsafe with several tenants (one takes another's worker and saved slot)."""
     agent_session_headers: tuple[str, ...] = AGENT_SESSION_HEADERS
     """Identity headers agent CLIs send, read as the session id when ``session_header`` is
     absent (case-insensitive; first found wins; empty: none read)."""
@@ -328,11 +339,13 @@ def build_features(
     request_id: str,
     endpoint: Endpoint | None = None,
     tokenize: Tokenizer | None = None,
+    peer: str | None = None,
 ) -> RequestFeatures:
     """``RequestFeatures`` for one OpenAI request; raises ``InvalidRequestError`` on a bad body.
 
     ``endpoint`` is inferred from the body (``messages`` or ``prompt``) when not
-    given. ``tokenize`` is required only with ``block_mode: tokens``.
+    given. ``tokenize`` is required only with ``block_mode: tokens``. ``peer``: the
+    address the request came from (``session_scope``'s trusted peers).
     """
     cfg = config if config is not None else _DEFAULT_CONFIG
     # ``dict`` first: a decoded JSON body is one, and the ABC's check costs a microsecond.
@@ -384,6 +397,8 @@ def build_features(
         use_user_field=cfg.use_user_field,
         max_chars=cfg.max_session_key_chars,
         agent_headers=cfg.agent_session_headers,
+        scope=cfg.session_scope,
+        peer=peer,
     )
     _require_unicode(session_key, "session key")
     pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
@@ -402,7 +417,13 @@ def build_features(
         stream=stream,
         max_tokens=_max_tokens(body),
         checkpoints=checkpoint_indices(len(hashes), cfg.max_blocks, cfg.checkpoint_stride),
-        parent_key=parent_key_from(headers, cfg.parent_session_headers, cfg.max_session_key_chars),
+        parent_key=parent_key_from(
+            headers,
+            cfg.parent_session_headers,
+            cfg.max_session_key_chars,
+            cfg.session_scope,
+            peer,
+        ),
     )
 
 

@@ -19,16 +19,27 @@ two clients that send the same id never share an affinity, a saved slot or a sto
 entry. The digest is unkeyed (every replica and the endpoint picker derive the same key
 for the shared store) and one-way (BLAKE2b): the credential itself is never a key.
 A request without a credential keeps its id as it is (the simulator's placements).
+
+What scopes them is ``features.session_scope`` (``scope_of``): ``credential`` (the
+default, above); ``{header: <name>, trusted_peers: [...]}``, the identity a trusted hop
+sets (an auth proxy's ``x-user-id``, Envoy ext_authz's header), read only from a peer in
+``trusted_peers`` and present exactly once, else the request's session ids are ignored
+(``REFUSED``: it is routed by its prompt alone); or ``none`` (ids shared by whoever
+sends them: one tenant only). The identity is digested as a credential is, under a tag
+no credential can start with, and is never a key, a log line nor a label.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
+from functools import cached_property
 from hashlib import blake2b
-from typing import Any
+from typing import Any, Literal
 
 import xxhash
 from multidict import CIMultiDict, CIMultiDictProxy
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvgate.types import SessionKey, SessionSource
 
@@ -95,10 +106,114 @@ def credential_of(headers: Mapping[str, str]) -> bytes | None:
     return None
 
 
+IDENTITY_TAG = b"\0identity\0"
+"""Leading bytes of a trusted hop's identity as a scope: no credential starts with a NUL
+(no header value holds one), so an identity never shares a space with a bearer token."""
+
+REFUSED = b""
+"""The scope of a request whose identity is required and missing (or not trusted): its
+session ids are ignored (``scoped`` gives ``None``)."""
+
+_MAX_PEERS = 1024
+"""Peer addresses whose trust is remembered (``HeaderScope.trusts``); then started over."""
+
+
+class HeaderScope(BaseModel):
+    """``features.session_scope`` as a trusted hop's identity header.
+
+    Example::
+
+        features:
+          session_scope:
+            header: x-user-id               # set by the auth proxy / Envoy ext_authz
+            trusted_peers: [10.0.0.0/8]     # the addresses that hop connects from
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    header: str = Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+    """The identity header (case-insensitive). The hop must set it on every request,
+    replacing any the client sent: one sent twice is no identity."""
+    trusted_peers: tuple[str, ...] = Field(min_length=1)
+    """Addresses or networks (``10.0.0.0/8``, ``::1``) the header is read from; a request
+    from any other peer has its session ids ignored. ``0.0.0.0/0`` and ``::/0`` trust
+    every peer: only when nothing else can reach the gateway."""
+
+    @field_validator("trusted_peers")
+    @classmethod
+    def _networks_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or network: {text!r}") from None
+        return value
+
+    @cached_property
+    def _networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(text, strict=False) for text in self.trusted_peers)
+
+    @cached_property
+    def _trust(self) -> dict[str, bool]:
+        return {}
+
+    def trusts(self, peer: str | None) -> bool:
+        """True when ``peer`` (an IP address as text; ``None``: not known) is trusted."""
+        if not peer:
+            return False
+        memo = self._trust
+        known = memo.get(peer)
+        if known is not None:
+            return known
+        try:
+            address = ipaddress.ip_address(peer.partition("%")[0])
+        except ValueError:
+            trusted = False
+        else:
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            trusted = any(address in network for network in self._networks)
+        if len(memo) >= _MAX_PEERS:
+            memo.clear()
+        memo[peer] = trusted
+        return trusted
+
+    def identity(self, headers: Mapping[str, str], peer: str | None) -> bytes:
+        """The scope of a request from ``peer``: its identity, or ``REFUSED``."""
+        if not headers or not self.trusts(peer):
+            return REFUSED
+        if isinstance(headers, _CASE_INSENSITIVE):
+            values = headers.getall(self.header, ())
+            if len(values) != 1:
+                return REFUSED  # none, or a client's beside the hop's
+            value: str | None = values[0]
+        else:
+            value = header_value(headers, self.header)
+        if value is None or not value.strip():
+            return REFUSED
+        return IDENTITY_TAG + value.strip().encode("utf-8", "surrogatepass")
+
+
+SessionScope = Literal["credential", "none"] | HeaderScope
+"""What a session id is scoped by (``features.session_scope``)."""
+
+
+def scope_of(setting: SessionScope, headers: Mapping[str, str], peer: str | None) -> bytes | None:
+    """The scope of a request's session ids: the client's credential, a trusted hop's
+    identity (``REFUSED`` without one) or ``None`` (ids as sent)."""
+    if setting == "credential":
+        return credential_of(headers)
+    if setting == "none":
+        return None
+    assert isinstance(setting, HeaderScope)
+    return setting.identity(headers, peer)
+
+
 def scoped(key: SessionKey | None, credential: bytes | None) -> SessionKey | None:
     """``key`` in the credential's own space: a digest of both when there is a
-    credential; otherwise ``key`` itself (hashed if it poses as a scoped one)."""
-    if key is None:
+    credential (or identity, ``scope_of``); ``None`` when it is ``REFUSED``; otherwise
+    ``key`` itself (hashed if it poses as a scoped one)."""
+    if key is None or credential == REFUSED:
         return None
     if credential is None:
         if key.startswith(SCOPED_TAG):
@@ -140,25 +255,30 @@ def session_key_from(
     use_user_field: bool,
     max_chars: int,
     agent_headers: tuple[str, ...] = (),
+    scope: SessionScope = "credential",
+    peer: str | None = None,
 ) -> tuple[SessionKey | None, SessionSource]:
     """The request's session key and where it came from (header > an agent's identity
-    header > ``user`` > none), scoped by the client's credential (``scoped``)."""
+    header > ``user`` > none), scoped as ``scope`` says (``scope_of``; ``peer``: the
+    address the request came from)."""
+    key: SessionKey | None = None
+    source = _NONE
     raw = header_value(headers, header) if header else None
     if raw is not None:
         key = normalize_key(raw, max_chars)
-        if key is not None:
-            return scoped(key, credential_of(headers)), SessionSource.HEADER
-    if agent_headers and headers:
+        source = SessionSource.HEADER
+    if key is None and agent_headers and headers:
         key = first_header_key(headers, agent_headers, max_chars)
-        if key is not None:
-            return scoped(key, credential_of(headers)), SessionSource.AGENT
-    if use_user_field:
+        source = SessionSource.AGENT
+    if key is None and use_user_field:
         user = body.get("user")
         if isinstance(user, str):
             key = normalize_key(user, max_chars)
-            if key is not None:
-                return scoped(key, credential_of(headers)), SessionSource.USER
-    return None, _NONE
+            source = SessionSource.USER
+    if key is None:
+        return None, _NONE
+    key = scoped(key, scope_of(scope, headers, peer))
+    return (key, source) if key is not None else (None, _NONE)
 
 
 def first_header_key(
@@ -175,11 +295,15 @@ def first_header_key(
 
 
 def parent_key_from(
-    headers: Mapping[str, str], names: tuple[str, ...], max_chars: int
+    headers: Mapping[str, str],
+    names: tuple[str, ...],
+    max_chars: int,
+    scope: SessionScope = "credential",
+    peer: str | None = None,
 ) -> SessionKey | None:
     """The parent session a subagent's request names (``None``: not a subagent's), scoped
-    by the client's credential as its session key is."""
+    as its session key is."""
     if not names or not headers:
         return None
     key = first_header_key(headers, names, max_chars)
-    return scoped(key, credential_of(headers)) if key is not None else None
+    return scoped(key, scope_of(scope, headers, peer)) if key is not None else None

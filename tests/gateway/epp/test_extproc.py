@@ -320,3 +320,32 @@ async def test_a_turn_ending_in_a_tool_call_is_booked_away_through_the_picker(
         await wait_until(lambda: leases_released(picker), message="released")
         assert plane.returns == 1 and plane.book.get("agent-7") is None
         assert sum(w.routed.kv_reserved_tokens for w in picker.gateway.pool) == 0
+
+
+async def test_the_picker_scopes_sessions_by_envoys_identity_header() -> None:
+    """Envoy ran ext_authz and set ``x-user-id``; the picker trusts it from Envoy's address
+    (the gRPC peer) only: two users with one session id are two bindings, and a picker that
+    does not trust the peer binds neither."""
+    from kvgate.gateway.dataplane.extproc import grpc_peer_address
+    from kvgate.store import MemoryStore
+
+    assert grpc_peer_address("ipv4:10.0.0.7:41234") == "10.0.0.7"
+    assert grpc_peer_address("ipv6:%5B::1%5D:41234") == "::1"
+    assert grpc_peer_address("ipv6:[fe80::1%25eth0]:1") == "fe80::1%eth0"
+    assert grpc_peer_address("unix:/run/envoy.sock") is None
+    assert grpc_peer_address(None) is None
+    for trusted, bindings in ((["127.0.0.1"], 2), (["10.0.0.0/8"], 0)):
+        store = MemoryStore()
+        features = {"session_scope": {"header": "x-user-id", "trusted_peers": trusted}}
+        async with (
+            worker_fleet(2) as fleet,
+            running_picker(gateway_config(fleet, features=features), store=store) as picker,
+            envoy(picker) as client,
+        ):
+            for user in ("alice", "bob"):
+                headers = {"x-session-id": "shared", "x-user-id": user}
+                result = await client.request(chat(f"hello {user}"), headers=headers)
+                assert result.status == 200
+            await wait_until(lambda: leases_released(picker), message="released")
+            keys = {a.session_key for w in fleet for a in await store.sessions_of(w.url)}
+        assert len(keys) == bindings, keys

@@ -42,6 +42,11 @@ class Exchange(Protocol):
     def headers(self) -> Mapping[str, str]:
         """The request's headers; ``get`` ignores case."""
 
+    @property
+    def peer(self) -> str | None:
+        """The address of the connection's other end (the client, or the hop before the
+        gateway), as the socket says, never a forwarded header; ``None``: not known."""
+
     def set_request_id(self, request_id: str) -> None:
         """Note the request's id, so error answers the server writes carry it too."""
 
@@ -98,6 +103,10 @@ class AiohttpExchange:
     @property
     def headers(self) -> Mapping[str, str]:
         return self.request.headers
+
+    @property
+    def peer(self) -> str | None:
+        return self.request.remote  # the socket's peer: the gateway clones no request
 
     def set_request_id(self, request_id: str) -> None:
         self.request[REQUEST_ID_KEY] = request_id

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import grpc
 from envoy.config.core.v3.base_pb2 import HeaderValueOption
@@ -169,7 +169,7 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
 
         ``context.read``/``write``: each answer goes out before the next message is read.
         """
-        stream = _Stream(self)
+        stream = _Stream(self, grpc_peer_address(context.peer()))
         self.streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
@@ -182,6 +182,16 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self.streams -= 1
             stream.close()
+
+
+def grpc_peer_address(peer: str | None) -> str | None:
+    """The IP address in a gRPC peer (``ipv4:10.0.0.7:41234``, ``ipv6:%5B::1%5D:41234``);
+    ``None`` for any other (``unix:``)."""
+    kind, _, rest = (peer or "").partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    host = unquote(rest).rpartition(":")[0]
+    return host.removeprefix("[").removesuffix("]") or None
 
 
 def _outcome_of(exc: GatewayError) -> str:
@@ -198,8 +208,10 @@ def _outcome_of(exc: GatewayError) -> str:
 class _Stream:
     """The state of one request's ext_proc stream."""
 
-    def __init__(self, server: ExtProc) -> None:
+    def __init__(self, server: ExtProc, peer: str | None = None) -> None:
         self.server = server
+        self.peer = peer
+        """Envoy's address (the hop that ran ext_authz: ``session_scope``'s trusted peer)."""
         self.started = time.monotonic()
         self.headers: CIMultiDict[str] = CIMultiDict()
         self.body = bytearray()
@@ -460,6 +472,7 @@ class _Stream:
                     settings.features,
                     request_id=request_id,
                     endpoint=endpoint,  # type: ignore[arg-type]
+                    peer=self.peer,
                 )
             except prefix.InvalidRequest as exc:
                 raise InvalidRequestError(exc.message, param=exc.param) from None
@@ -491,6 +504,8 @@ class _Stream:
             header=cfg.session_header,
             use_user_field=cfg.use_user_field,
             max_chars=cfg.max_session_key_chars,
+            scope=cfg.session_scope,
+            peer=self.peer,
         )
         return RequestFeatures(
             request_id=request_id,

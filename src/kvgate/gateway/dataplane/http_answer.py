@@ -95,6 +95,10 @@ class ServerExchange:
         """A stream's head, sent with its first chunk."""
         self._state = _NOTHING
 
+    @property
+    def peer(self) -> str | None:
+        return self._conn.peer
+
     def set_request_id(self, request_id: str) -> None:
         self.request_id = request_id
 

@@ -150,6 +150,8 @@ class DataPlaneConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self._address: str | None = None
+        self.peer: str | None = None
+        """The peer's IP address (``None``: not an IP socket), kept past the close."""
         self._timer = LazyTimer(self._loop)
         """The deadline in force (the head's, the body's or keep-alive's): one per connection."""
         # The request being parsed.
@@ -182,6 +184,7 @@ class DataPlaneConnection(asyncio.Protocol):
         self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else None
         clients = self._plane.clients
         if not clients.admit(address):
             clients.rejected_log.warning(

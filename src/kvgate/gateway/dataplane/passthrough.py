@@ -205,6 +205,8 @@ class Passthrough:
             header=cfg.session_header,
             use_user_field=cfg.use_user_field,
             max_chars=cfg.max_session_key_chars,
+            scope=cfg.session_scope,
+            peer=request.remote,
         )
         if responses and payload is not None:
             previous = payload.get("previous_response_id")

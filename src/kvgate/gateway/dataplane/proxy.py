@@ -302,7 +302,12 @@ class Proxy:
                 body = json.dumps(payload, separators=(",", ":")).encode()
         try:
             features = prefix.build_features(
-                payload, request.headers, self.features, request_id=request_id, endpoint=endpoint
+                payload,
+                request.headers,
+                self.features,
+                request_id=request_id,
+                endpoint=endpoint,
+                peer=request.peer,
             )
         except prefix.InvalidRequest as exc:
             raise InvalidRequestError(exc.message, param=exc.param) from None
