@@ -118,3 +118,40 @@ async def test_a_worker_with_its_own_key_gets_only_that_key(
         b"authorization: bearer worker-key"
     ], head
     assert b"client-key" not in head and b"client-secret" not in head, head
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/embeddings"),
+        ("GET", "/v1/files"),
+        ("GET", "/nowhere"),
+    ],
+)
+async def test_client_api_keys_guard_every_path_that_reaches_a_worker(
+    method: str, path: str, no_tracebacks: object
+) -> None:
+    """vLLM's ``/tokenize`` and ``/detokenize`` are served outside ``/v1/``, where the key
+    check stopped: without a key they reached a worker, with the gateway's own worker
+    key attached. Every path but the probes, ``/metrics``, the admin API (its own guard)
+    and the dashboard's page now needs a client key."""
+    async with fake_fleet(api_keys=["client-key"], worker={"api_key": "worker-key"}) as (
+        gw,
+        fakes,
+    ):
+        req = (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
+        answer = await raw_exchange(gateway_port(gw), req)
+        assert answer.status == 401, answer
+        answer.error()
+        assert not [t for fake in fakes for t, _, _ in fake.requests if t.startswith(path)]
+        for open_path in ("/healthz", "/readyz", "/health"):
+            probe = await raw_exchange(
+                gateway_port(gw), f"GET {open_path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            )
+            assert probe.status == 200, (open_path, probe)

@@ -142,19 +142,34 @@ def body_limit(max_bytes: int) -> Middleware:
     return check
 
 
-def api_keys(keys: Iterable[str], protected_prefix: str = "/v1/") -> Middleware:
-    """Require ``Authorization: Bearer <key>`` with one of ``keys`` on the API paths (401).
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/health", "/metrics", "/dashboard"})
+"""Paths client API keys do not guard: probes, ``/metrics`` (``metrics_auth``), the
+dashboard's page (its data is an admin route)."""
 
-    ``protected_prefix`` is a path prefix, or an exact path (``/metrics``) when it
-    does not end with ``/``.
+OPEN_PREFIXES = ("/admin/", "/dashboard/")
+"""Path prefixes with a guard of their own (the admin API's, ``/dashboard/state.json``
+ included) or no data (the dashboard's assets)."""
+
+
+def api_keys(keys: Iterable[str], protected_prefix: str | None = None) -> Middleware:
+    """Require ``Authorization: Bearer <key>`` with one of ``keys`` (401).
+
+    ``protected_prefix`` ``None``: on every path but ``OPEN_PATHS`` and ``OPEN_PREFIXES``
+    (a path that reaches a worker outside ``/v1/``, vLLM's ``/tokenize``, is guarded too,
+    and so is any route added later); else a path prefix, or an exact path (``/metrics``)
+    when it does not end with ``/``.
     """
     allowed = [k.encode() for k in keys]
-    exact = not protected_prefix.endswith("/")
+    exact = protected_prefix is not None and not protected_prefix.endswith("/")
+
+    def guarded(path: str) -> bool:
+        if protected_prefix is None:
+            return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
+        return path == protected_prefix if exact else path.startswith(protected_prefix)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path
-        if path == protected_prefix if exact else path.startswith(protected_prefix):
+        if guarded(request.path):
             auth = request.headers.get("Authorization", "")
             if not key_presented(auth, request.headers.get("x-api-key"), allowed):
                 raise UnauthorizedError(
