@@ -213,3 +213,44 @@ def test_one_guard_for_every_admin_route_token_or_loopback() -> None:
     with pytest.raises(UnauthorizedError):
         check_admin(request("10.1.2.3", "t0k", {"Authorization": "Bearer nope"}))
     assert check_admin(request("10.1.2.3", "t0k", {"Authorization": "Bearer t0k"})) is not None
+
+
+async def test_without_a_token_only_this_machines_own_clients_get_in() -> None:
+    """The token-less admin API trusted any loopback peer: a page of any site in a browser
+    on the machine POSTed a worker of its own (``text/plain``, no preflight, no answer
+    needed: every prompt for the model could go to it), a name rebound to 127.0.0.1 read
+    it all, and a proxy on the machine relayed the world to it. Now such requests are 403;
+    the CLI's and a same-origin page's are not."""
+    async with (
+        versioned_fleet() as fleet,
+        running_gateway(fleet.config(admin_token=None)) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        authority = gw.url.removeprefix("http://")
+        evil = '{"url": "http://127.0.0.1:9", "model": "demo"}'
+        hostile = [
+            ("POST", {"Origin": "https://evil.example", "Content-Type": "text/plain"}),
+            ("POST", {"Origin": "null", "Content-Type": "text/plain"}),
+            ("POST", {"Sec-Fetch-Site": "cross-site", "Content-Type": "text/plain"}),
+            ("POST", {"Origin": "http://localhost:3000", "Sec-Fetch-Site": "same-site"}),
+            ("GET", {"Host": f"rebound.evil.example:{authority.rsplit(':', 1)[1]}"}),
+            ("GET", {"X-Forwarded-For": "203.0.113.9"}),
+            ("GET", {"Via": "1.1 nginx"}),
+        ]
+        for method, headers in hostile:
+            async with session.request(
+                method, gw.url + "/admin/workers", data=evil, headers=headers
+            ) as resp:
+                assert resp.status == 403, (headers, await resp.text())
+        assert "127.0.0.1:9" not in {w.config.url for w in gw.gateway.pool}
+        async with session.get(
+            gw.url + "/dashboard/state.json", headers={"Origin": "https://evil.example"}
+        ) as resp:
+            assert resp.status == 403
+        for headers in ({}, {"Origin": gw.url, "Sec-Fetch-Site": "same-origin"}):
+            async with session.get(gw.url + "/admin/workers", headers=headers) as resp:
+                assert resp.status == 200, headers
+        async with session.get(
+            f"http://localhost:{authority.rsplit(':', 1)[1]}/admin/models"
+        ) as resp:
+            assert resp.status == 200

@@ -3,7 +3,11 @@
 Every admin route, the drain routes (``admin.drain``) included, passes one
 guard (``check_admin``): ``Authorization: Bearer <admin_token>`` when a token is
 configured, else the request must come from a loopback address (the gateway
-does not start with the admin API on a non-loopback address without a token).
+does not start with the admin API on a non-loopback address without a token) and
+from this machine's own clients (``_local``): not relayed by a proxy on it (a
+forwarding header), not a browser page of another origin (``Origin``,
+``Sec-Fetch-Site``: a page any site serves could POST a worker of its own to
+``127.0.0.1``), not a name that was rebound to loopback (``Host``).
 With ``admin.enabled: false`` no admin route is mounted at all (404). Errors use
 the OpenAI shape: a bad body is 400 naming
 the field (``param``), an unknown rollout, model, version or worker 404, an
@@ -68,7 +72,7 @@ def check_admin(request: web.Request) -> ControlPlane:
         raise NotFoundError(f"no route for {request.method} {request.path}")
     token = control.admin_token
     if token is None:
-        if not _loopback(request.remote):
+        if not _loopback(request.remote) or not _local(request):
             raise GatewayError(
                 "the admin API answers only on loopback unless admin_token is set",
                 status=403,
@@ -94,6 +98,40 @@ def _loopback(remote: str | None) -> bool:
         return ipaddress.ip_address(remote).is_loopback
     except ValueError:
         return False
+
+
+_FORWARDING = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "via")
+"""Headers a proxy adds: a request carrying one came through it, from anywhere."""
+
+
+def _local(request: web.Request) -> bool:
+    """True when a loopback peer's request is this machine's own client's: no proxy's
+    forwarding header, a loopback ``Host`` (a DNS-rebound name is not), and no other
+    origin's browser page (``Origin`` and ``Sec-Fetch-Site``)."""
+    headers = request.headers
+    if any(name in headers for name in _FORWARDING):
+        return False
+    host = headers.get("Host")
+    if host is not None and not _loopback_host(host):
+        return False
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = headers.get("Origin")
+    if origin is not None:
+        scheme, _, authority = origin.partition("://")
+        if scheme not in ("http", "https") or authority != host:
+            return False
+    return True
+
+
+def _loopback_host(host: str) -> bool:
+    """True for ``localhost``, ``127.0.0.1:8000``, ``[::1]:8000`` and the like."""
+    if host.startswith("["):
+        name = host.partition("]")[0].removeprefix("[")
+    else:
+        name = host.partition(":")[0]
+    return name.lower() in ("localhost", "localhost.") or _loopback(name)
 
 
 def add_admin_route(app: web.Application, method: str, path: str, handler: Handler) -> None:

@@ -126,7 +126,11 @@ class AdminConfig(_Model):
     """The admin API (``/admin/...``): versions, weights, workers, rollouts.
 
     Every admin endpoint needs ``Authorization: Bearer <admin_token>`` when a
-    token is set; without one the API is only allowed on a loopback address.
+    token is set; without one the API is only allowed on a loopback address, to this
+    machine's own clients: a request relayed by a proxy (``Forwarded``,
+    ``X-Forwarded-For``, ``X-Real-IP``, ``Via``), from a browser page of another origin
+    (``Origin``, ``Sec-Fetch-Site``) or naming a host that is not loopback (DNS
+    rebinding) is a 403. Set a token behind a proxy on the same machine.
     """
 
     enabled: bool = True
