@@ -113,3 +113,27 @@ def test_unsafe_path_lets_encoded_slashes_by_only_when_asked() -> None:
     assert unsafe_path("/admin/workers/http%3A%2F%2Fw%3A8000/drain") is not None
     assert unsafe_path("/admin/workers/http%3A%2F%2Fw%3A8000/drain", slashes=False) is None
     assert unsafe_path("/admin/%2e%2e/v1/x", slashes=False) is not None
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/v1/load_lora_adapter/",
+        "/v1/load%5Flora_adapter",
+        "/v1/unload_lora_adapter?x=1",
+    ],
+)
+async def test_worker_management_paths_under_v1_are_not_forwarded(
+    target: str, no_tracebacks: object
+) -> None:
+    """vLLM's runtime LoRA endpoints live under ``/v1/``: any client (with any key) could
+    load an adapter from a path or hub name of its choosing into one worker of the fleet,
+    or unload the operator's, through the ``/v1/`` catch-all."""
+    body = b'{"lora_name":"x","lora_path":"/etc"}'
+    async with fake_fleet() as (gw, fakes):
+        answer = await raw_exchange(gateway_port(gw), _request("POST", target, body))
+    assert answer.status == 403, answer
+    assert answer.error()["code"] == "forbidden"
+    assert _forwarded(fakes) == []

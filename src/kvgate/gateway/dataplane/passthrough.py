@@ -58,6 +58,11 @@ POST_ONLY = (
 )
 """Endpoints that exist only for ``POST``: any other method is a 405 the gateway answers."""
 
+WORKER_CONTROL = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+"""``/v1/`` paths that manage a worker rather than ask it (vLLM's runtime LoRA loading,
+from any path or hub name the body gives): the operator's, on the worker itself; a
+client's is a 403, never forwarded (one worker of the fleet would change)."""
+
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     """A handler answering 405 with ``Allow: allowed`` (HEAD too: never sent upstream,
@@ -152,6 +157,13 @@ class Passthrough:
         why = unsafe_path(target)
         if why is not None:
             raise InvalidPathError(f"{why}: only normalized paths are forwarded")
+        if request.path.rstrip("/") in WORKER_CONTROL:  # decoded: %5F is ``_`` upstream too
+            raise GatewayError(
+                f"{request.path} manages a worker: it is not forwarded",
+                status=403,
+                type="permission_error",
+                code="forbidden",
+            )
         return await self._forward(request, target)
 
     async def _forward(
