@@ -349,3 +349,29 @@ async def test_the_picker_scopes_sessions_by_envoys_identity_header() -> None:
             await wait_until(lambda: leases_released(picker), message="released")
             keys = {a.session_key for w in fleet for a in await store.sessions_of(w.url)}
         assert len(keys) == bindings, keys
+
+
+async def test_the_picker_confines_paths_as_the_proxy_does() -> None:
+    """Envoy's route may send the pool any path: the picker placed a dot segment, a
+    worker's own endpoint (vLLM's ``/sleep``, ``/metrics``) or its runtime LoRA loading on
+    a worker as readily as a chat. Now it refuses what the built-in proxy does not forward."""
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker) as client,
+    ):
+        refused = {
+            "/v1/%2e%2e/sleep": 400,
+            "/v1/x/../../reset_prefix_cache": 400,
+            "/sleep": 404,
+            "/metrics": 404,
+            "/v1/load_lora_adapter": 403,
+            "/v1/unload%5Flora_adapter?x=1": 403,
+        }
+        for path, status in refused.items():
+            result = await client.request(b'{"model":"demo","lora_name":"x"}', path=path)
+            assert result.status == status, (path, result.status)
+            assert result.endpoints == [], path
+        ok = await client.request(chat("still served"))
+        assert ok.status == 200
+        await wait_until(lambda: leases_released(picker), message="released")

@@ -66,6 +66,7 @@ from kvgate.gateway.dataplane.errors import (
     OverloadedError,
 )
 from kvgate.gateway.dataplane.models import unknown_model_error
+from kvgate.gateway.dataplane.passthrough import confine
 from kvgate.gateway.dataplane.picked import PickedRequest
 from kvgate.gateway.dataplane.relay import (
     REASON_HEADER,
@@ -385,7 +386,9 @@ class _Stream:
         settings = server.settings
         if settings.draining():
             raise DrainingError("the picker is shutting down")
-        path = self.headers.get(":path", "/").split("?", 1)[0]
+        target = self.headers.get(":path", "/")
+        confine(target)  # what the built-in proxy would not forward, Envoy's route may send
+        path = target.split("?", 1)[0]
         request_id = self.headers.get(REQUEST_ID) or f"epp-{id(self):x}-{time.monotonic_ns():x}"
         self.path = path
         features = self._features(path, request_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -62,6 +63,30 @@ WORKER_CONTROL = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 """``/v1/`` paths that manage a worker rather than ask it (vLLM's runtime LoRA loading,
 from any path or hub name the body gives): the operator's, on the worker itself; a
 client's is a 403, never forwarded (one worker of the fleet would change)."""
+
+
+ROOT_PATHS = ("/tokenize", "/detokenize")
+"""vLLM's paths outside ``/v1/`` that are forwarded (to a worker of the model)."""
+
+
+def confine(target: str) -> None:
+    """Refuse a request target (path and query as the client sent it) that is not
+    forwarded: not a normalized path (400), outside ``/v1/`` and ``ROOT_PATHS`` (404),
+    a path that manages a worker (``WORKER_CONTROL``: 403). The built-in proxy's rule,
+    which the endpoint picker applies too (Envoy's route may send it any path)."""
+    why = unsafe_path(target)
+    if why is not None:
+        raise InvalidPathError(f"{why}: only normalized paths are forwarded")
+    path = unquote(target.partition("?")[0])  # as the worker will read it: %5F is ``_``
+    if not path.startswith("/v1/") and path not in ROOT_PATHS:
+        raise NotFoundError("no route for that path: only /v1/ paths are forwarded")
+    if path.rstrip("/") in WORKER_CONTROL:
+        raise GatewayError(
+            "that path manages a worker: it is not forwarded",
+            status=403,
+            type="permission_error",
+            code="forbidden",
+        )
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
@@ -152,18 +177,7 @@ class Passthrough:
         """Any other ``/v1/`` path: forwarded to a worker of the requested model, as the
         client sent it (``middleware.paths`` refused it unless it is a normalized path)."""
         target = request.raw_path
-        if not target.startswith("/v1/"):
-            raise NotFoundError(f"no route for {request.method} {request.path}")
-        why = unsafe_path(target)
-        if why is not None:
-            raise InvalidPathError(f"{why}: only normalized paths are forwarded")
-        if request.path.rstrip("/") in WORKER_CONTROL:  # decoded: %5F is ``_`` upstream too
-            raise GatewayError(
-                f"{request.path} manages a worker: it is not forwarded",
-                status=403,
-                type="permission_error",
-                code="forbidden",
-            )
+        confine(target)
         return await self._forward(request, target)
 
     async def _forward(
