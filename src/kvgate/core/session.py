@@ -133,7 +133,8 @@ class HeaderScope(BaseModel):
 
     header: str = Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
     """The identity header (case-insensitive). The hop must set it on every request,
-    replacing any the client sent: one sent twice is no identity."""
+    replacing any the client sent: one sent twice is no identity. For the endpoint
+    picker, Envoy's ext_authz filter must come before ext_proc in its filter chain."""
     trusted_peers: tuple[str, ...] = Field(min_length=1)
     """Addresses or networks (``10.0.0.0/8``, ``::1``) the header is read from; a request
     from any other peer has its session ids ignored. ``0.0.0.0/0`` and ``::/0`` trust
