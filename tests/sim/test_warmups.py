@@ -16,7 +16,7 @@ def run(seed: int, options: dict[str, object]) -> dict[str, object]:
 
 def test_warm_ups_are_sent_counted_apart_and_cut_the_shared_copies() -> None:
     # Seed 113: on 110 the openings made no shared copy to cut since the fill a worker
-    # is charged follows what it was sent lately (``Queues``).
+    # is charged follows what it was sent lately (``FleetSpeed.lately``).
     before, after = run(113, {"warm_min_blocks": 0}), run(113, {})
     assert before["warm_ups"] == 0 and before["warm_up_tokens"] == 0
     assert after["warm_ups"] > 0

@@ -22,6 +22,9 @@ is still unstarted at each first token (everything sent before it is done, in or
 uncached tokens are the caller's guess at send time and the truth from ``usage`` once they
 end. Where the engine reports its own queue (``waiting``, ``running`` from a scrape), the
 others' work it shows (another replica's) adds to this replica's exact book: ``predict``.
+A policy that costs at the prior (``default``) has the book drain at the prior's rate
+(``at_prior``; the fit drains it again at the rate learned: ``_features``). The book also
+counts the requests and uncached tokens sent to each worker lately (``lately``).
 
 An engine that reports its batch slots (llama.cpp's ``/slots``: ``engine``) is no queue
 (``core.batch``): the fit sees the tokens a request's prefill shared the batch with, and
@@ -47,10 +50,10 @@ import heapq
 import math
 import statistics
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import replace
 
 from kvgate.core.batch import shared_prefill
+from kvgate.core.speed_book import Book, Look, Sent
 from kvgate.core.speed_fit import (
     SCALE,
     Fit,
@@ -75,87 +78,6 @@ __all__ = ["FleetSpeed", "Look", "Observation", "Speed", "SpeedReport"]
 _LATE = 6.0
 
 
-class Look(NamedTuple):
-    """What ``FleetSpeed.predict`` reads of one worker, as of a change, for a policy that
-    keeps it until the next one (its own requests' sends and ends, the worker's fit) or
-    ``until`` (a request's predicted start): ``queued(now)`` drains the backlog."""
-
-    speed: Speed
-    tokens: float  # uncached tokens of the requests not yet started
-    backlog: float  # uncached tokens left to prefill as of ``as_of`` (``_Book.ahead``)
-    as_of: Seconds
-    unstarted: int
-    decoding: int
-    until: Seconds  # the next predicted start: the look is stale from then
-
-    def queued(self, now: Seconds) -> float:
-        """Uncached tokens still to prefill at ``now`` (``_Book.ahead``)."""
-        prefill_s = self.speed.prefill_s
-        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
-        return (self.tokens if self.tokens < left else left) if left > 0.0 else 0.0
-
-
-@dataclass(slots=True)
-class _Sent:
-    worker: WorkerId
-    at: Seconds
-    uncached: float  # the guess at send; usage's truth when it ends
-    predicted: Seconds
-    ahead: tuple[str, ...]  # requests not at their first token when it was sent (up to 32)
-    guessed: float  # their uncached tokens as guessed then (all of them)
-    backlog: float  # the book's backlog then and as of when (``_Book.ahead``): drained
-    as_of: float  # again at the fit, at the rate learned by then
-    waiting: int  # how many they were
-    running: int
-    started: bool = False  # at its first token, or past its predicted time
-    wait: float = 0.0  # of ``predicted``: the wait for an engine slot (``engine``)
-    shared: float | None = None  # slotted engine: the prefill tokens its own was shared with
-    first_at: float | None = None  # when its first token came
-    awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
-
-
-@dataclass(slots=True)
-class _Book:
-    """One worker's requests in flight from this replica; ``tokens``/``unstarted``: those
-    not yet started, ``starts``: their predicted start times (entries of started ones stay
-    until popped)."""
-
-    sent: dict[str, _Sent] = field(default_factory=dict)
-    starts: list[tuple[float, str]] = field(default_factory=list)
-    tokens: float = 0.0
-    unstarted: int = 0
-    fit: Fit | None = None  # the worker's fit, once it has one
-    decode: float = 0.0  # mean seconds a request decodes after its first token (``held``)
-    slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
-    last_sent: float | None = None  # for ``rate``: requests sent here a second (mean)
-    used: int = 0  # requests ever sent here (while fewer than the slots, some slots are cold)
-    rate: float = 0.0
-    backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
-    as_of: float = 0.0
-
-    def ahead(self, now: Seconds, prefill_s: float) -> float:
-        """Uncached tokens still to prefill at ``now``: the backlog drained at ``prefill_s``
-        seconds a token since ``as_of``, at most the unstarted requests' tokens."""
-        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
-        return min(self.tokens, left) if left > 0.0 else 0.0
-
-    def start(self, sent: _Sent) -> None:
-        if not sent.started:
-            sent.started = True
-            self.tokens -= sent.uncached
-            self.unstarted -= 1
-            if not self.unstarted:
-                self.tokens = 0.0  # no float drift past an empty queue
-
-    def settle(self, now: Seconds) -> None:
-        starts = self.starts
-        while starts and starts[0][0] <= now:
-            _, rid = heapq.heappop(starts)
-            sent = self.sent.get(rid)
-            if sent is not None:
-                self.start(sent)
-
-
 class FleetSpeed:
     """Per-worker speed estimates, fed request by request (module docs)."""
 
@@ -171,8 +93,14 @@ class FleetSpeed:
         tolerance: float = 0.0,
         band: float = 4.0,
         stale: float = 64.0,
+        at_prior: bool = False,
+        half_s: float = 60.0,
     ) -> None:
         self.prior = prior
+        # The book drains at the prior's rate (``prior_of``), not the learned one.
+        self.at_prior = at_prior
+        self.half_s = half_s  # of what ``lately`` counts
+        self._prior: Speed | None = None  # cached ``prior_of`` (``engine`` drops it)
         # A worker's prefill rate stays within ``band`` times its start (the prior, or the
         # fleet's, rescaled at its first observations): TTFTs that are mostly queueing once
         # drove the fit to 50x the prior's rate with the queue in a large overhead.
@@ -196,11 +124,11 @@ class FleetSpeed:
         self._warm = warm
         self._max_pending = max_pending
         self._fits: dict[WorkerId, Fit] = {}
-        self._pending: OrderedDict[str, _Sent] = OrderedDict()
-        self._books: dict[WorkerId, _Book] = {}
+        self._pending: OrderedDict[str, Sent] = OrderedDict()
+        self.books: dict[WorkerId, Book] = {}  # per worker: read ``Book.queued`` of it
         self._fleet: Speed | None = None  # cached ``fleet()`` (``_update`` drops it)
         self._updates = 0
-        self._done: OrderedDict[str, _Sent] = OrderedDict()  # recent ends, usage's tokens
+        self._done: OrderedDict[str, Sent] = OrderedDict()  # recent ends, usage's tokens
         self._engine_prefill: dict[WorkerId, float] = {}  # as the engines report it (``engine``)
         self.log: deque[tuple[str, WorkerId, Seconds, Seconds]] = deque(maxlen=4096)
         """The latest observations: request id, worker, TTFT predicted at its send, observed."""
@@ -236,13 +164,14 @@ class FleetSpeed:
         """What ``worker``'s engine reports of itself: its batch slots (a request past them
         waits for one to free: ``predict``) and its own mean prefill seconds a token (a prior
         before any observation: ``fleet``, ``prior_of``); True when that rate moved."""
-        book = self._books.get(worker)
+        book = self.books.get(worker)
         if book is None:
-            book = self._books[worker] = _Book(fit=self._fits.get(worker))
+            book = self.books[worker] = Book(fit=self._fits.get(worker))
         book.slots = slots
         if not prefill_s or prefill_s <= 0.0 or self._engine_prefill.get(worker) == prefill_s:
             return False
         self._engine_prefill[worker] = prefill_s
+        self._prior = None
         if not any(f.n for f in self._fits.values()):
             self._fleet = None
         return True
@@ -251,27 +180,40 @@ class FleetSpeed:
         """What ``worker`` is believed before it is observed: as ``fleet`` starts, the prior
         at the median of the engines' own prefill rates where they report one (``engine``:
         like workers' measures of one short request differ by their noise alone)."""
-        reported = self._engine_prefill
-        rate = statistics.median(reported.values()) if reported else None
-        return replace(self.prior, prefill_s=rate) if rate else self.prior
+        if self._prior is None:
+            reported = self._engine_prefill
+            rate = statistics.median(reported.values()) if reported else None
+            self._prior = replace(self.prior, prefill_s=rate) if rate else self.prior
+        return self._prior
+
+    def _drain_s(self, worker: WorkerId) -> float:
+        """Seconds a token the book of ``worker`` drains at (``at_prior``)."""
+        return (self.prior_of(worker) if self.at_prior else self.speed(worker)).prefill_s
+
+    def lately(self, worker: WorkerId, now: Seconds) -> tuple[float, float]:
+        """Requests and uncached tokens sent to ``worker``, each halved every ``half_s``."""
+        book = self.books.get(worker)
+        if book is None:
+            return 0.0, 0.0
+        age = now - book.sent_at
+        decay = math.exp2(-age / self.half_s) if age > 0.0 else 1.0
+        return book.recent * decay, book.lately * decay
 
     def queue(self, worker: WorkerId, now: Seconds) -> tuple[float, int]:
         """This replica's book of ``worker`` at ``now``: uncached tokens still to prefill
         (of requests not yet at their first token, past its predicted time a request counts
-        as started; drained at the worker's rate), and the rest of its requests in flight
-        (decoding)."""
-        book = self._books.get(worker)
+        as started; drained at the worker's rate, or the prior's: ``at_prior``), and the
+        rest of its requests in flight (decoding)."""
+        book = self.books.get(worker)
         if book is None:
             return 0.0, 0
-        book.settle(now)
-        ahead = book.ahead(now, self.speed(worker).prefill_s) if book.unstarted else 0.0
-        return ahead, len(book.sent) - book.unstarted
+        return book.queued(now, self._drain_s(worker)), len(book.sent) - book.unstarted
 
     def look(self, worker: WorkerId, now: Seconds) -> Look:
         """``worker``'s speed and this replica's book of it at ``now``, good until the
         next change to either (``Look``)."""
         speed = self.speed(worker)
-        book = self._books.get(worker)
+        book = self.books.get(worker)
         if book is None:
             return Look(speed, 0.0, 0.0, now, 0, 0, math.inf)
         starts = book.starts
@@ -301,7 +243,7 @@ class FleetSpeed:
         it reports them: requests waiting there beyond this replica's own are others'
         work, counted at the worker's mean uncached tokens; its running count is a floor."""
         # Called for every candidate of every placement: one look-up, plain arithmetic.
-        book = self._books.get(worker)
+        book = self.books.get(worker)
         speed, tokens, unstarted, decoding, mean = self._fleet or self.fleet(), 0.0, 0, 0, uncached
         if book is not None:
             starts = book.starts
@@ -343,7 +285,7 @@ class FleetSpeed:
 
     @staticmethod
     def _slotted(
-        book: _Book, speed: Speed, uncached: float, mean: float, now: Seconds
+        book: Book, speed: Speed, uncached: float, mean: float, now: Seconds
     ) -> tuple[Seconds, float]:
         """``core.batch.shared_prefill`` on ``book``: the wait for a slot, and the prefill
         tokens this request's own are shared with (its own included)."""
@@ -359,7 +301,7 @@ class FleetSpeed:
         sent there for: an engine of slots each with its own KV (llama.cpp) gives a new
         request a free slot, cold until it has served one, or one freed by a request
         that ends (warm: it held a prompt sent there). Always, where no slots are known."""
-        book = self._books.get(worker)
+        book = self.books.get(worker)
         if book is None or not book.slots:
             return True
         present = len(book.sent)
@@ -387,9 +329,9 @@ class FleetSpeed:
         ``at``; returns its predicted TTFT. ``streamed``: its first token will be reported
         (``first_token``), so one late is a sign of a slower worker (``late``)."""
         self.late(at)
-        book = self._books.get(worker)
+        book = self.books.get(worker)
         if book is None:
-            book = self._books[worker] = _Book(fit=self._fits.get(worker))
+            book = self.books[worker] = Book(fit=self._fits.get(worker))
         book.settle(at)
         # Their ids, to count their tokens as usage reports them, while they are few (a
         # queue hundreds deep is judged by the guesses: the list would cost more than it says).
@@ -407,8 +349,10 @@ class FleetSpeed:
             book.last_sent = at
             book.used += 1
         uncached = max(uncached, 0.0)
-        queued = book.ahead(at, self.speed(worker).prefill_s) if waiting else 0.0
-        sent = _Sent(
+        queued = book.ahead(at, self._drain_s(worker)) if waiting else 0.0
+        book.recent, book.lately = self.lately(worker, at)
+        book.recent, book.lately, book.sent_at = book.recent + 1.0, book.lately + uncached, at
+        sent = Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
             waiting, running, wait=wait, shared=shared, awaiting=streamed,
         )  # fmt: skip
@@ -430,7 +374,7 @@ class FleetSpeed:
         sent = self._pending.get(request_id)
         if sent is not None:
             sent.awaiting = False
-            book = self._books[sent.worker]
+            book = self.books[sent.worker]
             book.start(sent)
             sent.first_at = at
             # All sent before it are done too: what is left is what is still unstarted.
@@ -472,7 +416,7 @@ class FleetSpeed:
     def held(self, request_id: str, decoded: Seconds) -> None:
         """The observed ``request_id`` decoded ``decoded`` seconds after its first token."""
         sent = self._done.get(request_id)
-        book = self._books.get(sent.worker) if sent is not None else None
+        book = self.books.get(sent.worker) if sent is not None else None
         if book is None or not book.slots or not 0.0 <= decoded < math.inf:
             return
         book.decode = decoded if not book.decode else book.decode + 0.2 * (decoded - book.decode)
@@ -510,7 +454,7 @@ class FleetSpeed:
 
     def forget_worker(self, worker: WorkerId) -> None:
         """``worker`` left the fleet."""
-        book = self._books.pop(worker, None)
+        book = self.books.pop(worker, None)
         for rid in book.sent if book is not None else ():
             self._pending.pop(rid, None)
         self._fits.pop(worker, None)
@@ -518,7 +462,7 @@ class FleetSpeed:
 
     # -- the fit ----------------------------------------------------------------------
 
-    def _features(self, fit: Fit, sent: _Sent) -> tuple[float, ...]:
+    def _features(self, fit: Fit, sent: Sent) -> tuple[float, ...]:
         """The fit's inputs for ``sent``: one (overhead), the uncached tokens ahead of it and
         its own, the requests decoding and those waiting ahead when it was sent."""
         # What was still to prefill ahead of it, drained at the rate learned by now (the
@@ -557,10 +501,10 @@ class FleetSpeed:
         sent = self._pending.get(request_id)
         return sent.uncached if sent is not None else 0.0
 
-    def _forget(self, request_id: str) -> _Sent | None:
+    def _forget(self, request_id: str) -> Sent | None:
         sent = self._pending.pop(request_id, None)
         if sent is not None:
-            book = self._books[sent.worker]
+            book = self.books[sent.worker]
             book.start(sent)
             del book.sent[request_id]
             if not book.sent:
@@ -578,7 +522,7 @@ class FleetSpeed:
             for i in range(N):
                 p[i][i] = spread(theta[i]) if self._fitted[i] else 0.0
             fit = self._fits[worker] = Fit(theta, p, anchor=theta[1], last=self._updates)
-            book = self._books.get(worker)
+            book = self.books.get(worker)
             if book is not None:
                 book.fit = fit
         return fit

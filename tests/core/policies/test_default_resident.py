@@ -23,7 +23,7 @@ BLOCK_S = 64 / 12_000
 
 def warm(policy: DefaultPolicy, where: str, blocks: int, group: int) -> None:
     """Send ``blocks`` blocks of strangers' chains to ``where`` 5 s ago: their queue has
-    drained, and the fill they leave is still charged in full (``Queues``)."""
+    drained, and the fill they leave is still charged in full (``Warming._charge``)."""
     for i in range(blocks // 5):
         policy.on_routed(request(f"{where}{group}-{i}", hashes=chain(group + i, 5)), where, -5.0)
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Collection
 from collections.abc import Set as AbstractSet
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.policies.books import Queues
 from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import Resident, RouteContext
 from kvgate.types import WorkerId
 
@@ -123,7 +123,7 @@ class Residency(PrefixLearning):
     it has not stored yet), this replica's index, the store's holders. A base of
     ``DefaultPolicy`` (through ``Warming``)."""
 
-    _queues: Queues
+    _running: RunningBlocks  # the chains of the requests in flight, per worker
     _told: tuple[str, Collection[WorkerId]] = ("", ())
     """The last request looked up and the workers whose KV events told its claims."""
 
@@ -146,7 +146,7 @@ class Residency(PrefixLearning):
             return found
         self._told = (request.request_id, resident.exact)
         found = exact_matches(found, resident, self.index.depth_within, len(hashes))
-        for worker, depth in self._queues.running.shared_depths(hashes, resident.exact):
+        for worker, depth in self._running.shared_depths(hashes, resident.exact):
             if depth > found.get(worker, 0):
                 found[worker] = depth
         return found

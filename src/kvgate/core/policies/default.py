@@ -7,15 +7,15 @@ headerless request, the placement minimises, over the candidate workers, in seco
     cost = queued prefill + uncached prefill + in flight × decode_s
            + evict × max(uncached prefill, life) × fill − stay × cached prefill × (1 − fill)
 
-- *queued prefill*: what was routed there and not yet prefilled (``Queues``), at most what
-  its requests in flight still owe; on an engine of a few slots (llama.cpp) at least the
-  TTFT ``core.speed`` predicts there;
+- *queued prefill*: what was routed there and not yet prefilled, at most what its requests
+  not yet at their first token bring (``core.speed``'s book, drained at the prior's rate);
+  on an engine of a few slots (llama.cpp) at least the TTFT ``core.speed`` predicts there;
 - *uncached prefill*: the prompt less the worker's longest match (``Residency``: KV
   events, this replica's index, the store's holders; KV restorable from disk at
   ``restorable_credit``), a claim the index cannot vouch for at the share usage confirms
   (``ClaimShares``), a later headerless turn's match to its earlier turn's end and reply
   (``ChainEnds``), none in a cold llama.cpp slot;
-- *fill*: how full the worker's KV is with what was sent there lately (``Queues``);
+- *fill*: how full the worker's KV is with what was sent there lately (``Warming._charge``);
   *life*: a new session, or a headerless request extending no earlier chain, decides
   where its whole conversation goes and is charged what one routes over its life
   (``Conversations``);
@@ -58,10 +58,11 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
-from kvgate.core.policies.books import Conversations, Life, Queues
+from kvgate.core.policies.books import Conversations, Life
 from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.learning import Replies, SpeedLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.warming import Openers, Warming
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
@@ -92,9 +93,7 @@ class DefaultConfig(PolicyConfig):
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break), of
     the counts that measure what a conversation brings over its life, and of the tokens
-    sent to a worker that bound the fill it is charged (``Queues``)."""
-    outstanding_horizon_s: float = Field(default=600.0, gt=0)
-    """A routed request never reported back is dropped from the queue estimate after this."""
+    sent to a worker that bound the fill it is charged (``FleetSpeed.lately``)."""
     time_scale: float = Field(default=1.0, gt=0)
     """Model seconds per second of the driver's clock: the rates and times above are the
     model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
@@ -142,9 +141,11 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._decode_s = cfg.decode_s / scale
         self._recent_half_s = half_s = cfg.recent_half_life_s / scale
         pending = cfg.index.max_pending
-        self.speed = FleetSpeed(Speed(0.0, 1.0 / self._rate, self._decode_s))  # the prior's
-        self._queues = Queues(self.speed, half_s, cfg.outstanding_horizon_s / scale, pending)
-        self._costs = self._queues.costs  # what a decision reads of each worker's queue
+        prior = Speed(0.0, 1.0 / self._rate, self._decode_s)
+        self.speed = FleetSpeed(prior, max_pending=pending, at_prior=True, half_s=half_s)
+        # The chains of the requests in flight (``Warming._fly``), and the fills charged.
+        self._running, self._flying = RunningBlocks(), {}
+        self._fills, self.charged, self._aged_at = {}, {}, -math.inf
         self._replies = Replies(pending)  # a session's cached reply (TTFT)
         # What a conversation routes over its life: sessions', and headerless ones'.
         self._sessions, self._chains = Life(), Conversations(half_s, cfg.chain_ends)
@@ -166,7 +167,7 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def queued_tokens(self, worker: WorkerId, now: Seconds) -> float:
         """The prefill tokens ``worker`` is estimated to still have queued at ``now``."""
-        return self._queues.queued_tokens(worker, now)
+        return self.speed.queue(worker, now)[0]
 
     def on_routed(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Queue the request's uncached tokens on ``worker``, then index its chain there."""
@@ -187,7 +188,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         tokens = (prompt - cached) * self._tokens_per_char
         seconds = tokens / self._rate  # at the prior's rate: the unit of the lives' costs
         hashes = tuple(request.prefix_hashes)
-        self._queues.routed(rid, worker, tokens, hashes, now)
+        self._fly(rid, worker, hashes)
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         likely = prompt - max(likely, self._replies.cached(request, worker) if warm else 0)
         self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
@@ -225,8 +226,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         *,
         completion_tokens: int = 0,
     ) -> None:
-        """The request is done: its tokens leave the queue bound; correct the index."""
-        self._queues.reported(request.request_id)
+        """The request is done: it leaves the books; correct the index."""
+        self._landed(request.request_id)
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
@@ -236,14 +237,17 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._refill(worker, now)
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
-        """No usage will come: the request's prefill leaves the worker's queue bound."""
-        self._queues.reported(request.request_id)
+        """No usage will come: the request leaves the books."""
+        self._landed(request.request_id)
         self.speed.dropped(request.request_id)
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         """Forget the worker's blocks, queue and counts."""
         super().on_worker_removed(worker)
-        self._queues.forget(worker)
+        self.speed.forget_worker(worker)
+        self._running.forget(worker)
+        self._fills.pop(worker, None)
+        self.charged.pop(worker, None)
 
     # -- deciding -----------------------------------------------------------------
 
@@ -251,7 +255,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """Stay (explicit sessions), or place by expected TTFT, or refuse; see the module docs."""
         cfg = self.config
         self.speed.late(ctx.fleet.now)  # a request late for its first token moves a fit
-        self._queues.age(ctx.fleet.now)
+        self._age(ctx.fleet.now)
         found = None
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._ends.through(request))
@@ -291,7 +295,7 @@ class DefaultPolicy(Warming, SpeedLearning):
     def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
         """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
         hashes = request.prefix_hashes
-        depth = self._queues.running.shared_depth(worker, hashes) if hashes else 0
+        depth = self._running.shared_depth(worker, hashes) if hashes else 0
         if not depth or "running" in self._off:
             return 0
         chars = self.index.depth_chars(depth)
@@ -352,9 +356,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         fresh_all = prompt * per_char
         icfg = self.index.config
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
-        costs, idle = self._costs.get, self._queues.idle
-        evict = cfg.evict
-        fleet_pace = idle[4]  # what an eviction costs is paid at the fleet's pace
+        charged, books, decode_s = self.charged.get, self.speed.books.get, self._decode_s
+        evict, per_token = cfg.evict, self.speed.prior_of(None).prefill_s
+        pace = per_token / self.speed.prior.prefill_s  # the engines' own rate over the prior's
         # An opening adds its conversation's whole life here, not this turn's; a
         # session's binding makes a pull buy nothing past this turn (module docs).
         stay, life, rid = cfg.stay * per_char, 0.0, request.request_id
@@ -400,23 +404,21 @@ class DefaultPolicy(Warming, SpeedLearning):
         scores: list[float] = []  # per worker of ``pool``
         score = scores.append
         # One pass over plain locals: this runs for every worker on every placement. Its
-        # prefill and the pull at the worker's pace, what it evicts at the fleet's (the
-        # later requests pay it wherever), its queue in seconds (``Cost``).
+        # queue, prefill, what it evicts and the pull at the prior's pace.
         for w in pool:
             wid = w.id
-            drains, owes, _, fill, pace, base, decode_s, evicts, keeps = costs(wid) or idle
+            fill = charged(wid, 0.0)
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
-                evicts, keeps = fill * fleet_pace, pace * (1.0 - fill)
             fresh, weight, pull = terms[depth_at(wid, 0)]
-            queued = drains - now
-            queued = 0.0 if queued <= 0.0 else owes if queued > owes else queued
+            book = books(wid)
+            queued = book.queued(now, per_token) * per_token if book is not None else 0.0
             if predict is not None and w.slots:  # at least the TTFT of the slots' model
                 start = predict(wid, fresh * rate, now, in_flight=w.in_flight) - pace * fresh
                 queued = start if start > queued else queued
-            cost = base + w.in_flight * decode_s + queued + pace * fresh + weight * evicts
+            cost = w.in_flight * decode_s + queued + pace * fresh + weight * (fill * pace)
             if pull:
-                cost -= pull * keeps  # a full cache keeps new work only by evicting
+                cost -= pull * (pace * (1.0 - fill))  # a full cache keeps new work only by evicting
             score(cost)
             if cost <= least:  # the cheapest so far; exact ties (common at low load) after
                 least, best, tied = cost, w, cost == least
@@ -440,11 +442,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         """``found`` less the claims on engines of slots (llama.cpp) whose free slot is cold
         (``FleetSpeed.slot_cache``): such an engine keeps KV per slot. What the engines
         report is read first (``FleetSpeed.engine``): the queues drain at their rates."""
-        speed, moved = self.speed, False
+        speed = self.speed
         for w in pool:
-            moved |= speed.engine(w.id, w.slots, w.engine_prefill_s)
-        if moved:
-            self._queues.repace()
+            speed.engine(w.id, w.slots, w.engine_prefill_s)
         get, cached = found.get, speed.slot_cache
         cold = {w.id for w in pool if w.slots and get(w.id) and not cached(w.id)}
         return {w: d for w, d in found.items() if w not in cold} if cold else found
@@ -467,7 +467,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """
         prompt, evict = request.prompt_chars, self.config.evict
         per_char = self._tokens_per_char / self._rate
-        fleet = self._queues.idle[4]  # the fleet's pace: what an eviction costs (``_place``)
+        pace = self.speed.prior_of(None).prefill_s / self.speed.prior.prefill_s  # ``_place``'s
         judged: _Cuts = {}
         while True:
             wid = best.id
@@ -480,10 +480,10 @@ class DefaultPolicy(Warming, SpeedLearning):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            _, _, _, fill, pace, *_ = self._costs.get(wid) or self._queues.idle  # ``Cost``
+            fill = self.charged.get(wid, 0.0)
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
-            evicts = evict * fill * (max(more, life) - max(fresh, life)) * (fleet / pace)
+            evicts = evict * fill * (max(more, life) - max(fresh, life))
             extra = pace * (more - fresh + evicts)
             scored.add(best, extra)
             best = scored.cheapest(lambda w: self._tie(w, now))
@@ -510,5 +510,5 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def _tie(self, worker: WorkerState, now: Seconds) -> tuple[int, float, float, str]:
         """Order among equal costs: load, recent requests, KV usage, id."""
-        recent = self._queues.recent(worker.id, now)
+        recent = self.speed.lately(worker.id, now)[0]
         return (worker.load, recent, worker.kv_usage or 0.0, worker.id)

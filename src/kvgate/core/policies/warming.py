@@ -4,7 +4,9 @@ After each placement the newest openings behind each shared prefix the worker ho
 placed again (``Openers``: the newest ``limit`` prefixes openings matched at least
 ``least_blocks`` of, shared once ``SHARED`` openings' matches end at one); where the next
 would copy the prefix to an idle worker, that worker is sent the prefix alone, ahead of
-it, queued and indexed as a request is (``docs/dev/default.md``).
+it, queued and indexed as a request is (``docs/dev/default.md``). Also what the policy keeps
+of each worker besides ``core.speed``'s book: the chains of its requests in flight, and the
+fill a placement is charged (``_refill``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import TYPE_CHECKING
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import candidates, under_threshold
-from kvgate.core.policies.books import Queues
 from kvgate.core.policies.claims import Residency
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policy import RouteContext
+from kvgate.core.speed import FleetSpeed
 from kvgate.core.warmup import WarmUp
 from kvgate.types import BlockHash, Seconds, WorkerId
 
@@ -97,12 +99,17 @@ class Openers:
 
 
 class Warming(Residency):
-    """Warm-ups for a policy that places by ``_aside`` and keeps a ``Queues`` estimate."""
+    """Warm-ups for a policy that places by ``_aside`` and books its requests in ``speed``."""
 
     config: DefaultConfig
+    speed: FleetSpeed
     _openers: Openers
-    _queues: Queues
     _tokens_per_char: float
+    _flying: dict[str, tuple[WorkerId, tuple[BlockHash, ...]]]
+    _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
+    charged: dict[WorkerId, float]
+    """The fill a placement is charged: at most what the worker was sent lately fills."""
+    _aged_at: Seconds
 
     def _aside(
         self, request: RequestFeatures, pool: list[WorkerState], ctx: RouteContext, *, opening: bool
@@ -110,11 +117,40 @@ class Warming(Residency):
         """Where the policy would place ``request`` in ``pool``, remembering nothing of it."""
         raise NotImplementedError
 
+    def _fly(self, request_id: str, worker: WorkerId, hashes: tuple[BlockHash, ...]) -> None:
+        """A request with chain ``hashes`` is in flight on ``worker`` (``_running``)."""
+        self._landed(request_id)
+        if len(self._flying) < self.config.index.max_pending:
+            self._flying[request_id] = (worker, hashes)
+            self._running.add(worker, hashes)
+
+    def _landed(self, request_id: str) -> None:
+        flying = self._flying.pop(request_id, None)
+        if flying is not None:
+            self._running.remove(*flying)
+
     def _refill(self, worker: WorkerId, now: Seconds) -> None:
-        """Tell the books how full ``worker``'s cache is, and of how many tokens."""
+        """How full ``worker``'s cache is now, of how many tokens: charged (``_charge``)."""
         index = self.index
         room = index.kv_blocks(worker) * index.config.block_chars * self._tokens_per_char
-        self._queues.refill(worker, index.fill(worker), room, now)
+        self._fills[worker] = (index.fill(worker), room)
+        self._charge(worker, now)
+
+    def _charge(self, worker: WorkerId, now: Seconds) -> None:
+        """Charge ``worker`` its fill as of ``now``, at most what the uncached tokens it was
+        sent lately (``FleetSpeed.lately``) fill of its room."""
+        fill, room = self._fills[worker]
+        if room > 0.0:
+            lately = self.speed.lately(worker, now)[1] / room
+            fill = lately if lately < fill else fill
+        self.charged[worker] = fill
+
+    def _age(self, now: Seconds) -> None:
+        """Every ``half_s / 16``, every worker is charged again as of ``now``."""
+        if now >= self._aged_at + self.speed.half_s / 16.0:
+            self._aged_at = now
+            for worker in self._fills:
+                self._charge(worker, now)
 
     def openers(self) -> Collection[str]:
         """Ids of the openings whose shared prefixes a warm-up may copy (``Openers``)."""
@@ -128,7 +164,7 @@ class Warming(Residency):
         cfg, now, index, openers = self.config, ctx.fleet.now, self.index, self._openers
 
         def idle(w: WorkerState) -> bool:
-            return not (w.in_flight + (w.waiting or 0) or self._queues.queued_tokens(w.id, now))
+            return not (w.in_flight + (w.waiting or 0) or self.speed.queue(w.id, now)[0])
 
         if not cfg.warm_min_blocks or not openers.ids() or not any(map(idle, ctx.fleet.workers)):
             return None
@@ -150,7 +186,8 @@ class Warming(Residency):
     def on_warm(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
         tokens = request.prompt_chars * self._tokens_per_char
-        self._queues.routed(request.request_id, worker, tokens, request.prefix_hashes, now)
+        self.speed.sent(request.request_id, worker, now, tokens)
+        self._fly(request.request_id, worker, request.prefix_hashes)
         PrefixLearning.on_routed(self, request, worker, now)
         self._refill(worker, now)
 
@@ -164,7 +201,8 @@ class Warming(Residency):
     ) -> None:
         """The warm-up ended (``prompt_tokens`` 0: it failed): it leaves the queue, and its
         usage corrects the index as a request's does."""
-        self._queues.reported(request.request_id)
+        self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
+        self._landed(request.request_id)
         if prompt_tokens:
             PrefixLearning.on_usage(self, request, worker, prompt_tokens, cached_tokens, now)
         self._refill(worker, now)

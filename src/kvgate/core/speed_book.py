@@ -1,0 +1,107 @@
+"""What ``core.speed.FleetSpeed`` books of each worker: the requests it was sent (``Sent``),
+those not yet at their first token and what is left of their prefill (``Book``), and what a
+policy reads of that as of a change (``Look``); the module docs of ``core.speed`` say how.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from kvgate.core.speed_fit import Fit, Speed
+from kvgate.types import Seconds, WorkerId
+
+
+class Look(NamedTuple):
+    """What ``FleetSpeed.predict`` reads of one worker, as of a change, for a policy that
+    keeps it until the next one (its own requests' sends and ends, the worker's fit) or
+    ``until`` (a request's predicted start): ``queued(now)`` drains the backlog."""
+
+    speed: Speed
+    tokens: float  # uncached tokens of the requests not yet started
+    backlog: float  # uncached tokens left to prefill as of ``as_of`` (``Book.ahead``)
+    as_of: Seconds
+    unstarted: int
+    decoding: int
+    until: Seconds  # the next predicted start: the look is stale from then
+
+    def queued(self, now: Seconds) -> float:
+        """Uncached tokens still to prefill at ``now`` (``Book.ahead``)."""
+        prefill_s = self.speed.prefill_s
+        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
+        return (self.tokens if self.tokens < left else left) if left > 0.0 else 0.0
+
+
+@dataclass(slots=True)
+class Sent:
+    worker: WorkerId
+    at: Seconds
+    uncached: float  # the guess at send; usage's truth when it ends
+    predicted: Seconds
+    ahead: tuple[str, ...]  # requests not at their first token when it was sent (up to 32)
+    guessed: float  # their uncached tokens as guessed then (all of them)
+    backlog: float  # the book's backlog then and as of when (``Book.ahead``): drained
+    as_of: float  # again at the fit, at the rate learned by then
+    waiting: int  # how many they were
+    running: int
+    started: bool = False  # at its first token, or past its predicted time
+    wait: float = 0.0  # of ``predicted``: the wait for an engine slot (``engine``)
+    shared: float | None = None  # slotted engine: the prefill tokens its own was shared with
+    first_at: float | None = None  # when its first token came
+    awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
+
+
+@dataclass(slots=True)
+class Book:
+    """One worker's requests in flight from this replica; ``tokens``/``unstarted``: those
+    not yet started, ``starts``: their predicted start times (entries of started ones stay
+    until popped)."""
+
+    sent: dict[str, Sent] = field(default_factory=dict)
+    starts: list[tuple[float, str]] = field(default_factory=list)
+    tokens: float = 0.0
+    unstarted: int = 0
+    fit: Fit | None = None  # the worker's fit, once it has one
+    decode: float = 0.0  # mean seconds a request decodes after its first token (``held``)
+    slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
+    last_sent: float | None = None  # for ``rate``: requests sent here a second (mean)
+    used: int = 0  # requests ever sent here (while fewer than the slots, some slots are cold)
+    rate: float = 0.0
+    recent: float = 0.0  # requests and uncached tokens sent lately, as of ``sent_at``
+    lately: float = 0.0  # (``FleetSpeed.lately``)
+    sent_at: float = 0.0
+    backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
+    as_of: float = 0.0
+
+    def ahead(self, now: Seconds, prefill_s: float) -> float:
+        """Uncached tokens still to prefill at ``now``: the backlog drained at ``prefill_s``
+        seconds a token since ``as_of``, at most the unstarted requests' tokens."""
+        left = self.backlog - (now - self.as_of) / prefill_s if prefill_s > 0.0 else 0.0
+        return min(self.tokens, left) if left > 0.0 else 0.0
+
+    def queued(self, now: Seconds, prefill_s: float) -> float:
+        """``ahead``, the requests past their predicted start started first (``settle``)."""
+        starts = self.starts
+        if starts and starts[0][0] <= now:
+            self.settle(now)
+        if not self.unstarted:
+            return 0.0
+        left = self.backlog - (now - self.as_of) / prefill_s
+        return (self.tokens if self.tokens < left else left) if left > 0.0 else 0.0
+
+    def start(self, sent: Sent) -> None:
+        if not sent.started:
+            sent.started = True
+            self.tokens -= sent.uncached
+            self.unstarted -= 1
+            if not self.unstarted:
+                self.tokens = 0.0  # no float drift past an empty queue
+
+    def settle(self, now: Seconds) -> None:
+        starts = self.starts
+        while starts and starts[0][0] <= now:
+            _, rid = heapq.heappop(starts)
+            sent = self.sent.get(rid)
+            if sent is not None:
+                self.start(sent)
