@@ -90,3 +90,22 @@ async def test_admin_refuses_a_worker_url_that_is_no_url(url: str) -> None:
             assert resp.status == 400, await resp.text()
             assert (await resp.json())["error"]["type"] == "invalid_request_error"
         assert len(list(gw.gateway.pool)) == 1
+
+
+async def test_a_workers_redirect_and_its_hop_by_hop_headers_stay_behind() -> None:
+    """A worker's redirect (Starlette's ``redirect_slashes``) named the worker's own
+    address in ``Location``: a client learnt it, and followed it around the gateway. The
+    headers the worker's ``Connection`` lists are hop-by-hop, and a worker's
+    ``X-Kvgate-Worker`` passed for the gateway's."""
+    async with fake_fleet(1) as (gw, (fake,)), aiohttp.ClientSession() as session:
+        body = {"model": "demo", "prompt": "mode:redirect"}
+        async with session.post(
+            gw.openai_base + "/completions", json=body, allow_redirects=False
+        ) as resp:
+            assert resp.status == 307
+            headers = resp.headers
+    assert headers["Location"] == "/v1/completions?x=1"
+    assert headers["Content-Location"] == "/v1/c"
+    assert "X-Worker-Secret" not in headers
+    assert headers.getall("X-Kvgate-Worker") == [headers["X-Kvgate-Worker"]] != ["spoofed"]
+    assert all(str(fake.port) not in value for value in headers.values()), headers

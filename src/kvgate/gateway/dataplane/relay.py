@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import xxhash
 
@@ -65,6 +66,23 @@ HOP_BY_HOP = frozenset(
         "x-request-id",
     }
 )
+
+_OWN_HEADERS = HOP_BY_HOP | {h.lower() for h in (WORKER_HEADER, VERSION_HEADER, REASON_HEADER)}
+"""A worker's response headers not relayed: hop-by-hop ones and the gateway's own (a
+worker's ``X-Kvgate-Worker`` would pass for the gateway's)."""
+
+_LOCATIONS = frozenset({"location", "content-location"})
+
+
+def _relative(value: str, host: str) -> str:
+    """A ``Location`` naming the worker itself (``http://10.0.0.5:8000/v1/x``, a
+    redirect's) as a path: it never shows a client the worker's address, nor sends one
+    around the gateway (nginx's ``proxy_redirect default``). Other values pass."""
+    parts = urlsplit(value)
+    if parts.netloc and parts.netloc.rpartition("@")[2].lower() == host.lower():
+        return urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+    return value
+
 
 _PUBLIC_KIND = {
     "unavailable": "the worker could not be reached",
@@ -160,11 +178,16 @@ class Relay:
     def _headers(
         self, upstream: UpstreamResponse, attempt: Attempt, request_id: str
     ) -> list[tuple[str, str]]:
-        headers = [
-            (name, value)
-            for name, value in upstream.headers.items()
-            if name.lower() not in HOP_BY_HOP
-        ]
+        drop = _OWN_HEADERS
+        connection = upstream.headers.get("Connection")
+        if connection:  # the names it lists are hop-by-hop too
+            drop = drop | {token.strip().lower() for token in connection.split(",")}
+        host = attempt.worker.upstream.host
+        headers = []
+        for name, value in upstream.headers.items():
+            lower = name.lower()
+            if lower not in drop:
+                headers.append((name, _relative(value, host) if lower in _LOCATIONS else value))
         headers.append((REQUEST_ID, request_id))
         if self.response_headers:
             headers.append((WORKER_HEADER, self._worker_name(attempt.worker)))

@@ -203,6 +203,11 @@ class Upstream:
         self._host = base.host_port_subcomponent or ""
 
     @property
+    def host(self) -> str:
+        """The ``Host`` the worker is sent (``host[:port]``): how it names itself in a URL."""
+        return self._host
+
+    @property
     def session(self) -> aiohttp.ClientSession:
         """The client session, created lazily inside the running loop."""
         if self._session is None:
