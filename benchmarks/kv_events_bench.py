@@ -6,7 +6,10 @@
                                                    [--traces ../shared/traces]
     .venv/bin/python benchmarks/kv_events_bench.py --eviction 1-8 [--kv-blocks 150]
                                                    [--peers cache_aware] [--jobs 2]
-                                                   [--losses]
+                                                   [--losses] [--shapes chat,...]
+                                                   [--replicas 2 [--store-each]
+                                                    [--split client|request]]
+                                                   [--restarts 4]
 
 Tokenizing: the bundled Gemma 3 270M's vocabulary (262,144 pieces) as a
 ``tokenizer.json`` built from its GGUF (``realengine.tokenizer``; or ``--tokenizer``
@@ -40,6 +43,11 @@ KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker)
 each figure with its 95% interval over the seeds. ``--losses``: where each policy's
 hits were lost against the reference's (``workload.losses``: held on another worker,
 evicted where it was sent, evicted elsewhere, new), and its placement with copies free.
+``--shapes``: only these (``sim.eviction.SHAPES``). What the approximate index cannot see
+(``eviction.Scenario``): ``--replicas N`` gateway replicas, the clients split between them
+(``--split``: by conversation, the default, or any request anywhere), sharing the store
+unless ``--store-each``; ``--restarts K`` worker restarts spread over the run, each
+clearing a worker's cache.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from pathlib import Path
 from kvgate.bench.kvevents import exact_decision, store_lookup
 from kvgate.bench.tokenizing import tokenize_timings, verdict
 from kvgate.judge.protocol import parse_seeds
-from kvgate.sim.eviction import compare, lines
+from kvgate.sim.eviction import SHAPES, Scenario, compare, lines
 from kvgate.sim.kvfeed import fault_run
 
 TRACES = next(
@@ -95,15 +103,24 @@ def main() -> None:
     parser.add_argument(
         "--losses", action="store_true", help="with --eviction: where the hits were lost"
     )
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="with --eviction: which")
+    parser.add_argument("--replicas", type=int, default=1, help="with --eviction: gateways")
+    parser.add_argument(
+        "--store-each", action="store_true", help="with --replicas: no store shared"
+    )
+    parser.add_argument("--split", default="client", help="with --replicas: client | request")
+    parser.add_argument("--restarts", type=int, default=0, help="with --eviction: of workers")
     args = parser.parse_args()
     if args.eviction is not None:
         peers = [p for p in args.peers.split(",") if p]
         found = compare(
             parse_seeds(args.eviction),
             kv_blocks=args.kv_blocks,
+            shapes=[s for s in args.shapes.split(",") if s],
             peers=peers,
             jobs=args.jobs,
             lost=args.losses,
+            scenario=Scenario(args.replicas, not args.store_each, args.split, args.restarts),
         )
         print("\n".join(lines(found)))
         if args.json is not None:

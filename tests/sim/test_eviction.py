@@ -29,3 +29,21 @@ def test_shared_prefix_groups_compare_precise_and_approximate_routing_seed_by_se
     assert row["ttft_p99, events / approximate"]["value"] > 0.0
     text = lines(found)
     assert text[0] == "shared-prefix-groups (seeds 1-2, n=2)"
+
+
+def test_a_scenario_sets_replicas_and_restarts_and_names_itself() -> None:
+    from kvgate.sim.eviction import Scenario
+    from kvgate.sim.simulation import SimConfig
+    from kvgate.workload.synthetic import build_workload
+
+    config = SimConfig(workers=4, max_requests=40)
+    requests = list(config.limited(build_workload("chat", seed=1).requests()))
+    assert Scenario().config(config, requests) == config
+    assert Scenario().label() == ""
+    scenario = Scenario(replicas=2, shared_store=False, restarts=3)
+    changed = scenario.config(config, requests)
+    assert changed.replicas == 2 and not changed.shared_store
+    last = max(r.arrival for r in requests)
+    assert [w for _, w in changed.worker_restarts] == [0, 1, 2]
+    assert all(0 < at < last for at, _ in changed.worker_restarts)
+    assert scenario.label() == "2 replicas, a store each, split by client; 3 worker restarts"

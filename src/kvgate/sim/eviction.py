@@ -8,7 +8,18 @@ engines' KV events (``sim.kvfeed``), seed by seed on the same requests:
   system prompts, 4 workers of 154 blocks (64 tokens): KV at about 1.2x the
   working set;
 - ``chat`` (explicit sessions) and ``headerless-chat`` (none), 1,500 requests each,
-  4 workers of ``kv_blocks`` blocks: conversations on small caches.
+  4 workers of ``kv_blocks`` blocks: conversations on small caches;
+- ``conversation-trace``: the judge's Mooncake-shaped trace (``shared-opening-trace``:
+  conversations behind one shared 512-token block, no session ids), 1,500 requests on
+  4 workers of 2,500 blocks (the judge's 10,000 of 16 tokens): the fleet's KV holds
+  about two fifths of what could hit.
+
+A ``Scenario`` adds what the approximate index cannot see by construction (issue 47):
+``replicas`` gateway replicas with the clients split between them (``sim.replicas``),
+sharing the store or each alone (``shared_store``), and ``restarts`` worker restarts
+spread over the run (each clears that worker's cache; the workers in turn). The
+engine's own eviction is in every shape. The reference and the replays know neither
+replicas nor restarts: a restart's lost cache counts against both policies alike.
 
 Per shape: each policy's hit rate as a share of the capacity-aware reference (one
 LRU cache the size of the fleet's KV, ``workload.bound``) with its 95% interval,
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate.judge.stats import Estimate, mean_interval, paired_points, paired_ratio
@@ -48,12 +60,53 @@ SHAPES: dict[str, tuple[str, int | None, int | None]] = {
     ),
     "chat": ("chat", None, 1500),
     "headerless-chat": ("headerless-chat", None, 1500),
+    "conversation-trace": ("shared-opening-trace", 2500, 1500),
 }
 """Shape -> (workload, KV blocks a worker (None: the run's ``kv_blocks``), requests)."""
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """What the approximate index cannot see (module docs); the default: nothing."""
+
+    replicas: int = 1
+    shared_store: bool = True
+    split: str = "client"
+    restarts: int = 0
+
+    def label(self) -> str:
+        """The scenario in a heading ('' for the default)."""
+        parts = []
+        if self.replicas > 1:
+            store = "one store" if self.shared_store else "a store each"
+            parts.append(f"{self.replicas} replicas, {store}, split by {self.split}")
+        if self.restarts:
+            parts.append(f"{self.restarts} worker restarts")
+        return "; ".join(parts)
+
+    def config(self, config: SimConfig, requests: list[SimRequest]) -> SimConfig:
+        """``config`` with the scenario's replicas and restarts (times from ``requests``)."""
+        last = max((r.arrival for r in requests), default=1.0)
+        restarts = tuple(
+            (last * (j + 1) / (self.restarts + 1), j % config.workers) for j in range(self.restarts)
+        )
+        return replace(
+            config,
+            replicas=self.replicas,
+            shared_store=self.shared_store,
+            replica_split=self.split,
+            worker_restarts=restarts,
+        )
+
+
 def run_shape(
-    shape: str, seed: int, kv_blocks: int, policies: Sequence[str], lost: bool = False
+    shape: str,
+    seed: int,
+    kv_blocks: int,
+    policies: Sequence[str],
+    lost: bool = False,
+    *,
+    scenario: Scenario = Scenario(),
 ) -> dict[str, dict[str, Any]]:
     """One seed of one shape: each policy's summary (``hit_rate_of_reference`` included;
     with ``lost``, its ``lost`` causes and the reference's, module docs)."""
@@ -61,6 +114,7 @@ def run_shape(
     config = SimConfig(
         workers=4, kv_blocks=(blocks or kv_blocks,), seed=seed, max_requests=requests
     )
+    config = scenario.config(config, list(config.limited(build_workload(spec, seed).requests())))
     experiment = Experiment(lambda _: build_workload(spec, seed=seed), policies, config)
     (point,) = experiment.run()
     assert point.reference is not None
@@ -123,18 +177,22 @@ def compare(
     peers: Sequence[str] = (),
     jobs: int = 1,
     lost: bool = False,
+    scenario: Scenario = Scenario(),
 ) -> dict[str, dict[str, Any]]:
     """Every shape over ``seeds`` (``jobs`` processes): the figures of the module docs."""
     policies = (APPROXIMATE, PRECISE, *peers)
     work = [(shape, seed) for shape in shapes for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_shape, s, seed, kv_blocks, policies, lost) for s, seed in work]
+        futures = [
+            pool.submit(run_shape, s, seed, kv_blocks, policies, lost, scenario=scenario)
+            for s, seed in work
+        ]
         runs = [f.result() for f in futures]
     results: dict[str, dict[str, Any]] = {}
     for shape in shapes:
         by_seed = [r for (s, _), r in zip(work, runs, strict=True) if s == shape]
         of = _column(by_seed)
-        row: dict[str, Any] = {"seeds": list(seeds)}
+        row: dict[str, Any] = {"seeds": list(seeds), "scenario": scenario.label()}
         for policy in policies:
             row[f"{policy} of reference %"] = _figure(
                 mean_interval([100.0 * x for x in of(policy, "hit_rate_of_reference")])
@@ -185,7 +243,12 @@ def lines(results: dict[str, dict[str, Any]]) -> list[str]:
 
     out: list[str] = []
     for shape, row in results.items():
-        seeds = row["seeds"]
-        out.append(f"{shape} (seeds {seeds[0]}-{seeds[-1]}, n={len(seeds)})")
-        out += [f"  {key}: {shown(value)}" for key, value in row.items() if key != "seeds"]
+        seeds, label = row["seeds"], row.get("scenario")
+        scenario = f"; {label}" if label else ""
+        out.append(f"{shape} (seeds {seeds[0]}-{seeds[-1]}, n={len(seeds)}{scenario})")
+        out += [
+            f"  {key}: {shown(value)}"
+            for key, value in row.items()
+            if key not in ("seeds", "scenario")
+        ]
     return out

@@ -34,6 +34,7 @@ from kvgate.engine import EngineConfig, EngineRequest, StepResult
 from kvgate.sim.arrivals import Arrivals
 from kvgate.sim.gateway import SimGateway
 from kvgate.sim.kvfeed import KVFeed, split_policy
+from kvgate.sim.replicas import Replicas
 from kvgate.sim.worker import SimWorker
 from kvgate.types import Seconds
 from kvgate.workload.misses import Misses
@@ -109,10 +110,17 @@ class SimConfig:
     subscriber_restarts: tuple[Seconds, ...] = ()
     """With a ``+kv_events`` policy: when the event subscriber is killed and restarted."""
     worker_restarts: tuple[tuple[Seconds, int], ...] = ()
-    """With a ``+kv_events`` policy: (when, worker index) a worker restarts, its cache cleared."""
+    """(when, worker index) a worker restarts, its cache cleared (any policy; with a
+    ``+kv_events`` one its publisher starts over too)."""
     cpu_offload_blocks: int = 0
     """Each worker's CPU offload tier, in blocks (vLLM's CPU offload, LMCache): what a
     gateway's offload moves KV to (0: none, an offload drops it)."""
+    replicas: int = 1
+    """Gateway replicas in front of the fleet (``sim.replicas``), clients split between them."""
+    shared_store: bool = True
+    """With ``replicas``: they share the store (session bindings, prefix holders)."""
+    replica_split: str = "client"
+    """With ``replicas``: ``client`` (a conversation through one) or ``request`` (any)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -237,7 +245,7 @@ class Simulation:
         self._faults = sorted(
             [(at, -1) for at in config.subscriber_restarts] + list(config.worker_restarts)
         )
-        self.gateway = SimGateway(
+        self.gateway: SimGateway | Replicas = SimGateway(
             self.workers,
             registry.build(base, options),
             self.codec,
@@ -253,6 +261,15 @@ class Simulation:
             timer=lambda at: self._push(at, _TIMER, -1),
             feed=self.feed,
         )
+        if config.replicas > 1:
+            self.gateway = Replicas(
+                self.gateway,
+                config.replicas,
+                lambda: registry.build(base, options),
+                seed=config.seed,
+                shared_store=config.shared_store,
+                split=config.replica_split,
+            )
         self._arrivals = Arrivals(
             config.limited(requests),
             turns_wait=config.turns_wait,
@@ -273,6 +290,7 @@ class Simulation:
         self._arrivals.ended(request_id, now)
 
     def _submit(self, worker: SimWorker, request: EngineRequest, now: Seconds) -> None:
+        worker = self.workers[worker.index]  # another replica's view of it: the worker
         worker.engine.submit(request, now)
         if not worker.busy:
             worker.busy = True
@@ -340,8 +358,11 @@ class Simulation:
         self._next_speed_change = min(later, default=math.inf)
 
     def _fault(self, worker: int) -> None:
-        """A fault of the KV event feed: the subscriber restarts (-1), or a worker does."""
+        """A fault: the KV events' subscriber restarts (-1), or a worker does (its
+        cache cleared, whether or not a feed tells anyone)."""
         if self.feed is None:
+            if worker >= 0:
+                self.workers[worker].engine.reset_prefix_cache()
             return
         if worker < 0:
             self.feed.restart_subscriber()
