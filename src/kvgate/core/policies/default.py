@@ -143,8 +143,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         pending = cfg.index.max_pending
         prior = Speed(0.0, 1.0 / self._rate, self._decode_s)
         self.speed = FleetSpeed(prior, max_pending=pending, at_prior=True, half_s=half_s)
-        # The chains of the requests in flight (``Warming._fly``), and the fills charged.
-        self._running, self._flying = RunningBlocks(), {}
+        # The chains of the requests in flight, and the fills charged (``Warming._charge``).
+        self._running = RunningBlocks(pending)
         self._fills, self.charged, self._aged_at = {}, {}, -math.inf
         self._replies = Replies(pending)  # a session's cached reply (TTFT)
         # What a conversation routes over its life: sessions', and headerless ones'.
@@ -188,7 +188,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         tokens = (prompt - cached) * self._tokens_per_char
         seconds = tokens / self._rate  # at the prior's rate: the unit of the lives' costs
         hashes = tuple(request.prefix_hashes)
-        self._fly(rid, worker, hashes)
+        self._running.fly(rid, worker, hashes)
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         likely = prompt - max(likely, self._replies.cached(request, worker) if warm else 0)
         self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
@@ -227,7 +227,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         completion_tokens: int = 0,
     ) -> None:
         """The request is done: it leaves the books; correct the index."""
-        self._landed(request.request_id)
+        self._running.landed(request.request_id)
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
@@ -238,7 +238,7 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """No usage will come: the request leaves the books."""
-        self._landed(request.request_id)
+        self._running.landed(request.request_id)
         self.speed.dropped(request.request_id)
 
     def on_worker_removed(self, worker: WorkerId) -> None:

@@ -16,12 +16,29 @@ from kvgate.types import BlockHash, WorkerId
 
 
 class RunningBlocks:
-    """Per worker, how many requests in flight hold each prefix block."""
+    """Per worker, how many requests in flight hold each prefix block; by request id
+    (``fly``, ``landed``), at most ``limit`` requests."""
 
-    __slots__ = ("_counts",)
+    __slots__ = ("_counts", "_flying", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 65_536) -> None:
         self._counts: dict[WorkerId, dict[BlockHash, int]] = {}
+        self._flying: dict[str, tuple[WorkerId, Sequence[BlockHash]]] = {}
+        self.limit = limit
+
+    def fly(self, request_id: str, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
+        """Request ``request_id`` with chain ``hashes`` is in flight on ``worker`` (no more
+        where it was routed before)."""
+        self.landed(request_id)
+        if len(self._flying) < self.limit:
+            self._flying[request_id] = (worker, hashes)
+            self.add(worker, hashes)
+
+    def landed(self, request_id: str) -> None:
+        """Request ``request_id`` ended or was dropped (``fly``)."""
+        flying = self._flying.pop(request_id, None)
+        if flying is not None:
+            self.remove(*flying)
 
     def add(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
         """A request with chain ``hashes`` started on ``worker``."""

@@ -70,7 +70,7 @@ from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.ttft_config import TtftConfig
 from kvgate.core.policy import RouteContext
 from kvgate.core.speed import FleetSpeed, Look, Observation, Speed
-from kvgate.types import BlockHash, Seconds, WorkerId
+from kvgate.types import Seconds, WorkerId
 
 __all__ = ["TtftConfig", "TtftPolicy"]
 
@@ -109,8 +109,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._fits = 0
         # The blocks requests in flight hold on each worker (what a new one need not add to
         # its KV in use: ``Decision.shared_chars``), and each one's worker and chain.
-        self._running = RunningBlocks()
-        self._flying: dict[str, tuple[WorkerId, tuple[BlockHash, ...]]] = {}
+        self._running = RunningBlocks(cfg.index.max_pending)
         self.residency: Residency = IndexResidency(self.index, self._running)
         """Where the prompt is cached (``caches``: KV events, the index, the store)."""
         self._lives = Lives(self.index.depth_chars)  # what a conversation brings (``lives``)
@@ -137,9 +136,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self.speed.sent(rid, worker, now, likely, streamed=request.stream)
         self._looks.pop(worker, None)
         self._pace.note(now)
-        if rid not in self._flying and len(self._flying) < self.config.index.max_pending:
-            self._flying[rid] = (worker, request.prefix_hashes)
-            self._running.add(worker, request.prefix_hashes)
+        self._running.fly(rid, worker, request.prefix_hashes)
         self._lives.routed(request, worker, uncached, opens)
         super().on_routed(request, worker, now)
         self._fill[worker] = self.index.fill(worker, self.index.config.kv_overcommit)
@@ -161,7 +158,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
         self._looks.pop(worker, None)
         self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
-        self._landed(request.request_id)
+        self._running.landed(request.request_id)
         if prompt_tokens > 0:
             # The fleet's, not the worker's: a worker thrashing its cache measured a low
             # ratio, which made evicting there look cheap and drew more new sessions to it.
@@ -173,7 +170,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         """Nothing will be observed: the request leaves the book."""
         self.speed.dropped(request.request_id)
         self._looks.pop(worker, None)
-        self._landed(request.request_id)
+        self._running.landed(request.request_id)
 
     def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Its prefill is done: it leaves the worker's queue (``SpeedLearning``)."""
@@ -190,11 +187,6 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._fits += 1
         if self._fits % _RELOOK == 0:
             self._looks.clear()
-
-    def _landed(self, request_id: str) -> None:
-        flying = self._flying.pop(request_id, None)
-        if flying is not None:
-            self._running.remove(*flying)
 
     def on_worker_removed(self, worker: WorkerId) -> None:
         """Forget the worker's blocks, book and speed."""

@@ -4,9 +4,8 @@ After each placement the newest openings behind each shared prefix the worker ho
 placed again (``Openers``: the newest ``limit`` prefixes openings matched at least
 ``least_blocks`` of, shared once ``SHARED`` openings' matches end at one); where the next
 would copy the prefix to an idle worker, that worker is sent the prefix alone, ahead of
-it, queued and indexed as a request is (``docs/dev/default.md``). Also what the policy keeps
-of each worker besides ``core.speed``'s book: the chains of its requests in flight, and the
-fill a placement is charged (``_refill``).
+it, queued and indexed as a request is (``docs/dev/default.md``). Also the fill a placement
+is charged (``_refill``).
 """
 
 from __future__ import annotations
@@ -105,7 +104,6 @@ class Warming(Residency):
     speed: FleetSpeed
     _openers: Openers
     _tokens_per_char: float
-    _flying: dict[str, tuple[WorkerId, tuple[BlockHash, ...]]]
     _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
     charged: dict[WorkerId, float]
     """The fill a placement is charged: at most what the worker was sent lately fills."""
@@ -116,18 +114,6 @@ class Warming(Residency):
     ) -> WorkerState:
         """Where the policy would place ``request`` in ``pool``, remembering nothing of it."""
         raise NotImplementedError
-
-    def _fly(self, request_id: str, worker: WorkerId, hashes: tuple[BlockHash, ...]) -> None:
-        """A request with chain ``hashes`` is in flight on ``worker`` (``_running``)."""
-        self._landed(request_id)
-        if len(self._flying) < self.config.index.max_pending:
-            self._flying[request_id] = (worker, hashes)
-            self._running.add(worker, hashes)
-
-    def _landed(self, request_id: str) -> None:
-        flying = self._flying.pop(request_id, None)
-        if flying is not None:
-            self._running.remove(*flying)
 
     def _refill(self, worker: WorkerId, now: Seconds) -> None:
         """How full ``worker``'s cache is now, of how many tokens: charged (``_charge``)."""
@@ -187,7 +173,7 @@ class Warming(Residency):
         """A warm-up (``request``: its prefix) was sent to ``worker``: queue and index it."""
         tokens = request.prompt_chars * self._tokens_per_char
         self.speed.sent(request.request_id, worker, now, tokens)
-        self._fly(request.request_id, worker, request.prefix_hashes)
+        self._running.fly(request.request_id, worker, request.prefix_hashes)
         PrefixLearning.on_routed(self, request, worker, now)
         self._refill(worker, now)
 
@@ -202,7 +188,7 @@ class Warming(Residency):
         """The warm-up ended (``prompt_tokens`` 0: it failed): it leaves the queue, and its
         usage corrects the index as a request's does."""
         self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
-        self._landed(request.request_id)
+        self._running.landed(request.request_id)
         if prompt_tokens:
             PrefixLearning.on_usage(self, request, worker, prompt_tokens, cached_tokens, now)
         self._refill(worker, now)
