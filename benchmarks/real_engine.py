@@ -20,7 +20,9 @@ policy alike. ``--plain-workers`` configures them as any OpenAI server instead (
 engine then picks the slot, and a session's second turn finds its own KV only if no
 other session took that slot meanwhile: how the runs before 2026-12-07 were made).
 
-Reported per policy: TTFT p50/p99 (all turns and second turns), the cached-token
+Reported per policy: the prompt tokens the workers prefilled (uncached: prompt less cached,
+summed; the work done, which contention cannot fake), TTFT p50/p99 (all turns and second
+turns), the cached-token
 ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
 in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker,
 and for a policy that learns each worker's speed (``core.speed``) the median error
@@ -420,6 +422,10 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         "turn2_ttft_p50": _pct(second, 50),
         "turn2_ttft_p99": _pct(second, 99),
         "cached_ratio": ratio(ok),
+        # The prefill work done: contention cannot fake it (llama.cpp's own count).
+        "uncached_tokens": sum(
+            (t.answer.prompt_tokens or 0) - (t.answer.cached_tokens or 0) for t in ok
+        ),
         "turn2_cached_ratio": ratio([t for t in ok if t.index > 0]),
         "prompt_tokens_mean": statistics.fmean(t.answer.prompt_tokens or 0 for t in ok)
         if ok
@@ -558,7 +564,7 @@ def table(results: dict[str, Any]) -> Table:
         caption_justify="left",
     )
     columns = (
-        "policy", "done", "errors", "cached", "turn-2 cached", "TTFT p50", "TTFT p99",
+        "policy", "done", "errors", "prefilled", "cached", "turn-2 cached", "TTFT p50", "TTFT p99",
         "turn-2 p50", "turn-2 p99", "served", "prediction error", "KV tiers", "run", "load",
         "wall",
     )  # fmt: skip
@@ -569,6 +575,7 @@ def table(results: dict[str, Any]) -> Table:
             policy,
             f"{s['requests'] - s['errors']}/{s['requests']}",
             str(s["errors"]),
+            f"{s['uncached_tokens']:,}",
             f"{s['cached_ratio']:.1%}",
             f"{s['turn2_cached_ratio']:.1%}",
             _s(s["ttft_p50"]),

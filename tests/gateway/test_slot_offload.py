@@ -42,6 +42,8 @@ class FakeLlamaCpp:
     saves: list[str] = field(default_factory=list)
     content: list[list[str]] = field(default_factory=list)
     pinned: list[int] = field(default_factory=list)
+    prefill_s: float | None = None
+    """Seconds a prompt token, as llama.cpp's ``/metrics`` report it (None: no page)."""
     url: str = ""
 
     def app(self) -> web.Application:
@@ -52,7 +54,18 @@ class FakeLlamaCpp:
         app.router.add_get("/slots", self.list_slots)
         app.router.add_post("/slots/{id}", self.action)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.metrics)
         return app
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.prefill_s is None:
+            return web.Response(status=404)
+        return web.Response(
+            text="# TYPE llamacpp:prompt_tokens_total counter\n"
+            "llamacpp:prompt_tokens_total 1000\n"
+            "# TYPE llamacpp:prompt_seconds_total counter\n"
+            f"llamacpp:prompt_seconds_total {1000 * self.prefill_s}\n"
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -382,3 +395,109 @@ async def test_a_migration_cancelled_during_its_save_keeps_its_file_until_writte
             free = gw.gateway.slots.map._free_cells
             await wait_until(lambda: free == [0], message="the cell freed once written")
             assert not (folder / "kvgate-0.bin").exists()  # and its file deleted
+
+
+def _system_chat(gw: GatewayHandle, system: str) -> Any:
+    async def chat(session: str, text: str) -> tuple[int, str]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                gw.url + "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": text},
+                    ],
+                },
+                headers={"X-Session-ID": session},
+            ) as resp,
+        ):
+            body = await resp.json()
+            cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            return cached, resp.headers["X-Kvgate-KV-Tier"]
+
+    return chat
+
+
+async def test_a_saved_slot_seeds_a_new_session_on_another_worker(folder: Path) -> None:
+    """A new session whose system prompt a saved slot holds has that file restored into
+    an empty slot (tier ``shared``): read back, on another worker, not computed again."""
+    one, two = FakeLlamaCpp(folder, slots=1), FakeLlamaCpp(folder, slots=2)
+    system = " ".join(f"rule{i}" for i in range(400))
+    async with (
+        serving([one, two]),
+        running_gateway({**_config([one, two], folder), "policy": {"name": "round_robin"}}) as gw,
+    ):
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        chat = _system_chat(gw, system)
+        assert await chat("a", "alpha") == (0, "recompute")  # one
+        assert await chat("b", "beta") == (0, "recompute")  # two, slot 0
+        assert await chat("c", "gamma") == (400, "recompute")  # one: a saved first
+        # two: b's idle slot shares as much, but a's file is read into the empty slot.
+        assert await chat("d", "delta") == (400, "shared")
+        assert two.pinned == [0, 1] and len(one.saves) == 1 and len(two.saves) == 0
+        assert gw.gateway.slots.map.holders(two.url) == ["b", "d"]
+        assert await chat("a", "alpha again") == (401, "disk")  # a's own file, still a's
+        assert _metric(gw, "kvgate_slot_turns_total", tier="shared") == 1
+
+
+@pytest.mark.parametrize("prefill_s", [0.01, 1e-6])
+async def test_a_new_session_waits_for_the_slot_computing_its_system_prompt(
+    folder: Path, prefill_s: float
+) -> None:
+    """Two sessions arriving together: the second waits for the slot computing the shared
+    system prompt (then takes it, its holder saved) rather than compute it again in the
+    empty slot, for at most what computing it would take alongside the request in flight
+    (``/metrics``' rate: ~14 s at 10 ms a token; at 1 us a token the wait is not worth it
+    and it is not made)."""
+    fake = FakeLlamaCpp(folder, slots=2, hold=asyncio.Event(), prefill_s=prefill_s)
+    system = " ".join(f"rule{i}" for i in range(400))
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        worker = gw.gateway.pool.get(fake.url)
+        assert worker is not None
+        await wait_until(lambda: worker.signals is not None, message="metrics scraped")
+        chat = _system_chat(gw, system)
+        first = asyncio.create_task(chat("a", "alpha"))
+        await wait_until(lambda: fake.pinned == [0], message="a sent")
+        second = asyncio.create_task(chat("b", "beta"))
+        if prefill_s > 0.001:
+            await asyncio.sleep(0.3)
+            assert fake.pinned == [0]  # b waits for the slot computing the system prompt
+            fake.hold.set()
+            assert await first == (0, "recompute")
+            assert await second == (400, "recompute")  # in a's slot, a saved first
+            assert fake.pinned == [0, 0] and len(fake.saves) == 1
+        else:
+            await wait_until(lambda: fake.pinned == [0, 1], message="b sent at once")
+            fake.hold.set()
+            assert await first == (0, "recompute") and await second == (0, "recompute")
+
+
+def test_the_share_wait_is_what_computing_the_shared_part_alongside_would_take() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.gateway.config import SlotSettings
+    from kvgate.gateway.control.offload import SlotPlane
+    from kvgate.gateway.observe.metrics import SlotMetrics
+    from kvgate.gateway.observe.pool import Worker
+
+    plane = SlotPlane(SlotSettings(), SlotMetrics(CollectorRegistry()), wait_limit_s=60.0)
+    plane.map.add_worker("w", 4)
+    system = tuple(range(100, 120))
+    assert plane.map.acquire("w", "a", 0.0, (*system, 1)) is not None
+
+    def worker(rate: float | None) -> Worker:
+        signals = SimpleNamespace(prefill_s_per_token=rate)
+        return cast(Worker, SimpleNamespace(id="w", signals=signals))
+
+    # 20 of 21 blocks shared: 952 of 1,000 tokens at 10 ms, beside the 1 request in flight.
+    wait = plane.share_wait_s(worker(0.01), "b", (*system, 2), 1000)
+    assert wait == pytest.approx(20 / 21 * 1000 * 0.01 * 2)
+    assert plane.share_wait_s(worker(None), "b", (*system, 2), 1000) == 0.0  # no evidence
+    assert plane.share_wait_s(worker(0.01), "b", tuple(range(300, 321)), 1000) == 0.0
+    assert plane.share_wait_s(worker(1.0), "b", (*system, 2), 1000) == 60.0  # the limit

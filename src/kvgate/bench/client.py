@@ -43,7 +43,7 @@ class Answer:
     reason: str | None = None
     kv_tier: str | None = None
     """Where a pinned llama.cpp slot's KV came from (``X-Kvgate-KV-Tier``: slot, disk,
-    migrated, recompute, fallback); ``None`` where the gateway pins no slots."""
+    migrated, shared, recompute, fallback); ``None`` where the gateway pins no slots."""
     worker_ttft: float | None = None
     """The worker's own TTFT (model seconds), when it reports ``kvgate_timing``."""
     served_by: str | None = None

@@ -14,9 +14,15 @@ whose KV each slot holds. That turns the slot API into real actions:
 
 A request that holds no slot gets the idle slot whose last prompt shares the most
 of its prefix, as llama.cpp itself picks one (``--slot-prompt-similarity``: more than
-``SIMILARITY`` of the prompt), its holder saved first: a shared system prompt is then
-reused in place instead of computed again in an empty slot, and the holder comes back
-from disk. Without such a slot it gets an empty one, else the least recently used.
+``SIMILARITY`` of the prompt): one nobody holds as it is; else, where another session's
+saved slot shares as much, that file is restored into an empty slot first (**seed**: the
+shared prefix is read back, ~0.06 s for 950 tokens on a CPU, where computing it took
+20 s, and on any worker reading the folder); else the idle slot's holder is saved first
+and the prefix reused in place. Where none shares it but a busy slot of the worker is
+computing it right now, the request may wait for that slot (``acquire``'s
+``wait_share``: the caller bounds the wait, ``in_flight_share``), so a prefix that
+sessions arriving together share is computed once per worker, not once per slot.
+Without any of these it gets an empty slot, else the least recently used.
 
 This module only decides; ``gateway.control.offload`` carries the plan out and
 reports back. Saved slots live in a bounded set of **cells** (file names reused
@@ -58,6 +64,8 @@ class KvTier(StrEnum):
     """Saved from another worker's slot and restored here, for this turn."""
     RECOMPUTE = "recompute"
     """Nothing known: the prompt is computed (new or forgotten session)."""
+    SHARED = "shared"
+    """A new session whose shared prefix was restored from another session's saved slot."""
     FALLBACK = "fallback"
     """A restore or migration failed; the prompt is recomputed instead."""
 
@@ -88,6 +96,9 @@ class Slot:
     blocks: int = 0
     """How many blocks that prompt had: ``prefix`` keeps at most ``PREFIX_BLOCKS``, and a
     share of the holder's prompt is a share of all of it."""
+    flight: tuple[BlockHash, ...] = ()
+    """While busy: the prefix blocks of the prompt it is serving (what it will hold)."""
+    flight_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,9 @@ class Saved:
     tokens: int
     bytes: int
     saved_at: Seconds
+    prefix: tuple[BlockHash, ...] = ()
+    """The prefix blocks of the prompt saved (what another session may share: ``seed``)."""
+    blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +142,9 @@ class SlotPlan:
     restore: Saved | None = None
     source_held: bool = False
     """The migration source's slot is still marked busy for this plan."""
+    seed: Saved | None = None
+    """Another session's saved slot sharing this request's prefix, to restore into the
+    slot first; its cell is kept from reuse until ``seeded``."""
     prefix: tuple[BlockHash, ...] = ()
     """The request's prefix blocks (at most ``PREFIX_BLOCKS``): what the slot holds once
     it is served."""
@@ -147,6 +164,12 @@ class SlotMap:
         self._pending_cells: set[int] = set()
         self._saving: dict[SessionKey, int] = {}
         """Sessions whose slot is being saved right now, and the cell it goes to."""
+        self._kept: dict[SessionKey, tuple[tuple[BlockHash, ...], int]] = {}
+        """The prefix (and its length in blocks) of each slot being saved."""
+        self._reading: dict[int, int] = {}
+        """Cells being restored as another session's seed, and by how many restores: not
+        reused (written) until they end; one dropped meanwhile is freed then."""
+        self._deferred: set[int] = set()
         self.saved_bytes = 0
         self._owned: dict[WorkerId, list[int]] = {}
 
@@ -188,6 +211,11 @@ class SlotMap:
             return KvTier.DISK, None
         return KvTier.RECOMPUTE, None
 
+    def busy(self, worker: WorkerId) -> int:
+        """How many of this gateway's slots of ``worker`` serve a request now."""
+        slots = self._slots.get(worker, [])
+        return sum(slots[i].busy for i in self._owned.get(worker, []))
+
     def saved_count(self) -> int:
         """How many sessions are saved on disk."""
         return len(self._saved)
@@ -204,6 +232,8 @@ class SlotMap:
         key: SessionKey | None,
         now: Seconds,
         prefix: Sequence[BlockHash] = (),
+        *,
+        wait_share: bool = False,
     ) -> SlotPlan | None:
         """Give the request a free slot of ``worker`` and say what must move first.
 
@@ -211,21 +241,29 @@ class SlotMap:
         (its KV is neither in a slot nor on disk yet): the caller waits for a
         release or for the save to end, then asks again. Prefers the slot that
         holds ``key``, then the idle slot sharing most of ``prefix`` (the request's
-        prefix blocks; more than ``SIMILARITY`` of them), then an empty one, then
-        the least recently used.
+        prefix blocks; more than ``SIMILARITY`` of them) or a saved slot sharing it
+        (``seed``), then an empty one, then the least recently used. With
+        ``wait_share``, None too where only a busy slot of ``worker`` shares it
+        (``in_flight_share``): the caller waits for that slot, bounded.
         """
         if key is not None and key in self._saving:
             return None
         slots = self._slots[worker]
         blocks = tuple(prefix[:PREFIX_BLOCKS])
-        index = self._choose(worker, slots, key, blocks)
-        if index is None:
+        chosen = self._choose(worker, slots, key, blocks, length=len(prefix), wait_share=wait_share)
+        if chosen is None:
             return None
+        index, seed = chosen
         slot = slots[index]
         slot.busy = True
+        slot.flight, slot.flight_blocks = blocks, len(prefix)
         plan = SlotPlan(
             key, Place(worker, index), KvTier.RECOMPUTE, prefix=blocks, blocks=len(prefix)
         )
+        if seed is not None:
+            plan.seed = seed
+            plan.tier = KvTier.SHARED
+            self._reading[seed.cell] = self._reading.get(seed.cell, 0) + 1
         if key is not None and slot.holder == key:
             plan.tier = KvTier.SLOT
             return plan
@@ -236,6 +274,7 @@ class SlotMap:
             plan.evict_cell = self._take_cell()
             if plan.evict_cell is not None:
                 self._saving[slot.holder] = plan.evict_cell
+                self._kept[slot.holder] = (slot.prefix, slot.blocks)
             slot.holder = None
         if key is None:
             return plan
@@ -279,6 +318,7 @@ class SlotMap:
         slot.holder = None
         del self._resident[key]
         self._saving[key] = cell
+        self._kept[key] = (slot.prefix, slot.blocks)
         return SlotPlan(None, place, KvTier.DISK, evict=key, evict_cell=cell)
 
     def _choose(
@@ -287,42 +327,100 @@ class SlotMap:
         slots: list[Slot],
         key: SessionKey | None,
         prefix: tuple[BlockHash, ...],
-    ) -> int | None:
+        *,
+        length: int,
+        wait_share: bool,
+    ) -> tuple[int, Saved | None] | None:
         if key is not None:
             place = self._resident.get(key)
             if place is not None and place.worker == worker and not slots[place.slot].busy:
-                return place.slot
+                return place.slot, None
         idle = [i for i in self._owned[worker] if not slots[i].busy]
         if not idle:
             return None
         moving = key is not None and (key in self._resident or key in self._saved)
         if prefix and not moving:  # KV restored or migrated replaces what the slot held
-            # A held slot also needs the share of its own prompt (all of it, not the kept
-            # blocks): else a prompt of a block or two would have a long conversation's
-            # KV saved (and restored).
+            # A held slot (a saved one) also needs the share of its own prompt (all of
+            # it, not the kept blocks): else a prompt of a block or two would have a long
+            # conversation's KV saved (and restored).
+            least = SIMILARITY * length
             shares = {
                 i: n
                 for i in idle
-                if (n := shared_blocks(slots[i].prefix, prefix)) > SIMILARITY * len(prefix)
+                if (n := shared_blocks(slots[i].prefix, prefix)) > least
                 and (slots[i].holder is None or n > SIMILARITY * slots[i].blocks)
             }
             best = max(shares.values(), default=0)
+            free = max((n for i, n in shares.items() if slots[i].holder is None), default=0)
+            if best > free and any(slots[i].holder is None for i in idle):
+                # A saved slot sharing as much is restored into an empty one rather than
+                # a holder saved: one read, and the holder keeps its slot.
+                seed = self._seed(prefix, least, best)
+                if seed is not None:
+                    return self._vacant(slots, idle), seed
             if best > 0:
                 # The engine's own rule, its holder saved first; among equals, a slot
                 # nobody holds (nothing to save), then the least recently used.
                 alike = [i for i in shares if shares[i] == best]
-                return min(alike, key=lambda i: (slots[i].holder is not None, slots[i].last_used))
-        empty = [i for i in idle if slots[i].holder is None]
-        if empty:
-            return empty[0]
+                index = min(alike, key=lambda i: (slots[i].holder is not None, slots[i].last_used))
+                return index, None
+            seed = self._seed(prefix, least, 1)  # read back: far cheaper than computed
+            if seed is not None:
+                return self._vacant(slots, idle), seed
+            if wait_share and self.in_flight_share(worker, key, prefix, length):
+                return None  # a busy slot is computing it: the caller waits for it
+        return self._vacant(slots, idle), None
+
+    @staticmethod
+    def _vacant(slots: list[Slot], idle: list[int]) -> int:
+        """An empty idle slot, else the least recently used (its holder saved first)."""
+        for i in idle:
+            if slots[i].holder is None:
+                return i
         return min(idle, key=lambda i: slots[i].last_used)
+
+    def _seed(self, prefix: tuple[BlockHash, ...], least: float, at_least: int) -> Saved | None:
+        """The saved slot sharing most of ``prefix`` (over ``least`` blocks and a tenth of
+        its own prompt, at least ``at_least`` blocks), the most recent among equals."""
+        found, most = None, max(at_least - 1, 0)
+        for saved in self._saved.values():
+            n = shared_blocks(saved.prefix, prefix)
+            if n > least and n > SIMILARITY * saved.blocks and n >= most:
+                found, most = saved, n
+        return found if found is not None and most >= at_least else None
+
+    def in_flight_share(
+        self,
+        worker: WorkerId,
+        key: SessionKey | None,
+        prefix: Sequence[BlockHash],
+        length: int | None = None,
+    ) -> int:
+        """Blocks of ``prefix`` a busy slot of ``worker`` is computing (or holds) now, as
+        a slot it would take once idle (0: none, or ``key``'s own KV is elsewhere)."""
+        if not prefix or (
+            key is not None and (key in self._resident or key in self._saved or key in self._saving)
+        ):
+            return 0
+        blocks = tuple(prefix[:PREFIX_BLOCKS])
+        least = SIMILARITY * (len(prefix) if length is None else length)
+        best = 0
+        slots = self._slots.get(worker, [])
+        for i in self._owned.get(worker, []):
+            slot = slots[i]
+            if slot.busy and slot.flight:
+                n = shared_blocks(slot.flight, blocks)
+                if n > least and n > SIMILARITY * slot.flight_blocks:
+                    best = max(best, n)
+        return best
 
     def _take_cell(self) -> int | None:
         """A cell to save into; None when all are being written or read right now."""
-        if not self._free_cells:
+        while not self._free_cells:
             if not self._saved:
                 return None
-            # Every cell is taken: the oldest saved session is forgotten, its cell reused.
+            # Every cell is taken: the oldest saved session is forgotten, its cell reused
+            # (once no restore reads it: ``_free``).
             self._drop(next(iter(self._saved)))
         cell = self._free_cells.pop()
         self._pending_cells.add(cell)
@@ -331,19 +429,39 @@ class SlotMap:
     def _drop(self, key: SessionKey) -> int:
         saved = self._saved.pop(key)
         self.saved_bytes -= saved.bytes
-        self._free_cells.append(saved.cell)
+        self._free(saved.cell)
         return saved.cell
+
+    def _free(self, cell: int) -> None:
+        """``cell`` may be written again: now, or once the seeds reading it are done."""
+        if self._reading.get(cell):
+            self._deferred.add(cell)
+        else:
+            self._free_cells.append(cell)
+
+    def seeded(self, cell: int) -> None:
+        """A seed's restore from ``cell`` is over (done or failed): it may be reused."""
+        left = self._reading.get(cell, 0) - 1
+        if left > 0:
+            self._reading[cell] = left
+            return
+        self._reading.pop(cell, None)
+        if cell in self._deferred:
+            self._deferred.discard(cell)
+            self._free_cells.append(cell)
 
     # -- reports from the driver --------------------------------------------------
 
     def saved(self, key: SessionKey, cell: int, tokens: int, size: int, now: Seconds) -> list[int]:
         """``key``'s KV is in ``cell`` (``size`` bytes); cells dropped to stay in bounds."""
         self._pending_cells.discard(cell)
+        kept: tuple[tuple[BlockHash, ...], int] = ((), 0)
         if self._saving.get(key) == cell:
             del self._saving[key]
+            kept = self._kept.pop(key, kept)
         if key in self._saved:
             self._drop(key)
-        self._saved[key] = Saved(cell, tokens, size, now)
+        self._saved[key] = Saved(cell, tokens, size, now, *kept)
         self.saved_bytes += size
         dropped: list[int] = []
         while self.saved_bytes > self.bounds.max_bytes and len(self._saved) > 1:
@@ -355,9 +473,10 @@ class SlotMap:
         for key, saving in list(self._saving.items()):
             if saving == cell:  # the save failed: that session's KV is gone
                 del self._saving[key]
+                self._kept.pop(key, None)
         if cell in self._pending_cells:
             self._pending_cells.discard(cell)
-            self._free_cells.append(cell)
+            self._free(cell)
 
     def moved_out(self, plan: SlotPlan) -> None:
         """The migration source's slot was saved (or failed): it holds nobody now, and is free."""
@@ -379,6 +498,9 @@ class SlotMap:
         for cell in (plan.evict_cell, plan.move_cell):
             if cell is not None:
                 self.release_cell(cell)
+        if plan.seed is not None:
+            self.seeded(plan.seed.cell)
+            plan.seed = None
         if plan.restore is not None:
             self.release_cell(plan.restore.cell)
         self.moved_out(plan)
@@ -390,6 +512,7 @@ class SlotMap:
             return  # the worker was forgotten meanwhile
         slot = slots[plan.place.slot]
         slot.busy = False
+        slot.flight, slot.flight_blocks = (), 0
         slot.last_used = now
         key = plan.key
         if served and key is not None:
@@ -406,7 +529,7 @@ class SlotMap:
             if stale is not None:
                 # A newer turn is in a slot; the older copy on disk is of no use.
                 self.saved_bytes -= stale.bytes
-                self._free_cells.append(stale.cell)
+                self._free(stale.cell)
         else:
             if slot.holder is not None:
                 self._resident.pop(slot.holder, None)

@@ -299,12 +299,12 @@ class PressureSettings(PressureConfig):
 class SlotSettings(_Model):
     """The ``slots:`` section: llama.cpp slot offload and migration (``engine: llamacpp``).
 
-    Every request to such a worker is pinned to a slot: its session's, else the idle one
-    whose last prompt shares most (over 10%) of its prefix, as llama.cpp picks, else an
-    empty one. An idle session's slot is saved to a file before another takes it, and
-    restored when it returns, here or on a worker reading the same folder (every
-    llama.cpp worker's ``--slot-save-path``). Saved slots reuse ``max_saved`` file names,
-    so disk use stays bounded; ``dir`` (the folder as the gateway sees it) lets it delete.
+    Every request to such a worker is pinned to a slot: its session's, else an idle one
+    sharing most (over 10%) of its prefix, else an empty one seeded from a saved slot that
+    shares it (or, bounded, the busy slot computing it), so a shared prefix is computed once.
+    An idle session's slot is saved to a file before another takes it, and restored when it
+    returns, here or on a worker reading the folder (``--slot-save-path``); saved slots reuse
+    ``max_saved`` file names (bounded disk use), ``dir`` (the folder here) lets it delete.
     Gateway replicas sharing the workers and the folder through one store set
     ``replicas`` to their number: each claims an index in the store, pins only its
     share of every worker's slots (``slot % replicas == index``) and names its files

@@ -10,7 +10,7 @@ each slot holds. The lease ends when the response is done with
 (``UpstreamResponse.on_release``), on every path. A failed restore or
 migration erases the slot and the turn is recomputed: never an error for the
 client. The response carries ``X-Kvgate-KV-Tier`` (slot, disk, migrated,
-recompute, fallback), and ``kvgate_slot_*`` metrics count each step.
+shared, recompute, fallback), and ``kvgate_slot_*`` metrics count each step.
 
 Replicas sharing workers and their folder each pin only their share of the slots
 and write their own files (``slotclaim``, claimed in the shared store). What the
@@ -18,6 +18,14 @@ worker then reports cached checks every turn the map promised KV for: a slot or 
 restore that turns out empty (another writer, a restarted worker) is counted
 (``kvgate_slot_restores_total{result="empty"}``, ``kvgate_slot_fallbacks_total{step="verify"}``),
 never reported as served from it, and the worker's slot map is rebuilt.
+
+A new session whose prefix another session's saved slot shares has that file restored
+into its slot first (``KvTier.SHARED``: a shared system prompt is read back, not computed,
+on every worker reading the folder). Where only a busy slot of its worker is computing
+that prefix, the request waits for it, at most as long as computing the shared part
+would take it (its share of the prompt's tokens at the worker's own prefill rate, as
+llama.cpp reports it in ``/metrics``): a prefix that sessions arriving together share is
+then computed once per worker, not once per slot.
 
 Migration needs nothing of its own: when the router places a session on another
 worker than the one holding its KV (pressure moved its affinity, its worker is
@@ -189,13 +197,15 @@ class SlotPlane:
         key: SessionKey | None,
         *,
         prefix: Sequence[BlockHash] = (),
+        tokens: int = 0,
     ) -> UpstreamResponse:
         """``worker.upstream.post`` under a slot lease; the lease ends with the response.
         ``prefix``: the request's prefix blocks (a new session takes the idle slot sharing
-        most of them: ``SlotMap.acquire``)."""
+        most of them: ``SlotMap.acquire``); ``tokens``: its prompt's, about (what a wait
+        for a busy slot computing the shared part may cost: ``share_wait_s``)."""
         if not await self._known(worker):
             return await worker.upstream.post(path, body, headers)
-        plan = await self._acquire(worker, key, prefix)
+        plan = await self._acquire(worker, key, prefix, tokens)
         try:
             tier = await self._prepare(worker, plan)
             pinned = _pin(body, plan.place.slot)
@@ -271,21 +281,47 @@ class SlotPlane:
             )
         return found
 
+    def share_wait_s(
+        self, worker: Worker, key: SessionKey | None, prefix: Sequence[BlockHash], tokens: int
+    ) -> float:
+        """How long a request may wait for a busy slot of ``worker`` computing its prefix:
+        what computing the shared part itself would take (its share of ``tokens`` at the
+        worker's own prefill seconds a token, ``/metrics``), sharing the engine with the
+        requests in flight there (a compute-bound engine serves them side by side: each
+        more slows it as much); 0 where none shares it or the rate is unknown (no
+        evidence the wait pays)."""
+        shared = self.map.in_flight_share(worker.id, key, prefix)
+        signals = worker.signals
+        rate = signals.prefill_s_per_token if signals is not None else None
+        if not shared or not rate or tokens <= 0:
+            return 0.0
+        alongside = 1 + self.map.busy(worker.id)
+        return min(shared / len(prefix) * tokens * rate * alongside, self.wait_limit_s)
+
     async def _acquire(
-        self, worker: Worker, key: SessionKey | None, prefix: Sequence[BlockHash] = ()
+        self,
+        worker: Worker,
+        key: SessionKey | None,
+        prefix: Sequence[BlockHash] = (),
+        tokens: int = 0,
     ) -> SlotPlan:
-        """A plan with a slot of ``worker``, waiting for a release while all are busy."""
-        deadline = self.mono() + self.wait_limit_s
+        """A plan with a slot of ``worker``, waiting for a release while all are busy (and,
+        a bounded while, for a busy slot computing the request's prefix: ``share_wait_s``)."""
+        now = self.mono()
+        deadline = now + self.wait_limit_s
+        share_until = now + self.share_wait_s(worker, key, prefix, tokens)
         while True:
-            self._drop_files(self.map.expire(self.mono()))
-            plan = self.map.acquire(worker.id, key, self.mono(), prefix)
+            now = self.mono()
+            self._drop_files(self.map.expire(now))
+            sharing = now < share_until
+            plan = self.map.acquire(worker.id, key, now, prefix, wait_share=sharing)
             if plan is not None:
                 return plan
-            left = deadline - self.mono()
-            if left <= 0:
+            left = (min(share_until, deadline) if sharing else deadline) - now
+            if not sharing and left <= 0:
                 raise UpstreamTimeout(f"no slot of {worker.id} came free in time")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), left)
+                await asyncio.wait_for(self._freed.wait(), max(left, 0.0))
 
     def _release(self, plan: SlotPlan, *, served: bool) -> None:
         self.map.release(plan, self.mono(), served=served)
@@ -305,6 +341,11 @@ class SlotPlane:
             cell, plan.evict_cell = plan.evict_cell, None  # the save's own, on every path
             await self._finished(self._save(worker.id, here, slot, plan.evict, cell))
         tier = plan.tier
+        if plan.seed is not None:
+            seed, plan.seed = plan.seed, None  # the read's own, on every path
+            if not await self._finished(self._seed(worker.id, here, slot, seed.cell)):
+                self.metrics.fallbacks.labels(worker.id, "seed").inc()
+                tier = KvTier.RECOMPUTE
         if plan.migrate_from is not None and plan.move_cell is not None and plan.key is not None:
             cell, plan.move_cell = plan.move_cell, None  # the migration's own, on every path
             tier = await self._migrate(worker, plan, plan.key, cell)
@@ -353,6 +394,15 @@ class SlotPlane:
         self._export()
         self._wake()  # the session, if it came back meanwhile, can now be restored
         return True
+
+    async def _seed(self, worker: WorkerId, actions: SlotActions, slot: int, cell: int) -> bool:
+        """Restore another session's saved ``cell`` into ``slot``; the cell is kept from
+        reuse until the worker has read it (shielded: a cancelled request's read runs on)."""
+        try:
+            return await self._restore(worker, actions, slot, cell)
+        finally:
+            self.map.seeded(cell)
+            self._wake()
 
     async def _restore(self, worker: WorkerId, actions: SlotActions, slot: int, cell: int) -> bool:
         started = self.mono()

@@ -395,6 +395,7 @@ class Proxy:
                                 headers,
                                 features.affinity_key,
                                 prefix=features.prefix_hashes,
+                                tokens=len(features.token_ids) or features.prompt_chars // 4,
                             )
                             # The reason says which tier the KV came from: slot, disk, ...
                             if tier := upstream.headers.get(TIER_HEADER):

@@ -422,7 +422,7 @@ class SlotMetrics:
     A *save* writes an idle session's slot to disk before another session takes
     the slot (an offload); a *restore* loads it back when the session returns; a
     *migration* saves it on one worker and restores it on another. ``tier`` says
-    where each turn's KV came from (slot, disk, migrated, recompute, fallback).
+    where each turn's KV came from (slot, disk, migrated, shared, recompute, fallback).
     """
 
     def __init__(self, r: CollectorRegistry) -> None:
@@ -445,7 +445,7 @@ class SlotMetrics:
         )
         self.fallbacks = counter(
             "kvgate_slot_recompute_fallbacks_total",
-            "Turns recomputed because a restore or a migration failed, by worker and step.",
+            "Turns recomputed because a restore, a seed or a migration failed, by worker and step.",
             ["worker", "step"],
         )
         self.turns = counter(
