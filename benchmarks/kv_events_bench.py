@@ -39,7 +39,8 @@ the index lived in Redis (one pipelined MGET of the prompt's 256 blocks on a loc
 
 ``--eviction SEEDS``: only the simulator's comparison of precise and approximate
 routing on caches under eviction (``kvgate.sim.eviction``: shared-prefix groups at
-KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker),
+KV 1.2x their working set, chat and headerless chat on ``--kv-blocks`` a worker, the
+judge's conversation trace on 2,500 blocks),
 each figure with its 95% interval over the seeds. ``--losses``: where each policy's
 hits were lost against the reference's (``workload.losses``: held on another worker,
 evicted where it was sent, evicted elsewhere, new), and its placement with copies free.
