@@ -115,7 +115,10 @@ class FeatureConfig(BaseModel):
     identity header a trusted hop sets (an auth proxy's ``x-user-id``, Envoy ext_authz's),
     read only from those peers and only once per request, else the request's session ids
     are ignored (``core.session.HeaderScope``); ``none``: ids as sent, shared by whoever
-    sends them: unsafe with several tenants (one takes another's worker and saved slot)."""
+    sends them: unsafe with several tenants (one takes another's worker and saved slot).
+    A stored response (``previous_response_id``) is continued only in the scope that
+    created it, while the gateway remembers it (``core.session.owned``; not under
+    ``none``)."""
     agent_session_headers: tuple[str, ...] = AGENT_SESSION_HEADERS
     """Identity headers agent CLIs send, read as the session id when ``session_header`` is
     absent (case-insensitive; first found wins; empty: none read)."""

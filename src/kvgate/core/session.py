@@ -89,6 +89,11 @@ client sends that already starts with it (with no credential to scope it) is has
 no one can name a scoped key without holding its credential."""
 
 
+_POSING = (SCOPED_TAG, "owned:")
+"""Tags of keys no client names: an unscoped id starting with one is hashed (``scoped``;
+``owned:`` is ``OWNED_TAG``)."""
+
+
 def credential_of(headers: Mapping[str, str]) -> bytes | None:
     """The client's credential: the token of ``Authorization: Bearer``, else ``x-api-key``
     (what ``dataplane.middleware.key_presented`` checks); ``None`` without one."""
@@ -213,17 +218,40 @@ def scope_of(setting: SessionScope, headers: Mapping[str, str], peer: str | None
 def scoped(key: SessionKey | None, credential: bytes | None) -> SessionKey | None:
     """``key`` in the credential's own space: a digest of both when there is a
     credential (or identity, ``scope_of``); ``None`` when it is ``REFUSED``; otherwise
-    ``key`` itself (hashed if it poses as a scoped one)."""
+    ``key`` itself (hashed if it poses as a scoped or owned one)."""
     if key is None or credential == REFUSED:
         return None
     if credential is None:
-        if key.startswith(SCOPED_TAG):
+        if key.startswith(_POSING):
             return "sha:" + xxhash.xxh3_128_hexdigest(key.encode("utf-8", "surrogatepass"))
         return key
     digest = blake2b(credential, digest_size=16)
     digest.update(b"\0")
     digest.update(key.encode("utf-8", "surrogatepass"))
     return SCOPED_TAG + digest.hexdigest()
+
+
+OWNED_TAG = "owned:"
+"""Leading tag of a stored response's key under a session scope (``owned``)."""
+
+
+def owned(key: SessionKey, scope: bytes | None) -> SessionKey | None:
+    """A stored response's continuation key (``response:<id>``) in the space of the scope
+    whose request the response answered, as it is recorded and as a continuation looks it
+    up: a continuation from another scope finds nothing (the response is not theirs).
+
+    Unlike ``scoped``, a request without a credential (``None``) is a scope of its own,
+    not the unscoped space: unscoped keys (``session_scope: none``, and what gateways
+    before this wrote) are never read through it. ``None`` when ``REFUSED``: such a
+    request can neither own nor continue a response. A domain of its own (BLAKE2b
+    personalisation): no session key is ever equal to one."""
+    if scope == REFUSED:
+        return None
+    owner = scope or b""
+    digest = blake2b(len(owner).to_bytes(4, "big"), digest_size=16, person=b"kvgate.owned")
+    digest.update(owner)
+    digest.update(key.encode("utf-8", "surrogatepass"))
+    return OWNED_TAG + digest.hexdigest()
 
 
 AGENT_SESSION_HEADERS: tuple[str, ...] = (

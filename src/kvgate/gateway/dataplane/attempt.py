@@ -383,6 +383,9 @@ class Placer(Protocol):
     async def lookup(self, features: RequestFeatures) -> Looked:
         """The store's binding for the request's affinity key (or ``UNREAD``)."""
 
+    async def read(self, key: SessionKey) -> Affinity | None:
+        """The store's binding for ``key``, read whatever the policy reads."""
+
     async def place(
         self,
         features: RequestFeatures,

@@ -20,6 +20,7 @@ the same error shapes. What differs is only how their features are built:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -29,7 +30,14 @@ from aiohttp.typedefs import Handler
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig, check_embedding_input
 from kvgate.core.prefix import InvalidRequestError as BadBody
-from kvgate.core.session import normalize_key, session_key_from
+from kvgate.core.session import (
+    REFUSED,
+    SessionScope,
+    normalize_key,
+    owned,
+    scope_of,
+    session_key_from,
+)
 from kvgate.gateway.dataplane.errors import (
     GatewayError,
     InvalidPathError,
@@ -42,10 +50,41 @@ from kvgate.gateway.dataplane.proxy import Forward, Proxy
 from kvgate.gateway.observe.pool import WorkerPool
 from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import unsafe_path
-from kvgate.types import SessionSource
+from kvgate.types import SessionKey, SessionSource
 
 RESPONSE_TAG = "response:"
-"""Affinity keys of stored responses: ``response:<id>`` never equals a client's key."""
+"""Affinity keys of stored responses: ``response:<id>``, in its creator's space
+(``core.session.owned``) unless ``session_scope`` is ``none``."""
+
+
+def response_keys(
+    setting: SessionScope, headers: Any, peer: str | None, max_chars: int
+) -> Callable[[str], SessionKey | None]:
+    """The key a response id is bound and looked up under, for a request with these
+    headers from ``peer``: owned by the request's scope (``None``: a request refused a
+    scope, which owns no response), or as it is under ``session_scope: none``."""
+    scope = None if setting == "none" else scope_of(setting, headers, peer)
+
+    def key_of(response_id: str) -> SessionKey | None:
+        key = normalize_key(RESPONSE_TAG + response_id, max_chars)
+        if key is None or setting == "none":
+            return key
+        return owned(key, scope) if scope != REFUSED else None
+
+    return key_of
+
+
+def unknown_response(response_id: str) -> GatewayError:
+    """What a worker answers for a ``previous_response_id`` it does not hold: the same for
+    one another tenant created, so that it never learns the id exists."""
+    return GatewayError(
+        f"Response with id '{response_id}' not found.",
+        status=404,
+        type="invalid_request_error",
+        code="response_not_found",
+        param="previous_response_id",
+    )
+
 
 FORWARDED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 """Methods forwarded on ``/v1/{path}``; HEAD and OPTIONS are not (405, never upstream)."""
@@ -234,15 +273,25 @@ class Passthrough:
             scope=cfg.session_scope,
             peer=request.remote,
         )
-        if responses and payload is not None:
-            previous = payload.get("previous_response_id")
+        answer_key = None
+        owner_only: GatewayError | None = None
+        if responses:
+            answer_key = response_keys(
+                cfg.session_scope, request.headers, request.remote, cfg.max_session_key_chars
+            )
+            previous = payload.get("previous_response_id") if payload is not None else None
             if previous is not None and not isinstance(previous, str):
                 raise InvalidRequestError(
                     "'previous_response_id' must be a string", param="previous_response_id"
                 )
             if previous:
-                key = normalize_key(RESPONSE_TAG + previous, cfg.max_session_key_chars)
+                key = answer_key(previous)
                 source = SessionSource.CONTINUATION
+                if cfg.session_scope != "none":
+                    # Only the scope that created it continues it; a miss is the worker's 404.
+                    owner_only = unknown_response(previous)
+                    if key is None:
+                        raise owner_only
         stream = payload.get("stream", False) if payload is not None else False
         features = RequestFeatures(
             request_id=request_id,
@@ -255,7 +304,8 @@ class Passthrough:
             features,
             body,
             method=request.method,
-            answer_key=RESPONSE_TAG if responses else None,
+            answer_key=answer_key,
+            unknown=owner_only,
         )
 
     def _model(self, payload: dict[str, Any] | None, request: web.Request) -> str:

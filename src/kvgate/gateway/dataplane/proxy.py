@@ -37,7 +37,7 @@ from kvgate.core.outlier import Blame, blame
 from kvgate.core.prefix import Endpoint, FeatureConfig
 from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
-from kvgate.gateway.dataplane.attempt import Attempt, Placer
+from kvgate.gateway.dataplane.attempt import Attempt, Looked, Placer
 from kvgate.gateway.dataplane.errors import (
     BadGatewayError,
     DrainingError,
@@ -69,6 +69,7 @@ from kvgate.gateway.observe.traffic import TrafficWindow
 from kvgate.gateway.routing import Routing
 from kvgate.gateway.upstream.transport import Upstream, UpstreamResponse
 from kvgate.tokens.models import Tokenizers
+from kvgate.types import SessionKey
 
 log = logging.getLogger("kvgate.gateway.dataplane.proxy")
 
@@ -89,8 +90,11 @@ class Forward:
     features: RequestFeatures
     body: bytes
     method: str = "POST"
-    answer_key: str | None = None
-    """Tag under which the answer's id is bound to its worker (``None``: not bound)."""
+    answer_key: Callable[[str], SessionKey | None] | None = None
+    """The key the answer's id is bound to its worker under (``None``: not bound)."""
+    unknown: GatewayError | None = None
+    """Answered, never forwarded, when the store binds nothing to the session key (a
+    continuation of a response the request's scope did not create, or forgotten)."""
 
 
 Describe = Callable[[bytes, str], Forward]
@@ -229,8 +233,20 @@ class Proxy:
                 outcome.method = forward.method
                 outcome.answer_key = forward.answer_key
                 outcome.body = body
+                looked: Looked | None = None
+                if forward.unknown is not None:
+                    key = features.affinity_key
+                    looked = await self.router.read(key) if key is not None else None
+                    if looked is None:
+                        raise forward.unknown
                 await self._forward(
-                    request, path, body=body, features=features, started=started, outcome=outcome
+                    request,
+                    path,
+                    body=body,
+                    features=features,
+                    started=started,
+                    outcome=outcome,
+                    looked=looked,
                 )
                 return
             features, payload, body = self._features(body, request, request_id, endpoint)
@@ -344,8 +360,9 @@ class Proxy:
         started: float,
         outcome: Outcome,
         payload: tuple[dict[str, Any], Endpoint] | None = None,
+        looked: Looked | None = None,
     ) -> None:
-        affinity = await self.router.lookup(features)
+        affinity = looked if looked is not None else await self.router.lookup(features)
         budget = self.budget
         budget.requests += 1
         excluded: frozenset[str] = frozenset()

@@ -127,8 +127,8 @@ class Outcome:
     """The gateway asked the worker for stream usage the client did not ask for."""
     body: bytes = b""
     method: str = "POST"
-    answer_key: str | None = None
-    """Bind the id the answer starts with under this tag (``response:``), for continuations."""
+    answer_key: Callable[[str], str | None] | None = None
+    """Bind the id the answer starts with under the key this gives, for continuations."""
     shed: str | None = None
     """Why the request was shed (429), for the access log and the dashboard."""
     refused: str | None = None
@@ -363,11 +363,13 @@ class Relay:
             await request.end()
         return True
 
-    async def _remember_answer(self, data: bytes, attempt: Attempt, tag: str) -> None:
+    async def _remember_answer(
+        self, data: bytes, attempt: Attempt, key_of: Callable[[str], str | None]
+    ) -> None:
         """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
         found = _ANSWER_ID.search(data, 0, 4096)
-        if found is not None:
-            await attempt.remember(tag + found.group(1).decode())
+        if found is not None and (key := key_of(found.group(1).decode())) is not None:
+            await attempt.remember(key)
 
     def _client_gone(self, model: str, outcome: Outcome) -> None:
         outcome.status = 499

@@ -190,6 +190,10 @@ class Router:
             return UNREAD
         return await self._read(key)
 
+    async def read(self, key: SessionKey) -> Affinity | None:
+        """The store's binding for ``key`` (``None`` on miss or error, which is counted)."""
+        return await self._read(key)
+
     async def _read(self, key: SessionKey) -> Affinity | None:
         """The store's binding for ``key`` (``None`` on miss or error, which is counted)."""
         try:
