@@ -375,3 +375,32 @@ async def test_the_picker_confines_paths_as_the_proxy_does() -> None:
         ok = await client.request(chat("still served"))
         assert ok.status == 200
         await wait_until(lambda: leases_released(picker), message="released")
+
+
+async def test_the_picker_continues_a_stored_response_for_its_creator_only() -> None:
+    """The picker binds each response id it sees answered to its worker in its creator's
+    scope; another tenant's continuation is the worker's 404 for an unknown id, answered
+    by the picker (no endpoint), and the creator's goes back to the worker holding it."""
+    async with (
+        worker_fleet(2) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker) as client,
+    ):
+        alice, bob = ({"authorization": f"Bearer sk-{n}-0123456789"} for n in ("alice", "bob"))
+        first = await client.request(
+            b'{"model":"demo","input":"my plan"}', path="/v1/responses", headers=alice
+        )
+        assert first.status == 200, first.body
+        previous = json.loads(first.body)["id"]
+        turn = json.dumps({"model": "demo", "input": "and?", "previous_response_id": previous})
+        for _ in range(4):  # a worker picked by the policy would hold it 1 time in 2
+            stolen = await client.request(turn.encode(), path="/v1/responses", headers=bob)
+            assert (stolen.status, stolen.endpoints) == (404, []), stolen.body
+        error = json.loads(stolen.body)["error"]
+        assert error["param"] == "previous_response_id"
+        assert error["message"] == f"Response with id '{previous}' not found."
+        for _ in range(2):
+            own = await client.request(turn.encode(), path="/v1/responses", headers=alice)
+            assert own.status == 200, own.body
+            assert own.served == first.served
+        await wait_until(lambda: leases_released(picker), message="released")

@@ -39,7 +39,6 @@ from multidict import CIMultiDict
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.prefix import FeatureConfig
-from kvgate.core.session import session_key_from
 from kvgate.gateway.dataplane.attempt import PassiveHealth, Placer
 from kvgate.gateway.dataplane.eppwire import (
     DESTINATION,
@@ -66,7 +65,7 @@ from kvgate.gateway.dataplane.errors import (
     OverloadedError,
 )
 from kvgate.gateway.dataplane.models import unknown_model_error
-from kvgate.gateway.dataplane.passthrough import confine
+from kvgate.gateway.dataplane.passthrough import Keys, confine, session_keys
 from kvgate.gateway.dataplane.picked import PickedRequest
 from kvgate.gateway.dataplane.relay import (
     REASON_HEADER,
@@ -228,6 +227,7 @@ class _Stream:
         self.first = True
         self.path = ""
         self.features: RequestFeatures | None = None
+        self.keys: Keys | None = None
         self.payload: dict[str, Any] | None = None
         self.aliased = False
         self.arrived = 0.0
@@ -402,7 +402,11 @@ class _Stream:
         self.features = features
         if server.away is not None:
             server.away.returned(features.session_key)  # back from a tool call, if away
-        looked = await router.lookup(features)
+        keys, looked = self.keys, await router.lookup(features)
+        if keys is not None and keys.unknown is not None:  # a continuation: its owner's only
+            looked = await router.read(keys.key) if keys.key is not None else None
+            if looked is None:
+                raise keys.unknown
         attempt = await router.place(features, looked, excluded, started=self.started)
         picked = PickedRequest(
             server.relay,
@@ -412,6 +416,7 @@ class _Stream:
             started=self.started,
             path=path,
         )
+        picked.outcome.answer_key = keys.answer_key if keys is not None else None
         self.picked_endpoints = [
             server.endpoint(attempt.worker),
             *self._fallbacks(attempt.worker, excluded),
@@ -500,21 +505,15 @@ class _Stream:
             model = served[0]
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
-        cfg = self.server.settings.features
-        key, source = session_key_from(
-            self.headers,
-            payload,
-            header=cfg.session_header,
-            use_user_field=cfg.use_user_field,
-            max_chars=cfg.max_session_key_chars,
-            scope=cfg.session_scope,
-            peer=self.peer,
+        settings, responses = self.server.settings.features, self.path == "/v1/responses"
+        keys = self.keys = session_keys(
+            settings, self.headers, payload, self.peer, responses=responses
         )
         return RequestFeatures(
             request_id=request_id,
             model=model,
-            session_key=key,
-            session_source=source,
+            session_key=keys.key,
+            session_source=keys.source,
             stream=payload.get("stream") is True,
         )
 
@@ -569,6 +568,7 @@ class _Stream:
         picked = self.picked
         if picked is not None:
             picked.response_chunk(message.body)
+            await picked.remember_answer(message.body)  # before the client has the id
         if self.response_duplex:
             data = message.body
             if picked is not None:

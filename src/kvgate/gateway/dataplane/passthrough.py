@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -145,6 +146,58 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     return refuse
 
 
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """A request's session key, and for ``/v1/responses`` its answer's (``session_keys``)."""
+
+    key: SessionKey | None
+    source: SessionSource
+    answer_key: Callable[[str], SessionKey | None] | None = None
+    """The key the answer's id is bound under (``None``: not bound)."""
+    unknown: GatewayError | None = None
+    """A continuation's answer when nothing is bound to ``key``: never forwarded then."""
+
+
+def session_keys(
+    cfg: FeatureConfig,
+    headers: Any,
+    payload: dict[str, Any] | None,
+    peer: str | None,
+    *,
+    responses: bool,
+) -> Keys:
+    """The session key of a request that is not a generation (the proxy's and the
+    picker's): the client's, or for a continuation of a stored response the key of that
+    response in the request's scope (``response_keys``)."""
+    key, source = session_key_from(
+        headers,
+        payload or {},
+        header=cfg.session_header,
+        use_user_field=cfg.use_user_field,
+        max_chars=cfg.max_session_key_chars,
+        scope=cfg.session_scope,
+        peer=peer,
+    )
+    if not responses:
+        return Keys(key, source)
+    answer_key = response_keys(cfg.session_scope, headers, peer, cfg.max_session_key_chars)
+    previous = payload.get("previous_response_id") if payload is not None else None
+    if previous is not None and not isinstance(previous, str):
+        raise InvalidRequestError(
+            "'previous_response_id' must be a string", param="previous_response_id"
+        )
+    if not previous:
+        return Keys(key, source, answer_key)
+    key = answer_key(previous)
+    if cfg.session_scope == "none":
+        return Keys(key, SessionSource.CONTINUATION, answer_key)
+    # Only the scope that created it continues it; a miss is the worker's own 404.
+    unknown = unknown_response(previous)
+    if key is None:
+        raise unknown
+    return Keys(key, SessionSource.CONTINUATION, answer_key, unknown)
+
+
 class Passthrough:
     """Handlers for the non-generation endpoints, each forwarded through ``Proxy``."""
 
@@ -263,49 +316,19 @@ class Passthrough:
             payload["model"] = target
             body = json.dumps(payload, separators=(",", ":")).encode()
         check_model(self.pool, target)
-        cfg = self.features
-        key, source = session_key_from(
-            request.headers,
-            payload or {},
-            header=cfg.session_header,
-            use_user_field=cfg.use_user_field,
-            max_chars=cfg.max_session_key_chars,
-            scope=cfg.session_scope,
-            peer=request.remote,
+        keys = session_keys(
+            self.features, request.headers, payload, request.remote, responses=responses
         )
-        answer_key = None
-        owner_only: GatewayError | None = None
-        if responses:
-            answer_key = response_keys(
-                cfg.session_scope, request.headers, request.remote, cfg.max_session_key_chars
-            )
-            previous = payload.get("previous_response_id") if payload is not None else None
-            if previous is not None and not isinstance(previous, str):
-                raise InvalidRequestError(
-                    "'previous_response_id' must be a string", param="previous_response_id"
-                )
-            if previous:
-                key = answer_key(previous)
-                source = SessionSource.CONTINUATION
-                if cfg.session_scope != "none":
-                    # Only the scope that created it continues it; a miss is the worker's 404.
-                    owner_only = unknown_response(previous)
-                    if key is None:
-                        raise owner_only
         stream = payload.get("stream", False) if payload is not None else False
         features = RequestFeatures(
             request_id=request_id,
             model=target,
-            session_key=key,
-            session_source=source,
+            session_key=keys.key,
+            session_source=keys.source,
             stream=stream is True,
         )
         return Forward(
-            features,
-            body,
-            method=request.method,
-            answer_key=answer_key,
-            unknown=owner_only,
+            features, body, method=request.method, answer_key=keys.answer_key, unknown=keys.unknown
         )
 
     def _model(self, payload: dict[str, Any] | None, request: web.Request) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from kvgate.core.features import RequestFeatures
 from kvgate.gateway.dataplane.attempt import Attempt, PassiveHealth
-from kvgate.gateway.dataplane.relay import Outcome, Relay
+from kvgate.gateway.dataplane.relay import Outcome, Relay, answer_id
 from kvgate.gateway.dataplane.usage import (
     MessagesTap,
     StreamTap,
@@ -145,6 +145,17 @@ class PickedRequest:
             body += data
             if len(body) > _BODY_KEEP:
                 del body[: -_BODY_KEEP // 2]
+
+    async def remember_answer(self, data: bytes) -> None:
+        """Bind the id a ``/v1/responses`` answer opens with to the worker that made it
+        (under its creator's scope: ``Outcome.answer_key``), once, on its first chunk."""
+        key_of, outcome = self.outcome.answer_key, self.outcome
+        if key_of is None or not data or outcome.status >= 300:
+            return
+        outcome.answer_key = None
+        found = answer_id(data)
+        if found is not None and (key := key_of(found)) is not None:
+            await self.attempt.remember(key)
 
     async def response_end(self) -> None:
         """The response ended (its last body chunk, its trailers or a header-only answer):

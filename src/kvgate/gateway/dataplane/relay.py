@@ -102,6 +102,12 @@ def public_failure(exc: UpstreamError) -> str:
 _ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 
 
+def answer_id(data: bytes) -> str | None:
+    """The id an answer names first (within its first 4 KiB): a stored response's."""
+    found = _ANSWER_ID.search(data, 0, 4096)
+    return found.group(1).decode() if found is not None else None
+
+
 class AwaySessions(Protocol):
     """Where sessions away on a tool call are booked (``gateway.control.toolcalls``): told
     of each session's request as it arrives; its leaving is its attempt's end's."""
@@ -367,8 +373,8 @@ class Relay:
         self, data: bytes, attempt: Attempt, key_of: Callable[[str], str | None]
     ) -> None:
         """Bind the answer's own id (the first ``"id"`` in its head) to its worker."""
-        found = _ANSWER_ID.search(data, 0, 4096)
-        if found is not None and (key := key_of(found.group(1).decode())) is not None:
+        found = answer_id(data)
+        if found is not None and (key := key_of(found)) is not None:
             await attempt.remember(key)
 
     def _client_gone(self, model: str, outcome: Outcome) -> None:
