@@ -183,3 +183,26 @@ async def test_session_scope_none_continues_whoever_names_the_id() -> None:
         keys = await _bound_keys(gw.gateway.store, fleet)
     assert follow.status == "completed"
     assert {f"response:{first.id}", f"response:{follow.id}"} <= keys
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_stored_response_is_retrieved_by_its_creator_only(backend: str) -> None:
+    """``GET /v1/responses/{id}`` answers the stored response itself: it went wherever the
+    policy sent it (the holder 1 time in N, for its owner or anyone). Now it goes to the
+    worker holding it, in its creator's scope only."""
+    async with (
+        worker_fleet(2) as fleet,
+        _gateway(backend, fleet, api_keys=[ALICE, BOB]) as gw,
+        _client(gw, ALICE) as alice,
+        _client(gw, BOB) as bob,
+    ):
+        first = await alice.responses.create(model="demo", input="my secret plan")
+        for _ in range(4):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await bob.responses.retrieve(first.id)
+            assert WORKER_HEADER.lower() not in {k.lower() for k in caught.value.response.headers}
+            assert caught.value.response.json()["error"]["message"] == (
+                f"Response with id '{first.id}' not found."
+            )
+        mine = [await alice.responses.retrieve(first.id) for _ in range(4)]
+    assert all(m.id == first.id and m.output_text == first.output_text for m in mine)

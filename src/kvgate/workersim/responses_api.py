@@ -35,16 +35,26 @@ class ResponseLog:
     def __init__(self, limit: int = KEPT_RESPONSES) -> None:
         self._limit = limit
         self._turns: OrderedDict[str, list[ChatMessage]] = OrderedDict()
+        self._answers: dict[str, dict[str, Any]] = {}
 
     def get(self, response_id: str) -> list[ChatMessage] | None:
         """The conversation up to and including ``response_id``'s answer."""
         return self._turns.get(response_id)
 
-    def keep(self, response_id: str, turns: list[ChatMessage]) -> None:
-        """Remember a response's conversation."""
+    def answer(self, response_id: str) -> dict[str, Any] | None:
+        """The response object as it was answered (``GET /v1/responses/{id}``)."""
+        return self._answers.get(response_id)
+
+    def keep(
+        self, response_id: str, turns: list[ChatMessage], answer: dict[str, Any] | None = None
+    ) -> None:
+        """Remember a response's conversation (and the response itself)."""
         self._turns[response_id] = turns
+        if answer is not None:
+            self._answers[response_id] = answer
         if len(self._turns) > self._limit:
-            self._turns.popitem(last=False)
+            gone, _ = self._turns.popitem(last=False)
+            self._answers.pop(gone, None)
 
 
 RESPONSE_LOG_KEY = web.AppKey("kvgate.workersim.responses", ResponseLog)
@@ -184,9 +194,9 @@ async def responses_endpoint(request: web.Request) -> web.StreamResponse:
             while not run.finished:
                 await run.next()
         text = filler(0, run.completion_tokens)
-        if body.store:
-            log.keep(response_id, [*turns, ChatMessage(role="assistant", content=text)])
         done = _response(response_id, created, body, text, status="completed", usage=run.usage())
+        if body.store:
+            log.keep(response_id, [*turns, ChatMessage(role="assistant", content=text)], done)
         if body.stream:
             await stream.write(sse_event({"type": "response.completed", "response": done}))
             await stream.write_eof()
@@ -194,3 +204,14 @@ async def responses_endpoint(request: web.Request) -> web.StreamResponse:
         return web.json_response(done)
     finally:
         settle(worker, run, response_id, finish)
+
+
+async def retrieve_endpoint(request: web.Request) -> web.Response:
+    """``GET /v1/responses/{response_id}``: a stored response, from this worker's memory."""
+    response_id = request.match_info["response_id"]
+    answer = request.app[RESPONSE_LOG_KEY].answer(response_id)
+    if answer is None:
+        raise ApiError(
+            404, f"Response with id '{response_id}' not found.", code="response_not_found"
+        )
+    return web.json_response(answer)

@@ -403,4 +403,8 @@ async def test_the_picker_continues_a_stored_response_for_its_creator_only() -> 
             own = await client.request(turn.encode(), path="/v1/responses", headers=alice)
             assert own.status == 200, own.body
             assert own.served == first.served
+        for who, status in ((bob, 404), (alice, 200), (alice, 200)):  # retrieving it
+            got = await client.request(b"", path=f"/v1/responses/{previous}", headers=who)
+            assert got.status == status, got.body
+            assert got.served == (first.served if status == 200 else None)
         await wait_until(lambda: leases_released(picker), message="released")

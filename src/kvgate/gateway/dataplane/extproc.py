@@ -505,10 +505,8 @@ class _Stream:
             model = served[0]
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
-        settings, responses = self.server.settings.features, self.path == "/v1/responses"
-        keys = self.keys = session_keys(
-            settings, self.headers, payload, self.peer, responses=responses
-        )
+        settings, path = self.server.settings.features, unquote(self.path)
+        keys = self.keys = session_keys(settings, self.headers, payload, self.peer, path=path)
         return RequestFeatures(
             request_id=request_id,
             model=model,

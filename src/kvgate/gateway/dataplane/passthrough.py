@@ -9,10 +9,11 @@ the same error shapes. What differs is only how their features are built:
   parameter, else the one model the fleet serves (a 400 if it serves several);
   an alias is resolved to its model and the body rewritten;
 - the session key is the client's (header or ``user``), except for
-  ``/v1/responses`` continuing a conversation: there it is the
-  ``previous_response_id``, and every answer's id is bound to the worker that
-  made it, because only that worker holds the conversation (vLLM keeps stored
-  responses in its own memory).
+  ``/v1/responses`` continuing a conversation, and the paths of one stored response
+  (``/v1/responses/{id}...``): there it is that response's, and every answer's id is
+  bound to the worker that made it, because only that worker holds the conversation
+  (vLLM keeps stored responses in its own memory), in the space of the scope that
+  created it (``session_keys``): another tenant's request about it is a 404.
 
 ``GET /v1/models/{id}`` is answered by the gateway from what its fleet serves.
 """
@@ -75,15 +76,19 @@ def response_keys(
     return key_of
 
 
-def unknown_response(response_id: str) -> GatewayError:
-    """What a worker answers for a ``previous_response_id`` it does not hold: the same for
-    one another tenant created, so that it never learns the id exists."""
+STORED = "/v1/responses/"
+"""Paths about one stored response (``GET /v1/responses/{id}``, ``.../cancel``, ...)."""
+
+
+def unknown_response(response_id: str, param: str | None) -> GatewayError:
+    """What a worker answers for a response id it does not hold: the same for one another
+    tenant created, so that it never learns the id exists."""
     return GatewayError(
         f"Response with id '{response_id}' not found.",
         status=404,
         type="invalid_request_error",
         code="response_not_found",
-        param="previous_response_id",
+        param=param,
     )
 
 
@@ -164,11 +169,12 @@ def session_keys(
     payload: dict[str, Any] | None,
     peer: str | None,
     *,
-    responses: bool,
+    path: str,
 ) -> Keys:
-    """The session key of a request that is not a generation (the proxy's and the
-    picker's): the client's, or for a continuation of a stored response the key of that
-    response in the request's scope (``response_keys``)."""
+    """The session key of a request on ``path`` that is not a generation (the proxy's and
+    the picker's): the client's, or for a continuation of a stored response, or a request
+    about one (``GET /v1/responses/{id}``, its ``cancel``, ...), the key of that response
+    in the request's scope (``response_keys``)."""
     key, source = session_key_from(
         headers,
         payload or {},
@@ -178,21 +184,26 @@ def session_keys(
         scope=cfg.session_scope,
         peer=peer,
     )
-    if not responses:
+    named: str | None = None
+    param: str | None = "previous_response_id"
+    if path.startswith(STORED):  # a stored response's own path: its owner's only
+        named, param = path[len(STORED) :].partition("/")[0], None
+    elif path != "/v1/responses":
         return Keys(key, source)
-    answer_key = response_keys(cfg.session_scope, headers, peer, cfg.max_session_key_chars)
-    previous = payload.get("previous_response_id") if payload is not None else None
+    key_of = response_keys(cfg.session_scope, headers, peer, cfg.max_session_key_chars)
+    answer_key = key_of if named is None else None  # else the answer names the same response
+    previous = named or (payload.get("previous_response_id") if payload is not None else None)
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequestError(
             "'previous_response_id' must be a string", param="previous_response_id"
         )
     if not previous:
         return Keys(key, source, answer_key)
-    key = answer_key(previous)
+    key = key_of(previous)
     if cfg.session_scope == "none":
         return Keys(key, SessionSource.CONTINUATION, answer_key)
     # Only the scope that created it continues it; a miss is the worker's own 404.
-    unknown = unknown_response(previous)
+    unknown = unknown_response(previous, param)
     if key is None:
         raise unknown
     return Keys(key, SessionSource.CONTINUATION, answer_key, unknown)
@@ -255,7 +266,7 @@ class Passthrough:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses``: continuations go to the worker that holds the conversation."""
-        return await self._forward(request, "/v1/responses", responses=True)
+        return await self._forward(request, "/v1/responses")
 
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
         """``POST /tokenize`` (vLLM's)."""
@@ -277,13 +288,10 @@ class Passthrough:
         request: web.Request,
         path: str,
         *,
-        responses: bool = False,
         embeddings: bool = False,
     ) -> web.StreamResponse:
         def describe(body: bytes, request_id: str) -> Forward:
-            return self.describe(
-                body, request, request_id, responses=responses, embeddings=embeddings
-            )
+            return self.describe(body, request, request_id, embeddings=embeddings)
 
         exchange = AiohttpExchange(request)
         await self.proxy.handle(exchange, path, "completions", describe=describe)
@@ -295,7 +303,6 @@ class Passthrough:
         request: web.Request,
         request_id: str,
         *,
-        responses: bool = False,
         embeddings: bool = False,
     ) -> Forward:
         """The features and body to forward for one request (400/404/503 on a bad one)."""
@@ -317,7 +324,7 @@ class Passthrough:
             body = json.dumps(payload, separators=(",", ":")).encode()
         check_model(self.pool, target)
         keys = session_keys(
-            self.features, request.headers, payload, request.remote, responses=responses
+            self.features, request.headers, payload, request.remote, path=request.path
         )
         stream = payload.get("stream", False) if payload is not None else False
         features = RequestFeatures(
