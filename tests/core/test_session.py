@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from kvgate.core.session import header_value
+from kvgate.core.session import IDENTITY_TAG, REFUSED, header_value, owned, scoped
 
 
 def test_header_value_ignores_case_in_every_kind_of_mapping() -> None:
@@ -120,3 +120,20 @@ def test_session_scope_none_shares_ids_and_bad_peers_are_refused_at_load() -> No
         {"session_scope": {"header": "x-user-id", "trusted_peers": ["127.0.0.1"]}}
     )
     assert isinstance(config.session_scope, HeaderScope)
+
+
+def test_a_stored_responses_key_is_its_creators_own() -> None:
+    """``owned``: one key per (scope, response), none shared with another scope, the
+    credential-less scope or any session key; a refused scope owns nothing."""
+    key = "response:resp_0123"
+    scopes = [None, b"sk-alice", b"sk-bob", IDENTITY_TAG + b"alice"]
+    keys = [owned(key, scope) for scope in scopes]
+    assert len(set(keys)) == len(scopes)
+    assert all(k is not None and k.startswith("owned:") and "alice" not in k for k in keys)
+    assert owned(key, b"sk-alice") == keys[1]  # every replica and the picker agree
+    assert owned("response:resp_0124", b"sk-alice") != keys[1]
+    assert owned(key, REFUSED) is None
+    assert scoped(key, b"sk-alice") not in keys  # a session id equal to it stays apart
+    # An unscoped id posing as an owned key is hashed, as one posing as a scoped one.
+    posing = keys[0]
+    assert posing is not None and scoped(posing, None) != posing
