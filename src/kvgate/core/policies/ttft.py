@@ -112,7 +112,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._running = RunningBlocks(cfg.index.max_pending)
         self.residency: Residency = IndexResidency(self.index, self._running)
         """Where the prompt is cached (``caches``: KV events, the index, the store)."""
-        self._lives = Lives(self.index.depth_chars)  # what a conversation brings (``lives``)
+        # What a conversation brings, and a later turn's earlier end (``lives``: as
+        # ``default`` reads them, agent-preamble lost 1.9 points of hit, p99 1.6x).
+        self._lives = Lives(self.index.depth_chars, lone=False, shared=False, reach=False)
         self._replies = Replies(cfg.index.max_pending)  # a session's cached reply (TTFT)
         # The last placement: request id, characters held per worker, whether it opens a
         # conversation; and the scores.
@@ -137,7 +139,8 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._looks.pop(worker, None)
         self._pace.note(now)
         self._running.fly(rid, worker, request.prefix_hashes)
-        self._lives.routed(request, worker, uncached, opens)
+        self._lives.routed(uncached, opens)
+        self._lives.note(request, worker)
         super().on_routed(request, worker, now)
         self._fill[worker] = self.index.fill(worker, self.index.config.kv_overcommit)
 
@@ -206,11 +209,11 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         held = self.residency.held(request, ctx)
         restorable = self._restorable(request)
         if request.session_key is None:
-            # A later turn's earlier prompt is cached where it went, past its last block.
+            # A later turn's earlier prompt is cached where it went, to its end's mark.
             end = self._lives.through(request)
             opens = end is None
-            if end is not None and end[1] > held.get(end[0], 0):
-                held[end[0]] = min(end[1], request.prompt_chars)
+            if end is not None and end[2] > held.get(end[0], 0):
+                held[end[0]] = min(end[2], request.prompt_chars)
         else:
             opens = ctx.affinity is None
         self._last = (request.request_id, held, opens)
