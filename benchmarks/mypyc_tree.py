@@ -36,8 +36,6 @@ MODULES = (
     "kvgate/core/features.py",
     "kvgate/core/hashing.py",
     "kvgate/core/holders.py",
-    "kvgate/core/policies/books.py",
-    "kvgate/core/policies/chain_ends.py",
     "kvgate/core/policies/claims.py",
     "kvgate/core/policies/lives.py",
     "kvgate/core/policies/running.py",

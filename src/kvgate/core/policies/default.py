@@ -14,11 +14,11 @@ headerless request, the placement minimises, over the candidate workers, in seco
   events, this replica's index, the store's holders; KV restorable from disk at
   ``restorable_credit``), a claim the index cannot vouch for at the share usage confirms
   (``ClaimShares``), a later headerless turn's match to its earlier turn's end and reply
-  (``ChainEnds``), none in a cold llama.cpp slot;
+  (``Lives``), none in a cold llama.cpp slot;
 - *fill*: how full the worker's KV is with what was sent there lately (``Warming._charge``);
   *life*: a new session, or a headerless request extending no earlier chain, decides
   where its whole conversation goes and is charged what one routes over its life
-  (``Conversations``);
+  (``Lives``);
 - *stay*: a cache's pull on one-shot work, not for a session (its later turns follow it).
 
 Rates are the prior's (``prefill_tokens_per_s``, or the engines' own where they report
@@ -58,10 +58,9 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
-from kvgate.core.policies.books import Conversations, Life
-from kvgate.core.policies.chain_ends import ChainEnds, Through
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.learning import Replies, SpeedLearning
+from kvgate.core.policies.lives import Lives, Through
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.warming import Openers, Warming
 from kvgate.core.policy import RouteContext
@@ -147,13 +146,12 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._running = RunningBlocks(pending)
         self._fills, self.charged, self._aged_at = {}, {}, -math.inf
         self._replies = Replies(pending)  # a session's cached reply (TTFT)
-        # What a conversation routes over its life: sessions', and headerless ones'.
-        self._sessions, self._chains = Life(), Conversations(half_s, cfg.chain_ends)
-        self._ends = ChainEnds(cfg.chain_ends, self.index.depth_chars)
+        # Where headerless requests ended; what a conversation routes over its life.
+        self._lives = Lives(self.index.depth_chars, cfg.chain_ends, half_s=half_s)
         self._trust = ClaimShares(max_pending=pending)
         self._openers = Openers(cfg.warm_min_blocks)
         # What a placement remembers for ``on_routed`` (request id first): whether it
-        # opened a conversation (``ChainEnds.through``); per worker the blocks claimed and
+        # opened a conversation (``Lives.through``); per worker the blocks claimed and
         # their (young, resident) cuts (``_cuts``); the end its chain ran through: the
         # worker its earlier turn went to, the blocks to that turn's last whole one, and
         # its reach. ``_probing``: ``_place`` runs for a warm-up's probe, not a request.
@@ -192,13 +190,14 @@ class DefaultPolicy(Warming, SpeedLearning):
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         likely = prompt - max(likely, self._replies.cached(request, worker) if warm else 0)
         self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
+        lives = self._lives
         if request.session_key is not None:
-            self._sessions.add(now, self._recent_half_s, seconds, 0.0)
+            lives.sessions.add(now, self._recent_half_s, seconds, 0.0)
         elif hashes:
             opened = self._opened
-            end = opened[1] if opened[0] == rid else self._ends.through(request)
-            self._chains.routed(rid, now, seconds, None if end is None else end[3])
-            self._ends.note(request, worker)
+            end = opened[1] if opened[0] == rid else lives.through(request)
+            lives.turn(rid, now, seconds, None if end is None else end[3])
+            lives.note(request, worker)
         super().on_routed(request, worker, now)
         if not warm:
             self.index.unclaimed(rid)  # a cold slot's miss says nothing of the worker's KV
@@ -206,15 +205,15 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def session_life_s(self) -> float:
         """Prefill seconds an explicit session routes over its life, on average (0: none yet)."""
-        return self._sessions.mean()
+        return self._lives.sessions.mean()
 
     def chain_life_s(self) -> float:
         """Prefill seconds a headerless conversation routes over its life (0: none yet)."""
-        return self._chains.life_s()
+        return self._lives.chain_life()
 
     def opens(self, request: RequestFeatures) -> bool:
-        """Whether a headerless request's chain runs through no earlier end (``ChainEnds``)."""
-        return self._ends.opens(request)
+        """Whether a headerless request's chain runs through no earlier end (``Lives``)."""
+        return self._lives.opens(request)
 
     def on_usage(
         self,
@@ -232,8 +231,9 @@ class DefaultPolicy(Warming, SpeedLearning):
         super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
-        self._ends.replied(request, int(completion_tokens / self._tokens_per_char))
-        self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
+        replied = int(completion_tokens / self._tokens_per_char)
+        self._lives.replied(request, replied)
+        self._replies.replied(request, worker, replied)
         self._refill(worker, now)
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
@@ -258,7 +258,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         self._age(ctx.fleet.now)
         found = None
         if request.session_key is None and request.prefix_hashes:
-            self._opened = (request.request_id, self._ends.through(request))
+            self._opened = (request.request_id, self._lives.through(request))
             found = self.matches(request, ctx)
         cands = candidates(request, ctx, self._holding(request), hard=True)
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
@@ -279,7 +279,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         shared = self._shared_chars(request, worker.id)
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
-            self._sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
+            self._lives.sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
         if why != "new":
             reason = f"affinity_{why}_migrated"
         keyed = request.session_key is not None
@@ -367,7 +367,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             stay, life = 0.0, self.session_life_s() if "session_life" not in self._off else 0.0
         elif request.prefix_hashes:
             opened = self._opened  # ``pick`` looked it up just before
-            end = opened[1] if opened[0] == rid else self._ends.through(request)
+            end = opened[1] if opened[0] == rid else self._lives.through(request)
             if end is None:
                 life = self.chain_life_s() if "chain_life" not in self._off else 0.0
             elif (
