@@ -1,6 +1,10 @@
-import pytest
+from array import array
 
-from kvgate.engine.blocks import BlockPool, chain_hashes
+import pytest
+import xxhash
+
+from kvgate.engine import blocks
+from kvgate.engine.blocks import BlockPool, chain_hashes, token_bytes
 
 
 def test_only_full_blocks_are_hashed() -> None:
@@ -24,6 +28,19 @@ def test_same_block_at_another_position_hashes_differently() -> None:
     block = list(range(16))
     h = chain_hashes(block * 2, 16)
     assert h[0] != h[1]
+
+
+def test_tokens_pack_as_an_int64_array_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blocks, "_MAX_PACKERS", 3)
+    for tokens in ([], [7], [0, -1, 2**40, 262_143] * 5, list(range(4099)), (5,) * 17):
+        assert token_bytes(tokens) == array("q", tokens).tobytes()
+    assert len(blocks._PACKERS) <= 3
+    tokens = list(range(100, 164))
+    keys, prev = [], 0
+    for start in range(0, 64, 16):  # the hashes of array's bytes, as before
+        prev = xxhash.xxh3_64_intdigest(array("q", tokens[start : start + 16]).tobytes(), prev)
+        keys.append(prev)
+    assert chain_hashes(tokens, 16) == keys
 
 
 def test_bad_block_size() -> None:

@@ -17,11 +17,11 @@ so a policy can tell exactly how far past it two prompts agree
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 
 import xxhash
 
+from kvgate.engine.blocks import token_bytes
 from kvgate.types import BlockHash
 
 
@@ -176,7 +176,7 @@ def token_chain_hashes(
 ) -> tuple[BlockHash, ...]:
     """Chained xxh3-64 hashes of token ids, ``block_tokens`` ids per block (then coarse)."""
     end = min(len(tokens), max_tokens if coarse_factor else block_tokens * max_blocks)
-    packed = array("q", tokens[:end]).tobytes()
+    packed = token_bytes(tokens[:end])
     hashes: list[int] = []
     h = seed
     view = memoryview(packed)

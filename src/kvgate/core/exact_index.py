@@ -28,14 +28,13 @@ feed it.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.kv_events import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvgate.engine.blocks import chain_hashes
+from kvgate.engine.blocks import chain_hashes, token_bytes
 from kvgate.types import BlockHash, WorkerId
 
 EngineHash = int | bytes
@@ -174,14 +173,13 @@ class ExactIndex:
                 self.orphans += len(hashes)
                 return
             seed = known
-        tokens = event.token_ids
+        data = token_bytes(event.token_ids[: len(hashes) * size])
         digest = xxhash.xxh3_64_intdigest
+        step = size * 8
         keys = []
-        for i in range(len(hashes)):
-            block = tokens[i * size : (i + 1) * size]
-            if len(block) < size:
-                break  # a malformed event: fewer tokens than blocks
-            seed = digest(array("q", block).tobytes(), seed)
+        # A malformed event (fewer tokens than blocks) keys the blocks its tokens fill.
+        for end in range(step, len(data) + 1, step):
+            seed = digest(data[end - step : end], seed)
             keys.append(seed)
         self.store(worker, hashes[: len(keys)], keys, size)
 
