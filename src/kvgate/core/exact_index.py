@@ -82,6 +82,8 @@ class ExactIndex:
         # Holder bitmask -> its workers, as lookups met them (a fleet's chains end on
         # few distinct sets: every worker, a group's few), forgotten when a bit changes.
         self._masks: dict[int, tuple[WorkerId, ...]] = {}
+        # The workers' block sizes (``held_token_groups``), made again when one changes.
+        self._sizes: set[int] | None = None
         self.orphans = 0
         """Stored blocks whose parent the index did not know (events missed): not keyed."""
         self.ignored = 0
@@ -103,6 +105,7 @@ class ExactIndex:
             self._by_bit.append(worker)
         self._workers[worker] = _Worker(bit)
         self._masks.clear()
+        self._sizes = None
 
     def tracks(self, worker: WorkerId) -> bool:
         """Whether the index answers for ``worker`` (it publishes events)."""
@@ -119,6 +122,7 @@ class ExactIndex:
         if state is not None:
             self._by_bit[state.bit] = None
             self._masks.clear()
+            self._sizes = None
 
     def blocks(self, worker: WorkerId) -> int:
         """Blocks ``worker`` holds by its events (its KV use between scrapes)."""
@@ -193,7 +197,8 @@ class ExactIndex:
         """``worker`` holds these blocks (engine hashes with their token keys)."""
         self.track(worker)
         state = self._workers[worker]
-        state.block_size = block_size
+        if state.block_size != block_size:
+            state.block_size, self._sizes = block_size, None
         mask = 1 << state.bit
         holders, held, known = self._holders, state.held, state.keys
         for engine_hash, key in zip(engine_hashes, keys, strict=True):
@@ -274,43 +279,35 @@ class ExactIndex:
         Engines evict a chain's blocks tail first (vLLM frees a request's blocks last
         to first into its LRU queue, and a block in use holds its whole prefix in use;
         SGLang evicts radix-tree leaves), so what a worker holds of a chain is a
-        prefix of it. The walk gallops over blocks where the set of workers still
-        holding does not change, and bisects where it does: some ``2 log n`` probes
-        per worker whose chain ends, not one per block (a 4k-token prompt is 256
-        blocks of 16 tokens). Workers are told by set, not one by one: a fleet whose
-        64 workers all hold a shared opening costs one entry, not 64.
+        prefix of it: whether every worker of a set holds block ``i`` is true up to
+        some block and false after. The walk asks the chain's last block first (the
+        deepest holders hold to the end), and bisects where the set still holding
+        changes: ``1 + log n`` probes per depth held (a 4k-token prompt is 256 blocks
+        of 16 tokens), not one per block. Workers are told by set, not one by one: a
+        fleet whose 64 workers all hold a shared opening costs one entry, not 64.
         """
         n = len(chain)
+        if not n:
+            return []
         get = self._holders.get
-        alive = get(chain[0], 0) if n else 0
+        alive = get(chain[0], 0)
         groups: list[tuple[int, tuple[WorkerId, ...]]] = []
-        last = 0  # every worker in ``alive`` holds blocks 0..last
+        last, end = 0, n - 1  # every worker in ``alive`` holds blocks 0..last
         while alive:
-            step = 1
-            probe = last + 1
-            while probe < n and get(chain[probe], 0) & alive == alive:
-                last = probe
-                step *= 2
-                probe = last + step
-            if last == n - 1:
+            if last == end or get(chain[end], 0) & alive == alive:
+                groups.append((n, self._of_mask(alive)))
                 break
-            # The set changes in (last, min(probe, n - 1)]: bisect for the first change.
-            high = probe if probe < n else n - 1
-            if get(chain[high], 0) & alive == alive:
-                last = high  # past the end: nothing changed up to it
-                continue
+            # Some worker of ``alive`` lacks block ``end``: bisect for the first such block.
+            high = end
             while high - last > 1:
-                mid = (last + high) // 2
+                mid = (last + high) >> 1
                 if get(chain[mid], 0) & alive == alive:
                     last = mid
                 else:
                     high = mid
             kept = alive & get(chain[high], 0)
             groups.append((high, self._of_mask(alive & ~kept)))
-            alive = kept
-            last = high
-        if alive:
-            groups.append((last + 1, self._of_mask(alive)))
+            alive, last = kept, high
         return groups
 
     def held_tokens(self, tokens: Sequence[int]) -> dict[WorkerId, int]:
@@ -323,8 +320,9 @@ class ExactIndex:
     def held_token_groups(self, tokens: Sequence[int]) -> list[tuple[int, tuple[WorkerId, ...]]]:
         """``held_tokens`` by count (``match_groups``): ``(leading tokens held, the
         workers holding that many)``; the prompt is hashed once per block size."""
-        states = self._workers
-        sizes = {state.block_size for state in states.values() if state.block_size}
+        states, sizes = self._workers, self._sizes
+        if sizes is None:
+            sizes = self._sizes = {s.block_size for s in states.values() if s.block_size}
         groups = []
         for size in sizes:
             for depth, holding in self.match_groups(chain_hashes(tokens, size)):
