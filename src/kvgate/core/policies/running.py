@@ -19,10 +19,14 @@ class RunningBlocks:
     """Per worker, how many requests in flight hold each prefix block; by request id
     (``fly``, ``landed``), at most ``limit`` requests."""
 
-    __slots__ = ("_counts", "_flying", "limit")
+    __slots__ = ("_counts", "_firsts", "_flying", "limit")
 
     def __init__(self, limit: int = 65_536) -> None:
         self._counts: dict[WorkerId, dict[BlockHash, int]] = {}
+        # A chain's first block -> per worker, the requests in flight there it opens: a
+        # chained hash is its block's only at the chain's start, so these are the workers
+        # whose requests share a block with a chain at all (``shared_depths``).
+        self._firsts: dict[BlockHash, dict[WorkerId, int]] = {}
         self._flying: dict[str, tuple[WorkerId, Sequence[BlockHash]]] = {}
         self.limit = limit
 
@@ -48,6 +52,11 @@ class RunningBlocks:
         get = counts.get
         for h in hashes:
             counts[h] = get(h, 0) + 1
+        if hashes:
+            on = self._firsts.get(hashes[0])
+            if on is None:
+                on = self._firsts[hashes[0]] = {}
+            on[worker] = on.get(worker, 0) + 1
 
     def remove(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> None:
         """A request with chain ``hashes`` on ``worker`` ended."""
@@ -60,6 +69,15 @@ class RunningBlocks:
                 counts[h] = left
             else:
                 counts.pop(h, None)
+        on = self._firsts.get(hashes[0]) if hashes else None
+        if on is not None and worker in on:
+            left = on[worker] - 1
+            if left > 0:
+                on[worker] = left
+            else:
+                del on[worker]
+                if not on:
+                    del self._firsts[hashes[0]]
 
     def shared_depth(self, worker: WorkerId, hashes: Sequence[BlockHash]) -> int:
         """Leading blocks of ``hashes`` some request in flight on ``worker`` holds."""
@@ -77,13 +95,18 @@ class RunningBlocks:
         self, hashes: Sequence[BlockHash], among: Container[WorkerId]
     ) -> Iterator[tuple[WorkerId, int]]:
         """``shared_depth`` for each worker of ``among`` some request in flight on which
-        shares a block with ``hashes`` (workers sharing none are left out): one look
-        at the first block a busy worker, none an idle one."""
+        shares a block with ``hashes`` (workers sharing none are left out), in the order
+        the workers started requests: one look-up for the chain's first block, then a
+        walk on each worker running a request it opens (none on an idle fleet)."""
         if not hashes:
             return
-        first = hashes[0]
-        for worker, counts in self._counts.items():
-            if first in counts and worker in among:
+        on = self._firsts.get(hashes[0])
+        if not on:
+            return
+        every = self._counts
+        for worker in on if len(on) == 1 else [w for w in every if w in on]:
+            if worker in among:
+                counts = every[worker]
                 depth = 1
                 for h in hashes[1:]:
                     if h not in counts:
@@ -94,3 +117,6 @@ class RunningBlocks:
     def forget(self, worker: WorkerId) -> None:
         """Drop what ``worker`` holds (it left the fleet)."""
         self._counts.pop(worker, None)
+        for first, on in list(self._firsts.items()):
+            if on.pop(worker, None) is not None and not on:
+                del self._firsts[first]
