@@ -141,7 +141,7 @@ def test_one_module_takes_a_request_attempts_lease() -> None:
 DEFAULT_BUDGET = 800
 """Issue 46: ``default`` and the modules it alone uses, in lines (``wc -l``), at most."""
 
-DEFAULT_LINES = 872
+DEFAULT_LINES = 799
 """Their lines today, while over the budget: they may not grow (lower this as they shrink,
 until the budget holds; ``docs/dev/default.md`` keeps the why of each term)."""
 

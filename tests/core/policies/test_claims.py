@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.core.policies.claims import ClaimShares, exact_matches
+from kvgate.core.policies.caches import exact_matches
+from kvgate.core.policies.claims import ClaimShares
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import Resident
 from kvgate.types import WorkerId

@@ -121,6 +121,6 @@ def test_a_fleet_all_publishing_events_is_read_from_the_engines_alone(exact: obj
     turn = request("t2", hashes=chain(1, 12))
     snapshot = fleet(*WORKERS)
     told = RouteContext(snapshot, None, ctx(snapshot).rng, {}, Resident({"b": 256 * 3}, exact))  # type: ignore[arg-type]
-    assert policy.matches(turn, told) == {"b": 3}  # a's claim was the index's: replaced
+    assert policy.residency.matches(turn, told) == {"b": 3}  # a's claim was the index's: replaced
     some = RouteContext(snapshot, None, ctx(snapshot).rng, {}, Resident({"b": 256 * 3}, ("b",)))
-    assert policy.matches(turn, some) == {"a": 10, "b": 3}  # a publishes none: its index
+    assert policy.residency.matches(turn, some) == {"a": 10, "b": 3}  # a publishes none: its index

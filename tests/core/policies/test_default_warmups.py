@@ -74,7 +74,7 @@ def test_a_busy_holder_gets_its_prefix_copied_ahead(
     # Sent: the index holds the prefix there, so the next opening need not copy it.
     policy.on_warm(warm.features, warm.worker, 0.002)
     fourth = opening("o4", "fourth question ")
-    assert policy.matches(fourth, ctx(0.003, busy)).get(warm.worker, 0) > 0  # type: ignore[arg-type]
+    assert policy.residency.matches(fourth, ctx(0.003, busy)).get(warm.worker, 0) > 0  # type: ignore[arg-type]
     policy.on_warm_done(warm.features, warm.worker, 1_100, 0, 0.2)
     assert policy.queued_tokens(warm.worker, 0.2) == 0.0
 

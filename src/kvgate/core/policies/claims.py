@@ -1,20 +1,14 @@
 """Cache claims: what each worker holds of a request's chain, and how far to trust it.
 
-``Residency`` reads every source there is; a claim past what the index judges resident
-(old entries, the store's holders) counts at the share of such claims the workers'
-``cached_tokens`` confirm (``ClaimShares``; why: ``docs/dev/default.md``).
+``caches.IndexResidency`` reads every source there is; a claim past what the index judges
+resident (old entries, the store's holders) counts at the share of such claims the
+workers' ``cached_tokens`` confirm (``ClaimShares``; why: ``docs/dev/default.md``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection
-from collections.abc import Set as AbstractSet
 
-from kvgate.core.features import RequestFeatures
-from kvgate.core.policies.prefix_affinity import PrefixLearning
-from kvgate.core.policies.running import RunningBlocks
-from kvgate.core.policy import Resident, RouteContext
 from kvgate.types import WorkerId
 
 LRU_TURNOVER = 1.0
@@ -90,75 +84,3 @@ def _part(vouched: int, claimed: int, share: float) -> float:
 def _confirmed(cached: float, vouched: int, claimed: int) -> float:
     """The share of a claim's part past ``vouched`` that ``cached`` characters confirm."""
     return min(max(0.0, cached - vouched), claimed - vouched) / (claimed - vouched)
-
-
-def exact_matches(
-    found: dict[WorkerId, int],
-    resident: Resident,
-    depth_within: Callable[[int], int],
-    blocks: int,
-) -> dict[WorkerId, int]:
-    """``found`` (blocks of a chain each worker is claimed to hold) with every claim on a
-    worker that publishes KV events replaced by what its engine holds (``resident``):
-    none where it holds none, whatever was sent there. ``depth_within`` turns held
-    characters into the whole blocks they cover; no claim exceeds ``blocks``."""
-    exact = resident.exact
-    matches = {w: d for w, d in found.items() if w not in exact}
-    groups = resident.groups
-    if groups is None:  # workers hold a chain to few depths: one conversion a depth
-        by_chars: dict[int, list[WorkerId]] = {}
-        for worker, chars in resident.chars.items():
-            by_chars.setdefault(chars, []).append(worker)
-        groups = tuple((chars, tuple(ws)) for chars, ws in by_chars.items())
-    for chars, workers in groups:
-        depth = depth_within(chars)
-        if depth:
-            matches.update(dict.fromkeys(workers, depth if depth < blocks else blocks))
-    return matches
-
-
-class Residency(PrefixLearning):
-    """``matches``: blocks of a request's chain per worker, best source first: the engine's
-    word where it publishes KV events (with the chains of requests in flight there, which
-    it has not stored yet), this replica's index, the store's holders. A base of
-    ``DefaultPolicy`` (through ``Warming``)."""
-
-    _running: RunningBlocks  # the chains of the requests in flight, per worker
-    _told: tuple[str, Collection[WorkerId]] = ("", ())
-    """The last request looked up and the workers whose KV events told its claims."""
-
-    def matches(self, request: RequestFeatures, ctx: RouteContext) -> dict[WorkerId, int]:
-        """Blocks of the request's chain each worker holds: the index's or the store's,
-        deeper; for a worker that publishes KV events, what its engine says."""
-        hashes = request.prefix_hashes
-        resident = ctx.resident
-        found: dict[WorkerId, int] = {}
-        # Where every worker the index or the store could name publishes events, their
-        # claims would all be replaced by the engines' word: not looked up (~11 µs).
-        if resident is None or not _within(
-            resident.exact, self.index.known_workers(), ctx.holders.keys()
-        ):
-            found = self.index.match(hashes) if hashes else {}
-            for worker, depth in ctx.holders.items():
-                if depth > found.get(worker, 0):
-                    found[worker] = min(depth, len(hashes))
-        if resident is None:
-            return found
-        self._told = (request.request_id, resident.exact)
-        found = exact_matches(found, resident, self.index.depth_within, len(hashes))
-        for worker, depth in self._running.shared_depths(hashes, resident.exact):
-            if depth > found.get(worker, 0):
-                found[worker] = depth
-        return found
-
-    def told(self, request: RequestFeatures, worker: WorkerId) -> bool:
-        """Whether ``worker``'s claim on ``request`` (``matches``) is its engine's word."""
-        rid, exact = self._told
-        return rid == request.request_id and worker in exact
-
-
-def _within(exact: Collection[WorkerId], *known: AbstractSet[WorkerId]) -> bool:
-    """Whether every worker of ``known`` is in ``exact``."""
-    if isinstance(exact, AbstractSet):
-        return all(k <= exact for k in known)
-    return all(w in exact for k in known for w in k)

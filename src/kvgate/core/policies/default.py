@@ -10,7 +10,7 @@ headerless request, the placement minimises, over the candidate workers, in seco
 - *queued prefill*: what was routed there and not yet prefilled, at most what its requests
   not yet at their first token bring (``core.speed``'s book, drained at the prior's rate);
   on an engine of a few slots (llama.cpp) at least the TTFT ``core.speed`` predicts there;
-- *uncached prefill*: the prompt less the worker's longest match (``Residency``: KV
+- *uncached prefill*: the prompt less the worker's longest match (``IndexResidency``: KV
   events, this replica's index, the store's holders; KV restorable from disk at
   ``restorable_credit``), a claim the index cannot vouch for at the share usage confirms
   (``ClaimShares``), a later headerless turn's match to its earlier turn's end and reply
@@ -58,6 +58,7 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
+from kvgate.core.policies.caches import IndexResidency
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
 from kvgate.core.policies.learning import Replies, SpeedLearning
 from kvgate.core.policies.lives import Lives, Through
@@ -144,6 +145,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         self.speed = FleetSpeed(prior, max_pending=pending, at_prior=True, half_s=half_s)
         # The chains of the requests in flight, and the fills charged (``Warming._charge``).
         self._running = RunningBlocks(pending)
+        self.residency = IndexResidency(self.index, self._running)  # ``caches``
         self._fills, self.charged, self._aged_at = {}, {}, -math.inf
         self._replies = Replies(pending)  # a session's cached reply (TTFT)
         # Where headerless requests ended; what a conversation routes over its life.
@@ -259,7 +261,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         found = None
         if request.session_key is None and request.prefix_hashes:
             self._opened = (request.request_id, self._lives.through(request))
-            found = self.matches(request, ctx)
+            found = self.residency.matches(request, ctx)
         cands = candidates(request, ctx, self._holding(request), hard=True)
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
         if bound is not None:
@@ -342,7 +344,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         """The worker of lowest cost (expected TTFT and what it evicts); see the module
         docs. ``found``: ``matches`` for this request, if ``pick`` has looked them up."""
         cfg, now = self.config, ctx.fleet.now
-        own = matches = found if found is not None else self.matches(request, ctx)
+        own = matches = found if found is not None else self.residency.matches(request, ctx)
         claims, first, predict = own, pool[0], None
         if first.slots is not None or first.engine_prefill_s is not None:
             own = matches = self._slot_held(pool, own)  # an engine of slots (llama.cpp)
@@ -492,8 +494,8 @@ class DefaultPolicy(Warming, SpeedLearning):
 
     def _cuts(self, request: RequestFeatures, worker: WorkerId, depth: int) -> tuple[int, int]:
         """Blocks of a claim younger than the KV turnover, and those judged resident."""
-        if self.told(request, worker) or "claims" in self._off:
-            return depth, depth  # the engine's word (``Residency``): resident, as good as young
+        if self.residency.told(request, worker) or "claims" in self._off:
+            return depth, depth  # the engine's word (``told``): resident, as good as young
         return self.index.resident_cuts(request.prefix_hashes, worker, depth, LRU_TURNOVER)
 
     def _chars(self, depth: int, request: RequestFeatures, worker: WorkerId) -> int:

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import candidates, under_threshold
-from kvgate.core.policies.claims import Residency
+from kvgate.core.policies.caches import IndexResidency
 from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
 from kvgate.core.speed import FleetSpeed
 from kvgate.core.warmup import WarmUp
@@ -97,13 +98,15 @@ class Openers:
         return WarmUp(worker, prefix, opening.request_id)
 
 
-class Warming(Residency):
+class Warming(PrefixLearning):
     """Warm-ups for a policy that places by ``_aside`` and books its requests in ``speed``."""
 
     config: DefaultConfig
     speed: FleetSpeed
     _openers: Openers
     _tokens_per_char: float
+    residency: IndexResidency
+    _running: RunningBlocks  # the chains of the requests in flight, per worker
     _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
     charged: dict[WorkerId, float]
     """The fill a placement is charged: at most what the worker was sent lately fills."""
@@ -163,7 +166,7 @@ class Warming(Residency):
             if not pool:
                 return None  # no worker may take an opening now
             best = self._aside(opening, pool, ctx, opening=True)
-            if self.matches(opening, ctx).get(best.id, 0) >= depth or not idle(best):
+            if self.residency.matches(opening, ctx).get(best.id, 0) >= depth or not idle(best):
                 continue  # it would go where the prefix is, or the copy would delay others
             chars = min(index.depth_chars(depth), opening.prompt_chars)
             return openers.warm_up(opening, best.id, chars)
