@@ -206,3 +206,35 @@ async def test_a_stored_response_is_retrieved_by_its_creator_only(backend: str) 
             )
         mine = [await alice.responses.retrieve(first.id) for _ in range(4)]
     assert all(m.id == first.id and m.output_text == first.output_text for m in mine)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_deleted_response_is_forgotten(backend: str) -> None:
+    """``DELETE /v1/responses/{id}`` that its worker confirms drops the id's record: the id
+    is then the gateway's own 404 (it kept the record until its TTL, and forwarded every
+    later request about the id to the worker). A refused or failed delete keeps it."""
+    async with (
+        worker_fleet(2) as fleet,
+        _gateway(backend, fleet, api_keys=[ALICE, BOB]) as gw,
+        _client(gw, ALICE) as alice,
+        _client(gw, BOB) as bob,
+    ):
+        first = await alice.responses.create(model="demo", input="my secret plan")
+        kept = await alice.responses.create(model="demo", input="another")
+        with pytest.raises(openai.NotFoundError):
+            await bob.responses.delete(first.id)  # not his: the record stays
+        assert (await alice.responses.retrieve(first.id)).id == first.id
+        before = await _bound_keys(gw.gateway.store, fleet)
+        await alice.responses.delete(first.id)
+        after = await _bound_keys(gw.gateway.store, fleet)
+        for ask in (
+            alice.responses.retrieve(first.id),
+            alice.responses.delete(first.id),
+        ):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await ask
+            headers = {k.lower() for k in caught.value.response.headers}
+            assert WORKER_HEADER.lower() not in headers  # the gateway's, no worker asked
+        await _refused(alice, first.id)
+        assert (await alice.responses.retrieve(kept.id)).id == kept.id
+    assert len(before - after) == 1 and after < before

@@ -47,6 +47,7 @@ def create_app(options: WorkerOptions, engine: Engine | None = None) -> web.Appl
     app.router.add_post("/v1/embeddings", tokens.embeddings_endpoint)
     app.router.add_post("/v1/responses", responses_api.responses_endpoint)
     app.router.add_get("/v1/responses/{response_id}", responses_api.retrieve_endpoint)
+    app.router.add_delete("/v1/responses/{response_id}", responses_api.delete_endpoint)
     app.router.add_post("/v1/messages", messages_api.messages_endpoint)
     app.router.add_post("/tokenize", tokens.tokenize_endpoint)
     app.router.add_post("/detokenize", tokens.detokenize_endpoint)

@@ -56,6 +56,11 @@ class ResponseLog:
             gone, _ = self._turns.popitem(last=False)
             self._answers.pop(gone, None)
 
+    def drop(self, response_id: str) -> bool:
+        """Forget a response (``DELETE /v1/responses/{id}``); False if it was not kept."""
+        self._answers.pop(response_id, None)
+        return self._turns.pop(response_id, None) is not None
+
 
 RESPONSE_LOG_KEY = web.AppKey("kvgate.workersim.responses", ResponseLog)
 
@@ -215,3 +220,13 @@ async def retrieve_endpoint(request: web.Request) -> web.Response:
             404, f"Response with id '{response_id}' not found.", code="response_not_found"
         )
     return web.json_response(answer)
+
+
+async def delete_endpoint(request: web.Request) -> web.Response:
+    """``DELETE /v1/responses/{response_id}``: forget a stored response (OpenAI's answer)."""
+    response_id = request.match_info["response_id"]
+    if not request.app[RESPONSE_LOG_KEY].drop(response_id):
+        raise ApiError(
+            404, f"Response with id '{response_id}' not found.", code="response_not_found"
+        )
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})

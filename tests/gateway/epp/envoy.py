@@ -91,10 +91,17 @@ class EnvoyLike:
         subset: Sequence[str] | None = None,
         cancel_at: CancelAt = None,
         mode: Mode | None = None,
+        method: str | None = None,
     ) -> Result:
         try:
             return await self._request(
-                body, path, extra=headers or {}, subset=subset, cancel_at=cancel_at, mode=mode
+                body,
+                path,
+                extra=headers or {},
+                subset=subset,
+                cancel_at=cancel_at,
+                mode=mode,
+                method=method or ("POST" if body else "GET"),
             )
         except ProtocolError:
             self.protocol_errors += 1
@@ -109,12 +116,13 @@ class EnvoyLike:
         subset: Sequence[str] | None,
         cancel_at: CancelAt,
         mode: Mode | None,
+        method: str,
     ) -> Result:
         duplex = (mode or self.mode) == "full_duplex"
         body_mode = ProcessingMode.FULL_DUPLEX_STREAMED if duplex else ProcessingMode.BUFFERED
         call = self.stub.Process()
         request_headers = {
-            ":method": "POST" if body else "GET",
+            ":method": method,
             ":path": path,
             ":authority": "gateway",
             "content-type": "application/json",
@@ -191,7 +199,14 @@ class EnvoyLike:
             call.cancel()
             return Result(0, {}, b"", endpoints, cancelled=True)
         return await self._forward(
-            call, path, sent_body, extra=extra, endpoints=endpoints, duplex=duplex, cancel=cancel_at
+            call,
+            path,
+            sent_body,
+            extra=extra,
+            endpoints=endpoints,
+            duplex=duplex,
+            cancel=cancel_at,
+            method=method,
         )
 
     async def _forward(
@@ -204,12 +219,13 @@ class EnvoyLike:
         endpoints: list[str],
         duplex: bool,
         cancel: CancelAt,
+        method: str = "POST",
     ) -> Result:
         for n, endpoint in enumerate(endpoints):
             last = n == len(endpoints) - 1
             try:
                 response = await self.http.request(
-                    "POST" if body else "GET",
+                    method,
                     f"http://{endpoint}{path}",
                     data=body,
                     headers={"content-type": "application/json", **extra},

@@ -408,3 +408,25 @@ async def test_the_picker_continues_a_stored_response_for_its_creator_only() -> 
             assert got.status == status, got.body
             assert got.served == (first.served if status == 200 else None)
         await wait_until(lambda: leases_released(picker), message="released")
+
+
+async def test_the_picker_forgets_a_response_its_worker_deleted() -> None:
+    """A ``DELETE /v1/responses/{id}`` the worker confirms drops the id's record before
+    the client hears of it: the id is then the picker's own 404 (no endpoint named)."""
+    async with (
+        worker_fleet(2) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+        envoy(picker) as client,
+    ):
+        alice = {"authorization": "Bearer sk-alice-0123456789"}
+        first = await client.request(
+            b'{"model":"demo","input":"my plan"}', path="/v1/responses", headers=alice
+        )
+        assert first.status == 200, first.body
+        stored = f"/v1/responses/{json.loads(first.body)['id']}"
+        deleted = await client.request(b"", path=stored, headers=alice, method="DELETE")
+        assert (deleted.status, deleted.served) == (200, first.served), deleted.body
+        for method in ("GET", "DELETE"):
+            again = await client.request(b"", path=stored, headers=alice, method=method)
+            assert (again.status, again.endpoints) == (404, []), again.body
+        await wait_until(lambda: leases_released(picker), message="released")

@@ -97,6 +97,9 @@ class Bindings(Protocol):
     ) -> None:
         """Move ``key``'s binding from ``expected`` to ``worker`` (compare-and-set)."""
 
+    async def forget(self, key: SessionKey) -> None:
+        """Drop ``key``'s binding: what it named is gone from its worker (errors counted)."""
+
 
 UsageListener = Callable[[SessionKey, WorkerId, int, int | None], None]
 """Told of each attempt's usage that ends with some: its session, worker, prompt and
@@ -322,6 +325,10 @@ class Attempt:
     async def remember(self, key: SessionKey) -> None:
         """Bind ``key`` (named by the answer) to this attempt's worker and version."""
         await self.parts.bindings.remember(key, self.worker.id, self.version)
+
+    async def forget(self, key: SessionKey) -> None:
+        """Drop ``key``'s binding: its worker confirmed what it named is deleted."""
+        await self.parts.bindings.forget(key)
 
     async def __aenter__(self) -> Attempt:
         return self

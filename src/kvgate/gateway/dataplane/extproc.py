@@ -417,6 +417,8 @@ class _Stream:
             path=path,
         )
         picked.outcome.answer_key = keys.answer_key if keys is not None else None
+        if keys is not None and keys.forget:
+            picked.outcome.forget = keys.key
         self.picked_endpoints = [
             server.endpoint(attempt.worker),
             *self._fallbacks(attempt.worker, excluded),
@@ -506,7 +508,10 @@ class _Stream:
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
         settings, path = self.server.settings.features, unquote(self.path)
-        keys = self.keys = session_keys(settings, self.headers, payload, self.peer, path=path)
+        method = self.headers.get(":method", "POST")
+        keys = self.keys = session_keys(
+            settings, self.headers, payload, self.peer, path=path, method=method
+        )
         return RequestFeatures(
             request_id=request_id,
             model=model,

@@ -161,6 +161,8 @@ class Keys:
     """The key the answer's id is bound under (``None``: not bound)."""
     unknown: GatewayError | None = None
     """A continuation's answer when nothing is bound to ``key``: never forwarded then."""
+    forget: bool = False
+    """``DELETE /v1/responses/{id}``: ``key`` is dropped once the worker confirms (2xx)."""
 
 
 def session_keys(
@@ -170,11 +172,14 @@ def session_keys(
     peer: str | None,
     *,
     path: str,
+    method: str = "POST",
 ) -> Keys:
     """The session key of a request on ``path`` that is not a generation (the proxy's and
     the picker's): the client's, or for a continuation of a stored response, or a request
     about one (``GET /v1/responses/{id}``, its ``cancel``, ...), the key of that response
-    in the request's scope (``response_keys``)."""
+    in the request's scope (``response_keys``). ``DELETE`` of the response itself
+    (``forget``) drops that key once its worker confirms: the id is then unknown here too,
+    not forwarded (the worker would answer 404, from the gateway's bound worker or any)."""
     key, source = session_key_from(
         headers,
         payload or {},
@@ -186,8 +191,10 @@ def session_keys(
     )
     named: str | None = None
     param: str | None = "previous_response_id"
+    forget = False
     if path.startswith(STORED):  # a stored response's own path: its owner's only
-        named, param = path[len(STORED) :].partition("/")[0], None
+        named, slash, _ = path[len(STORED) :].partition("/")
+        param, forget = None, method == "DELETE" and not slash
     elif path != "/v1/responses":
         return Keys(key, source)
     key_of = response_keys(cfg.session_scope, headers, peer, cfg.max_session_key_chars)
@@ -201,12 +208,12 @@ def session_keys(
         return Keys(key, source, answer_key)
     key = key_of(previous)
     if cfg.session_scope == "none":
-        return Keys(key, SessionSource.CONTINUATION, answer_key)
+        return Keys(key, SessionSource.CONTINUATION, answer_key, forget=forget)
     # Only the scope that created it continues it; a miss is the worker's own 404.
     unknown = unknown_response(previous, param)
     if key is None:
         raise unknown
-    return Keys(key, SessionSource.CONTINUATION, answer_key, unknown)
+    return Keys(key, SessionSource.CONTINUATION, answer_key, unknown, forget)
 
 
 class Passthrough:
@@ -324,7 +331,12 @@ class Passthrough:
             body = json.dumps(payload, separators=(",", ":")).encode()
         check_model(self.pool, target)
         keys = session_keys(
-            self.features, request.headers, payload, request.remote, path=request.path
+            self.features,
+            request.headers,
+            payload,
+            request.remote,
+            path=request.path,
+            method=request.method,
         )
         stream = payload.get("stream", False) if payload is not None else False
         features = RequestFeatures(
@@ -335,7 +347,12 @@ class Passthrough:
             stream=stream is True,
         )
         return Forward(
-            features, body, method=request.method, answer_key=keys.answer_key, unknown=keys.unknown
+            features,
+            body,
+            method=request.method,
+            answer_key=keys.answer_key,
+            unknown=keys.unknown,
+            forget=keys.key if keys.forget else None,
         )
 
     def _model(self, payload: dict[str, Any] | None, request: web.Request) -> str:

@@ -173,6 +173,8 @@ class PickedRequest:
         self._tool_call()
         self.attempt.completed()
         self._record()
+        if outcome.forget is not None and outcome.status < 300:
+            await self.attempt.forget(outcome.forget)  # a stored response its worker deleted
         if usage is not None:
             await self.attempt.refresh()
 

@@ -95,6 +95,8 @@ class Forward:
     unknown: GatewayError | None = None
     """Answered, never forwarded, when the store binds nothing to the session key (a
     continuation of a response the request's scope did not create, or forgotten)."""
+    forget: SessionKey | None = None
+    """Dropped from the store once the worker answers 2xx (a deleted stored response)."""
 
 
 Describe = Callable[[bytes, str], Forward]
@@ -232,6 +234,7 @@ class Proxy:
                 features, body = forward.features, forward.body
                 outcome.method = forward.method
                 outcome.answer_key = forward.answer_key
+                outcome.forget = forward.forget
                 outcome.body = body
                 looked: Looked | None = None
                 if forward.unknown is not None:

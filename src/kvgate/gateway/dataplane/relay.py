@@ -135,6 +135,8 @@ class Outcome:
     method: str = "POST"
     answer_key: Callable[[str], str | None] | None = None
     """Bind the id the answer starts with under the key this gives, for continuations."""
+    forget: str | None = None
+    """Drop this key's binding if the answer is a 2xx (``DELETE /v1/responses/{id}``)."""
     shed: str | None = None
     """Why the request was shed (429), for the access log and the dashboard."""
     refused: str | None = None
@@ -234,6 +236,8 @@ class Relay:
                     attempt.usage(usage.prompt, usage.cached, usage.completion, usage.engine_ttft)
                 if upstream.status < 300 and ends_in_tool_call(data):
                     attempt.tool_call()  # booked at the attempt's end, whichever it is
+                if outcome.forget is not None and upstream.status < 300:
+                    await attempt.forget(outcome.forget)  # before the client hears it is gone
                 await request.send(upstream.status, headers, data)
                 done = outcome.answered = True
                 if outcome.answer_key is not None:

@@ -496,6 +496,14 @@ class Router:
         except Exception:
             self._store_failed("compare_and_set")
 
+    async def forget(self, key: SessionKey) -> None:
+        """Drop ``key``'s binding (a stored response its worker deleted): a request naming
+        it is then the gateway's 404, as it is the worker's, instead of reaching it."""
+        try:
+            await self.store.delete(key)
+        except Exception:
+            self._store_failed("delete")
+
     def _store_failed(self, op: str) -> None:
         self.metrics.store_errors.labels(op).inc()
         log.warning("affinity store %s failed", op, exc_info=True)
