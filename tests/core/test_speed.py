@@ -346,3 +346,34 @@ def test_a_wait_on_the_gateways_clock_is_read_on_the_engines() -> None:
     model.sent("late", "w", 100.0, 1_000, streamed=True)
     model.late(100.9)  # nine times the engine's TTFT on the gateway's clock: not late there
     assert model.speed("w") == before
+
+
+def test_a_short_prompt_beside_others_cold_ones_waits_for_all_of_them() -> None:
+    """llama.cpp prefills its slots in one batch a step: a short uncached turn (a restored
+    session's new message) sent beside three cold prompts gets its first token with theirs,
+    at the end of the step holding their whole prefill, not after as many of their tokens
+    as its own. Booked that way, its wave was fit as an engine far slower than it is, with
+    the gap in a large overhead: predictions 3x long."""
+    per_token = 0.03
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=per_token, decode_s=0.0))
+    model.engine("w", 4, per_token)
+    sizes = {"a": 1000, "b": 1000, "c": 1000, "s": 80}
+    now, misses = 0.0, []
+    for wave in range(12):
+        sent = []
+        for i, (name, size) in enumerate(sizes.items()):
+            at = now + 0.1 * i
+            sent.append((f"{wave}{name}", size, at, model.sent(f"{wave}{name}", "w", at, size)))
+        first = now + 0.3 + per_token * sum(sizes.values())  # one step holds them all
+        for rid, *_ in sent:
+            model.first_token(rid, first)
+        for rid, size, at, predicted in sent:
+            model.ended(rid, size, 0)
+            model.held(rid, 5.0)
+            model.observed(rid, first - at)
+            misses.append(abs(predicted - (first - at)) / (first - at))
+        now = first + 6.0
+    speed = model.speed("w")
+    assert statistics.median(misses[-16:]) < 0.15  # was 2.4
+    assert speed.overhead_s < 1.0  # was 72 s
+    assert close(speed.prefill_s, per_token, 0.2)  # was 2.5x

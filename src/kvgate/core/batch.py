@@ -1,12 +1,18 @@
 """An engine of a few batch slots (llama.cpp): when a request's first token comes.
 
 Such an engine is no queue. Each slot holds one request from its prefill to its last
-token, with its own KV; the slots prefill side by side in one batch, so a request's first
-token comes after its own tokens and, of every other request prefilling beside it, as
-many as its own (processor sharing) — of those sent after it too, up to the slots. A
-request sent past the slots waits for one to free: the requests in them prefill, then
-decode, and give their slots back one by one. ``core.speed`` keeps the book this reads.
-Pure: times are passed in.
+token, with its own KV; the slots prefill side by side, one batch a step (llama.cpp's
+``update_slots``: every slot's prompt tokens, up to ``n_batch``, in one ``llama_decode``),
+and a request's first token comes only when the step holding its last prompt token ends.
+A request sent while a step runs waits for it, and a prompt's last tokens go in a step of
+their own (a context checkpoint, ``engine.slots.ServerLoop``), which takes the prompts sent
+meanwhile. So a request's prefill is shared with the whole of the others' prompts
+prefilling beside it, however short its own part (not as many of their tokens as its own:
+processor sharing, which booked a short uncached turn beside others' cold prompts at a
+fraction of the work it waited for, and so fitted the engine several times too slow), and
+with those sent while it prefills, up to the slots. A request sent past the slots waits for
+one to free: the requests in them prefill, then decode, and give their slots back one by
+one. ``core.speed`` keeps the book this reads. Pure: times are passed in.
 """
 
 from __future__ import annotations
@@ -58,10 +64,12 @@ def shared_prefill(
         sharers = waiting[-(slots - 1) :] if slots > 1 else []
     else:
         sharers = waiting
-    shared = uncached + sum(r if r < uncached else uncached for r in sharers)
+    # Not at their first token, they are in the batch: all of their tokens (what they have
+    # left is the book's drain at a rate it may not know yet; their first token is sure).
+    shared = uncached + sum(sharers)
     room = slots - 1 - len(sharers)
     if room > 0 and rate > 0.0:
-        # Requests sent here while it prefills share the slots' batch with it.
+        # Requests sent here while it prefills join its last step with their prompts.
         later = rate * prefill_s * shared
-        shared += (later if later < room else room) * (mean if mean < uncached else uncached)
+        shared += (later if later < room else room) * mean
     return wait, shared
