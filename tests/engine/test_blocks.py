@@ -123,3 +123,21 @@ def test_on_evict_sees_each_evicted_block() -> None:
     pool.make_room(2)
     assert seen == [2, 1]
     assert pool.clear_evictable() == 0
+
+
+def test_chain_hashes_are_each_block_seeded_with_the_one_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keys the exact index matches events by: unchanged by how blocks are cut out
+    (``whole_blocks``' cached splitters, started over past their bound)."""
+    monkeypatch.setattr(blocks, "_MAX_PACKERS", 2)
+    for count in (0, 1, 15, 16, 17, 33, 64, 257):
+        tokens = [(i * 7919) % 262_144 for i in range(count)]
+        for size in (1, 3, 16):
+            keys, prev = [], 0
+            for start in range(0, count - size + 1, size):
+                prev = xxhash.xxh3_64_intdigest(token_bytes(tokens[start : start + size]), prev)
+                keys.append(prev)
+            assert chain_hashes(tokens, size) == keys
+            assert chain_hashes(tuple(tokens), size) == keys
+    assert len(blocks._SPLITTERS) <= 2

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.kv_events import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvgate.engine.blocks import chain_hashes, token_bytes
+from kvgate.engine.blocks import chain_hashes, chained, token_bytes
 from kvgate.types import BlockHash, WorkerId
 
 EngineHash = int | bytes
@@ -177,14 +176,8 @@ class ExactIndex:
                 self.orphans += len(hashes)
                 return
             seed = known
-        data = token_bytes(event.token_ids[: len(hashes) * size])
-        digest = xxhash.xxh3_64_intdigest
-        step = size * 8
-        keys = []
         # A malformed event (fewer tokens than blocks) keys the blocks its tokens fill.
-        for end in range(step, len(data) + 1, step):
-            seed = digest(data[end - step : end], seed)
-            keys.append(seed)
+        keys = chained(token_bytes(event.token_ids[: len(hashes) * size]), size * 8, seed)
         self.store(worker, hashes[: len(keys)], keys, size)
 
     def store(
