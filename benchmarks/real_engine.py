@@ -413,6 +413,7 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         for t in ok
         if t.predicted is not None and (ttft := t.ttft) is not None and ttft > 0
     ]
+    origin = min((t.answer.sent for t in run.turns), default=0.0)  # the run's first send
     return {
         "requests": len(run.turns),
         "errors": len(run.turns) - len(ok),
@@ -449,6 +450,9 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
                 "kv_tier": t.answer.kv_tier,
                 "ttft": None if t.ttft is None else t.ttft * time_scale,
                 "predicted_ttft": None if t.predicted is None else t.predicted * time_scale,
+                # When it was sent and ended, from the run's first send (a replay's clock).
+                "sent_s": (t.answer.sent - origin) * time_scale,
+                "finished_s": (t.answer.finished - origin) * time_scale,
                 "error": t.answer.error,
             }
             for t in run.turns

@@ -397,3 +397,24 @@ def test_a_new_session_waits_for_the_busy_slot_computing_its_prefix() -> None:
     assert third is not None and third.place.slot == 1 and third.tier is KvTier.RECOMPUTE
     # A session whose own KV is saved or in a slot never waits for another's.
     assert m.in_flight_share(W1, "a", (*SYSTEM, 1, 5)) == 0
+
+
+def test_shares_say_what_a_new_session_would_find_on_each_worker() -> None:
+    """What ``acquire`` would give a new session of its prefix, per worker, for the policy
+    to book (``SlotPlane.annotate``): a busy slot computing it (and which: it waits for
+    it), then in place in the idle slot, then a seed on any worker."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    m.add_worker(W2, 2)
+    computing = m.acquire(W1, "a", 1, (*SYSTEM, 1))
+    assert computing is not None
+    assert m.shares(W1, "b", (*SYSTEM, 2)) == (len(SYSTEM), computing.place.slot)
+    assert m.shares(W2, "b", (*SYSTEM, 2)) == (0, -1)  # nothing there, nothing saved
+    assert m.shares(W1, "b", tuple(range(300, 320))) == (0, -1)  # another prefix
+    m.release(computing, 2, served=True)
+    assert m.shares(W1, "b", (*SYSTEM, 2)) == (len(SYSTEM), -1)  # idle: in place
+    _served(m, W1, "b", 3, (*SYSTEM, 2))
+    _served(m, W1, "c", 4, (*SYSTEM, 3))  # a's slot taken: a saved
+    assert m.where("a") == (KvTier.DISK, None)
+    assert m.shares(W2, "d", (*SYSTEM, 4)) == (len(SYSTEM), -1)  # a's file seeds it
+    assert m.shares(W1, "a", (*SYSTEM, 1, 5)) == (0, -1)  # its own KV: restorable

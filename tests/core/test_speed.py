@@ -377,3 +377,22 @@ def test_a_short_prompt_beside_others_cold_ones_waits_for_all_of_them() -> None:
     assert statistics.median(misses[-16:]) < 0.15  # was 2.4
     assert speed.overhead_s < 1.0  # was 72 s
     assert close(speed.prefill_s, per_token, 0.2)  # was 2.5x
+
+
+def test_a_request_waiting_for_the_slot_computing_its_prefix_waits_for_that_request() -> None:
+    """llama.cpp's slot plane holds a new session back for the busy slot computing its
+    prefix (``after``): it waits for that request's end (its first token, as predicted
+    until seen, and the mean decoding there), then prefills its own part."""
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
+    model.engine("w", 4, None)
+    model.sent("r0", "w", -990.0, 100)  # long ago: few requests a second (later sharers)
+    model.first_token("r0", -989.0)
+    model.ended("r0", 100, 0)
+    model.held("r0", 2.0)  # a request decodes 2 s there
+    assert model.sent("r1", "w", 10.0, 1000) == pytest.approx(10.0)
+    # r1's first token at 20 s as predicted, its end at 22 s: 11 s of wait, 0.5 s its own.
+    assert model.predict("w", 50, 11.0, after="r1") == pytest.approx(11.0 + 0.5, abs=0.01)
+    assert model.predict("w", 50, 11.0) == pytest.approx(10.5, abs=0.01)  # beside r1 instead
+    model.first_token("r1", 25.0)  # later than predicted: seen
+    assert model.predict("w", 50, 26.0, after="r1") == pytest.approx(1.0 + 0.5, abs=0.01)
+    assert model.predict("w", 50, 26.0, after="gone") == pytest.approx(0.5, abs=0.01)

@@ -501,3 +501,33 @@ def test_the_share_wait_is_what_computing_the_shared_part_alongside_would_take()
     assert plane.share_wait_s(worker(None), "b", (*system, 2), 1000) == 0.0  # no evidence
     assert plane.share_wait_s(worker(0.01), "b", tuple(range(300, 321)), 1000) == 0.0
     assert plane.share_wait_s(worker(1.0), "b", (*system, 2), 1000) == 60.0  # the limit
+
+
+def test_annotate_tells_the_policy_what_each_worker_would_give_a_new_session() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.core.features import request_features
+    from kvgate.gateway.config import SlotSettings
+    from kvgate.gateway.control.offload import SlotPlane
+    from kvgate.gateway.observe.metrics import SlotMetrics
+    from kvgate.types import BlockHash, SessionKey
+
+    plane = SlotPlane(SlotSettings(), SlotMetrics(CollectorRegistry()), wait_limit_s=60.0)
+    plane.map.add_worker("w1", 2)
+    plane.map.add_worker("w2", 2)
+    system = tuple(BlockHash(h) for h in range(100, 120))
+    computing = plane.map.acquire("w1", SessionKey("a"), 0.0, (*system, BlockHash(1)))
+    assert computing is not None
+    plane._flights[("w1", computing.place.slot)] = "req-a"  # what ``post`` notes
+    b = request_features(
+        "b", "m", session_key=SessionKey("b"), prefix_hashes=(*system, 2), prompt_chars=2000
+    )
+    b = plane.annotate(b)
+    assert b.slot_shares == (("w1", 20, "req-a"),) and not b.restorable_blocks
+    # The policy's reading: 20 blocks' characters on w1, after req-a; nothing on w2.
+    assert b.slot_credit("w1", lambda blocks: 64 * blocks) == (1280, "req-a")
+    assert b.slot_credit("w2", lambda blocks: 64 * blocks) == (0, "")
+    # A session whose KV the plane holds is restorable everywhere, as before.
+    a = request_features("a2", "m", session_key=SessionKey("a"), prefix_hashes=(*system, 1, 2))
+    plane.map.release(computing, 1.0, served=True)
+    assert plane.annotate(a).restorable_blocks == 21

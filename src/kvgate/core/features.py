@@ -6,9 +6,10 @@ holds the feature record the driver builds once per request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvgate.types import BlockHash, Priority, SessionKey, SessionSource
+from kvgate.types import BlockHash, Priority, SessionKey, SessionSource, WorkerId
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,21 @@ class RequestFeatures:
     token_ids: tuple[int, ...] = ()
     """The prompt as the engine's tokens (``tokenizers:``; empty without a tokenizer):
     looked up in the exact index (``core.exact_index``)."""
+    slot_shares: tuple[tuple[WorkerId, int, str], ...] = ()
+    """Per llama.cpp worker, the prefix blocks a slot there holds or is computing for this
+    request (the slot plane gives it that slot: ``gateway.control.offload``), and the id of
+    the request in flight computing them, which it waits for ("": an idle slot)."""
+
+    def slot_credit(self, worker: WorkerId, chars: Callable[[int], int]) -> tuple[int, str]:
+        """Characters of the prompt the slot plane finds for it on ``worker`` (restored from
+        disk: ``restorable_blocks``, or in a slot there: ``slot_shares``; ``chars``: blocks
+        to characters), and the request it waits for there ("": none)."""
+        blocks, after = self.restorable_blocks, ""
+        for wid, held, computing in self.slot_shares:
+            if wid == worker and held > blocks:
+                blocks, after = held, computing
+        found = chars(blocks) if blocks else 0
+        return (found if found < self.prompt_chars else self.prompt_chars), after
 
     @property
     def has_session(self) -> bool:
@@ -86,10 +102,11 @@ def request_features(
     restorable_blocks: int = 0,
     parent_key: SessionKey | None = None,
     token_ids: tuple[int, ...] = (),
+    slot_shares: tuple[tuple[WorkerId, int, str], ...] = (),
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 
-    That ``__init__`` sets each of the 14 fields through ``object.__setattr__``
+    That ``__init__`` sets each of the 16 fields through ``object.__setattr__``
     (about 1 us, some 1% of a plain request's instructions); this fills the new
     instance's dict in one update. ``tests/core/test_features.py`` checks that the
     parameters and defaults are the fields'.
@@ -111,5 +128,6 @@ def request_features(
         restorable_blocks=restorable_blocks,
         parent_key=parent_key,
         token_ids=token_ids,
+        slot_shares=slot_shares,
     )
     return made

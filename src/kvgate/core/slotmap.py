@@ -402,17 +402,54 @@ class SlotMap:
             key is not None and (key in self._resident or key in self._saved or key in self._saving)
         ):
             return 0
-        blocks = tuple(prefix[:PREFIX_BLOCKS])
         least = SIMILARITY * (len(prefix) if length is None else length)
-        best = 0
-        slots = self._slots.get(worker, [])
+        return self._computing(worker, tuple(prefix[:PREFIX_BLOCKS]), least)[0]
+
+    def _computing(
+        self, worker: WorkerId, blocks: tuple[BlockHash, ...], least: float
+    ) -> tuple[int, int]:
+        """The most of ``blocks`` a busy slot of ``worker`` is computing, and that slot."""
+        best, at, slots = 0, -1, self._slots.get(worker, [])
         for i in self._owned.get(worker, []):
             slot = slots[i]
-            if slot.busy and slot.flight:
-                n = shared_blocks(slot.flight, blocks)
-                if n > least and n > SIMILARITY * slot.flight_blocks:
-                    best = max(best, n)
-        return best
+            if not (slot.busy and slot.flight):
+                continue
+            n = shared_blocks(slot.flight, blocks)
+            if n > least and n > SIMILARITY * slot.flight_blocks and n > best:
+                best, at = n, i
+        return best, at
+
+    def workers(self) -> list[WorkerId]:
+        """The workers whose slots are known."""
+        return list(self._slots)
+
+    def shares(
+        self, worker: WorkerId, key: SessionKey | None, prefix: Sequence[BlockHash]
+    ) -> tuple[int, int]:
+        """What ``acquire`` would find of ``prefix`` for a new session on ``worker``: the
+        blocks an idle slot there (in place) or a saved one (``seed``) shares, else those a
+        busy slot is computing (``in_flight_share``: it waits for it), and that slot (-1:
+        none to wait for); (0, -1) for a session whose own KV is somewhere."""
+        if (
+            not prefix
+            or worker not in self._slots
+            or (
+                key is not None
+                and (key in self._resident or key in self._saved or key in self._saving)
+            )
+        ):
+            return 0, -1
+        blocks, least = tuple(prefix[:PREFIX_BLOCKS]), SIMILARITY * len(prefix)
+        slots, idle = self._slots[worker], 0
+        for i in self._owned[worker]:
+            slot = slots[i]
+            if not slot.busy and (n := shared_blocks(slot.prefix, blocks)) > max(least, idle):
+                idle = n if slot.holder is None or n > SIMILARITY * slot.blocks else idle
+        seed = self._seed(blocks, least, 1)
+        found = max(idle, shared_blocks(seed.prefix, blocks) if seed is not None else 0)
+        if found or all(slots[i].busy for i in self._owned[worker]):
+            return found, -1
+        return self._computing(worker, blocks, least)
 
     def _take_cell(self) -> int | None:
         """A cell to save into; None when all are being written or read right now."""

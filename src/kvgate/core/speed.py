@@ -234,6 +234,7 @@ class FleetSpeed:
         waiting: int | None = None,
         running: int | None = None,
         extra: float = 0.0,
+        after: str = "",
     ) -> Seconds:
         """Predicted TTFT of a request with ``uncached`` tokens sent to ``worker`` at ``now``
         (plus ``extra`` tokens' worth of the worker's prefill time: a cost in tokens).
@@ -241,7 +242,9 @@ class FleetSpeed:
         ``in_flight``: the gateway's exact count of its requests there (a floor under the
         book's). ``waiting``/``running``: the engine's own counts from its last scrape, if
         it reports them: requests waiting there beyond this replica's own are others'
-        work, counted at the worker's mean uncached tokens; its running count is a floor."""
+        work, counted at the worker's mean uncached tokens; its running count is a floor.
+        ``after``: on an engine of slots, the request in flight there it waits for (the
+        slot computing its prefix: ``_slotted``)."""
         # Called for every candidate of every placement: one look-up, plain arithmetic.
         book = self.books.get(worker)
         speed, tokens, unstarted, decoding, mean = self._fleet or self.fleet(), 0.0, 0, 0, uncached
@@ -273,7 +276,7 @@ class FleetSpeed:
         if book is not None and book.slots:
             # The slots' batch, not a queue: what it shares its prefill with replaces the
             # tokens queued ahead (the engine's others' work stays).
-            wait, shared = self._slotted(book, speed, uncached, mean, now)
+            wait, shared = self._slotted(book, speed, uncached, mean, now, after=after)
             tokens += shared - uncached - (book.ahead(now, speed.prefill_s) if unstarted else 0.0)
         return (
             speed.overhead_s
@@ -285,16 +288,26 @@ class FleetSpeed:
 
     @staticmethod
     def _slotted(
-        book: Book, speed: Speed, uncached: float, mean: float, now: Seconds
+        book: Book, speed: Speed, uncached: float, mean: float, now: Seconds, *, after: str = ""
     ) -> tuple[Seconds, float]:
         """``core.batch.shared_prefill`` on ``book``: the wait for a slot, and the prefill
-        tokens this request's own are shared with (its own included)."""
-        holders = [s.first_at for s in book.sent.values()]
-        tokens = [s.uncached for s in book.sent.values()]
-        return shared_prefill(
-            book.slots or 1, holders, tokens, uncached, mean, now=now,
-            prefill_s=speed.prefill_s, decode_s=book.decode, rate=book.rate,
+        tokens this request's own are shared with (its own included). ``after``: a request
+        in flight whose slot is computing this one's prefix (llama.cpp's slot plane holds
+        it back for that slot, ``gateway.control.offload``): it waits for that request's
+        end (its first token, as seen or predicted, and the worker's mean decoding), then
+        prefills beside those sent after it."""
+        first = book.sent.get(after) if after else None
+        ahead = [s for s in book.sent.values() if first is None or s.at > first.at]
+        wait = 0.0
+        if first is not None:
+            start = first.first_at if first.first_at is not None else first.at + first.predicted
+            wait = max(start + book.decode - now, 0.0)
+        late, shared = shared_prefill(
+            book.slots or 1, [s.first_at for s in ahead], [s.uncached for s in ahead],
+            uncached, mean, now=now + wait, prefill_s=speed.prefill_s, decode_s=book.decode,
+            rate=book.rate,
         )  # fmt: skip
+        return (wait if first is not None else late), shared
 
     def slot_cache(self, worker: WorkerId) -> bool:
         """Whether a request sent to ``worker`` now would find in its slot the KV it was
@@ -324,10 +337,12 @@ class FleetSpeed:
         uncached: float,
         *,
         streamed: bool = False,
+        after: str = "",
     ) -> Seconds:
         """``request_id`` (``uncached`` tokens, the caller's guess) went to ``worker`` at
         ``at``; returns its predicted TTFT. ``streamed``: its first token will be reported
-        (``first_token``), so one late is a sign of a slower worker (``late``)."""
+        (``first_token``), so one late is a sign of a slower worker (``late``). ``after``:
+        the request there it waits for (``predict``)."""
         self.late(at)
         book = self.books.get(worker)
         if book is None:
@@ -338,12 +353,12 @@ class FleetSpeed:
         waiting = book.unstarted
         ahead = tuple(rid for rid, s in book.sent.items() if not s.started) if waiting <= 32 else ()
         running = len(book.sent) - waiting
-        predicted = self.predict(worker, uncached, at)
+        predicted = self.predict(worker, uncached, at, after=after)
         wait, shared = 0.0, None
         if book.slots:
             fit = book.fit
             mean = fit.uncached if fit is not None else uncached
-            wait, shared = self._slotted(book, self.speed(worker), uncached, mean, at)
+            wait, shared = self._slotted(book, self.speed(worker), uncached, mean, at, after=after)
             if book.last_sent is not None and at > book.last_sent:
                 book.rate += 0.2 * (1.0 / (at - book.last_sent) - book.rate)
             book.last_sent = at

@@ -110,3 +110,24 @@ def test_past_the_slots_a_request_waits_for_one_to_free() -> None:
     nxt = request("r9", session="s9", hashes=chain(1, 16, tail=9))
     decision = policy.pick(nxt, ctx(fleet(*busy, workers[1], now=30.0), key="s9"))
     assert decision.worker == "b"
+
+
+def test_what_the_slot_plane_finds_for_a_new_session_is_booked_cached() -> None:
+    """llama.cpp's slot plane gives a new session the slot computing (or holding, or saved
+    with) its shared prefix (``slot_shares``): booked with those blocks cached, and after
+    the request computing them (it waits for its slot), not as a cold slot's whole prompt."""
+    from dataclasses import replace
+
+    policy = DefaultPolicy()
+    workers = (slotted("a"), slotted("b"))
+    first = request("r1", session="s1", hashes=chain(1, 16, tail=1))
+    policy.pick(first, ctx(fleet(*workers), key="s1"))
+    policy.on_routed(first, "a", 0.0)
+    second = replace(
+        request("r2", session="s2", hashes=chain(1, 16, tail=2)), slot_shares=(("a", 15, "r1"),)
+    )
+    policy.pick(second, ctx(fleet(*workers, now=0.1), key="s2"))
+    policy.on_routed(second, "a", 0.1)
+    booked = policy.speed.books["a"].sent["r2"]
+    assert booked.uncached == pytest.approx(64.0)  # the last block's 256 characters
+    assert booked.wait == pytest.approx(1024 * CPU - 0.1)  # till r1's first token (predicted)

@@ -185,13 +185,14 @@ class DefaultPolicy(Warming, SpeedLearning):
         young, resident, depth = (self._chars(d, request, worker) for d in (young, resident, depth))
         self._trust.note_routed(rid, worker, young, resident, depth)
         cached = self._trust.expected(young, resident, depth)
-        tokens = (prompt - cached) * self._tokens_per_char
-        seconds = tokens / self._rate  # at the prior's rate: the unit of the lives' costs
+        per_char = self._tokens_per_char
+        seconds = (prompt - cached) * per_char / self._rate  # the prior's: the lives' unit
         hashes = tuple(request.prefix_hashes)
         self._running.fly(rid, worker, hashes)
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
-        likely = prompt - max(likely, self._replies.cached(request, worker) if warm else 0)
-        self.speed.sent(rid, worker, now, likely * self._tokens_per_char, streamed=request.stream)
+        credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
+        likely = prompt - max(likely, credit, self._replies.cached(request, worker) if warm else 0)
+        self.speed.sent(rid, worker, now, likely * per_char, streamed=request.stream, after=after)
         lives = self._lives
         if request.session_key is not None:
             lives.sessions.add(now, self._recent_half_s, seconds, 0.0)

@@ -134,8 +134,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             opens = self._lives.opens(request, False)
         uncached = max(prompt - cached, 0) * self._tokens_per_char
         reply = max(cached, self._replies.cached(request, worker))  # a session's last reply
-        likely = max(prompt - reply, 0) * self._tokens_per_char
-        self.speed.sent(rid, worker, now, likely, streamed=request.stream)
+        credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
+        likely = max(prompt - max(reply, credit), 0) * self._tokens_per_char
+        self.speed.sent(rid, worker, now, likely, streamed=request.stream, after=after)
         self._looks.pop(worker, None)
         self._pace.note(now)
         self._running.fly(rid, worker, request.prefix_hashes)

@@ -98,6 +98,8 @@ class SlotPlane:
         self._restores = _Mean()
         self._freed = asyncio.Event()
         """Set (and replaced) whenever a slot is released or a save ends: wakes waiters."""
+        self._flights: dict[tuple[WorkerId, int], str] = {}
+        """The request each busy slot serves (``annotate``: one a new session waits for)."""
         self._writing: set[asyncio.Future[Any]] = set()
         """Saves under way (``_finished``): a cancelled request's runs on, as the worker
         writes the file anyway (at most the action timeout), and keeps its cell till then."""
@@ -107,19 +109,27 @@ class SlotPlane:
         return self.settings.enabled and worker.config.engine == "llamacpp"
 
     def annotate(self, features: RequestFeatures) -> RequestFeatures:
-        """``features`` with ``restorable_blocks`` set when the session's KV can follow it.
+        """``features`` with ``restorable_blocks`` set when the session's KV can follow it,
+        else ``slot_shares``: what each worker's slots would give a new session.
 
         A session held in a slot or saved on disk can be restored on any llama.cpp
         worker reading the shared folder, so the policy credits its prefix (all but
         the last block: the new turn) on every worker, a little below a cached one.
+        A new session gets the slot sharing most of its prefix (``SlotMap.shares``): an
+        idle one there, another session's saved one (a seed), or one computing it now
+        (the request waits for that one: ``share_wait_s``); the policies book it so.
         """
-        key = features.affinity_key
-        if not self.settings.enabled or key is None or len(features.prefix_hashes) < 2:
+        key, prefix = features.affinity_key, features.prefix_hashes
+        if not self.settings.enabled or len(prefix) < 2:
             return features
-        tier, _ = self.map.where(key)
-        if tier not in (KvTier.SLOT, KvTier.DISK):
-            return features
-        return replace(features, restorable_blocks=len(features.prefix_hashes) - 1)
+        if key is not None and self.map.where(key)[0] in (KvTier.SLOT, KvTier.DISK):
+            return replace(features, restorable_blocks=len(prefix) - 1)
+        shares = []
+        for worker in self.map.workers():
+            blocks, slot = self.map.shares(worker, key, prefix)
+            if blocks:
+                shares.append((worker, blocks, self._flights.get((worker, slot), "")))
+        return replace(features, slot_shares=tuple(shares)) if shares else features
 
     def move_seconds(self, key: SessionKey) -> float | None:
         """What moving ``key`` to another worker costs with its KV, or None (recompute).
@@ -198,6 +208,7 @@ class SlotPlane:
         *,
         prefix: Sequence[BlockHash] = (),
         tokens: int = 0,
+        request_id: str = "",
     ) -> UpstreamResponse:
         """``worker.upstream.post`` under a slot lease; the lease ends with the response.
         ``prefix``: the request's prefix blocks (a new session takes the idle slot sharing
@@ -206,6 +217,7 @@ class SlotPlane:
         if not await self._known(worker):
             return await worker.upstream.post(path, body, headers)
         plan = await self._acquire(worker, key, prefix, tokens)
+        self._flights[(worker.id, plan.place.slot)] = request_id
         try:
             tier = await self._prepare(worker, plan)
             pinned = _pin(body, plan.place.slot)
@@ -324,6 +336,7 @@ class SlotPlane:
                 await asyncio.wait_for(self._freed.wait(), max(left, 0.0))
 
     def _release(self, plan: SlotPlan, *, served: bool) -> None:
+        self._flights.pop((plan.place.worker, plan.place.slot), None)
         self.map.release(plan, self.mono(), served=served)
         self._export()
         self._wake()

@@ -416,6 +416,7 @@ class Proxy:
                                 features.affinity_key,
                                 prefix=features.prefix_hashes,
                                 tokens=len(features.token_ids) or features.prompt_chars // 4,
+                                request_id=features.request_id,
                             )
                             # The reason says which tier the KV came from: slot, disk, ...
                             if tier := upstream.headers.get(TIER_HEADER):
