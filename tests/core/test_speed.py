@@ -244,9 +244,10 @@ def test_an_engines_slots_prefill_side_by_side_and_past_them_a_request_waits() -
     # A free slot: it prefills beside r1, sharing the batch (as many tokens of r1 as its own).
     assert model.predict("w", 100, 0.0) == pytest.approx(2.0)
     model.sent("r2", "w", 0.0, 100)
-    # Past the slots: it waits for r1 and r2 to prefill (2 s, side by side) and decode (not
-    # measured yet: 0), then prefills beside the last of them.
-    assert model.predict("w", 100, 0.0) == pytest.approx(2.0 + 2.0)
+    # Past the slots: it waits for a slot, r1's once it has prefilled (1 s, in the order
+    # sent) and decoded (not measured yet: 0), then prefills beside what r2 has left (1 s
+    # of it: not all of r2's again, which counted r2's prefill twice).
+    assert model.predict("w", 100, 0.0) == pytest.approx(1.0 + 2.0)
     for rid in ("r1", "r2"):
         model.first_token(rid, 0.0)
     model.ended("r1", 100, 0)
@@ -390,9 +391,9 @@ def test_a_request_waiting_for_the_slot_computing_its_prefix_waits_for_that_requ
     model.ended("r0", 100, 0)
     model.held("r0", 2.0)  # a request decodes 2 s there
     assert model.sent("r1", "w", 10.0, 1000) == pytest.approx(10.0)
-    # r1's first token at 20 s as predicted, its end at 22 s: 11 s of wait, 0.5 s its own.
-    assert model.predict("w", 50, 11.0, after="r1") == pytest.approx(11.0 + 0.5, abs=0.01)
-    assert model.predict("w", 50, 11.0) == pytest.approx(10.5, abs=0.01)  # beside r1 instead
+    # r1's first token 10 s on, its end 2 s later: 12 s of wait, then 0.5 s its own.
+    assert model.predict("w", 50, 10.0, after="r1") == pytest.approx(12.0 + 0.5, abs=0.01)
+    assert model.predict("w", 50, 10.0) == pytest.approx(10.5, abs=0.01)  # beside r1 instead
     model.first_token("r1", 25.0)  # later than predicted: seen
     assert model.predict("w", 50, 26.0, after="r1") == pytest.approx(1.0 + 0.5, abs=0.01)
     assert model.predict("w", 50, 26.0, after="gone") == pytest.approx(0.5, abs=0.01)

@@ -6,13 +6,19 @@ token, with its own KV; the slots prefill side by side, one batch a step (llama.
 and a request's first token comes only when the step holding its last prompt token ends.
 A request sent while a step runs waits for it, and a prompt's last tokens go in a step of
 their own (a context checkpoint, ``engine.slots.ServerLoop``), which takes the prompts sent
-meanwhile. So a request's prefill is shared with the whole of the others' prompts
-prefilling beside it, however short its own part (not as many of their tokens as its own:
+meanwhile. So a request's prefill is shared with the whole of what the others ahead of it
+have left to prefill, however short its own part (not as many of their tokens as its own:
 processor sharing, which booked a short uncached turn beside others' cold prompts at a
 fraction of the work it waited for, and so fitted the engine several times too slow), and
-with those sent while it prefills, up to the slots. A request sent past the slots waits for
-one to free: the requests in them prefill, then decode, and give their slots back one by
-one. ``core.speed`` keeps the book this reads. Pure: times are passed in.
+with those sent while it prefills, up to the slots.
+
+A request sent past the slots waits for one to free (llama.cpp's slot plane holds it, or
+the engine queues it): the engine works through the prompts ahead, in the order sent, and
+each gives its slot back once it has decoded; it takes the slot of the one that gives it
+back first past those ahead of it, and from then shares the batch with what is left of
+their prompts (not with all of them again: that counted their prefill twice, once in the
+wait and once beside it). ``core.speed`` keeps the book this reads. Pure: times are
+passed in.
 """
 
 from __future__ import annotations
@@ -33,43 +39,41 @@ def shared_prefill(
     prefill_s: float,
     decode_s: float,
     rate: float,
+    after: int = -1,
 ) -> tuple[Seconds, float]:
     """The wait for a slot of a request with ``uncached`` tokens sent at ``now``, and the
-    prefill tokens its own are shared with once in one (its own included).
+    prefill tokens its own are shared with once it has one (its own included).
 
     ``first_at``/``tokens``: the requests in flight there, in the order they were sent,
     when each had its first token (``None``: not yet) and its uncached tokens. ``mean``:
     a request's mean uncached tokens there; ``prefill_s``: seconds a token; ``decode_s``:
     the mean time a request decodes after its first token; ``rate``: requests sent there
-    a second (later ones share this one's prefill while it lasts)."""
-    held: list[float] = []  # seconds until each decoding request gives its slot back
-    waiting: list[float] = []  # uncached tokens of those not at their first token, in order
-    for first, size in zip(first_at, tokens, strict=True):
+    a second (later ones share this one's prefill while it lasts). ``after``: the index of
+    one of them whose slot it waits for (llama.cpp's slot plane, for the prefix that one
+    is computing; -1: none), at least until that one gives it back."""
+    releases: list[float] = []  # seconds until each gives its slot back
+    done = 0.0  # seconds of prefill of those not at their first token, up to each
+    start = 0.0
+    for i, (first, size) in enumerate(zip(first_at, tokens, strict=True)):
         if first is not None:
             since = now - first
-            held.append(decode_s - since if decode_s > since else 0.0)
-        else:  # not at its first token (however late)
-            waiting.append(size)
-    free = slots - len(held) if len(held) < slots else 0
-    wait = 0.0
-    if len(waiting) >= free:
-        # Past the slots: those prefilling end theirs and decode, those decoding end; this
-        # request takes the slot of the (ahead past the free ones + 1)-th to give one back.
-        beside = waiting[:free]
-        busy = prefill_s * sum(beside)
-        releases = sorted(held + [busy + decode_s] * len(beside))
-        turns, k = divmod(len(waiting) - free, len(releases)) if releases else (0, 0)
-        cycle = prefill_s * mean * slots + decode_s  # a slot's whole turn, each later round
-        wait = (releases[k] if releases else 0.0) + turns * cycle
-        sharers = waiting[-(slots - 1) :] if slots > 1 else []
-    else:
-        sharers = waiting
-    # Not at their first token, they are in the batch: all of their tokens (what they have
-    # left is the book's drain at a rate it may not know yet; their first token is sure).
-    shared = uncached + sum(sharers)
-    room = slots - 1 - len(sharers)
-    if room > 0 and rate > 0.0:
-        # Requests sent here while it prefills join its last step with their prompts.
+            release = decode_s - since if decode_s > since else 0.0
+        else:  # not at its first token (however late): at it once those before it are
+            done += prefill_s * size
+            release = done + decode_s
+        releases.append(release)
+        if i == after:
+            start = release
+    ahead = len(releases) - slots  # those that give a slot back before it has one, less one
+    if ahead >= 0:
+        releases.sort()
+        start = start if start > releases[ahead] else releases[ahead]
+    left = done - start  # seconds of the others' prefill still to do when it starts
+    shared = uncached + (left / prefill_s if left > 0.0 and prefill_s > 0.0 else 0.0)
+    room = slots - 1 - sum(1 for r in releases if r - decode_s > start)  # slots prefilling
+    if room > 0 and rate > 0.0 and not start:
+        # Requests sent here while it prefills join its last step with their prompts (not
+        # past the slots: sent after it, they wait behind it for one).
         later = rate * prefill_s * shared
         shared += (later if later < room else room) * mean
-    return wait, shared
+    return start, shared

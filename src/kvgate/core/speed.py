@@ -293,21 +293,14 @@ class FleetSpeed:
         """``core.batch.shared_prefill`` on ``book``: the wait for a slot, and the prefill
         tokens this request's own are shared with (its own included). ``after``: a request
         in flight whose slot is computing this one's prefix (llama.cpp's slot plane holds
-        it back for that slot, ``gateway.control.offload``): it waits for that request's
-        end (its first token, as seen or predicted, and the worker's mean decoding), then
-        prefills beside those sent after it."""
-        first = book.sent.get(after) if after else None
-        ahead = [s for s in book.sent.values() if first is None or s.at > first.at]
-        wait = 0.0
-        if first is not None:
-            start = first.first_at if first.first_at is not None else first.at + first.predicted
-            wait = max(start + book.decode - now, 0.0)
-        late, shared = shared_prefill(
-            book.slots or 1, [s.first_at for s in ahead], [s.uncached for s in ahead],
-            uncached, mean, now=now + wait, prefill_s=speed.prefill_s, decode_s=book.decode,
-            rate=book.rate,
+        it back for that slot, ``gateway.control.offload``): it waits for that one's end."""
+        sent = book.sent
+        index = list(sent).index(after) if after and after in sent else -1
+        return shared_prefill(
+            book.slots or 1, [s.first_at for s in sent.values()],
+            [s.uncached for s in sent.values()], uncached, mean, now=now,
+            prefill_s=speed.prefill_s, decode_s=book.decode, rate=book.rate, after=index,
         )  # fmt: skip
-        return (wait if first is not None else late), shared
 
     def slot_cache(self, worker: WorkerId) -> bool:
         """Whether a request sent to ``worker`` now would find in its slot the KV it was

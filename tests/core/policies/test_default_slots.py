@@ -130,4 +130,4 @@ def test_what_the_slot_plane_finds_for_a_new_session_is_booked_cached() -> None:
     policy.on_routed(second, "a", 0.1)
     booked = policy.speed.books["a"].sent["r2"]
     assert booked.uncached == pytest.approx(64.0)  # the last block's 256 characters
-    assert booked.wait == pytest.approx(1024 * CPU - 0.1)  # till r1's first token (predicted)
+    assert booked.wait == pytest.approx(1024 * CPU)  # r1's whole prefill (and 0 s decoding)
