@@ -51,6 +51,7 @@ async def _gateway(
             parts["store"] = MemoryStore()
         else:
             overrides["store"] = {
+                **overrides.get("store", {}),
                 "url": stack.enter_context(_redis()),
                 "timeout_s": 1.0,
                 "connect_timeout_s": 2.0,
@@ -238,3 +239,47 @@ async def test_a_deleted_response_is_forgotten(backend: str) -> None:
         await _refused(alice, first.id)
         assert (await alice.responses.retrieve(kept.id)).id == kept.id
     assert len(before - after) == 1 and after < before
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_tenants_flood_leaves_anothers_bindings(backend: str) -> None:
+    """Bob sending ever new session ids and responses evicted Alice's session binding and
+    her response's owner from the bounded store (her continuation then a 404); in Redis he
+    could make the gateway hold as many as he sent. Now his own oldest go."""
+    overrides: dict[str, Any] = {"api_keys": [ALICE, BOB]}
+    if backend == "memory":
+        store: AffinityStore | None = MemoryStore(max_sessions=12)
+    else:
+        store, overrides["store"] = None, {"max_sessions_per_scope": 6}
+    async with worker_fleet(2) as fleet, contextlib.AsyncExitStack() as stack:
+        if store is None:
+            gw = await stack.enter_async_context(_gateway(backend, fleet, **overrides))
+        else:
+            gw = await stack.enter_async_context(
+                running_gateway(gateway_config(fleet, **overrides), store=store)
+            )
+            await every_worker_up(gw)
+        alice = await stack.enter_async_context(_client(gw, ALICE))
+        bob = await stack.enter_async_context(_client(gw, BOB))
+        first = await alice.responses.create(model="demo", input="my plan")
+        chat = [{"role": "user", "content": "hello"}]
+        mine = await alice.chat.completions.create(
+            model="demo", messages=chat, extra_headers={"X-Session-ID": "alice-1"}
+        )
+        for n in range(30):
+            if n % 3:
+                await bob.chat.completions.create(
+                    model="demo", messages=chat, extra_headers={"X-Session-ID": f"bob-{n}"}
+                )
+            else:
+                await bob.responses.create(model="demo", input=f"flood {n}")
+        follow = await alice.responses.create(
+            model="demo", input="go on", previous_response_id=first.id
+        )
+        again = await alice.chat.completions.with_raw_response.create(
+            model="demo", messages=chat, extra_headers={"X-Session-ID": "alice-1"}
+        )
+        keys = await _bound_keys(gw.gateway.store, fleet)
+    assert follow.status == "completed"
+    assert mine.id and again.headers["x-kvgate-route-reason"] == "affinity_hit"
+    assert len(keys) <= 12, keys

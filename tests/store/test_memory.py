@@ -88,3 +88,54 @@ async def test_writes_sweep_expired_sessions_without_being_asked() -> None:
     await store.set(aff("new"), TTL)
     assert len(store) == 1
     assert store.table.expirations_total == 100
+
+
+def _tenant_keys(credential: bytes, count: int, start: int = 0) -> list[str]:
+    from kvgate.core.session import owned, scoped
+
+    keys = []
+    for i in range(start, start + count):
+        key = scoped(f"session-{i}", credential) if i % 2 else owned(f"response:r{i}", credential)
+        assert key is not None
+        keys.append(key)
+    return keys
+
+
+async def test_a_tenants_flood_evicts_only_its_own_oldest_sessions() -> None:
+    """One client sending ever new session ids (or making ever new responses) evicted
+    every other tenant's bindings and response owners from the bounded table (their
+    continuations then 404). Past ``max_per_scope`` it evicts its own oldest."""
+    clock = FakeClock()
+    store = MemoryStore(max_sessions=100, clock=clock, max_per_scope=30)
+    bob = _tenant_keys(b"sk-bob", 10)
+    for key in bob:
+        await store.set(aff(key, B), TTL)
+    alice = _tenant_keys(b"sk-alice", 500)
+    for key in alice:
+        clock.advance(0.01)
+        await store.compare_and_set(key, None, aff(key), TTL)
+        assert await store.touch(key, clock(), TTL)
+    assert all([await store.get(key) is not None for key in bob])
+    kept = [key for key in alice if await store.get(key) is not None]
+    assert kept == alice[-30:]
+    assert len(store) == 40 and store.evictions_total == 470
+    assert await store.counts() == {A: 30, B: 10}
+
+
+async def test_a_full_table_is_shared_evenly_between_tenants() -> None:
+    """Without a per-scope bound, a tenant holding its even share of a full table or more
+    makes room from its own sessions; below it, the least recently used goes."""
+    store = MemoryStore(max_sessions=100, clock=FakeClock())
+    bob = _tenant_keys(b"sk-bob", 70)
+    for key in bob:
+        await store.set(aff(key, B), TTL)
+    for key in _tenant_keys(b"sk-alice", 1000):
+        await store.set(aff(key), TTL)
+    # Bob lost his 20 oldest until Alice held her half; then she evicted her own.
+    assert [await store.get(key) is not None for key in bob] == [False] * 20 + [True] * 50
+    assert await store.counts() == {A: 50, B: 50}
+    # One tenant alone is evicted least recently used first, as before.
+    solo = MemoryStore(max_sessions=3, clock=FakeClock())
+    for key in ("s1", "s2", "s3", "s4"):
+        await solo.set(aff(key), TTL)
+    assert [await solo.get(k) is not None for k in ("s1", "s2", "s3", "s4")] == [False] + [True] * 3

@@ -27,6 +27,11 @@ sets (an auth proxy's ``x-user-id``, Envoy ext_authz's header), read only from a
 (``REFUSED``: it is routed by its prompt alone); or ``none`` (ids shared by whoever
 sends them: one tenant only). The identity is digested as a credential is, under a tag
 no credential can start with, and is never a key, a log line nor a label.
+
+Every scoped or owned key names its scope's tenant (``tenant_tag``, a digest of the scope
+alone) before its own digest, ``cred:<tenant>.<digest>``: the store bounds each tenant's
+entries by it (``tenant_of``, ``store.max_sessions_per_scope``), so a client flooding the
+store with ids evicts only its own oldest, never another tenant's bindings.
 """
 
 from __future__ import annotations
@@ -228,7 +233,28 @@ def scoped(key: SessionKey | None, credential: bytes | None) -> SessionKey | Non
     digest = blake2b(credential, digest_size=16)
     digest.update(b"\0")
     digest.update(key.encode("utf-8", "surrogatepass"))
-    return SCOPED_TAG + digest.hexdigest()
+    return f"{SCOPED_TAG}{tenant_tag(credential)}.{digest.hexdigest()}"
+
+
+def tenant_tag(scope: bytes | None) -> str:
+    """The tenant a scope's keys are counted under in the store (16 hex digits, one-way,
+    a domain of its own); ``""`` for no scope: the unscoped ids and the credential-less."""
+    if not scope:
+        return ""
+    return blake2b(scope, digest_size=8, person=b"kvgate.tenant").hexdigest()
+
+
+def tenant_of(key: SessionKey) -> str:
+    """The tenant a store key is counted under (``tenant_tag``): named by a scoped or owned
+    key, ``""`` for any other (an unscoped id: no client can pose as a scoped key)."""
+    if key.startswith(SCOPED_TAG):
+        rest = key[len(SCOPED_TAG) :]
+    elif key.startswith(OWNED_TAG):
+        rest = key[len(OWNED_TAG) :]
+    else:
+        return ""
+    tag, dot, _ = rest.partition(".")
+    return tag if dot else ""
 
 
 OWNED_TAG = "owned:"
@@ -251,7 +277,7 @@ def owned(key: SessionKey, scope: bytes | None) -> SessionKey | None:
     digest = blake2b(len(owner).to_bytes(4, "big"), digest_size=16, person=b"kvgate.owned")
     digest.update(owner)
     digest.update(key.encode("utf-8", "surrogatepass"))
-    return OWNED_TAG + digest.hexdigest()
+    return f"{OWNED_TAG}{tenant_tag(owner)}.{digest.hexdigest()}"
 
 
 AGENT_SESSION_HEADERS: tuple[str, ...] = (

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote
 
 import yaml
 from pydantic import (
@@ -50,12 +49,9 @@ from kvgate.gateway.control.config import (
     RolloutsConfig,
     is_loopback,
 )
+from kvgate.gateway.storeconfig import StoreConfig
 from kvgate.redaction import redact, without_userinfo
 from kvgate.tokens.config import TokenizerConfig
-
-STORE_SCHEMES = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
-"""URL schemes of the shared store (``+cluster``: Redis Cluster)."""
-
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -167,51 +163,6 @@ class PolicyConfig(_Model):
     """One of the registered policies (an unknown name is refused at start-up)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The policy's own options (its config class in ``core/policies/``); live on reload."""
-
-
-class StoreConfig(_Model):
-    """Where affinities live: ``memory`` (one process), ``redis://HOST:PORT/DB``, or a
-    Redis Cluster (``redis+cluster://HOST:PORT``, any one node; the rest are discovered).
-
-    ``password`` (or ``password_file``) is put into the URL, so the URL itself can
-    sit in a ConfigMap and the password in a Secret.
-    """
-
-    url: str = "memory"
-    password: str | None = Field(default=None, repr=False)
-    """Put into ``url``'s credentials (``password_file`` for a mounted Secret)."""
-    affinity_ttl_s: float = Field(default=3600.0, gt=0)
-    """How long a session's binding lives without a request."""
-    timeout_s: float = Field(default=0.1, gt=0)
-    """Redis: how long one reply may take. A call that fails is tried once more; a
-    second failure turns the store degraded (answered locally until Redis is back)."""
-    connect_timeout_s: float = Field(default=0.25, gt=0)
-    """Redis: how long opening a connection (or waiting for a free pooled one) may take."""
-
-    def backend_options(self) -> dict[str, Any]:
-        """Options for ``open_store``: the timeouts, for Redis only."""
-        if self.url == "memory":
-            return {}
-        return {"socket_timeout": self.timeout_s, "connect_timeout": self.connect_timeout_s}
-
-    @property
-    def effective_url(self) -> str:
-        """``url`` with ``password`` in it (``url`` itself when no password is set)."""
-        if self.password is None or self.url == "memory":
-            return self.url
-        scheme, _, rest = self.url.partition("://")
-        netloc, slash, path = rest.partition("/")
-        host = netloc.rpartition("@")[2]
-        user = netloc.rpartition("@")[0].partition(":")[0] if "@" in netloc else ""
-        secret = quote(self.password, safe="")
-        return f"{scheme}://{user}:{secret}@{host}{slash}{path}"
-
-    @field_validator("url")
-    @classmethod
-    def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(STORE_SCHEMES):
-            raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
-        return value
 
 
 class TimeoutsConfig(_Model):

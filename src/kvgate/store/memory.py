@@ -1,6 +1,7 @@
 """``MemoryStore``: the default, in-process affinity store.
 
-Bounded (LRU eviction past ``max_sessions``), with TTLs read from an injected clock.
+Bounded (LRU eviction past ``max_sessions``; a tenant past ``max_per_scope`` or its even
+share of a full table evicts its own), with TTLs read from an injected clock.
 One gateway process needs nothing else; several replicas share a ``RedisStore``.
 """
 
@@ -33,8 +34,9 @@ class MemoryStore(AffinityStore):
         clock: Clock = time.monotonic,
         expiry_granularity: Seconds = 1.0,
         max_holders: int = 500_000,
+        max_per_scope: int | None = None,
     ) -> None:
-        self.table = SessionTable(max_sessions, expiry_granularity)
+        self.table = SessionTable(max_sessions, expiry_granularity, max_per_scope)
         self.holders = HolderTable(max_holders)
         self.clock = clock
         self._blobs: dict[str, bytes] = {}

@@ -107,7 +107,9 @@ class RedisStore(AffinityStore):
     bound how long a sick Redis can hold up one call; ``backoff_initial``/``_max``
     pace the background probes; ``max_connections`` bounds the pool;
     ``fallback_max_sessions`` bounds the local map and ``max_dirty`` the bindings
-    remembered for resync (oldest dropped first, counted in ``dirty_dropped_total``).
+    remembered for resync (oldest dropped first, counted in ``dirty_dropped_total``);
+    ``max_per_scope`` bounds one tenant's sessions, in Redis and the local map (``None``:
+    not bounded): what a client can make the gateway write (``scripts``).
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class RedisStore(AffinityStore):
         cluster_shards: int = 16,
         touch_interval_s: Seconds = 5.0,
         read_cache: bool = True,
+        max_per_scope: int | None = None,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
@@ -147,8 +150,8 @@ class RedisStore(AffinityStore):
         # half for the parallel reads of get_many, which holds one call slot.
         self._batch = max(1, max_connections // 2)
         self._calls = asyncio.Semaphore(self._batch) if self.cluster else None
-        self._scripts = Scripts(self._redis, prefix, shards)
-        self.local = MemoryStore(fallback_max_sessions, clock)
+        self._scripts = Scripts(self._redis, prefix, shards, max_per_scope)
+        self.local = MemoryStore(fallback_max_sessions, clock, max_per_scope=max_per_scope)
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._max_dirty = max_dirty

@@ -9,6 +9,10 @@ Key layout under a prefix ``P`` (default ``kvgate:``):
 - ``P we:<worker>``: the same sessions scored by expiry (Redis server ms), so
   expired sessions are pruned from both indexes without scanning;
 - ``P workers``: set of workers that may have sessions (for ``counts``);
+- ``P t:<tenant>``: sorted set of a tenant's sessions (``core.session.tenant_of``) scored by
+  expiry, the key's TTL the sessions'; past its bound (``max_per_scope``, split evenly over
+  the shards) the soonest to expire (the least recently written or touched) are dropped, so
+  one client's flood of ids costs Redis at most its own bound, never another's bindings;
 - ``P blob:<name>`` and ``P lease:<name>``: rollout state and leases;
 - ``P epoch``: a token that says the data is still there (``store.epoch``).
 
@@ -34,6 +38,7 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
 from kvgate.core.decision import Affinity
+from kvgate.core.session import tenant_of
 from kvgate.types import Seconds, SessionKey, WorkerId
 
 _COMMON = """
@@ -45,7 +50,32 @@ local function unindex(p, w, k)
   redis.call('ZREM', p .. 'wa:' .. w, k)
   redis.call('ZREM', p .. 'we:' .. w, k)
 end
-local function bind(p, skey, k, w, v, t, ttl)
+local function bound(p, k, tenant, ttl, cap, flag)
+  if cap <= 0 then return end
+  local tk = p .. 't:' .. tenant
+  local now = now_ms()
+  if flag then
+    redis.call('ZADD', tk, flag, now + ttl, k)
+  else
+    redis.call('ZADD', tk, now + ttl, k)
+  end
+  redis.call('PEXPIRE', tk, ttl)
+  if flag or redis.call('ZCARD', tk) <= cap then return end
+  redis.call('ZREMRANGEBYSCORE', tk, '-inf', now)
+  local over = redis.call('ZCARD', tk) - cap
+  if over <= 0 then return end
+  local gone = redis.call('ZPOPMIN', tk, over)
+  for i = 1, #gone, 2 do
+    local g = gone[i]
+    local gkey = p .. 's:' .. g
+    local gw = redis.call('HGET', gkey, 'w')
+    if gw then
+      redis.call('DEL', gkey)
+      unindex(p, gw, g)
+    end
+  end
+end
+local function bind(p, skey, k, w, v, t, ttl, tenant, cap)
   local old = redis.call('HGET', skey, 'w')
   if old and old ~= w then unindex(p, old, k) end
   redis.call('HSET', skey, 'w', w, 'v', v, 't', t)
@@ -53,6 +83,7 @@ local function bind(p, skey, k, w, v, t, ttl)
   redis.call('ZADD', p .. 'wa:' .. w, t, k)
   redis.call('ZADD', p .. 'we:' .. w, now_ms() + ttl, k)
   redis.call('SADD', p .. 'workers', w)
+  bound(p, k, tenant, ttl, cap, false)
 end
 local function purge(p, w)
   local we = p .. 'we:' .. w
@@ -73,24 +104,27 @@ if not cur[1] then return false end
 return {cur[1], cur[2], cur[3], redis.call('PTTL', KEYS[1])}
 """
 
-# KEYS[1] session; ARGV: prefix, session, worker, version, last_active, ttl_ms
+# KEYS[1] session; ARGV: prefix, session, worker, version, last_active, ttl_ms, tenant,
+# bound (0: none)
 _SET = """
-bind(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]))
+bind(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7],
+  tonumber(ARGV[8]))
 return 1
 """
 
 # KEYS[1] session; ARGV: prefix, session, has_expected, expected, worker, version,
-# last_active, ttl_ms. Replies {won, worker, version, last_active}.
+# last_active, ttl_ms, tenant, bound. Replies {won, worker, version, last_active}.
 _CAS = """
 local cur = redis.call('HMGET', KEYS[1], 'w', 'v', 't')
 if cur[1] and not (ARGV[3] == '1' and cur[1] == ARGV[4]) then
   return {0, cur[1], cur[2], cur[3]}
 end
-bind(ARGV[1], KEYS[1], ARGV[2], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]))
+bind(ARGV[1], KEYS[1], ARGV[2], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9],
+  tonumber(ARGV[10]))
 return {1, ARGV[5], ARGV[6], ARGV[7]}
 """
 
-# KEYS[1] session; ARGV: prefix, session, last_active, ttl_ms
+# KEYS[1] session; ARGV: prefix, session, last_active, ttl_ms, tenant, bound
 _TOUCH = """
 local w = redis.call('HGET', KEYS[1], 'w')
 if not w then return 0 end
@@ -99,16 +133,18 @@ redis.call('HSET', KEYS[1], 't', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', ARGV[1] .. 'wa:' .. w, ARGV[3], ARGV[2])
 redis.call('ZADD', ARGV[1] .. 'we:' .. w, now_ms() + ttl, ARGV[2])
+bound(ARGV[1], ARGV[2], ARGV[5], ttl, tonumber(ARGV[6]), 'XX')
 return 1
 """
 
-# KEYS[1] session; ARGV: prefix, session, only_if_worker ('' = whoever)
+# KEYS[1] session; ARGV: prefix, session, only_if_worker ('' = whoever), tenant
 _DELETE = """
 local w = redis.call('HGET', KEYS[1], 'w')
 if not w then return 0 end
 if ARGV[3] ~= '' and w ~= ARGV[3] then return 0 end
 redis.call('DEL', KEYS[1])
 unindex(ARGV[1], w, ARGV[2])
+redis.call('ZREM', ARGV[1] .. 't:' .. ARGV[4], ARGV[2])
 return 1
 """
 
@@ -194,12 +230,18 @@ class Scripts:
     """
 
     def __init__(
-        self, redis: Redis | RedisCluster, prefix: str, shards: Sequence[str] = ()
+        self,
+        redis: Redis | RedisCluster,
+        prefix: str,
+        shards: Sequence[str] = (),
+        max_per_scope: int | None = None,
     ) -> None:
         self.prefix = prefix
         """Blobs, leases and the epoch live under it (and, unsharded, everything)."""
         self.shards = list(shards) or [prefix]
         """The prefixes sessions and holders are spread over (one: ``prefix``)."""
+        self.bound = 0 if max_per_scope is None else -(-max_per_scope // len(self.shards))
+        """A tenant's sessions kept per shard (``P t:<tenant>``); 0: not bounded."""
 
         def register(body: str) -> AsyncScript:
             return redis.register_script(_COMMON + body)
@@ -253,7 +295,7 @@ class Scripts:
         return await self._set(
             [self.session_key(key)],
             [self.shard(key), key, affinity.worker, affinity.version, repr(affinity.last_active),
-             ttl_ms(ttl)],
+             ttl_ms(ttl), tenant_of(key), self.bound],
             client,
         )  # fmt: skip
 
@@ -275,6 +317,8 @@ class Scripts:
             affinity.version,
             repr(affinity.last_active),
             ttl_ms(ttl),
+            tenant_of(key),
+            self.bound,
         ]
         return await self._cas([self.session_key(key)], args, client)
 
@@ -288,16 +332,16 @@ class Scripts:
         self, key: SessionKey, now: Seconds, ttl: Seconds, client: Client | None = None
     ) -> Any:
         """Queue or run a touch; reply 1 if the binding existed."""
-        return await self._touch(
-            [self.session_key(key)], [self.shard(key), key, repr(now), ttl_ms(ttl)], client
-        )
+        args: list[str | int] = [self.shard(key), key, repr(now), ttl_ms(ttl), tenant_of(key)]
+        args.append(self.bound)
+        return await self._touch([self.session_key(key)], args, client)
 
     async def delete(
         self, key: SessionKey, only_if_worker: WorkerId = "", client: Client | None = None
     ) -> Any:
         """Queue or run a delete (only if bound to ``only_if_worker``, when given)."""
         return await self._delete(
-            [self.session_key(key)], [self.shard(key), key, only_if_worker], client
+            [self.session_key(key)], [self.shard(key), key, only_if_worker, tenant_of(key)], client
         )
 
     async def sessions_of(self, worker: WorkerId, limit: int | None) -> list[Affinity]:

@@ -10,7 +10,10 @@ doubles) and in three families of intrusive linked lists over the slots:
 - recency: one list, least recently written/touched first, evicted from the head;
 - per worker: one list per worker, for ``sessions_of`` and exact ``counts``;
 - per expiry bucket: one list per ``granularity``-wide window of expiry times, so
-  expired sessions are found without scanning the table (a timing wheel).
+  expired sessions are found without scanning the table (a timing wheel);
+- per tenant (``core.session.tenant_of``: the scope a key was derived in), least recently
+  written/touched first: a tenant past ``max_per_scope``, or past its even share of a full
+  table, makes room from its own oldest, so one client's flood never evicts another's.
 
 That is about 60 bytes a session on top of the key string and its dict entry,
 against ~300 for an object per session with an ``OrderedDict`` and index sets.
@@ -23,6 +26,7 @@ import math
 from array import array
 
 from kvgate.core.decision import Affinity
+from kvgate.core.session import tenant_of
 from kvgate.store.links import NIL, Links
 from kvgate.types import Seconds, SessionKey, WorkerId
 
@@ -55,19 +59,77 @@ class _Interned:
         return self._ids.get(name)
 
 
+class _Tenants:
+    """Tenants mapped to small ints with their live sessions; an id is given back when
+    its tenant holds none (a client can make up scopes: none may be kept for ever)."""
+
+    __slots__ = ("_free", "_ids", "counts")
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._free: list[int] = []
+        self.counts: list[int] = []
+
+    def __len__(self) -> int:
+        """Tenants holding a session."""
+        return len(self._ids)
+
+    def find(self, name: str) -> int | None:
+        """The int of tenant ``name`` while it holds a session."""
+        return self._ids.get(name)
+
+    def add(self, name: str) -> int:
+        """Count one more session of tenant ``name``; its int."""
+        found = self._ids.get(name)
+        if found is None:
+            if self._free:
+                found = self._free.pop()
+            else:
+                found = len(self.counts)
+                self.counts.append(0)
+            self._ids[name] = found
+        self.counts[found] += 1
+        return found
+
+    def remove(self, name: str, tid: int) -> None:
+        """Count one session of tenant ``name`` (int ``tid``) fewer."""
+        self.counts[tid] -= 1
+        if not self.counts[tid]:
+            del self._ids[name]
+            self._free.append(tid)
+
+    def clear(self) -> None:
+        """Forget every tenant."""
+        self._ids.clear()
+        self._free.clear()
+        self.counts.clear()
+
+
 class SessionTable:
     """Affinities keyed by session, at most ``max_sessions`` of them, each with a deadline.
 
     ``granularity`` is the width (seconds) of an expiry bucket: smaller buckets make
-    exact ``counts`` cheaper, larger ones make the bucket heap smaller.
+    exact ``counts`` cheaper, larger ones make the bucket heap smaller. ``max_per_scope``
+    bounds one tenant's sessions (``None``: only by its share of a full table).
     """
 
-    def __init__(self, max_sessions: int = 1_000_000, granularity: Seconds = 1.0) -> None:
+    def __init__(
+        self,
+        max_sessions: int = 1_000_000,
+        granularity: Seconds = 1.0,
+        max_per_scope: int | None = None,
+    ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
         if granularity <= 0:
             raise ValueError("granularity must be positive")
+        if max_per_scope is not None and max_per_scope < 1:
+            raise ValueError("max_per_scope must be at least 1")
         self.max_sessions = max_sessions
+        self.max_per_scope = max_per_scope
+        self._tenants = _Tenants()
+        self._tenant = array("I")
+        self._by_tenant = Links()
         self.evictions_total = 0
         self.expirations_total = 0
         self._granularity = granularity
@@ -163,6 +225,7 @@ class SessionTable:
             return False
         self._last_active[slot] = last_active
         self._recency.move_to_tail(_RECENCY, slot)
+        self._by_tenant.move_to_tail(self._tenant[slot], slot)
         self._by_worker.move_to_tail(self._worker[slot], slot)
         self._rebucket(slot, deadline)
         return True
@@ -207,10 +270,17 @@ class SessionTable:
         self._slot_of.clear()
         self._free.clear()
         self._key.clear()
-        for column in (self._worker, self._version, self._last_active, self._deadline):
+        for column in (
+            self._worker,
+            self._version,
+            self._tenant,
+            self._last_active,
+            self._deadline,
+        ):
             del column[:]
-        for links in (self._recency, self._by_worker, self._by_bucket):
+        for links in (self._recency, self._by_worker, self._by_bucket, self._by_tenant):
             links.clear()
+        self._tenants.clear()
         self._bucket_heap.clear()
         self._bucket_queued.clear()
         self._worker_counts = [0] * len(self._worker_counts)
@@ -252,12 +322,25 @@ class SessionTable:
             self._by_bucket.remove(old, slot)
             self._link_bucket(slot, new)
 
-    def _make_room(self, t: Seconds) -> None:
+    def _make_room(self, tenant: str, t: Seconds) -> None:
         # Sweeping past buckets on every insert is one heap peek when there is
         # nothing to do, and keeps expired sessions from holding memory.
         self.expire(t)
+        tenants = self._tenants
+        cap = self.max_per_scope
+        tid = tenants.find(tenant)
+        while tid is not None and cap is not None and tenants.counts[tid] >= cap:
+            self._drop(self._by_tenant.head(tid))  # its own oldest
+            self.evictions_total += 1
+            tid = tenants.find(tenant)
         while len(self._slot_of) >= self.max_sessions:
-            self._drop(self._recency.head(_RECENCY))
+            # A full table: a tenant holding its even share or more makes room from its
+            # own; any other takes the least recently used.
+            tid = tenants.find(tenant)
+            if tid is not None and tenants.counts[tid] * len(tenants) >= self.max_sessions:
+                self._drop(self._by_tenant.head(tid))
+            else:
+                self._drop(self._recency.head(_RECENCY))
             self.evictions_total += 1
 
     def _allocate(self) -> int:
@@ -267,16 +350,20 @@ class SessionTable:
         self._key.append(None)
         self._worker.append(0)
         self._version.append(0)
+        self._tenant.append(0)
         self._last_active.append(0.0)
         self._deadline.append(0.0)
-        for links in (self._recency, self._by_worker, self._by_bucket):
+        for links in (self._recency, self._by_worker, self._by_bucket, self._by_tenant):
             links.grow()
         return slot
 
     def _insert(self, affinity: Affinity, deadline: Seconds, t: Seconds) -> None:
-        self._make_room(t)
-        slot = self._allocate()
         key = affinity.session_key
+        tenant = tenant_of(key)
+        self._make_room(tenant, t)
+        slot = self._allocate()
+        tid = self._tenant[slot] = self._tenants.add(tenant)
+        self._by_tenant.push(tid, slot)
         wid = self._workers.id_of(affinity.worker)
         if wid == len(self._worker_counts):
             self._worker_counts.append(0)
@@ -307,6 +394,7 @@ class SessionTable:
         self._version[slot] = self._versions.id_of(affinity.version)
         self._last_active[slot] = affinity.last_active
         self._recency.move_to_tail(_RECENCY, slot)
+        self._by_tenant.move_to_tail(self._tenant[slot], slot)
         self._rebucket(slot, deadline)
 
     def _drop(self, slot: int) -> None:
@@ -316,6 +404,9 @@ class SessionTable:
         self._key[slot] = None
         wid = self._worker[slot]
         self._recency.remove(_RECENCY, slot)
+        tid = self._tenant[slot]
+        self._by_tenant.remove(tid, slot)
+        self._tenants.remove(tenant_of(key), tid)
         self._by_worker.remove(wid, slot)
         self._worker_counts[wid] -= 1
         self._by_bucket.remove(self._bucket(self._deadline[slot]), slot)
