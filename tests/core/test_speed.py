@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import statistics
 
 import pytest
 
 from kvgate.core.speed import FleetSpeed, Speed
+from kvgate.core.speed_fit import _bound
 
 PRIOR = Speed(overhead_s=0.01, prefill_s=1 / 12_000, decode_s=0.002)
 
@@ -397,3 +399,16 @@ def test_a_request_waiting_for_the_slot_computing_its_prefix_waits_for_that_requ
     model.first_token("r1", 25.0)  # later than predicted: seen
     assert model.predict("w", 50, 26.0, after="r1") == pytest.approx(1.0 + 0.5, abs=0.01)
     assert model.predict("w", 50, 26.0, after="gone") == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_parameter_held_at_its_bound_takes_back_what_it_lent_the_others() -> None:
+    # The overhead and the decode move against each other (requests running in a near
+    # constant count): a step that takes decode below nought raised the overhead by its
+    # share; held at nought, the overhead gives that share back (``speed_fit._bound``).
+    theta = [0.5, 1.0, -0.2, 0.0]
+    p = [[1.0, 0.0, -0.8, 0.0], [0.0, 1.0, 0.0, 0.0], [-0.8, 0.0, 1.0, 0.0], [0.0] * 4]
+    _bound(theta, p, [0.0] * 4, [math.inf] * 4)
+    assert theta == pytest.approx([0.34, 1.0, 0.0, 0.0])
+    theta = [0.5, 1.0, 0.1, 0.0]  # the overhead past its cap: the decode takes up its share
+    _bound(theta, p, [0.0] * 4, [0.4, math.inf, math.inf, math.inf])
+    assert theta == pytest.approx([0.4, 1.0, 0.1 + 0.8 * 0.1, 0.0])

@@ -40,8 +40,10 @@ request ``_LATE`` times past its predicted TTFT without a first token is a lower
 fitted then (``late``): a worker far slower than believed is known in seconds, not at its
 first answer. Where queueing the features miss dominates the TTFTs, the fit is held to what
 they can show: the overhead never above their low decile, the prefill rate within ``band``
-of its start; and a worker long without observations drifts back to the fleet's estimate
-(``stale``), to be tried again. Pure: no clock (times are passed in), no I/O.
+of its start, none below nought (one held at a bound moves the others as the fit's
+covariance ties them to it: ``speed_fit._bound``); and a worker long without observations
+drifts back to the fleet's estimate (``stale``), to be tried again. Pure: no clock (times
+are passed in), no I/O.
 """
 
 from __future__ import annotations
