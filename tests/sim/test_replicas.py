@@ -63,3 +63,30 @@ def test_a_worker_restart_clears_its_cache_without_events_too() -> None:
     plain = _sim(config).run().summary
     restarted = _sim(dataclasses.replace(config, worker_restarts=((5.0, 0), (10.0, 1))))
     assert restarted.run().summary["hit_rate"] < plain["hit_rate"]
+
+
+def test_replicas_sharing_a_store_count_each_others_requests_in_flight() -> None:
+    """``core.peers`` in virtual time: through one store each replica's snapshot counts
+    the others' requests in flight (placements change); with a store each there is
+    no one to see, and the run is the one without sharing, to the last digit."""
+    config = SimConfig(workers=3, kv_blocks=(120,), seed=3, max_requests=200, replicas=2)
+    runs = {}
+    for shared in (True, False):
+        for every in (0.1, None):
+            fleet = dataclasses.replace(config, shared_store=shared, share_loads_s=every)
+            sim = _sim(fleet, "default+kv_events")
+            gateways = sim.gateway
+            assert isinstance(gateways, Replicas)
+            seen = []
+            arrive = gateways.arrive
+
+            def watch(request, now, arrive=arrive, gateways=gateways, seen=seen):  # type: ignore[no-untyped-def]
+                arrive(request, now)
+                seen.append(sum(w.routed.peer_in_flight for w in gateways.gateways[1].workers))
+
+            gateways.arrive = watch  # type: ignore[method-assign]
+            runs[shared, every] = (sim.run().summary, max(seen))
+    assert runs[True, 0.1][1] > 0  # the second replica saw the first's requests
+    assert runs[True, None][1] == runs[False, 0.1][1] == 0
+    assert runs[True, 0.1][0] != runs[True, None][0]
+    assert runs[False, 0.1][0] == runs[False, None][0]

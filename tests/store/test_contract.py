@@ -180,3 +180,21 @@ async def test_lease_lapses_after_its_ttl(sut: StoreUnderTest) -> None:
 
     await wait_until(taken_over, timeout=5, message="lease to lapse")
     assert not await store.acquire_lease("controller", "replica-1", TTL)
+
+
+async def test_replicas_see_each_others_loads_until_a_silent_one_expires(
+    sut: StoreUnderTest,
+) -> None:
+    store = sut.store
+    assert await store.exchange_loads("r1", b"one", TTL) == {"r1": b"one"}
+    assert await store.exchange_loads("r2", b"two", SHORT_TTL) == {"r1": b"one", "r2": b"two"}
+    assert await store.exchange_loads("r1", b"one again", TTL) == {
+        "r1": b"one again",
+        "r2": b"two",
+    }
+    sut.elapse(SHORT_TTL + 0.01)  # r2 publishes no more
+
+    async def gone() -> bool:
+        return await store.exchange_loads("r1", b"one", TTL) == {"r1": b"one"}
+
+    await wait_until(gone, timeout=5, message="the silent replica's loads to expire")

@@ -139,3 +139,14 @@ async def test_a_full_table_is_shared_evenly_between_tenants() -> None:
     for key in ("s1", "s2", "s3", "s4"):
         await solo.set(aff(key), TTL)
     assert [await solo.get(k) is not None for k in ("s1", "s2", "s3", "s4")] == [False] + [True] * 3
+
+
+def test_published_loads_are_bounded_and_a_known_replica_keeps_its_place() -> None:
+    from kvgate.store.loads import LoadTable
+
+    table = LoadTable(max_replicas=2)
+    table.exchange("r1", b"1", 0.0, 1.0)
+    table.exchange("r2", b"2", 0.0, 1.0)
+    assert table.exchange("r3", b"3", 0.5, 1.0) == {"r1": b"1", "r2": b"2"}  # no room
+    assert table.exchange("r1", b"1b", 0.5, 1.0) == {"r1": b"1b", "r2": b"2"}
+    assert table.exchange("r3", b"3", 1.0, 1.0) == {"r1": b"1b", "r3": b"3"}  # r2 expired

@@ -33,7 +33,8 @@ class Pressure(StrEnum):
 class WorkerState:
     """One worker at one instant.
 
-    ``in_flight`` is the gateway's own accounting and is always known; the
+    ``in_flight`` is the gateway's own accounting (with the other replicas' counts as
+    they last published them, ``core.peers``) and is always known; the
     scraped fields are ``None`` when unknown (never scraped, or stale). Frozen,
     without slots: its instance dict lets a driver that caches states rebuild one
     whose only change is its in-flight counts as a copy (``core.routed.reloaded``).

@@ -98,6 +98,11 @@ class Routed:
     scraped use still counts them. A new scrape (``scraped``) starts it again at 0."""
     kv_reserved_tokens: int = 0
     """KV tokens of sessions away on a tool call here, expected back (``core.toolcalls``)."""
+    peer_in_flight: int = 0
+    """Requests the other gateway replicas have in flight here, as they last published
+    (``core.peers``): the snapshot counts them with ours."""
+    peer_kv_tokens: int = 0
+    """The KV tokens of those requests (``kv_in_flight_tokens``' counterpart)."""
 
     def scraped(self, signals: Readings, at: Seconds) -> Routed:
         """This value with fresh ``signals`` read at ``at``."""
@@ -120,6 +125,19 @@ class Routed:
         if kv_tokens < 0:
             fields["kv_freed_tokens"] = self.kv_freed_tokens - kv_tokens
         return new
+
+    def peered(self, requests: int, kv_tokens: int) -> Routed:
+        """This value with the other replicas' in-flight counts here (``core.peers``).
+
+        KV they hold no more is freed as our own ended requests' is: the scraped use
+        still counts it until the next scrape (``kv_freed_tokens``).
+        """
+        if requests == self.peer_in_flight and kv_tokens == self.peer_kv_tokens:
+            return self
+        freed = self.kv_freed_tokens + max(0, self.peer_kv_tokens - kv_tokens)
+        return replace(
+            self, peer_in_flight=requests, peer_kv_tokens=kv_tokens, kv_freed_tokens=freed
+        )
 
 
 def health_of(worker: Routed, now: Seconds, stale_after: Seconds) -> Health:
@@ -163,15 +181,14 @@ def worker_state(
             version=worker.version,
             health=health,
             pressure=worker.pressure,
-            in_flight=worker.in_flight,
+            in_flight=worker.in_flight + worker.peer_in_flight,
             max_in_flight=worker.max_in_flight,
             labels=worker.labels,
         )
-        if sig is not None and worker.kv_in_flight_tokens:
+        kv = worker.kv_in_flight_tokens + worker.peer_kv_tokens
+        if sig is not None and kv:
             state = replace(
-                state,
-                kv_capacity_tokens=sig.kv_capacity_tokens,
-                kv_in_flight_tokens=worker.kv_in_flight_tokens,
+                state, kv_capacity_tokens=sig.kv_capacity_tokens, kv_in_flight_tokens=kv
             )
             return _projected(state, pressure)
         return state
@@ -184,13 +201,13 @@ def worker_state(
         version=worker.version,
         health=health,
         pressure=worker.pressure,
-        in_flight=worker.in_flight,
+        in_flight=worker.in_flight + worker.peer_in_flight,
         max_in_flight=worker.max_in_flight,
         running=sig.running,
         waiting=sig.waiting,
         kv_usage=sig.kv_usage,
         kv_capacity_tokens=sig.kv_capacity_tokens,
-        kv_in_flight_tokens=worker.kv_in_flight_tokens,
+        kv_in_flight_tokens=worker.kv_in_flight_tokens + worker.peer_kv_tokens,
         kv_freed_tokens=worker.kv_freed_tokens,
         kv_reserved_tokens=worker.kv_reserved_tokens,
         gpu_temp_c=sig.gpu_temp_c,
@@ -199,7 +216,7 @@ def worker_state(
         engine_prefill_s=sig.prefill_s_per_token,
         labels=worker.labels,
     )
-    return _projected(state, pressure) if worker.kv_in_flight_tokens else state
+    return _projected(state, pressure) if state.kv_in_flight_tokens else state
 
 
 def _projected(state: WorkerState, config: PressureConfig | None) -> WorkerState:
@@ -218,7 +235,7 @@ def reloaded(
     pressure: PressureConfig | None = None,
 ) -> WorkerState:
     """``worker_state(worker, now, ...)``, given ``base``: the state of a value that
-    differed from ``worker`` only in its in-flight counts (``Routed.loaded``).
+    differed from ``worker`` only in its in-flight counts (``Routed.loaded``, ``peered``).
 
     The gateway's pool rebuilds a state after every lease and release. A healthy
     worker's state then changes only in the counts and the projected pressure, so
@@ -232,7 +249,7 @@ def reloaded(
     fields = state.__dict__
     fields.update(base.__dict__)
     fields["pressure"] = worker.pressure
-    fields["in_flight"] = worker.in_flight
-    fields["kv_in_flight_tokens"] = worker.kv_in_flight_tokens
+    fields["in_flight"] = worker.in_flight + worker.peer_in_flight
+    fields["kv_in_flight_tokens"] = kv = worker.kv_in_flight_tokens + worker.peer_kv_tokens
     fields["kv_freed_tokens"] = worker.kv_freed_tokens
-    return _projected(state, pressure) if worker.kv_in_flight_tokens else state
+    return _projected(state, pressure) if kv else state

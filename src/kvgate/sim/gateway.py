@@ -504,6 +504,12 @@ class SimGateway:
         if changed:
             self._wake(now, everyone=True)  # queued requests may fit elsewhere now
 
+    def freed(self, now: Seconds) -> None:
+        """Another replica's counts fell (``core.peers``): every waiter asks again, as
+        after a release of ours that held KV."""
+        if self._queue:
+            self._wake(now, everyone=True)
+
     def _wake(self, now: Seconds, *, everyone: bool) -> None:
         """Waiters ask ``route`` again, most important and oldest first.
 

@@ -11,6 +11,13 @@ with a ``MemoryStore`` do. The engines' KV events (``+kv_events``) reach every
 replica alike: one exact index serves them all, as a subscriber per replica would
 build the same one.
 
+Every ``share_loads_s`` (``core.peers``) each replica publishes its in-flight counts
+per worker to its store and reads the others' (``store.loads.LoadTable``, as
+``MemoryStore`` serves it): a replica's snapshot counts what the others had in flight
+at the last exchange. Counts change only at the events a replica is told of, so the
+exchange is made at the first event past each period's end, before that event: what
+everyone published then is what they had at the period's end.
+
 Clients are split between the replicas (``SimConfig.replica_split``): ``client``
 sends each conversation (its ``conversation``, else its session id, else the
 request alone) to one replica, as a client keeping its connection behind an L4
@@ -19,15 +26,18 @@ balancer; ``request`` sends each request to any replica (no stickiness).
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections.abc import Callable
 
+from kvgate.core.peers import LOADS_TTL_S, counts_of, encode, others
 from kvgate.core.policy import Policy
 from kvgate.core.pressure import PressureTracker
 from kvgate.engine import FinishedRequest
 from kvgate.sim.gateway import SimGateway
 from kvgate.sim.worker import SimWorker
+from kvgate.store.loads import LoadTable
 from kvgate.types import Seconds
 from kvgate.workload.request import SimRequest
 
@@ -62,6 +72,7 @@ class Replicas:
         seed: int,
         shared_store: bool = True,
         split: str = "client",
+        share_loads_s: Seconds | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("replicas must be at least 1")
@@ -69,6 +80,8 @@ class Replicas:
             raise ValueError(f"replica_split: one of {', '.join(SPLITS)}, not {split!r}")
         self.split = split
         self.gateways = [first]
+        shared = LoadTable()
+        self._loads = [shared]  # each replica's store's, in order
         for k in range(1, count):
             tracker = first.pressure
             gateway = SimGateway(
@@ -90,8 +103,35 @@ class Replicas:
             if shared_store:
                 gateway.table, gateway.holders = first.table, first.holders
             self.gateways.append(gateway)
+            self._loads.append(shared if shared_store else LoadTable())
         self._rng = random.Random(seed)
         self._owner: dict[str, SimGateway] = {}
+        self._every = share_loads_s
+        self._next_share = -1.0 if share_loads_s is not None else math.inf
+
+    def _share(self, now: Seconds) -> None:
+        """The loads' exchange of every period ended before ``now`` (module docs)."""
+        if now <= self._next_share:
+            return
+        every = self._every
+        assert every is not None
+        at = math.floor(now / every) * every  # the last period's end: nothing changed since
+        if at >= now:
+            at -= every
+        self._next_share = at + every
+        seen: dict[int, dict[str, bytes]] = {}
+        for k, (gateway, table) in enumerate(zip(self.gateways, self._loads, strict=True)):
+            own = counts_of(
+                (w.id, w.in_flight, w.routed.kv_in_flight_tokens) for w in gateway.workers
+            )
+            seen[id(table)] = table.exchange(f"replica-{k}", encode(own), at, LOADS_TTL_S)
+        for k, (gateway, table) in enumerate(zip(self.gateways, self._loads, strict=True)):
+            theirs = others(seen[id(table)], f"replica-{k}")
+            fell = False
+            for worker in gateway.workers:
+                fell |= worker.peered(*theirs.get(worker.id, (0, 0)))
+            if fell:
+                gateway.freed(now)
 
     # -- what the simulation reads of its gateway -----------------------------------
 
@@ -132,6 +172,7 @@ class Replicas:
         return gateways[zlib.crc32(client.encode()) % len(gateways)]
 
     def arrive(self, request: SimRequest, now: Seconds) -> None:
+        self._share(now)
         gateway = self.replica_of(request)
         self._owner[request.request_id] = gateway
         gateway.arrive(request, now)
@@ -144,17 +185,20 @@ class Replicas:
         return next((g for g in self.gateways if request_id in g.warm_flights), None)
 
     def first_token(self, request_id: str, now: Seconds) -> None:
+        self._share(now)
         gateway = self._of(request_id)
         if gateway is not None:
             gateway.first_token(request_id, now)
 
     def finished(self, done: FinishedRequest, now: Seconds) -> None:
+        self._share(now)
         gateway = self._owner.pop(done.request_id, None) or self._of(done.request_id)
         assert gateway is not None, done.request_id
         gateway.finished(done, now)
 
     def scraped(self, now: Seconds) -> None:
         """Every replica scrapes the workers (the first's views are the simulation's)."""
+        self._share(now)
         for gateway in self.gateways[1:]:
             for worker in gateway.workers:
                 worker.scrape(now)
@@ -162,9 +206,11 @@ class Replicas:
             gateway.scraped(now)
 
     def timer_fired(self, now: Seconds) -> None:
+        self._share(now)
         for gateway in self.gateways:
             gateway.timer_fired(now)
 
     def expire_waiters(self, now: Seconds) -> None:
+        self._share(now)
         for gateway in self.gateways:
             gateway.expire_waiters(now)

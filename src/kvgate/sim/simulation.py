@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.core.admission import AdmissionConfig
+from kvgate.core.peers import LOADS_EVERY_S
 from kvgate.core.policies import default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import PressureConfig, PressureTracker
@@ -121,6 +122,9 @@ class SimConfig:
     """With ``replicas``: they share the store (session bindings, prefix holders)."""
     replica_split: str = "client"
     """With ``replicas``: ``client`` (a conversation through one) or ``request`` (any)."""
+    share_loads_s: Seconds | None = LOADS_EVERY_S
+    """With ``replicas``: how often each publishes its in-flight counts to its store and
+    reads the others' (``core.peers``); ``None``: never, each counts only its own."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -269,6 +273,7 @@ class Simulation:
                 seed=config.seed,
                 shared_store=config.shared_store,
                 split=config.replica_split,
+                share_loads_s=config.share_loads_s,
             )
         self._arrivals = Arrivals(
             config.limited(requests),

@@ -95,6 +95,16 @@ class SimWorker:
         """Count ``requests`` more (or fewer) in flight holding ``kv_tokens`` of KV."""
         self.update(self.routed.loaded(requests, kv_tokens))
 
+    def peered(self, requests: int, kv_tokens: int) -> bool:
+        """The other replicas' in-flight counts here, as last exchanged (``core.peers``);
+        True when they fell (what they held is free now)."""
+        old = self.routed
+        routed = old.peered(requests, kv_tokens)
+        if routed is old:
+            return False
+        self.update(routed)
+        return requests < old.peer_in_flight or kv_tokens < old.peer_kv_tokens
+
     def set_pressure(self, level: Pressure, draining: bool) -> bool:
         """The pressure tracker's verdict after a scrape; True when it changed anything."""
         routed = self.routed

@@ -100,6 +100,14 @@ class AffinityStore(ABC):
             failed()
 
     @abstractmethod
+    async def exchange_loads(self, replica: str, data: bytes, ttl: Seconds) -> dict[str, bytes]:
+        """Publish ``data`` (``core.peers``: this replica's in-flight counts per worker) as
+        ``replica``'s for ``ttl`` seconds, and return every live replica's, its own
+        included: one round trip. A replica that stops publishing drops out at its TTL.
+        """
+        ...
+
+    @abstractmethod
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""
         ...

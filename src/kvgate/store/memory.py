@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from kvgate.core.decision import Affinity
 from kvgate.store.base import AffinityStore
 from kvgate.store.holders import HolderTable
+from kvgate.store.loads import LoadTable
 from kvgate.store.table import SessionTable
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
@@ -38,6 +39,7 @@ class MemoryStore(AffinityStore):
     ) -> None:
         self.table = SessionTable(max_sessions, expiry_granularity, max_per_scope)
         self.holders = HolderTable(max_holders)
+        self.loads = LoadTable()
         self.clock = clock
         self._blobs: dict[str, bytes] = {}
         self._leases: dict[str, tuple[str, Seconds]] = {}
@@ -84,6 +86,10 @@ class MemoryStore(AffinityStore):
         """``set_holders`` at once (readable when this returns): nothing to wait for in
         memory, so no coroutine or task; ``failed`` is never called."""
         self.holders.set_many(entries, self.clock(), ttl)
+
+    async def exchange_loads(self, replica: str, data: bytes, ttl: Seconds) -> dict[str, bytes]:
+        """Publish ``replica``'s in-flight counts for ``ttl`` seconds; every live replica's."""
+        return self.loads.exchange(replica, data, self.clock(), ttl)
 
     async def get_many(self, keys: Sequence[SessionKey]) -> list[Affinity | None]:
         """``get`` for each key, in order."""

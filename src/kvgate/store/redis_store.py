@@ -67,6 +67,7 @@ from kvgate.store.cluster import (
 )
 from kvgate.store.epoch import Epoch
 from kvgate.store.health import StoreHealth
+from kvgate.store.loads import RedisLoads
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.readcache import ReadCache
 from kvgate.store.resync import push_dirty
@@ -172,6 +173,7 @@ class RedisStore(AffinityStore):
         self._epoch_watch: asyncio.Task[None] | None = None
         self.data_lost_total = 0
         self._holder_writes = HolderWrites(self._write_holders)
+        self._loads = RedisLoads(self._redis, self._scripts.prefix)
         self._touches = TouchThrottle(touch_interval_s)
         self._cache = (
             ReadCache(self._redis, self._scripts.prefix)
@@ -364,16 +366,17 @@ class RedisStore(AffinityStore):
     async def sessions_of(self, worker: WorkerId, limit: int | None = None) -> list[Affinity]:
         """Bindings to ``worker``, least recently active first (local ones while degraded)."""
         reply = await self._remote(lambda: self._scripts.sessions_of(worker, limit))
-        if reply is _DOWN:
-            return await self.local.sessions_of(worker, limit)
-        return reply
+        return await self.local.sessions_of(worker, limit) if reply is _DOWN else reply
 
     async def counts(self) -> dict[WorkerId, int]:
         """Live sessions per worker (this replica's local view while degraded)."""
         reply = await self._remote(self._scripts.counts)
-        if reply is _DOWN:
-            return await self.local.counts()
-        return reply
+        return await self.local.counts() if reply is _DOWN else reply
+
+    async def exchange_loads(self, replica: str, data: bytes, ttl: Seconds) -> dict[str, bytes]:
+        """One script (``store.loads``); while Redis is down, this replica's counts alone."""
+        reply = await self._remote(lambda: self._loads.exchange(replica, data, ttl))
+        return {replica: data} if reply is _DOWN else reply
 
     # -- blobs and leases -------------------------------------------------------
 
@@ -400,10 +403,9 @@ class RedisStore(AffinityStore):
     async def acquire_lease(self, name: str, holder: str, ttl: Seconds) -> bool:
         """Take or renew lease ``name``; while degraded, only renew one already held."""
         reply = await self._remote(lambda: self._scripts.acquire_lease(name, holder, ttl))
-        if reply is _DOWN:
-            if self.local.lease_holder(name) != holder:
-                return False
-            return await self.local.acquire_lease(name, holder, ttl)
+        if reply is _DOWN:  # renewed by the holder recorded here, never granted anew
+            held = self.local.lease_holder(name) == holder
+            return held and await self.local.acquire_lease(name, holder, ttl)
         if reply:
             self.local.grant_lease(name, holder, ttl)
         else:
