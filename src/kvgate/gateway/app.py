@@ -36,6 +36,7 @@ from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.offload import SlotPlane
+from kvgate.gateway.control.peers import PeerLoads
 from kvgate.gateway.control.plane import ControlPlane
 from kvgate.gateway.control.pressure import PressureDriver
 from kvgate.gateway.control.reload import Reloader
@@ -106,6 +107,8 @@ class Gateway:
             self.queue,
             pressure=pressure if pressure.enabled else None,
         )
+        self.peer_loads = PeerLoads(self.pool, store)
+        """The other replicas' in-flight counts, through the store (``core.peers``)."""
         self.metrics = GatewayMetrics(
             lambda: self.pool.gauge_rows(time.monotonic()), created=config.metrics_created
         )
@@ -242,6 +245,7 @@ class Gateway:
             log.warning("no workers: add them with POST /admin/workers or configure discovery")
         self.health.start()
         self.caches.start()
+        self.peer_loads.start()
         await self.control.start()
 
     async def drain(self, grace_s: float) -> bool:
@@ -257,6 +261,7 @@ class Gateway:
     async def stop(self) -> None:
         """Stop probing and close connections and the store."""
         await self.warm_ups.close()
+        await self.peer_loads.stop()
         await self.caches.close()
         await self.control.stop()
         await self.health.stop()

@@ -322,6 +322,19 @@ class WorkerPool:
         if worker in self._dirty:  # not when it left the pool (nobody listens)
             self._dirty[worker] = loads_only
 
+    def peered(self, worker: Worker, requests: int, kv_tokens: int) -> bool:
+        """The other replicas' in-flight counts on ``worker`` (``core.peers``); True when
+        they fell (the caller wakes the waiters once for every worker)."""
+        old = worker.routed
+        routed = old.peered(requests, kv_tokens)
+        if routed is old:
+            return False
+        loads_only = self._dirty.get(worker, True)
+        worker.replace(routed)
+        if worker in self._dirty:
+            self._dirty[worker] = loads_only
+        return requests < old.peer_in_flight or kv_tokens < old.peer_kv_tokens
+
     def _give_back(self, worker: Worker, kv_tokens: int) -> None:
         """A lease on ``worker`` ended: free its slot and KV; wake waiters.
 
