@@ -27,14 +27,16 @@ class Priority(IntEnum):
     CRITICAL = 2
 
     @classmethod
-    def parse(cls, text: str | None) -> Priority:
-        """Parse a header value; unknown or missing values mean ``STANDARD``."""
+    def parse(cls, text: str | None, default: str = "standard") -> Priority:
+        """Parse a header value; unknown or missing values mean ``default``."""
         if not text:
-            return _STANDARD  # not ``cls.STANDARD``: a slow ``EnumType`` lookup on 3.11
+            if default == "standard":
+                return _STANDARD  # not ``cls.STANDARD``: a slow ``EnumType`` lookup on 3.11
+            return cls[default.upper()]
         try:
             return cls[text.strip().upper()]
         except KeyError:
-            return cls.STANDARD
+            return cls[default.upper()]
 
 
 _STANDARD = Priority.STANDARD

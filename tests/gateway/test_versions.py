@@ -6,6 +6,7 @@ from collections import Counter
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
 from kvgate.core.decision import Affinity
 from kvgate.core.features import RequestFeatures
@@ -136,3 +137,42 @@ async def test_the_version_pin_header_can_be_disabled() -> None:
             ) as resp:
                 assert resp.status == 200
                 assert resp.headers["X-Kvgate-Model-Version"] == "v1"
+
+
+async def test_a_clients_version_pin_is_believed_only_where_the_operator_allows() -> None:
+    """``X-Model-Version`` is any client's to send: with client API keys (several tenants)
+    a client pinned itself onto the canary at weight 0. Now only ``client_hints`` says whose
+    pin is believed: by default nobody's once there are keys; a trusted hop's, sent once."""
+    keys = ["sk-tenant-0123456789"]
+    key = {"Authorization": f"Bearer {keys[0]}"}
+    hop = {"client_hints": {"trusted_peers": ["127.0.0.0/8", "::1"]}}
+    cases = [
+        ({"api_keys": keys}, [("X-Model-Version", "v2")], "v1"),
+        ({"api_keys": keys}, [("x-model-version", "v2")], "v1"),
+        (
+            {"api_keys": keys, "features": hop},
+            [("X-MODEL-VERSION", "v2")],
+            "v2",
+        ),
+        (  # the client's beside the hop's: no pin believed
+            {"api_keys": keys, "features": hop},
+            [("X-Model-Version", "v2"), ("X-Model-Version", "v2")],
+            "v1",
+        ),
+        ({"features": {"client_hints": "none"}}, [("X-Model-Version", "v2")], "v1"),
+        ({}, [("X-Model-Version", "v2")], "v2"),  # one tenant, no keys: believed
+    ]
+    async with versioned_fleet() as fleet:
+        for overrides, pins, served in cases:
+            async with (
+                running_gateway(fleet.config(**overrides)) as gw,
+                aiohttp.ClientSession() as session,
+            ):
+                await every_worker_up(gw)
+                headers = CIMultiDict([*key.items(), *pins])
+                body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
+                async with session.post(
+                    gw.url + "/v1/completions", json=body, headers=headers
+                ) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Kvgate-Model-Version"] == served, (overrides, pins)

@@ -36,13 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.chain import pieces_chain_hashes, token_chain_hashes
 from kvgate.core.features import RequestFeatures, request_features
+from kvgate.core.hints import HintTrust, hint
 from kvgate.core.holders import checkpoint_indices
 from kvgate.core.messages import MessagesShapeError, as_chat, canonical_json, user_id
 from kvgate.core.session import (
     AGENT_SESSION_HEADERS,
     PARENT_SESSION_HEADERS,
     SessionScope,
-    header_value,
     parent_key_from,
     session_key_from,
 )
@@ -128,6 +128,15 @@ class FeatureConfig(BaseModel):
     priority_header: str = "X-Priority"
     version_header: str = "X-Model-Version"
     allow_version_pin: bool = True
+    client_hints: HintTrust = "auto"
+    """Whose ``priority_header`` and ``version_header`` are believed: ``all``, ``none``,
+    ``{trusted_peers: [...]}`` (as a trusted hop sets them, sent once), or ``auto``: all
+    clients' when the gateway has one tenant (no ``api_keys``, ``session_scope`` not an
+    identity header), else none: any client could mark all its traffic critical and be
+    shed last, or pin itself onto a canary (``core.hints``)."""
+    default_priority: Literal["sheddable", "standard", "critical"] = "standard"
+    """The priority of a request whose ``priority_header`` is absent, unknown or not
+    believed (``client_hints``)."""
     max_session_key_chars: int = Field(default=256, ge=8)
     block_mode: Literal["chars", "tokens"] = "chars"
     block_chars: int = Field(default=256, ge=1)
@@ -404,9 +413,11 @@ def build_features(
         peer=peer,
     )
     _require_unicode(session_key, "session key")
-    pinned = header_value(headers, cfg.version_header) if cfg.allow_version_pin else None
+    trust = cfg.client_hints
+    pinned = hint(trust, headers, cfg.version_header, peer) if cfg.allow_version_pin else None
     if pinned is not None:
         pinned = pinned.strip() or None
+    asked = hint(trust, headers, cfg.priority_header, peer)
     return request_features(
         request_id=request_id,
         model=model,
@@ -415,7 +426,7 @@ def build_features(
         prefix_hashes=hashes,
         prompt_pieces=tuple(pieces) if cfg.block_mode == "chars" else (),
         prompt_chars=prompt_chars,
-        priority=Priority.parse(header_value(headers, cfg.priority_header)),
+        priority=Priority.parse(asked, cfg.default_priority),
         pinned_version=pinned,
         stream=stream,
         max_tokens=_max_tokens(body),

@@ -128,27 +128,22 @@ _MAX_PEERS = 1024
 """Peer addresses whose trust is remembered (``HeaderScope.trusts``); then started over."""
 
 
-class HeaderScope(BaseModel):
-    """``features.session_scope`` as a trusted hop's identity header.
+class TrustedPeers(BaseModel):
+    """The socket peers (an auth proxy, Envoy) whose headers are believed.
 
-    Example::
+    Example (``X-Priority`` and ``X-Model-Version`` as the auth proxy sets them per user)::
 
         features:
-          session_scope:
-            header: x-user-id               # set by the auth proxy / Envoy ext_authz
-            trusted_peers: [10.0.0.0/8]     # the addresses that hop connects from
+          client_hints:
+            trusted_peers: [10.0.0.0/8, "::1"]
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    header: str = Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
-    """The identity header (case-insensitive). The hop must set it on every request,
-    replacing any the client sent: one sent twice is no identity. For the endpoint
-    picker, Envoy's ext_authz filter must come before ext_proc in its filter chain."""
     trusted_peers: tuple[str, ...] = Field(min_length=1)
     """Addresses or networks (``10.0.0.0/8``, ``::1``) the header is read from; a request
-    from any other peer has its session ids ignored. ``0.0.0.0/0`` and ``::/0`` trust
-    every peer: only when nothing else can reach the gateway."""
+    from any other peer has it ignored. ``0.0.0.0/0`` and ``::/0`` trust every peer: only
+    when nothing else can reach the gateway."""
 
     @field_validator("trusted_peers")
     @classmethod
@@ -189,17 +184,36 @@ class HeaderScope(BaseModel):
         memo[peer] = trusted
         return trusted
 
+    def once(self, headers: Mapping[str, str], name: str, peer: str | None) -> str | None:
+        """Header ``name`` (any case) from a trusted ``peer``, sent exactly once (the hop
+        sets it, replacing any the client sent: one beside a client's is no value)."""
+        if not headers or not self.trusts(peer):
+            return None
+        if isinstance(headers, _CASE_INSENSITIVE):
+            values = headers.getall(name, ())
+            return values[0] if len(values) == 1 else None
+        return header_value(headers, name)
+
+
+class HeaderScope(TrustedPeers):
+    """``features.session_scope`` as a trusted hop's identity header.
+
+    Example::
+
+        features:
+          session_scope:
+            header: x-user-id               # set by the auth proxy / Envoy ext_authz
+            trusted_peers: [10.0.0.0/8]     # the addresses that hop connects from
+    """
+
+    header: str = Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+    """The identity header (case-insensitive). The hop must set it on every request,
+    replacing any the client sent: one sent twice is no identity. For the endpoint
+    picker, Envoy's ext_authz filter must come before ext_proc in its filter chain."""
+
     def identity(self, headers: Mapping[str, str], peer: str | None) -> bytes:
         """The scope of a request from ``peer``: its identity, or ``REFUSED``."""
-        if not headers or not self.trusts(peer):
-            return REFUSED
-        if isinstance(headers, _CASE_INSENSITIVE):
-            values = headers.getall(self.header, ())
-            if len(values) != 1:
-                return REFUSED  # none, or a client's beside the hop's
-            value: str | None = values[0]
-        else:
-            value = header_value(headers, self.header)
+        value = self.once(headers, self.header, peer)  # none, or a client's beside the hop's
         if value is None or not value.strip():
             return REFUSED
         return IDENTITY_TAG + value.strip().encode("utf-8", "surrogatepass")

@@ -199,7 +199,7 @@ class Gateway:
             budget=self.budget,
             metrics=self.metrics,
             access_log=AccessLog(config.access_log, json_lines=config.json_logs),
-            features=config.features,
+            features=config.features_in_force(),
             max_retries=r.count,
             response_headers=config.response_headers,
             strip_client_auth=bool(config.api_keys),
@@ -217,7 +217,8 @@ class Gateway:
             ),
         )
         self.reloader = Reloader(self, source)
-        self.passthrough = Passthrough(self.proxy, self.pool, config.features, self.routing)
+        features = config.features_in_force()
+        self.passthrough = Passthrough(self.proxy, self.pool, features, self.routing)
 
     @property
     def policy(self) -> Policy:

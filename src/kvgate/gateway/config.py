@@ -36,11 +36,13 @@ from pydantic import (
 from yarl import URL
 
 from kvgate.core.admission import AdmissionConfig
+from kvgate.core.hints import resolved
 from kvgate.core.outlier import HealthCheckConfig, OutlierConfig
 from kvgate.core.policies import DEFAULT_POLICY, default_registry, with_feature_blocks
 from kvgate.core.prefix import FeatureConfig
 from kvgate.core.pressure import MigrationCostModel, PressureConfig
 from kvgate.core.registry import PolicyRegistry
+from kvgate.core.session import HeaderScope
 from kvgate.gateway import secrets
 from kvgate.gateway.control.config import (
     AdminConfig,
@@ -372,6 +374,16 @@ class GatewayConfig(_Model):
             if target in value:
                 raise ValueError(f"{alias!r} -> {target!r}: an alias must name a model")
         return value
+
+    def features_in_force(self) -> FeatureConfig:
+        """``features`` as the gateway runs them: ``client_hints: auto`` resolved (``none``
+        with client ``api_keys`` or an identity header scope: several tenants)."""
+        features = self.features
+        tenants = bool(self.api_keys) or isinstance(features.session_scope, HeaderScope)
+        trust = resolved(features.client_hints, tenants=tenants)
+        if trust == features.client_hints:
+            return features
+        return features.model_copy(update={"client_hints": trust})
 
     @model_validator(mode="after")
     def _metrics_auth_has_a_secret(self) -> GatewayConfig:

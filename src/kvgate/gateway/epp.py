@@ -71,7 +71,7 @@ class Picker:
             gw.proxy.relay,
             gw.health,
             PickerSettings(
-                features=config.features,
+                features=config.features_in_force(),
                 routing=gw.routing,
                 draining=lambda: gw.draining,
                 response_headers=config.response_headers,
