@@ -176,3 +176,27 @@ async def test_a_clients_version_pin_is_believed_only_where_the_operator_allows(
                 ) as resp:
                     assert resp.status == 200
                     assert resp.headers["X-Kvgate-Model-Version"] == served, (overrides, pins)
+
+
+async def test_every_endpoint_takes_the_operators_priority() -> None:
+    """Requests that are not generations (responses, embeddings, any ``/v1/`` path) were
+    all ``standard`` whatever ``default_priority`` said: with ``sheddable`` the default, a
+    tenant dodged shedding by asking through ``/v1/responses``. They read it as chat does."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from kvgate.types import Priority
+
+    features = {"default_priority": "sheddable"}
+    async with versioned_fleet() as fleet:
+        for overrides, priority in (
+            ({"api_keys": ["sk-tenant-0123456789"]}, Priority.SHEDDABLE),  # not believed
+            ({}, Priority.CRITICAL),  # one tenant: the client's
+        ):
+            config = fleet.config(features=features, **overrides)
+            async with running_gateway(config) as gw:
+                await every_worker_up(gw)
+                for path in ("/v1/responses", "/v1/embeddings"):
+                    request = make_mocked_request("POST", path, {"X-Priority": "critical"})
+                    body = b'{"model":"demo","input":"hi"}'
+                    forward = gw.gateway.passthrough.describe(body, request, "r")
+                    assert forward.features.priority is priority, (overrides, path)

@@ -418,6 +418,7 @@ def build_features(
     if pinned is not None:
         pinned = pinned.strip() or None
     asked = hint(trust, headers, cfg.priority_header, peer)
+    priority = Priority.parse(asked, cfg.default_priority)
     return request_features(
         request_id=request_id,
         model=model,
@@ -426,7 +427,7 @@ def build_features(
         prefix_hashes=hashes,
         prompt_pieces=tuple(pieces) if cfg.block_mode == "chars" else (),
         prompt_chars=prompt_chars,
-        priority=Priority.parse(asked, cfg.default_priority),
+        priority=priority,
         pinned_version=pinned,
         stream=stream,
         max_tokens=_max_tokens(body),
@@ -438,6 +439,17 @@ def build_features(
             cfg.session_scope,
             peer,
         ),
+    )
+
+
+def request_priority(
+    headers: Mapping[str, str], cfg: FeatureConfig, peer: str | None = None
+) -> Priority:
+    """The priority of a request that is not a generation (``build_features`` reads it
+    alike): the client's ``priority_header`` where ``client_hints`` believes it, else
+    ``default_priority``; so no endpoint is a way around the operator's setting."""
+    return Priority.parse(
+        hint(cfg.client_hints, headers, cfg.priority_header, peer), cfg.default_priority
     )
 
 

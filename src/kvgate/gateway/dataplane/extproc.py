@@ -38,7 +38,7 @@ from multidict import CIMultiDict
 
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
-from kvgate.core.prefix import FeatureConfig
+from kvgate.core.prefix import FeatureConfig, request_priority
 from kvgate.gateway.dataplane.attempt import PassiveHealth, Placer
 from kvgate.gateway.dataplane.eppwire import (
     DESTINATION,
@@ -517,6 +517,7 @@ class _Stream:
             model=model,
             session_key=keys.key,
             session_source=keys.source,
+            priority=request_priority(self.headers, settings, self.peer),
             stream=payload.get("stream") is True,
         )
 

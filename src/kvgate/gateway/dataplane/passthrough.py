@@ -30,7 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.prefix import FeatureConfig, check_embedding_input
+from kvgate.core.prefix import FeatureConfig, check_embedding_input, request_priority
 from kvgate.core.prefix import InvalidRequestError as BadBody
 from kvgate.core.session import (
     REFUSED,
@@ -344,6 +344,7 @@ class Passthrough:
             model=target,
             session_key=keys.key,
             session_source=keys.source,
+            priority=request_priority(request.headers, self.features, request.remote),
             stream=stream is True,
         )
         return Forward(
