@@ -101,3 +101,23 @@ async def test_without_a_flood_nothing_is_evicted(redis_url: str, bound: int | N
         assert all([await store.get(k) is not None for k in keys])
     finally:
         await store.close()
+
+
+async def test_a_flood_is_bounded_on_every_shard_of_a_cluster(cluster_url: str) -> None:
+    """On Redis Cluster each shard keeps a tenant's share of the bound (its sorted set
+    shares the sessions' hash tag, so each script stays on one slot)."""
+    store = RedisStore(cluster_url, max_per_scope=160, **PATIENT)  # 10 on each of 16 shards
+    try:
+        bob = tenant_keys(b"sk-bob", 5)
+        for key in bob:
+            await store.set(Affinity(key, B, "v1", 1.0), TTL)
+        alice = tenant_keys(b"sk-alice", 400)
+        for n, key in enumerate(alice):
+            await store.compare_and_set(key, None, Affinity(key, A, "v1", float(n)), TTL)
+        assert [await store.get(k) is not None for k in bob] == [True] * 5
+        counts = await store.counts()
+        assert counts[B] == 5 and 100 <= counts[A] <= 160, counts
+        kept = {a.session_key for a in await store.sessions_of(A)}
+        assert kept <= set(alice) and alice[-1] in kept
+    finally:
+        await store.close()
