@@ -55,7 +55,7 @@ from collections import OrderedDict, deque
 from dataclasses import replace
 
 from kvgate.core.batch import shared_prefill
-from kvgate.core.speed_book import Book, Look, Sent
+from kvgate.core.speed_book import IDLE_BOOK, Book, Look, Sent
 from kvgate.core.speed_fit import (
     SCALE,
     Fit,
@@ -69,7 +69,7 @@ from kvgate.core.speed_fit import (
 )
 from kvgate.types import Seconds, WorkerId
 
-__all__ = ["FleetSpeed", "Look", "Observation", "Speed", "SpeedReport"]
+__all__ = ["IDLE_BOOK", "Book", "FleetSpeed", "Look", "Observation", "Speed", "SpeedReport"]
 
 # A streamed request this many times past its predicted TTFT is late (``late``): only a
 # worker grossly slower than believed (a CPU engine behind a GPU prior: 100x) is caught, in
@@ -166,14 +166,14 @@ class FleetSpeed:
         """What ``worker``'s engine reports of itself: its batch slots (a request past them
         waits for one to free: ``predict``) and its own mean prefill seconds a token (a prior
         before any observation: ``fleet``, ``prior_of``); True when that rate moved."""
-        book = self.books.get(worker)
-        if book is None:
-            book = self.books[worker] = Book(fit=self._fits.get(worker))
-        book.slots = slots
+        self._book(worker).slots = slots
         if not prefill_s or prefill_s <= 0.0 or self._engine_prefill.get(worker) == prefill_s:
             return False
         self._engine_prefill[worker] = prefill_s
         self._prior = None
+        for other, book in self.books.items():  # drained at the prior's rate: it moved
+            book.drain_s = self._front_s(other)
+            book.moved()
         if not any(f.n for f in self._fits.values()):
             self._fleet = None
         return True
@@ -187,6 +187,18 @@ class FleetSpeed:
             rate = statistics.median(reported.values()) if reported else None
             self._prior = replace(self.prior, prefill_s=rate) if rate else self.prior
         return self._prior
+
+    def _book(self, worker: WorkerId) -> Book:
+        """``worker``'s book, made if it has none."""
+        book = self.books.get(worker)
+        if book is None:
+            book = self.books[worker] = Book(fit=self._fits.get(worker))
+            book.drain_s = self._front_s(worker)
+        return book
+
+    def _front_s(self, worker: WorkerId) -> float:
+        """The rate ``Book.front`` drains at: the prior's (``at_prior``), else none kept."""
+        return self.prior_of(worker).prefill_s if self.at_prior else 0.0
 
     def _drain_s(self, worker: WorkerId) -> float:
         """Seconds a token the book of ``worker`` drains at (``at_prior``)."""
@@ -339,9 +351,7 @@ class FleetSpeed:
         (``first_token``), so one late is a sign of a slower worker (``late``). ``after``:
         the request there it waits for (``predict``)."""
         self.late(at)
-        book = self.books.get(worker)
-        if book is None:
-            book = self.books[worker] = Book(fit=self._fits.get(worker))
+        book = self._book(worker)
         book.settle(at)
         # Their ids, to count their tokens as usage reports them, while they are few (a
         # queue hundreds deep is judged by the guesses: the list would cost more than it says).
@@ -375,6 +385,7 @@ class FleetSpeed:
         # Unreported (a non-streamed answer's first token is its end), it counts as started
         # past twice its predicted time: a first token reported late still finds it queued.
         heapq.heappush(book.starts, (at + 2.0 * predicted, request_id))
+        book.moved()
         while len(self._pending) > self._max_pending:
             self._forget(next(iter(self._pending)))
         return predicted
@@ -389,6 +400,7 @@ class FleetSpeed:
             sent.first_at = at
             # All sent before it are done too: what is left is what is still unstarted.
             book.backlog, book.as_of = book.tokens, at
+            book.moved()
 
     def ended(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
         """``request_id`` ended with ``usage``: it leaves the book; ``observed`` may fit it."""
@@ -519,6 +531,7 @@ class FleetSpeed:
             del book.sent[request_id]
             if not book.sent:
                 book.starts.clear()
+            book.moved()
         return sent
 
     def _fit(self, worker: WorkerId) -> Fit:

@@ -6,6 +6,7 @@ policy reads of that as of a change (``Look``); the module docs of ``core.speed`
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -52,11 +53,19 @@ class Sent:
     awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
 
 
+Front = tuple[float, float, float]
+"""A book's queue as a policy reads it at every decision (``Book.front``), in seconds at the
+book's ``drain_s``: when it drains, the most it owes, and the next predicted start."""
+
+IDLE: Front = (-math.inf, 0.0, math.inf)
+
+
 @dataclass(slots=True)
 class Book:
     """One worker's requests in flight from this replica; ``tokens``/``unstarted``: those
     not yet started, ``starts``: their predicted start times (entries of started ones stay
-    until popped)."""
+    until popped). Whatever changes those ends with ``moved``: ``front`` is read for every
+    candidate of every placement (``default``), one tuple kept from one change to the next."""
 
     sent: dict[str, Sent] = field(default_factory=dict)
     starts: list[tuple[float, str]] = field(default_factory=list)
@@ -73,6 +82,26 @@ class Book:
     sent_at: float = 0.0
     backlog: float = 0.0  # uncached tokens left to prefill as of ``as_of`` (``ahead``)
     as_of: float = 0.0
+    drain_s: float = 0.0  # seconds a token ``front`` drains at (0: not kept, ``IDLE``)
+    front: Front = IDLE
+    """``ahead`` in seconds as of the last change (``moved``), for a policy that drains at
+    the prior's rate (``FleetSpeed(at_prior=True)``): the queue left at ``now`` is
+    ``drains - now`` within ``[0, owes]`` until ``front[2]``, the next predicted start (from
+    then: ``settled``)."""
+
+    def moved(self) -> None:
+        """The queue or its rate changed: ``front`` is made again."""
+        drain_s, starts = self.drain_s, self.starts
+        if not self.unstarted or drain_s <= 0.0:
+            self.front = IDLE
+            return
+        until = starts[0][0] if starts else math.inf
+        self.front = (self.as_of + self.backlog * drain_s, self.tokens * drain_s, until)
+
+    def settled(self, now: Seconds) -> Front:
+        """``front`` at ``now``, the requests past their predicted start started (``settle``)."""
+        self.settle(now)
+        return self.front
 
     def ahead(self, now: Seconds, prefill_s: float) -> float:
         """Uncached tokens still to prefill at ``now``: the backlog drained at ``prefill_s``
@@ -100,8 +129,15 @@ class Book:
 
     def settle(self, now: Seconds) -> None:
         starts = self.starts
+        if not starts or starts[0][0] > now:
+            return
         while starts and starts[0][0] <= now:
             _, rid = heapq.heappop(starts)
             sent = self.sent.get(rid)
             if sent is not None:
                 self.start(sent)
+        self.moved()
+
+
+IDLE_BOOK = Book()
+"""No book at all: nothing queued, ``front`` is ``IDLE`` for good (read, never written)."""

@@ -66,7 +66,7 @@ from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.warming import Openers, Warming
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
-from kvgate.core.speed import FleetSpeed, Speed
+from kvgate.core.speed import IDLE_BOOK, FleetSpeed, Speed
 from kvgate.types import Seconds, WorkerId
 
 __all__ = ["DefaultConfig", "DefaultPolicy"]
@@ -359,7 +359,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         fresh_all = prompt * per_char
         icfg = self.index.config
         fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
-        charged, books, decode_s = self.charged.get, self.speed.books.get, self._decode_s
+        charged, idle, decode_s = self.charged.get, (0.0, IDLE_BOOK), self._decode_s
         evict, per_token = cfg.evict, self.speed.prior_of(None).prefill_s
         pace = per_token / self.speed.prior.prefill_s  # the engines' own rate over the prior's
         # An opening adds its conversation's whole life here, not this turn's; a
@@ -406,16 +406,16 @@ class DefaultPolicy(Warming, SpeedLearning):
         best, least, tied = pool[0], math.inf, False
         scores: list[float] = []  # per worker of ``pool``
         score = scores.append
-        # One pass over plain locals: this runs for every worker on every placement. Its
-        # queue, prefill, what it evicts and the pull at the prior's pace.
+        # One pass over plain locals, for every worker on every placement: its queue,
+        # prefill, what it evicts and the pull at the prior's pace.
         for w in pool:
-            wid = w.id
-            fill = charged(wid, 0.0)
+            fill, book = charged(wid := w.id, idle)  # its queue: ``Book.front``
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
             fresh, weight, pull = terms[depth_at(wid, 0)]
-            book = books(wid)
-            queued = book.queued(now, per_token) * per_token if book is not None else 0.0
+            drains, owes, _ = book.front if book.front[2] > now else book.settled(now)
+            queued = drains - now
+            queued = 0.0 if queued <= 0.0 else owes if queued > owes else queued
             if predict is not None and w.slots:  # at least the TTFT of the slots' model
                 start = predict(wid, fresh * rate, now, in_flight=w.in_flight) - pace * fresh
                 queued = start if start > queued else queued
@@ -483,7 +483,7 @@ class DefaultPolicy(Warming, SpeedLearning):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            fill = self.charged.get(wid, 0.0)
+            fill, _ = self.charged.get(wid, (0.0, IDLE_BOOK))
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
             evicts = evict * fill * (max(more, life) - max(fresh, life))

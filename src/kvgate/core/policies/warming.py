@@ -22,7 +22,7 @@ from kvgate.core.policies.caches import IndexResidency
 from kvgate.core.policies.prefix_affinity import PrefixLearning
 from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
-from kvgate.core.speed import FleetSpeed
+from kvgate.core.speed import IDLE_BOOK, Book, FleetSpeed
 from kvgate.core.warmup import WarmUp
 from kvgate.types import BlockHash, Seconds, WorkerId
 
@@ -108,8 +108,8 @@ class Warming(PrefixLearning):
     residency: IndexResidency
     _running: RunningBlocks  # the chains of the requests in flight, per worker
     _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
-    charged: dict[WorkerId, float]
-    """The fill a placement is charged: at most what the worker was sent lately fills."""
+    charged: dict[WorkerId, tuple[float, Book]]
+    """The fill charged (at most what was sent lately fills) and the book: one look-up."""
     _aged_at: Seconds
 
     def _aside(
@@ -132,7 +132,7 @@ class Warming(PrefixLearning):
         if room > 0.0:
             lately = self.speed.lately(worker, now)[1] / room
             fill = lately if lately < fill else fill
-        self.charged[worker] = fill
+        self.charged[worker] = fill, self.speed.books.get(worker, IDLE_BOOK)
 
     def _age(self, now: Seconds) -> None:
         """Every ``half_s / 16``, every worker is charged again as of ``now``."""
