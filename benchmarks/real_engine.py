@@ -375,6 +375,8 @@ async def run_policy(
                 "overhead_s": r.speed.overhead_s,
                 "decode_s": r.speed.decode_s,
                 "queue_s": r.speed.queue_s,
+                # What its /metrics said at the end: the fit's start (speed_replay.py's).
+                "engine_tokens_per_s": _engine_rate(gateway.gateway.pool.get(worker)),
             }
             for worker, r in gateway.gateway.policy.speeds().items()
         }
@@ -385,6 +387,13 @@ async def run_policy(
     for turn in run.turns:
         turn.predicted = predicted.get(turn.request_id)
     return run
+
+
+def _engine_rate(worker: Any) -> float | None:
+    """The prefill tokens a second a worker's ``/metrics`` last reported (None: none)."""
+    signals = getattr(worker, "signals", None)
+    per_token = getattr(signals, "prefill_s_per_token", None)
+    return 1.0 / per_token if per_token else None
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:

@@ -77,7 +77,9 @@ def replay(
     model = FleetSpeed(Speed(0.0, 1 / 12_000, 0.002), at_prior=True)  # default's prior
     slots, predicted, firsts, misses = run["config"]["slots"], {}, {}, []
     for worker in {e[3]["worker"] for e in events}:
-        model.engine(worker, slots, 1 / engine_rate)  # what its /metrics would report
+        # What its /metrics reported, where the run recorded it.
+        reported = run["policies"][policy].get("learned", {}).get(worker, {})
+        model.engine(worker, slots, 1 / (reported.get("engine_tokens_per_s") or engine_rate))
     for at, kind, rid, turn in events:
         prompt, cached = turn["prompt_tokens"], turn["cached_tokens"] or 0
         if kind == 0:
@@ -100,7 +102,10 @@ def main() -> None:
     parser.add_argument("--decode-s", type=float, default=3.0, help="old runs: decoding")
     parser.add_argument("--questions", type=Path, help="old runs: MT-Bench JSONL")
     parser.add_argument(
-        "--engine-rate", type=float, default=30.0, help="prefill tokens/s the workers report"
+        "--engine-rate",
+        type=float,
+        default=30.0,
+        help="prefill tokens/s /metrics said, if unrecorded",
     )
     args = parser.parse_args()
     for path in args.runs:
