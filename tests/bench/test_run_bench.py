@@ -245,3 +245,15 @@ async def test_worker_reported_timing_is_summarised_beside_client_timing() -> No
     assert run["finished"] == 24
     assert 0 < run["worker_ttft_p50"] <= run["worker_ttft_p99"]
     assert run["worker_ttft_p50"] <= run["ttft_p50"]
+
+
+def test_summary_says_how_late_the_client_sent_behind_the_arrivals() -> None:
+    # A client that falls behind sends in bursts: another workload than the one replayed.
+    outcomes = [_outcome(n, "w1", 100, 0) for n in range(10)]
+    for n, outcome in enumerate(outcomes):
+        outcome.answer.sent += 0.1 * n  # sent 0 .. 0.9 s after its arrival
+    summary = summarize(outcomes, time_scale=5.0)
+    assert summary["send_late_p50"] == pytest.approx(2.25)  # 0.45 s real x 5
+    assert summary["send_late_p90"] == pytest.approx(4.05)
+    on_time = summarize([_outcome(n, "w1", 100, 0) for n in range(3)])
+    assert on_time["send_late_p50"] == on_time["send_late_p90"] == 0.0

@@ -96,6 +96,7 @@ async def measure(
         "workers": workers,
         "ttft_p50": model_p50,
         "client_over_model": client_p50 / model_p50 if client_p50 and model_p50 else None,
+        "send_late_p90": s.get("send_late_p90"),
         "lost_model_share": round(lost / max(1e-9, (replayed - ready) * scenario.time_scale), 4),
         "load_average": os.getloadavg()[:2],
         "wall_s": round(time.monotonic() - started, 1),

@@ -9,7 +9,10 @@ in *model* seconds: real seconds times ``time_scale`` (1 against a real fleet;
 the emulated fleet's time scale against emulated workers).
 
 The sim's queue and preemption figures cannot be seen from a client and are
-left out; the client's own wait for a free connection slot is reported instead.
+left out; the client's own wait for a free connection slot is reported instead, and
+how late it sent the requests behind the workload's arrivals (``send_late_p50``/``_p90``,
+a session's wait for its previous turn included): a client that falls behind sends in
+bursts, a workload burstier than the one replayed.
 """
 
 from __future__ import annotations
@@ -86,12 +89,14 @@ def summarize(
     errors: Counter[str] = Counter()
     missing_usage = 0
     waits: list[float] = []
+    late: list[float] = []  # sent after the workload's arrival: the client fell behind
     worker_ttfts: list[float] = []
     worker_returns: list[float] = []
     for outcome in sorted(outcomes, key=lambda o: o.arrival):
         answer = outcome.answer
         recorder.arrived(outcome.arrival * time_scale)
         waits.append(max(0.0, answer.sent - outcome.due) * time_scale)
+        late.append(max(0.0, answer.sent - outcome.arrival) * time_scale)
         if answer.reason:
             recorder.routed(answer.reason, migrated=False)
         if answer.status == 429:
@@ -140,6 +145,8 @@ def summarize(
             "missing_usage": missing_usage,
             "client_wait_mean": round(sum(waits) / len(waits), 6) if waits else 0.0,
             "client_wait_p99": _percentile(waits, 99),
+            "send_late_p50": _percentile(late, 50),
+            "send_late_p90": _percentile(late, 90),
             "time_scale": time_scale,
         }
     )
