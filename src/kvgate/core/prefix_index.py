@@ -105,6 +105,8 @@ class PrefixIndex:
         self.config = config if config is not None else PrefixIndexConfig()
         self._holders: dict[BlockHash, int] = {}
         self._lru: dict[WorkerId, OrderedDict[BlockHash, int]] = {}
+        self.worker_changes = 0
+        """Bumped whenever a worker joins or leaves ``known_workers`` (a cache's key)."""
         self._weight: dict[WorkerId, int] = {}
         self._bit: dict[WorkerId, int] = {}
         self._by_bit: list[WorkerId | None] = []
@@ -320,6 +322,7 @@ class PrefixIndex:
     def remove_worker(self, worker: WorkerId) -> None:
         """Forget everything about ``worker``."""
         lru = self._lru.pop(worker, None)
+        self.worker_changes += 1
         self._weight.pop(worker, None)
         self._base.pop(worker, None)
         self._kv.pop(worker, None)
@@ -475,6 +478,7 @@ class PrefixIndex:
         self._bit[worker] = bit
         lru: OrderedDict[BlockHash, int] = OrderedDict()
         self._lru[worker] = lru
+        self.worker_changes += 1
         self._weight[worker] = 0
         self._clock[worker] = 0
         # One more worker shrinks everyone's share of the global bound.

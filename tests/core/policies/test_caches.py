@@ -46,3 +46,16 @@ def test_matches_and_held_read_the_same_sources(
     held = {w: chars.get(w) or 256 * n for w, n in blocks.items()}
     assert cache.held(turn, told(chars, exact, holders)) == held
     assert cache.matches(turn, ctx(SNAPSHOT)) == {"a": 10}  # no ``Resident``: the index
+
+
+def test_a_worker_the_index_meets_is_asked_again_for_the_same_publishers() -> None:
+    """``IndexResidency`` remembers that every worker its index knows publishes events
+    for one frozenset of publishers; a worker the index meets after that (it publishes
+    none) has its claim looked up again, and one it forgets is dropped again."""
+    turn, exact = request("t", hashes=chain(1, 12)), frozenset({"a", "b"})
+    cache = residency()
+    assert cache.matches(turn, told({"b": 700}, exact, {})) == {"b": 2}  # type: ignore[arg-type]
+    cache.index.insert("c", chain(1, 4))  # c publishes no events: the index's claim
+    assert cache.matches(turn, told({"b": 700}, exact, {})) == {"c": 4, "b": 2}  # type: ignore[arg-type]
+    cache.index.remove_worker("c")
+    assert cache.matches(turn, told({"b": 700}, exact, {})) == {"b": 2}  # type: ignore[arg-type]

@@ -38,6 +38,9 @@ class EngineCaches:
     ) -> None:
         self.index = ExactIndex(config)
         self._subscribers: dict[WorkerId, KVEventSubscriber] = {}
+        # The publishing workers as one frozenset while they stay the same: a policy
+        # remembers what it checked against this very set (``caches.IndexResidency``).
+        self._exact: frozenset[WorkerId] = frozenset()
         self._started = False
         for worker in workers:
             self.add(worker)
@@ -55,12 +58,14 @@ class EngineCaches:
             worker.id, worker.kv_events, self.index, replay_endpoint=worker.kv_events_replay
         )
         self._subscribers[worker.id] = subscriber
+        self._exact = frozenset(self._subscribers)
         if self._started:
             subscriber.start()
 
     async def remove(self, worker: WorkerId) -> None:
         """Stop following ``worker`` and forget its blocks (it left the fleet)."""
         subscriber = self._subscribers.pop(worker, None)
+        self._exact = frozenset(self._subscribers)
         if subscriber is not None:
             await subscriber.close()
         self.index.remove_worker(worker)
@@ -99,8 +104,7 @@ class EngineCaches:
             return None
         tokens = features.token_ids
         groups = self.index.held_token_groups(tokens)
-        exact = self._subscribers.keys()
-        return Resident.of_tokens(groups, len(tokens), features.prompt_chars, exact)
+        return Resident.of_tokens(groups, len(tokens), features.prompt_chars, self._exact)
 
 
 _KV_EVENT_COUNTERS = (
