@@ -104,3 +104,11 @@ def test_reloaded_is_worker_state_of_the_loaded_value(
         assert reloaded(state, loaded, now, 3.0, pressure) == worker_state(
             loaded, now, 3.0, pressure
         )
+
+
+def test_no_enum_member_is_a_class_default() -> None:
+    # A class attribute of a mutable type (an Enum member) keeps CPython 3.11 from
+    # specializing reads of the instance's field by that name (``RequestFeatures``' too).
+    assert "pressure" not in vars(Routed)
+    assert Routed(id="w").pressure is Pressure.NORMAL
+    assert Routed(id="w").loaded(1, 10).pressure is Pressure.NORMAL
