@@ -412,3 +412,19 @@ def test_a_parameter_held_at_its_bound_takes_back_what_it_lent_the_others() -> N
     theta = [0.5, 1.0, 0.1, 0.0]  # the overhead past its cap: the decode takes up its share
     _bound(theta, p, [0.0] * 4, [0.4, math.inf, math.inf, math.inf])
     assert theta == pytest.approx([0.4, 1.0, 0.1 + 0.8 * 0.1, 0.0])
+
+
+def test_an_engine_of_slots_reporting_its_rate_is_not_rescaled_by_its_first_ttfts() -> None:
+    """llama.cpp reports its own prefill rate (``engine``): the fit starts from it, no
+    prior far off to rescale, and one early TTFT far off (a slot wait, a batch beside
+    others' cold prompts) does not multiply the estimate (a fit once went to 508 tokens/s
+    where /metrics said 43); an engine that reports nothing is still rescaled."""
+    for slots, rate, bounded in ((4, 0.01, True), (None, None, False)):
+        model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
+        model.engine("w", slots, rate)
+        model.sent("r", "w", 0.0, 100)  # predicted 1 s
+        model.first_token("r", 10.0)
+        model.ended("r", 100, 0)
+        model.observed("r", 10.0)  # 10x
+        prefill_s = model.speed("w").prefill_s
+        assert (prefill_s < 0.03) is bounded, prefill_s

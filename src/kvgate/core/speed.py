@@ -431,7 +431,7 @@ class FleetSpeed:
         # overhead and be predicted again for requests that find a slot free.
         y = max(ttft - sent.wait, 0.1 * ttft)
         fit.ttfts.append(y)
-        self._update(fit, self._features(fit, sent), y)
+        self._update(fit, self._features(fit, sent), y, sent.worker)
         fit.errors.append(abs(sent.predicted - ttft) / ttft)
         self.log.append((request_id, sent.worker, sent.predicted, ttft))
 
@@ -462,7 +462,7 @@ class FleetSpeed:
             theta = fit.theta
             predicted = sum(t * f * s for t, f, s in zip(theta, features, SCALE, strict=True))
             if predicted < waited:
-                self._update(fit, features, waited)
+                self._update(fit, features, waited, sent.worker)
                 moved = True
             heapq.heappush(due, (sent.at + 2.0 * (now - sent.at), rid))
         if len(due) > 2 * self._max_pending:  # checks of requests long gone
@@ -550,14 +550,20 @@ class FleetSpeed:
                 book.fit = fit
         return fit
 
-    def _update(self, fit: Fit, features: tuple[float, ...], y: Seconds) -> None:
+    def _update(self, fit: Fit, features: tuple[float, ...], y: Seconds, worker: WorkerId) -> None:
         if fit.n >= self._warm and fit.speed is not None:
             aged = self._aged(fit)
             if aged is not fit.speed:  # back from a spell without observations: start
                 fit.theta[:] = [v / s for v, s in zip(theta_of(aged), SCALE, strict=True)]
+        # An engine of slots that reports its own prefill rate (llama.cpp) started from it:
+        # no prior far off to rescale, and its first TTFTs, slot waits and batches beside
+        # others' cold prompts, are the noisiest (one rescaled a fit to 508 tokens/s where
+        # /metrics said 43: real_engine.py --rate 0.4 --seed 2).
+        book = self.books.get(worker)
+        reported = book is not None and bool(book.slots) and worker in self._engine_prefill
         fit.step(
             features, y, lam=self._lambda, clip=self._clip, warm=self._warm,
-            fitted=self._fitted, band=self._band,
+            fitted=self._fitted, band=self._band, rescale=not reported,
         )  # fmt: skip
         fit.last = self._updates
         # The fleet's median is for workers not yet warm: refreshed as one turns warm, and

@@ -93,13 +93,15 @@ class Fit:
         warm: int,
         fitted: tuple[bool, ...],
         band: float,
+        rescale: bool = True,
     ) -> None:
         """One observation: ``features`` (unscaled) gave a TTFT of ``y`` (``FleetSpeed``'s
-        module docs: the rescale of a far-off prior, Huber clipping, the bounds)."""
+        module docs: the rescale of a far-off prior, unless not ``rescale``, Huber
+        clipping, the bounds)."""
         x = [f * s for f, s in zip(features, SCALE, strict=True)]
         theta, p = self.theta, self.p
         predicted = sum(t * xi for t, xi in zip(theta, x, strict=True))
-        if self.n < warm and predicted > 0.0 and not 0.5 <= y / predicted <= 2.0:
+        if rescale and self.n < warm and predicted > 0.0 and not 0.5 <= y / predicted <= 2.0:
             # A prior off by more than twice (an engine far slower or faster than the
             # profile said, e.g. a CPU llama.cpp against an H100 prior): rescale it at
             # once, in proportion. The fit's steps are relative, so from a prior a
