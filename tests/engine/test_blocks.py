@@ -131,7 +131,7 @@ def test_chain_hashes_are_each_block_seeded_with_the_one_before(
     """The keys the exact index matches events by: unchanged by how blocks are cut out
     (``whole_blocks``' cached splitters, started over past their bound)."""
     monkeypatch.setattr(blocks, "_MAX_PACKERS", 2)
-    for count in (0, 1, 15, 16, 17, 33, 64, 257):
+    for count in (0, 1, 15, 16, 17, 33, 64, 257, 600):
         tokens = [(i * 7919) % 262_144 for i in range(count)]
         for size in (1, 3, 16):
             keys, prev = [], 0
