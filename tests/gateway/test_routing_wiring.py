@@ -130,7 +130,8 @@ async def test_a_headerless_second_turn_finds_its_worker_through_another_replica
     assert second["X-Kvgate-Route-Reason"] == "prefix_match"
     assert second["X-Kvgate-Worker"] == first["X-Kvgate-Worker"]
     assert json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    assert [rid for rid, _ in policy_b.routed] == ["t2"]
+    # One request on B, under the gateway's own id (the client's "t2" keys no book).
+    assert len(policy_b.routed) == 1 and policy_b.routed[0][0] not in ("t1", "t2")
     assert store.touched == []
 
 
@@ -166,11 +167,12 @@ async def test_streams_give_cache_feedback_without_showing_usage_the_client_did_
     assert asked_events[-1]["choices"] == []
     assert asked_events[-1]["usage"]["completion_tokens"] == 4
     # The policy heard both, with the worker's prompt and cached tokens.
-    by_id = {rid: (prompt, cached) for rid, _, prompt, cached in policy.usage}
-    assert by_id["s1"][0] > 0 and by_id["s2"][0] == by_id["s1"][0]
-    assert by_id["s2"][1] > 0  # the same prompt again: cached where it went
+    # (In order: s1, then s2; the policy knows them by the gateway's own ids.)
+    [(s1, _, p1, _), (s2, _, p2, c2)] = policy.usage
+    assert p1 > 0 and p2 == p1
+    assert c2 > 0  # the same prompt again: cached where it went
     # And the reply's length, streamed or not asked for (a later turn re-sends the reply).
-    assert policy.completions == {"s1": 4, "s2": 4}
+    assert policy.completions == {s1: 4, s2: 4} and s1 != s2
     assert 'kvgate_cached_tokens_total{model="demo"' in metrics
 
 
@@ -183,9 +185,11 @@ async def test_non_streaming_usage_reaches_the_policy(workers: list[WorkerHandle
         headers, raw = await chat(session, gw.openai_base, [FIRST], request_id="n1")
         await wait_until(lambda: bool(policy.usage), message="usage")
     usage = json.loads(raw)["usage"]
-    assert policy.usage == [("n1", headers["X-Kvgate-Worker"], usage["prompt_tokens"], 0)]
-    assert policy.completions == {"n1": usage["completion_tokens"]} and usage["completion_tokens"]
-    assert policy.routed == [("n1", headers["X-Kvgate-Worker"])]
+    rid = policy.routed[0][0]  # the gateway's own id; the client's "n1" is echoed
+    assert rid != "n1" and headers["X-Request-ID"] == "n1"
+    assert policy.usage == [(rid, headers["X-Kvgate-Worker"], usage["prompt_tokens"], 0)]
+    assert policy.completions == {rid: usage["completion_tokens"]} and usage["completion_tokens"]
+    assert policy.routed == [(rid, headers["X-Kvgate-Worker"])]
 
 
 async def test_stream_usage_can_be_turned_off(workers: list[WorkerHandle]) -> None:

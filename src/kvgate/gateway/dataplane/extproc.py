@@ -22,6 +22,7 @@ Response bodies in full-duplex mode are echoed chunk by chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -85,6 +86,7 @@ _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _CHUNK = 62 * 1024
 """Largest body chunk sent back in full-duplex mode (Envoy's gRPC messages stay small)."""
+_own_ids = itertools.count()  # the picker's request ids, its books' keys (x-request-id: logged)
 _WITH_STREAM_OPTIONS = ("/v1/chat/completions", "/v1/completions")
 """Where OpenAI's ``stream_options.include_usage`` applies (Messages streams carry usage)."""
 _GENERATIONS = {
@@ -389,7 +391,7 @@ class _Stream:
         target = self.headers.get(":path", "/")
         confine(target)  # what the built-in proxy would not forward, Envoy's route may send
         path = target.split("?", 1)[0]
-        request_id = self.headers.get(REQUEST_ID) or f"epp-{id(self):x}-{time.monotonic_ns():x}"
+        request_id = f"epp-{next(_own_ids):x}-{time.monotonic_ns():x}"
         self.path = path
         features = self._features(path, request_id)
         router = server.router
@@ -415,6 +417,7 @@ class _Stream:
             attempt,
             started=self.started,
             path=path,
+            request_id=self.headers.get(REQUEST_ID, ""),
         )
         picked.outcome.answer_key = keys.answer_key if keys is not None else None
         if keys is not None and keys.forget:

@@ -61,6 +61,7 @@ class PickedRequest:
         *,
         started: float,
         path: str,
+        request_id: str = "",
     ) -> None:
         self.relay = relay
         self.passive = passive
@@ -68,8 +69,8 @@ class PickedRequest:
         self.attempt = attempt
         self.started = started
         self.path = path
-        self.request_id = features.request_id
-        self.outcome = Outcome(attempt=attempt)
+        self.request_id = request_id  # the client's, for the log (``features``': the picker's)
+        self.outcome = Outcome(attempt=attempt, request_id=request_id)
         self._recorded = False
         self._stream = False
         self._tap: StreamTap | None = None

@@ -219,18 +219,22 @@ class Proxy:
         (embeddings, responses, tokenize, any other path); it may rewrite the body.
         """
         started = time.monotonic()
-        request_id = request.headers.get(REQUEST_ID) or self._new_id()
+        # The gateway's own id keys its books (the policy's queues per worker, the slot
+        # plane's flights, warm-ups): one per request, whatever the client sends. The
+        # client's ``X-Request-ID`` (else that same id) is echoed, forwarded and logged.
+        own_id = self._new_id()
+        request_id = request.headers.get(REQUEST_ID) or own_id
         request.set_request_id(request_id)
         if self.draining():
             raise DrainingError("the gateway is shutting down")
         self.in_flight += 1
         self.idle.clear()
-        outcome = Outcome(method=request.method)
+        outcome = Outcome(method=request.method, request_id=request_id)
         features: RequestFeatures | None = None
         try:
             body = await request.read()
             if describe is not None:
-                forward = describe(body, request_id)
+                forward = describe(body, own_id)
                 features, body = forward.features, forward.body
                 outcome.method = forward.method
                 outcome.answer_key = forward.answer_key
@@ -252,7 +256,7 @@ class Proxy:
                     looked=looked,
                 )
                 return
-            features, payload, body = self._features(body, request, request_id, endpoint)
+            features, payload, body = self._features(body, request, own_id, endpoint)
             if self.tokenizers is not None:
                 features = await self._tokenize(features, payload, endpoint)
             if not self.pool.serves(features.model):
@@ -400,7 +404,7 @@ class Proxy:
                     outcome.attempt = attempt
                     worker = attempt.worker
                     try:
-                        headers = self._upstream_headers(request, worker, features.request_id)
+                        headers = self._upstream_headers(request, worker, outcome.request_id)
                         if (
                             self.slots is not None
                             and outcome.method == "POST"

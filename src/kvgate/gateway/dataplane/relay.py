@@ -147,6 +147,10 @@ class Outcome:
     """The model a refused request named when no worker serves it (access log only)."""
     messages: bool = False
     """Anthropic's Messages API: its stream's usage and errors are in Anthropic's events."""
+    request_id: str = ""
+    """The client's ``X-Request-ID`` (else the gateway's own id): echoed to the client and
+    forwarded to the worker, never a key of the gateway's books (``features.request_id``,
+    unique per request, is)."""
 
 
 class Relay:
@@ -215,7 +219,7 @@ class Relay:
     ) -> None:
         """Relay the answer and end the attempt: completed once the client has all of it
         (then its binding renewed), failed if the worker broke it off, else cancelled."""
-        headers = self._headers(upstream, attempt, features.request_id)
+        headers = self._headers(upstream, attempt, outcome.request_id or features.request_id)
         done = False
         try:
             if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
