@@ -13,11 +13,19 @@ send, so believed only where the operator says (``features.client_hints``):
   an identity header), else ``none`` (``resolved``).
 
 Ignored headers are not errors: the request is served, at ``default_priority``.
+
+A client API key may carry its own settings (``api_keys`` entries as mappings): its
+default priority, and under ``auto`` whether its requests' hints are believed. The
+gateway then runs ``KeyedHints`` in ``client_hints``'s place (``GatewayConfig
+.features_in_force``): the key a request presented (already checked in constant time by
+the authentication) picks its settings by its digest, never by comparing secrets.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from kvgate.core.session import TrustedPeers, header_value
@@ -41,3 +49,44 @@ def hint(setting: HintTrust, headers: Mapping[str, str], name: str, peer: str | 
     if isinstance(setting, TrustedPeers):
         return setting.once(headers, name, peer)
     return header_value(headers, name)  # all, or auto outside a gateway (one tenant)
+
+
+def key_digest(key: str) -> bytes:
+    """The digest a client API key's settings are found by (one-way: no secret is kept)."""
+    return hashlib.blake2b(key.strip().encode(), digest_size=16, person=b"kvgate.apikey").digest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedHints:
+    """``client_hints`` with per-key settings: ``keys`` maps a key's digest to the trust
+    and default priority its requests get; a request with any other key (or none) gets
+    ``trust`` and ``priority``, the gateway's own."""
+
+    trust: HintTrust
+    priority: str
+    keys: Mapping[bytes, tuple[HintTrust, str]]
+
+    def of(self, headers: Mapping[str, str]) -> tuple[HintTrust, str]:
+        """The trust and default priority of the key ``headers`` present, as the
+        authentication reads it: ``Authorization: Bearer``, else ``x-api-key``."""
+        keys = self.keys
+        scheme, _, token = (header_value(headers, "authorization") or "").partition(" ")
+        if scheme.lower() == "bearer":
+            own = keys.get(key_digest(token))
+            if own is not None:
+                return own
+        other = header_value(headers, "x-api-key")
+        if other is not None:
+            own = keys.get(key_digest(other))
+            if own is not None:
+                return own
+        return self.trust, self.priority
+
+
+def in_force(
+    trust: HintTrust | KeyedHints, headers: Mapping[str, str], default: str
+) -> tuple[HintTrust, str]:
+    """The trust and default priority for a request with ``headers``."""
+    if isinstance(trust, KeyedHints):
+        return trust.of(headers)
+    return trust, default

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.chain import pieces_chain_hashes, token_chain_hashes
 from kvgate.core.features import RequestFeatures, request_features
-from kvgate.core.hints import HintTrust, hint
+from kvgate.core.hints import HintTrust, KeyedHints, hint, in_force
 from kvgate.core.holders import checkpoint_indices
 from kvgate.core.messages import MessagesShapeError, as_chat, canonical_json, user_id
 from kvgate.core.session import (
@@ -413,12 +413,17 @@ def build_features(
         peer=peer,
     )
     _require_unicode(session_key, "session key")
-    trust = cfg.client_hints
+    keyed: HintTrust | KeyedHints = cfg.client_hints  # as the gateway runs it
+    default: str = cfg.default_priority
+    if isinstance(keyed, KeyedHints):  # client keys of their own settings
+        trust, default = keyed.of(headers)
+    else:
+        trust = keyed
     pinned = hint(trust, headers, cfg.version_header, peer) if cfg.allow_version_pin else None
     if pinned is not None:
         pinned = pinned.strip() or None
     asked = hint(trust, headers, cfg.priority_header, peer)
-    priority = Priority.parse(asked, cfg.default_priority)
+    priority = Priority.parse(asked, default)
     return request_features(
         request_id=request_id,
         model=model,
@@ -448,9 +453,8 @@ def request_priority(
     """The priority of a request that is not a generation (``build_features`` reads it
     alike): the client's ``priority_header`` where ``client_hints`` believes it, else
     ``default_priority``; so no endpoint is a way around the operator's setting."""
-    return Priority.parse(
-        hint(cfg.client_hints, headers, cfg.priority_header, peer), cfg.default_priority
-    )
+    trust, default = in_force(cfg.client_hints, headers, cfg.default_priority)
+    return Priority.parse(hint(trust, headers, cfg.priority_header, peer), default)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:

@@ -329,7 +329,7 @@ def build_app(gateway: Gateway) -> web.Application:
         middleware.body_limit(config.limits.max_body_bytes),
     ]
     if config.api_keys:
-        stack.append(middleware.api_keys(config.api_keys))
+        stack.append(middleware.api_keys(config.client_keys))
     if config.metrics_keys:
         stack.append(middleware.api_keys(config.metrics_keys, "/metrics"))
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=stack)
@@ -417,7 +417,7 @@ def data_plane_limits(config: GatewayConfig) -> DataPlaneLimits:
         header_timeout_s=limits.header_timeout_s,
         body_timeout_s=limits.body_timeout_s,
         keepalive_s=limits.keepalive_s,
-        api_keys=tuple(key.encode() for key in config.api_keys),
+        api_keys=tuple(key.encode() for key in config.client_keys),
     )
 
 

@@ -44,6 +44,7 @@ from kvgate.core.pressure import MigrationCostModel, PressureConfig
 from kvgate.core.registry import PolicyRegistry
 from kvgate.core.session import HeaderScope
 from kvgate.gateway import secrets
+from kvgate.gateway.apikeys import ApiKey, keyed_hints, secrets_of
 from kvgate.gateway.control.config import (
     AdminConfig,
     DiscoveryConfig,
@@ -319,8 +320,11 @@ class GatewayConfig(_Model):
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     model_aliases: dict[str, str] = Field(default_factory=dict)
     """Other names clients may use for a model: ``{gpt-4o-mini: llama-3-8b}``."""
-    api_keys: list[str] = Field(default_factory=list, repr=False)
-    """Client keys (``Authorization: Bearer``); none: the API is open. ``api_keys_file``."""
+    api_keys: list[str | ApiKey] = Field(default_factory=list, repr=False)
+    """Client keys (``Authorization: Bearer``); none: the API is open. ``api_keys_file``.
+    An entry may be ``{key, name, priority, client_hints}``: the key's own default
+    priority and whether its hints are believed under ``client_hints: auto``
+    (``gateway.apikeys``)."""
     metrics_auth: Literal["open", "api_key", "admin_token"] | None = None
     """Who may read ``/metrics``: anyone, a client API key, or the admin token. Unset: a
     client API key when ``api_keys`` are set (the fleet's names and load are not public),
@@ -381,9 +385,17 @@ class GatewayConfig(_Model):
         features = self.features
         tenants = bool(self.api_keys) or isinstance(features.session_scope, HeaderScope)
         trust = resolved(features.client_hints, tenants=tenants)
+        own = keyed_hints(self.api_keys, features.client_hints, trust, features.default_priority)
+        if own is not None:  # keys of their own settings: looked up per request
+            return features.model_copy(update={"client_hints": own})
         if trust == features.client_hints:
             return features
         return features.model_copy(update={"client_hints": trust})
+
+    @property
+    def client_keys(self) -> list[str]:
+        """The client API keys themselves (``api_keys`` without their settings)."""
+        return secrets_of(self.api_keys)
 
     @model_validator(mode="after")
     def _metrics_auth_has_a_secret(self) -> GatewayConfig:
@@ -398,7 +410,7 @@ class GatewayConfig(_Model):
         """The bearer tokens that may read ``/metrics`` (empty: open)."""
         auth = self.metrics_auth or ("api_key" if self.api_keys else "open")
         if auth == "api_key":
-            return list(self.api_keys)
+            return self.client_keys
         if auth == "admin_token" and self.admin_token:
             return [self.admin_token]
         return []

@@ -1,0 +1,78 @@
+"""Client API keys (``api_keys``): a plain key, or a key with settings of its own.
+
+::
+
+    api_keys:
+      - "${TEAM_A_KEY}"                  # a plain key: the gateway's settings
+      - key: "${BATCH_KEY}"
+        name: nightly-batch              # for people; never the key itself
+        priority: sheddable              # its requests' default priority
+      - key_file: /run/secrets/router    # the key read from a file
+        name: router
+        client_hints: true               # its X-Priority / X-Model-Version believed
+
+A key's ``priority`` replaces ``features.default_priority`` for its requests;
+``client_hints: true`` lets its requests set ``X-Priority`` and ``X-Model-Version`` where
+``features.client_hints`` is ``auto`` (an explicit ``all``, ``none`` or
+``{trusted_peers}`` is the operator's word for every key). The authentication compares
+keys in constant time (``dataplane.middleware.key_presented``); the settings are then
+found by the presented key's digest (``core.hints.KeyedHints``). No key is ever
+rendered: the list is left out of the config's ``repr`` and so is each key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvgate.core.hints import HintTrust, KeyedHints, key_digest
+
+
+class ApiKey(BaseModel):
+    """One client API key with its own settings (an ``api_keys`` entry may also be the
+    key alone: then the gateway's ``features.default_priority`` and ``client_hints``).
+
+    Example::
+
+        api_keys:
+          - "${TEAM_A_KEY}"
+          - key: "${BATCH_KEY}"
+            name: nightly-batch
+            priority: sheddable
+          - key_file: /run/secrets/router
+            name: router
+            client_hints: true
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=1, repr=False)
+    """The secret (``${ENV}`` or ``key_file`` as any secret of the config)."""
+    name: str | None = None
+    """A name for people (dashboards, notes); not a secret, never the key."""
+    priority: Literal["sheddable", "standard", "critical"] | None = None
+    """Its requests' default priority (unset: ``features.default_priority``)."""
+    client_hints: bool = False
+    """Under ``features.client_hints: auto``, believe its requests' ``X-Priority`` and
+    ``X-Model-Version`` (else, with client keys, nobody's are)."""
+
+
+def secrets_of(keys: Sequence[str | ApiKey]) -> list[str]:
+    """The keys themselves, as the authentication checks them."""
+    return [k if isinstance(k, str) else k.key for k in keys]
+
+
+def keyed_hints(
+    keys: Sequence[str | ApiKey], setting: HintTrust, trust: HintTrust, priority: str
+) -> KeyedHints | None:
+    """``client_hints`` as the gateway runs it with keys of their own settings (``None``:
+    no key has any). ``setting``: the configured one; ``trust``: as resolved."""
+    own: dict[bytes, tuple[HintTrust, str]] = {}
+    for entry in keys:
+        if isinstance(entry, str) or (entry.priority is None and not entry.client_hints):
+            continue
+        believed: HintTrust = "all" if setting == "auto" and entry.client_hints else trust
+        own[key_digest(entry.key)] = (believed, entry.priority or priority)
+    return KeyedHints(trust, priority, own) if own else None
