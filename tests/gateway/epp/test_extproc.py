@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -430,3 +431,28 @@ async def test_the_picker_forgets_a_response_its_worker_deleted() -> None:
             again = await client.request(b"", path=stored, headers=alice, method=method)
             assert (again.status, again.endpoints) == (404, []), again.body
         await wait_until(lambda: leases_released(picker), message="released")
+
+
+async def test_a_reused_request_id_leaves_no_phantom_work_in_the_pickers_books() -> None:
+    """Envoy's ``x-request-id`` is the client's (Envoy may keep an edge client's): two
+    requests with one id at once on two endpoints each leave the policy's books once
+    they end (its books are keyed by the picker's own id)."""
+    async with (
+        worker_fleet(2, extra_latency_ms=300.0) as fleet,
+        running_picker(gateway_config(fleet)) as picker,
+    ):
+        urls = [w.url.removeprefix("http://") for w in fleet]
+        async with envoy(picker) as one, envoy(picker) as two:
+            results = await asyncio.gather(
+                *(
+                    client.request(
+                        chat(f"same id {n}"), headers={"x-request-id": "same-id"}, subset=[url]
+                    )
+                    for n, (client, url) in enumerate(zip((one, two), urls, strict=True))
+                )
+            )
+        assert [r.status for r in results] == [200, 200]
+        assert [r.served for r in results] == urls
+        await wait_until(lambda: leases_released(picker), message="leases released")
+        books = picker.gateway.router.policy.speed.books  # type: ignore[attr-defined]
+        assert sum(len(book.sent) for book in books.values()) == 0
