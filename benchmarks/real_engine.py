@@ -27,8 +27,8 @@ ratio (cached prompt tokens / prompt tokens, summed, as the workers report them
 in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worker,
 and for a policy that learns each worker's speed (``core.speed``) the median error
 of the TTFT it predicted at each send (issue 46's bar: 35% on llama.cpp), over requests
-(each turn is sent with its own ``X-Request-ID``; the run's JSON has each turn's
-prediction beside its TTFT) and per worker. Each llama.cpp worker serves one short
+(the gateway's prediction against the TTFT it observed, from ``FleetSpeed.log``: its
+books are keyed by its own request ids, not the client's) and per worker. Each llama.cpp worker serves one short
 request before the runs (``prime``), so its ``/metrics`` report its prefill rate as a
 worker that has served does. ``--rate``
 sets the session rate (0.1/s: the rate of the runs in docs/benchmarks.md; 4x: 0.4).
@@ -109,14 +109,6 @@ class Turn:
     session: str
     index: int
     answer: Answer
-    predicted: float | None = None
-    """The TTFT the policy predicted when it sent the turn (``core.speed``; ``None``: a
-    policy that predicts none, or a turn it observed no first token of)."""
-
-    @property
-    def request_id(self) -> str:
-        """The ``X-Request-ID`` the turn was sent with (the gateway's request id)."""
-        return request_id(self.session, self.index)
 
     @property
     def ttft(self) -> float | None:
@@ -140,6 +132,9 @@ class PolicyRun:
     learned: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Per worker URL, what the policy learned of its speed (``core.speed``; empty: a policy
     that learns none): observations, median |predicted - observed| / observed TTFT, rates."""
+    predictions: list[tuple[float, float]] = field(default_factory=list)
+    """Per request the policy observed, the TTFT it predicted at the send and the one it
+    observed (``FleetSpeed.log``; empty: a policy that predicts none)."""
 
 
 def run_order(policies: Sequence[str], seed: int) -> list[str]:
@@ -382,10 +377,10 @@ async def run_policy(
         }
         speed = getattr(gateway.gateway.policy, "speed", None)
         log = speed.log if isinstance(speed, FleetSpeed) else ()
-        predicted = {rid: p for rid, _, p, _ in log}
+        # Keyed by the gateway's own request ids (never the client's ``X-Request-ID``):
+        # each request's prediction at its send beside the TTFT the gateway observed.
+        run.predictions = [(p, t) for _, _, p, t in log]
     run.turns = [turn for turns in done for turn in turns]
-    for turn in run.turns:
-        turn.predicted = predicted.get(turn.request_id)
     return run
 
 
@@ -414,14 +409,10 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
     served = Counter(t.answer.worker for t in ok)
     tiers = Counter(t.answer.kv_tier for t in ok if t.answer.kv_tier is not None)
     errors = [e for w in run.learned.values() if (e := w["ttft_error"]) is not None]
-    # Each turn's |predicted - observed| / observed, both on the client's clock's terms: the
-    # prediction is the gateway's at the send, the TTFT the client's (the gateway's plus
-    # the loopback hop).
-    misses = [
-        abs(t.predicted - ttft) / ttft
-        for t in ok
-        if t.predicted is not None and (ttft := t.ttft) is not None and ttft > 0
-    ]
+    # Each request's |predicted - observed| / observed: the gateway's prediction at the
+    # send against the TTFT it observed (its books are keyed by its own request ids, so a
+    # turn is not matched to its prediction by the client's id).
+    misses = [abs(p - ttft) / ttft for p, ttft in run.predictions if ttft > 0]
     origin = min((t.answer.sent for t in run.turns), default=0.0)  # the run's first send
     return {
         "requests": len(run.turns),
@@ -458,7 +449,6 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
                 "cached_tokens": t.answer.cached_tokens,
                 "kv_tier": t.answer.kv_tier,
                 "ttft": None if t.ttft is None else t.ttft * time_scale,
-                "predicted_ttft": None if t.predicted is None else t.predicted * time_scale,
                 # When it was sent and ended, from the run's first send (a replay's clock).
                 "sent_s": (t.answer.sent - origin) * time_scale,
                 "finished_s": (t.answer.finished - origin) * time_scale,
