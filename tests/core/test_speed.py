@@ -388,7 +388,7 @@ def test_a_request_waiting_for_the_slot_computing_its_prefix_waits_for_that_requ
     until seen, and the mean decoding there), then prefills its own part."""
     model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=0.01, decode_s=0.0))
     model.engine("w", 4, None)
-    model.sent("r0", "w", -990.0, 100)  # long ago: few requests a second (later sharers)
+    model.sent("r0", "w", -9990.0, 100)  # long ago: few requests a second (later sharers)
     model.first_token("r0", -989.0)
     model.ended("r0", 100, 0)
     model.held("r0", 2.0)  # a request decodes 2 s there
@@ -428,3 +428,32 @@ def test_an_engine_of_slots_reporting_its_rate_is_not_rescaled_by_its_first_ttft
         model.observed("r", 10.0)  # 10x
         prefill_s = model.speed("w").prefill_s
         assert (prefill_s < 0.03) is bounded, prefill_s
+
+
+def test_quiet_short_turns_over_a_long_cached_context_on_llama_cpp() -> None:
+    """llama.cpp: each new token attends over the whole cached context, so a 50-token turn
+    over 1,000 restored costs about twice its tokens (``speed_book.context``); and two
+    sends a few ms apart are no rate of joiners for every quiet turn after (the mean gap,
+    not the mean of 1 / gap, ``Book.sent_slot``). Real runs (/work/coord/re4x, replayed by
+    benchmarks/speed_replay.py): median error 36/37/33% -> 23/34/26%. Before, each quiet
+    turn was predicted beside a burst's worth of cold-sized joiners that never came, the
+    fit pushed fast by those, and the turns over their context under-predicted."""
+    per_token = 0.004
+    model = FleetSpeed(Speed(overhead_s=0.0, prefill_s=per_token, decode_s=0.0))
+    model.engine("w", 4, per_token)
+    now, misses, n = 0.0, [], 0
+    for turn in range(40):
+        # A cold first wave (two sent 5 ms apart), then single turns over their context.
+        burst = [(1000, 0), (1000, 0)] if turn == 0 else [(50, 1000)]
+        for i, (uncached, cached) in enumerate(burst):
+            rid, at = f"r{n}", now + 0.005 * i
+            n += 1
+            predicted = model.sent(rid, "w", at, uncached, streamed=True)
+            ttft = 0.05 + per_token * uncached * (1.0 + 1e-3 * cached) * (i + 1)
+            model.first_token(rid, at + ttft)
+            model.ended(rid, uncached + cached, cached)
+            model.observed(rid, ttft)
+            model.held(rid, 1.0)
+            misses.append(abs(predicted - ttft) / ttft)
+        now += 3.0
+    assert statistics.median(misses[-20:]) < 0.15

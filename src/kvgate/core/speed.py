@@ -55,7 +55,8 @@ from collections import OrderedDict, deque
 from dataclasses import replace
 
 from kvgate.core.batch import shared_prefill
-from kvgate.core.speed_book import IDLE_BOOK, Book, Look, Sent
+from kvgate.core.speed_book import IDLE_BOOK, Book, Look, Sent, context
+from kvgate.core.speed_book import ended as context_ended
 from kvgate.core.speed_fit import (
     SCALE,
     Fit,
@@ -290,7 +291,7 @@ class FleetSpeed:
         if book is not None and book.slots:
             # The slots' batch, not a queue: what it shares its prefill with replaces the
             # tokens queued ahead (the engine's others' work stays).
-            wait, shared = self._slotted(book, speed, uncached, mean, now, after=after)
+            wait, shared = self._slotted(book, speed, uncached, now, after=after)
             tokens += shared - uncached - (book.ahead(now, speed.prefill_s) if unstarted else 0.0)
         return (
             speed.overhead_s
@@ -302,7 +303,7 @@ class FleetSpeed:
 
     @staticmethod
     def _slotted(
-        book: Book, speed: Speed, uncached: float, mean: float, now: Seconds, *, after: str = ""
+        book: Book, speed: Speed, uncached: float, now: Seconds, *, after: str = ""
     ) -> tuple[Seconds, float]:
         """``core.batch.shared_prefill`` on ``book``: the wait for a slot, and the prefill
         tokens this request's own are shared with (its own included). ``after``: a request
@@ -312,8 +313,9 @@ class FleetSpeed:
         index = list(sent).index(after) if after and after in sent else -1
         return shared_prefill(
             book.slots or 1, [s.first_at for s in sent.values()],
-            [s.uncached for s in sent.values()], uncached, mean, now=now,
-            prefill_s=speed.prefill_s, decode_s=book.decode, rate=book.rate, after=index,
+            [s.uncached * s.weight for s in sent.values()], uncached * context(book, uncached),
+            book.mean, now=now, prefill_s=speed.prefill_s, decode_s=book.decode,
+            rate=1.0 / book.gap if book.gap > 0.0 else 0.0, after=index,
         )  # fmt: skip
 
     def slot_cache(self, worker: WorkerId) -> bool:
@@ -361,13 +363,8 @@ class FleetSpeed:
         predicted = self.predict(worker, uncached, at, after=after)
         wait, shared = 0.0, None
         if book.slots:
-            fit = book.fit
-            mean = fit.uncached if fit is not None else uncached
-            wait, shared = self._slotted(book, self.speed(worker), uncached, mean, at, after=after)
-            if book.last_sent is not None and at > book.last_sent:
-                book.rate += 0.2 * (1.0 / (at - book.last_sent) - book.rate)
-            book.last_sent = at
-            book.used += 1
+            wait, shared = self._slotted(book, self.speed(worker), uncached, at, after=after)
+            book.sent_slot(at, uncached * context(book, uncached))
         uncached = max(uncached, 0.0)
         queued = book.ahead(at, self._drain_s(worker)) if waiting else 0.0
         book.recent, book.lately = self.lately(worker, at)
@@ -375,6 +372,7 @@ class FleetSpeed:
         sent = Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
             waiting, running, wait=wait, shared=shared, awaiting=streamed,
+            weight=context(book, uncached) if book.slots else 1.0,
         )  # fmt: skip
         if streamed:
             heapq.heappush(self._due, (at + _LATE * predicted, request_id))
@@ -408,6 +406,9 @@ class FleetSpeed:
         if sent is None:
             return
         sent.uncached = float(max(prompt_tokens - cached_tokens, 0))
+        book = self.books.get(sent.worker)
+        if book is not None and book.slots:
+            context_ended(book, prompt_tokens, cached_tokens)
         self._done[request_id] = sent
         while len(self._done) > 4096:
             self._done.popitem(last=False)

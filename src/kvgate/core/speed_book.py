@@ -51,6 +51,7 @@ class Sent:
     shared: float | None = None  # slotted engine: the prefill tokens its own was shared with
     first_at: float | None = None  # when its first token came
     awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
+    weight: float = 1.0  # slotted engine: what a token of it costs, over its context (``context``)
 
 
 Front = tuple[float, float, float]
@@ -74,9 +75,12 @@ class Book:
     fit: Fit | None = None  # the worker's fit, once it has one
     decode: float = 0.0  # mean seconds a request decodes after its first token (``held``)
     slots: int | None = None  # the engine's batch slots, where it reports them (``engine``)
-    last_sent: float | None = None  # for ``rate``: requests sent here a second (mean)
+    last_sent: float | None = None  # slotted engine: the last send, the mean seconds
+    gap: float = 0.0  # between sends and the mean weighed tokens sent (``sent_slot``)
+    mean: float = 0.0
     used: int = 0  # requests ever sent here (while fewer than the slots, some slots are cold)
-    rate: float = 0.0
+    prompt: float = 0.0  # slotted engine: mean prompt tokens of those ended, and cached ones
+    cached: float = 0.0  # of those that found any (``context``)
     recent: float = 0.0  # requests and uncached tokens sent lately, as of ``sent_at``
     lately: float = 0.0  # (``FleetSpeed.lately``)
     sent_at: float = 0.0
@@ -88,6 +92,19 @@ class Book:
     the prior's rate (``FleetSpeed(at_prior=True)``): the queue left at ``now`` is
     ``drains - now`` within ``[0, owes]`` until ``front[2]``, the next predicted start (from
     then: ``settled``)."""
+
+    def sent_slot(self, at: Seconds, tokens: float) -> None:
+        """A request of ``tokens`` (weighed: ``context``) was sent to this engine of slots
+        at ``at``: the rate and size of those that may join a prefill (``core.batch``).
+        The mean gap, not the mean of 1 / gap: two sends a few ms apart made it hundreds a
+        second, and with the mean at the cold first wave's tokens, every quiet 50-token
+        turn was predicted beside joiners that never came (real llama.cpp, 2x long)."""
+        if self.last_sent is not None and at > self.last_sent:
+            gap = at - self.last_sent
+            self.gap += (gap - self.gap) * (0.2 if self.gap else 1.0)
+        self.last_sent = at
+        self.mean += (tokens - self.mean) * (0.2 if self.mean else 1.0)
+        self.used += 1
 
     def moved(self) -> None:
         """The queue or its rate changed: ``front`` is made again."""
@@ -137,6 +154,30 @@ class Book:
             if sent is not None:
                 self.start(sent)
         self.moved()
+
+
+CONTEXT = 1e-3
+"""What a prompt token costs a slotted engine (llama.cpp) beyond one, per token of the
+cached context it attends over (``engine.slots.PrefillFit``'s context term): on a quiet
+machine a 40-token turn over ~1,000 restored took 0.3-0.6 s where 1,000 cold ones went at
+~230 tokens/s (real_engine.py --rate 0.4, /work/coord/re4x): about twice a token."""
+
+
+def context(book: Book, uncached: float) -> float:
+    """The weight of each of a request's ``uncached`` tokens on ``book``'s engine: one plus
+    ``CONTEXT`` a token of its cached context, guessed from those ended there: the mean
+    prompt less its own (a long uncached prompt is a cold one), at most the mean context
+    of those that found one (none where none did: a fleet of cold prompts is unweighed)."""
+    cached = book.prompt - uncached
+    cached = book.cached if book.cached < cached else cached
+    return 1.0 + CONTEXT * cached if cached > 0.0 else 1.0
+
+
+def ended(book: Book, prompt: int, cached: int) -> None:
+    """A request of ``prompt`` tokens, ``cached`` of them found, ended on ``book``'s engine."""
+    book.prompt += (prompt - book.prompt) * (0.2 if book.prompt else 1.0)
+    if cached > 0:  # the context of those that found one (the first, cold wave's is none)
+        book.cached += (cached - book.cached) * (0.2 if book.cached else 1.0)
 
 
 IDLE_BOOK = Book()
