@@ -28,9 +28,9 @@ in ``usage.prompt_tokens_details.cached_tokens``), errors and requests per worke
 and for a policy that learns each worker's speed (``core.speed``) the median error
 of the TTFT it predicted at each send (issue 46's bar: 35% on llama.cpp), over requests
 (the gateway's prediction against the TTFT it observed, from ``FleetSpeed.log``: its
-books are keyed by its own request ids, not the client's) and per worker. Each llama.cpp worker serves one short
-request before the runs (``prime``), so its ``/metrics`` report its prefill rate as a
-worker that has served does. ``--rate``
+books are keyed by its own request ids, not the client's) and per worker. Each
+llama.cpp worker serves one short request before the runs (``prime``), so its
+``/metrics`` report its prefill rate as a worker that has served does. ``--rate``
 sets the session rate (0.1/s: the rate of the runs in docs/benchmarks.md; 4x: 0.4).
 
 ``--engine emulated`` runs the same sessions on kvgate's emulated workers with
