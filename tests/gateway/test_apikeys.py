@@ -119,3 +119,35 @@ async def test_a_keys_settings_hold_on_the_live_gateway() -> None:
                             continue
                         assert resp.status == 200, text
                         assert resp.headers["X-Kvgate-Model-Version"] == served, (key, path)
+
+
+async def test_one_credential_a_request_a_valid_x_api_key_beside_another_bearer_is_refused() -> (
+    None
+):
+    """The bearer token, when there is one, is the request's credential: it scopes the
+    sessions and picks the key's settings, so it is what must be a key. A valid
+    ``x-api-key`` beside a made-up bearer token let a client name any scope it liked (a new
+    tenant a request: past ``store.max_sessions_per_scope``). Both servers' paths."""
+    # The settings are the bearer key's too, never those of a second key beside it.
+    bearer_plain = [("Authorization", f"Bearer {PLAIN}"), ("x-api-key", ROUTER)]
+    assert _hints({"api_keys": KEYS}, bearer_plain + ASKED) == (Priority.STANDARD, None)
+    async with versioned_fleet() as fleet:
+        config = fleet.config(api_keys=KEYS)
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
+            for headers, status in (
+                ({"Authorization": "Bearer made-up-1", "x-api-key": PLAIN}, 401),
+                ({"Authorization": "Bearer made-up-2", "x-api-key": ROUTER}, 401),
+                ({"x-api-key": PLAIN}, 200),
+                ({"Authorization": "Basic dXNlcjpwdw==", "x-api-key": PLAIN}, 200),
+                ({"Authorization": f"Bearer {PLAIN}", "x-api-key": "anything"}, 200),
+            ):
+                for path, body in (
+                    ("/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 2}),
+                    (
+                        "/v1/chat/completions",
+                        {"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+                    ),
+                ):
+                    async with session.post(gw.url + path, json=body, headers=headers) as resp:
+                        assert resp.status == status, (headers, path, await resp.text())

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from kvgate.core.session import TrustedPeers, header_value
+from kvgate.core.session import TrustedPeers, credential_of, header_value
 
 HintTrust = Literal["auto", "all", "none"] | TrustedPeers
 """Whose ``X-Priority`` and ``X-Model-Version`` are believed (``features.client_hints``)."""
@@ -51,9 +51,10 @@ def hint(setting: HintTrust, headers: Mapping[str, str], name: str, peer: str | 
     return header_value(headers, name)  # all, or auto outside a gateway (one tenant)
 
 
-def key_digest(key: str) -> bytes:
+def key_digest(key: str | bytes) -> bytes:
     """The digest a client API key's settings are found by (one-way: no secret is kept)."""
-    return hashlib.blake2b(key.strip().encode(), digest_size=16, person=b"kvgate.apikey").digest()
+    raw = key.strip() if isinstance(key, bytes) else key.strip().encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=16, person=b"kvgate.apikey").digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +69,11 @@ class KeyedHints:
 
     def of(self, headers: Mapping[str, str]) -> tuple[HintTrust, str]:
         """The trust and default priority of the key ``headers`` present, as the
-        authentication reads it: ``Authorization: Bearer``, else ``x-api-key``."""
-        keys = self.keys
-        scheme, _, token = (header_value(headers, "authorization") or "").partition(" ")
-        if scheme.lower() == "bearer":
-            own = keys.get(key_digest(token))
-            if own is not None:
-                return own
-        other = header_value(headers, "x-api-key")
-        if other is not None:
-            own = keys.get(key_digest(other))
+        authentication reads it (``core.session.credential_of``: ``Authorization: Bearer``,
+        else ``x-api-key``; one credential a request, never a second one's settings)."""
+        credential = credential_of(headers)
+        if credential is not None:
+            own = self.keys.get(key_digest(credential))
             if own is not None:
                 return own
         return self.trust, self.priority

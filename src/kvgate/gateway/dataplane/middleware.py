@@ -181,14 +181,17 @@ def api_keys(keys: Iterable[str], protected_prefix: str | None = None) -> Middle
 
 
 def key_presented(authorization: str, x_api_key: str | None, keys: Iterable[bytes]) -> bool:
-    """True when ``Authorization: Bearer <key>`` (OpenAI's clients) or ``x-api-key: <key>``
-    (Anthropic's) holds one of ``keys``."""
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() == "bearer":
-        given = token.strip().encode()
-        if any(hmac.compare_digest(given, key) for key in keys):
-            return True
-    if x_api_key is not None:
-        given = x_api_key.strip().encode()
-        return any(hmac.compare_digest(given, key) for key in keys)
-    return False
+    """True when the request's one credential is one of ``keys``: the token of
+    ``Authorization: Bearer`` (OpenAI's clients) when it has one, else ``x-api-key``
+    (Anthropic's). The same credential scopes its sessions and picks its key's settings
+    (``core.session.credential_of``): a valid ``x-api-key`` beside a bearer token that is
+    no key would let an authenticated client name any scope it likes (a new tenant each
+    request, past ``store.max_sessions_per_scope``)."""
+    scheme, _, token = authorization.strip().partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else ""
+    if not given and x_api_key is not None:
+        given = x_api_key.strip()
+    if not given:
+        return False
+    raw = given.encode()
+    return any(hmac.compare_digest(raw, key) for key in keys)
