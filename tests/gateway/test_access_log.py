@@ -226,3 +226,41 @@ def test_the_sink_flushes_on_whichever_loop_runs_now(monkeypatch: pytest.MonkeyP
         root.handlers[:], level = saved
         root.setLevel(level)
     assert [text.count("\n") for text in (first, second, third)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("json_logs", [False, True])
+async def test_a_named_keys_requests_are_logged_by_its_name_never_its_key(
+    workers: list[WorkerHandle], caplog: pytest.LogCaptureFixture, json_logs: bool
+) -> None:
+    """Operators tell tenants apart by the name they gave a key (``api_keys[].name``), on
+    both servers' paths (chat, completions); a plain key, or none, has no name."""
+    plain, batch = "sk-plain-0123456789", "sk-batch-0123456789"
+    keys = [plain, {"key": batch, "name": "nightly batch", "priority": "sheddable"}]
+    config = gateway_config(workers, json_logs=json_logs, api_keys=keys)
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
+            for path, body in (
+                ("/completions", {"model": "demo", "prompt": "hi", "max_tokens": 2}),
+                (
+                    "/chat/completions",
+                    {"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+                ),
+            ):
+                for headers in (
+                    {"Authorization": f"Bearer {batch}"},
+                    {"x-api-key": batch},
+                    {"Authorization": f"Bearer {plain}"},
+                ):
+                    async with session.post(gw.openai_base + path, json=body, headers=headers) as r:
+                        assert r.status == 200, await r.text()
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert len(lines) == 6
+    assert all(plain not in line and batch not in line for line in lines)
+    if json_logs:
+        named = [json.loads(line)["key"] for line in lines]
+    else:
+        named = [re.search(r' key=("[^"]*"|\S+) ', line).group(1) for line in lines]  # type: ignore[union-attr]
+    unnamed = None if json_logs else "-"
+    shown = "nightly batch" if json_logs else '"nightly batch"'
+    assert named == [shown, shown, unnamed] * 2

@@ -22,12 +22,14 @@ rendered: the list is left out of the config's ``repr`` and so is each key.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.hints import HintTrust, KeyedHints, key_digest
+from kvgate.core.session import credential_of
 
 
 class ApiKey(BaseModel):
@@ -50,8 +52,9 @@ class ApiKey(BaseModel):
 
     key: str = Field(min_length=1, repr=False)
     """The secret (``${ENV}`` or ``key_file`` as any secret of the config)."""
-    name: str | None = None
-    """A name for people (dashboards, notes); not a secret, never the key."""
+    name: str | None = Field(default=None, pattern=r"^[^\x00-\x1f\x7f]{1,64}$")
+    """A name for people (the access log's ``key``, dashboards); not a secret, never the
+    key. At most 64 characters, no control characters."""
     priority: Literal["sheddable", "standard", "critical"] | None = None
     """Its requests' default priority (unset: ``features.default_priority``)."""
     client_hints: bool = False
@@ -76,3 +79,33 @@ def keyed_hints(
         believed: HintTrust = "all" if setting == "auto" and entry.client_hints else trust
         own[key_digest(entry.key)] = (believed, entry.priority or priority)
     return KeyedHints(trust, priority, own) if own else None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyNames:
+    """The names of the named client keys, found by the presented key's digest (as
+    ``KeyedHints`` finds settings): what the access log says of a request's tenant.
+
+    The log never holds the key, nor a digest of it: an unkeyed digest of a secret is
+    the same in every deployment and log that sees it (it correlates a tenant across
+    them) and a weak key could be guessed back from it offline. A name is the
+    operator's own word for the key, nothing more.
+    """
+
+    names: Mapping[bytes, str]
+
+    def of(self, headers: Mapping[str, str]) -> str | None:
+        """The name of the key ``headers`` present (``credential_of``); ``None``: none,
+        unnamed, or not a client key."""
+        credential = credential_of(headers)
+        return None if credential is None else self.names.get(key_digest(credential))
+
+
+def key_names(keys: Sequence[str | ApiKey]) -> KeyNames | None:
+    """The named keys' names (``None``: no key is named, nothing to look up per request)."""
+    names = {
+        key_digest(entry.key): entry.name
+        for entry in keys
+        if not isinstance(entry, str) and entry.name is not None
+    }
+    return KeyNames(names) if names else None

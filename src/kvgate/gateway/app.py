@@ -34,6 +34,7 @@ from kvgate.core.route import RouteConfig
 from kvgate.gateway.admin.dashboard import Dashboard
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
+from kvgate.gateway.apikeys import key_names
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.peers import PeerLoads
@@ -203,6 +204,7 @@ class Gateway:
             max_retries=r.count,
             response_headers=config.response_headers,
             strip_client_auth=bool(config.api_keys),
+            key_names=key_names(config.api_keys),
             draining=lambda: self.draining,
             rng=self.rng,
             stream_usage=config.stream_usage,

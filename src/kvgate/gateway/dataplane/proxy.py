@@ -35,6 +35,7 @@ from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
 from kvgate.core.outlier import Blame, blame
 from kvgate.core.prefix import Endpoint, FeatureConfig
+from kvgate.gateway.apikeys import KeyNames
 from kvgate.gateway.control.offload import TIER_HEADER, SlotPlane
 from kvgate.gateway.control.outcomes import OutcomeRecorder
 from kvgate.gateway.dataplane.attempt import Attempt, Looked, Placer
@@ -136,6 +137,7 @@ class Proxy:
         max_retries: int,
         response_headers: bool,
         strip_client_auth: bool,
+        key_names: KeyNames | None = None,
         draining: Callable[[], bool],
         rng: random.Random,
         stream_usage: bool = True,
@@ -163,6 +165,8 @@ class Proxy:
         self.features = features
         self.max_retries = max_retries
         self.strip_client_auth = strip_client_auth
+        self.key_names = key_names
+        """The client keys' names, for the access log (``None``: no key is named)."""
         self._not_forwarded_keyed = _NOT_FORWARDED | CREDENTIALS
         """Not forwarded to a worker with a key of its own: the client's credentials."""
         self._not_forwarded = self._not_forwarded_keyed if strip_client_auth else _NOT_FORWARDED
@@ -230,6 +234,8 @@ class Proxy:
         self.in_flight += 1
         self.idle.clear()
         outcome = Outcome(method=request.method, request_id=request_id)
+        if self.key_names is not None:
+            outcome.key = self.key_names.of(request.headers)
         features: RequestFeatures | None = None
         try:
             body = await request.read()

@@ -151,6 +151,7 @@ class Outcome:
     """The client's ``X-Request-ID`` (else the gateway's own id): echoed to the client and
     forwarded to the worker, never a key of the gateway's books (``features.request_id``,
     unique per request, is)."""
+    key: str | None = None  # the name of the client key it presented (``apikeys.KeyNames``)
 
 
 class Relay:
@@ -455,6 +456,7 @@ class Relay:
                     prompt_tokens=usage.prompt if usage is not None else None,
                     cached_tokens=usage.cached if usage is not None else None,
                     completion_tokens=usage.completion if usage is not None else None,
+                    key=outcome.key,
                 )
             )
 

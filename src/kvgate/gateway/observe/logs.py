@@ -48,6 +48,9 @@ class AccessRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    key: str | None = None
+    """The name of the client API key the request presented (``api_keys[].name``; ``None``:
+    none, or unnamed): which tenant it was. Never the key, nor a digest of it."""
 
 
 _FIELDS = tuple(f.name for f in fields(AccessRecord))
@@ -59,6 +62,7 @@ _PLAIN_ORDER = (
     "version",
     "reason",
     "session",
+    "key",
     "stream",
     "prompt_tokens",
     "cached_tokens",
@@ -139,6 +143,8 @@ class AccessLog:
             for name in _TEXT_FIELDS:
                 data[name] = clean(data[name])
             data["request_id"] = redact(record.request_id)
+            if record.key is not None:
+                data["key"] = clean(record.key)
         data["duration"] = round(record.duration, 6)
         if record.ttft is not None:
             data["ttft"] = round(record.ttft, 6)
@@ -175,7 +181,7 @@ class _AccessSink:
         self._stamp = ""
         self._memo: dict[str, str] = {}
         self._plain: dict[str, str] = {}
-        self._starts: dict[tuple[str | int, ...], str] = {}
+        self._starts: dict[tuple[str | int | None, ...], str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
@@ -205,7 +211,7 @@ class _AccessSink:
         Its start (method to ``stream=``) takes few distinct values (the fleet's
         workers, versions, reasons): it is memoised whole, one lookup a line.
         """
-        key = (r.method, r.path, r.status, r.model, r.worker, r.version, r.reason, r.session)
+        key = (r.method, r.path, r.status, r.model, r.worker, r.version, r.reason, r.session, r.key)
         start = self._starts.get(key)
         if start is None:
             if len(self._starts) >= 4096:
@@ -215,6 +221,7 @@ class _AccessSink:
                 f"{plain(r.method)} {plain(r.path) if r.path else '-'} {r.status} "
                 f"model={plain(r.model)} worker={plain(r.worker)} version={plain(r.version)} "
                 f"reason={plain(r.reason)} session={plain(r.session)} "
+                f"key={'-' if r.key is None else plain(r.key)} "
             )
         ttft = "-" if r.ttft is None else _seconds(r.ttft)
         rid = r.request_id
