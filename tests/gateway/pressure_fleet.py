@@ -18,6 +18,7 @@ import aiohttp
 
 from kvgate.core.fleet import Pressure
 from kvgate.gateway.testing import GatewayHandle
+from kvgate.tasks import cancel_and_wait
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
@@ -71,9 +72,7 @@ async def holding(
     try:
         yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 async def wait_pressure(

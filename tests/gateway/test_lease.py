@@ -42,6 +42,7 @@ from kvgate.gateway.routing import Routing
 from kvgate.gateway.testing import GatewayHandle, running_gateway
 from kvgate.store import MemoryStore, RedisStore
 from kvgate.store.base import AffinityStore
+from kvgate.tasks import cancel_and_wait
 from kvgate.testing import wait_until
 from kvgate.testing_redis import RedisServer, find_redis_server
 from kvgate.types import Seconds, SessionKey, WorkerId
@@ -184,9 +185,7 @@ async def test_a_place_cancelled_while_the_store_stalls_gives_its_slot_back() ->
     router = make_router(store)
     task = asyncio.ensure_future(router.place(features("s1"), None))
     await wait_until(lambda: router.pool.in_flight() == 1, message="the slot taken")
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait(task)
     assert counts(router.pool) == (0, 0)
 
 

@@ -24,6 +24,7 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.slotmap import KvTier
 from kvgate.gateway.config import ConfigError, parse_config
 from kvgate.gateway.testing import GatewayHandle, running_gateway
+from kvgate.tasks import cancel_and_wait
 from kvgate.testing import wait_until
 
 
@@ -231,9 +232,7 @@ async def test_requests_wait_for_a_slot_and_a_cancelled_one_gives_its_slot_back(
         await wait_until(lambda: len(fake.pinned) == 1, message="first request at the worker")
         # One slot, in use: the second can only get it once the first gives it back.
         second = asyncio.create_task(_chat(gw, "b", "beta"))
-        first.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await first
+        await cancel_and_wait(first)
         await wait_until(lambda: len(fake.pinned) == 2, message="second request got the slot")
         hold.set()
         status, _, tier = await second
@@ -345,9 +344,7 @@ async def test_a_cancelled_save_keeps_its_file_until_the_worker_has_written_it(
             assert plane.map.holders(fake.url) == ["a", "x"]
             cut = asyncio.create_task(_chat(gw, "b", "beta"))  # a, least recent, is saved first
             await wait_until(lambda: len(fake.saves) == 1, message="a's save at the worker")
-            cut.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cut
+            await cancel_and_wait(cut)
             slot0 = plane.map._slots[fake.url][0]
             await wait_until(lambda: not slot0.busy, message="the cancelled request let go")
             assert (await _chat(gw, "c", "charlie"))[2] == "recompute"  # the empty slot 0
@@ -383,9 +380,7 @@ async def test_a_migration_cancelled_during_its_save_keeps_its_file_until_writte
             gw.gateway.pressure.set_admin_drain(source, True)
             cut = asyncio.create_task(_chat(gw, "a", "alpha one two"))  # migrates: saved there
             await wait_until(lambda: len(held.saves) == 1, message="the migration's save")
-            cut.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cut
+            await cancel_and_wait(cut)
             slot = gw.gateway.slots.map._slots[other.url][0]
             await wait_until(lambda: not slot.busy, message="the cancelled request let go")
             assert (await _chat(gw, "x", "xray"))[2] == "recompute"

@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from kvgate.core.kv_events import EventBatch
 from kvgate.kvevents.wire import END_SEQ, encode_batch, seq_bytes, seq_of
+from kvgate.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +98,8 @@ class KVEventPublisher:
 
     async def close(self) -> None:
         """Stop serving and close the sockets."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._pub.close(0)
         if self._replay is not None:
             self._replay.close(0)

@@ -26,6 +26,7 @@ import zmq.asyncio
 from kvgate.core.exact_index import ExactIndex
 from kvgate.core.kv_events import EventBatch, Follower, Offer
 from kvgate.kvevents.wire import WireError, decode_batch, seq_bytes, seq_of
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import WorkerId
 
 logger = logging.getLogger(__name__)
@@ -93,11 +94,8 @@ class KVEventSubscriber:
 
     async def close(self) -> None:
         """Stop following (the worker's blocks stay until it leaves the index)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._ctx.destroy(linger=0)
 
     # -- the loop -------------------------------------------------------------

@@ -14,10 +14,10 @@ what a worker caches, read by later requests).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 Batch = dict[BlockHash, tuple[WorkerId, int]]
@@ -76,10 +76,7 @@ class HolderWrites:
         """Drop what is pending and stop the flush in flight."""
         self._pending = {}
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
 
 class TouchThrottle:

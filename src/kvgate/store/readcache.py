@@ -29,6 +29,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import Seconds, SessionKey
 
 log = logging.getLogger(__name__)
@@ -190,9 +191,6 @@ class ReadCache:
     async def stop(self) -> None:
         """Stop listening and forget everything."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self._listening = False
         self.clear()

@@ -42,7 +42,6 @@ for a while is safer than two.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import time
@@ -72,6 +71,7 @@ from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.readcache import ReadCache
 from kvgate.store.resync import push_dirty
 from kvgate.store.scripts import Scripts
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 logger = logging.getLogger(__name__)
@@ -444,11 +444,7 @@ class RedisStore(AffinityStore):
         await self._holder_writes.close()
         if self._cache is not None:
             await self._cache.stop()
-        for task in (self._recovery, self._epoch_watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._recovery, self._epoch_watch)
         await self._redis.aclose()
         await self.local.close()
 

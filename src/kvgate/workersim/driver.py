@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from kvgate.engine import Engine, EngineRequest, StepResult
 from kvgate.engine.records import FinishedRequest
+from kvgate.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +139,7 @@ class EngineDriver:
     async def stop(self) -> None:
         """Stop stepping; requests still waiting see no more events."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     @property
     def running(self) -> bool:

@@ -13,7 +13,6 @@ alert must not stall the controller. The JSON body::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +21,7 @@ import aiohttp
 
 from kvgate.core.rollout_progress import Alert, AlertReason
 from kvgate.gateway.observe.metrics import RolloutMetrics
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.alerts")
 
@@ -78,10 +78,7 @@ class AlertSender:
     async def close(self) -> None:
         """Give pending posts a moment, then cancel them and close connections."""
         await self.flush()
-        for task in list(self._pending):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._pending)
         if self._session is not None:
             await self._session.close()
             self._session = None

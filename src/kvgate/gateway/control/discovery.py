@@ -36,6 +36,7 @@ from kvgate.gateway.control.config import DiscoveryConfig, DnsTarget, split_host
 from kvgate.gateway.control.kube import PoolWatch, kv_event_endpoints
 from kvgate.gateway.control.membership import Membership
 from kvgate.gateway.dataplane.errors import GatewayError
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.discovery")
 
@@ -221,8 +222,5 @@ class Discovery:
         """Stop resolving (the workers found stay in the pool until it closes)."""
         for pool in self.pools:
             await pool.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

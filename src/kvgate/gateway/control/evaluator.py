@@ -17,7 +17,6 @@ What the evaluator receives::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import json
@@ -31,6 +30,7 @@ import aiohttp
 
 from kvgate.gateway.control.config import EvaluatorConfig
 from kvgate.gateway.observe.metrics import RolloutMetrics
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.evaluator")
 
@@ -153,11 +153,7 @@ class QualityEvaluator:
 
     async def stop(self) -> None:
         """Stop scoring; samples still queued are dropped."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         if self._session is not None:
             await self._session.close()

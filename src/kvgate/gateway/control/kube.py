@@ -37,6 +37,7 @@ from kvgate.gateway.config import WorkerConfig
 from kvgate.gateway.control.config import InferencePoolTarget
 from kvgate.gateway.control.membership import Membership
 from kvgate.gateway.dataplane.errors import GatewayError
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.kube")
 
@@ -285,11 +286,8 @@ class PoolWatch:
 
     async def stop(self) -> None:
         """Stop watching (the workers found stay in the pool until it closes)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self.api.close()
 
 

@@ -10,7 +10,6 @@ done, or after the drain timeout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from kvgate.gateway.observe.health import HealthChecker
 from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.routing import Routing
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.membership")
@@ -112,7 +112,4 @@ class Membership:
 
     async def close(self) -> None:
         """Close every removed worker's connections now (gateway shutdown)."""
-        for task in list(self._closing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._closing)

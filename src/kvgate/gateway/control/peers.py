@@ -14,7 +14,6 @@ fit now), as after a release of our own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -23,6 +22,7 @@ import socket
 from kvgate.core.peers import LOADS_EVERY_S, LOADS_TTL_S, counts_of, encode, others
 from kvgate.gateway.observe.pool import WorkerPool
 from kvgate.store.base import AffinityStore
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import Seconds
 
 log = logging.getLogger("kvgate.gateway.control.peers")
@@ -88,7 +88,4 @@ class PeerLoads:
     async def stop(self) -> None:
         """Stop exchanging; the others drop this replica's counts at their TTL."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -41,6 +41,7 @@ from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import WorkerSignals
 from kvgate.store.base import AffinityStore
+from kvgate.tasks import cancel_and_wait
 from kvgate.types import Seconds, SessionKey, WorkerId
 
 log = logging.getLogger("kvgate.gateway.control.pressure")
@@ -371,11 +372,7 @@ class PressureDriver:
 
     async def stop(self) -> None:
         """Cancel relief rounds in progress."""
-        for task in self._tasks.values():
-            task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks.values())
         self._tasks.clear()
 
 

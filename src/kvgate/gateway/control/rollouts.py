@@ -45,6 +45,7 @@ from kvgate.gateway.control.versions import VersionNotFoundError, VersionRegistr
 from kvgate.gateway.dataplane.errors import GatewayError, InvalidRequestError, NotFoundError
 from kvgate.gateway.observe.metrics import RolloutMetrics
 from kvgate.store.base import AffinityStore
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.rollouts")
 
@@ -126,11 +127,8 @@ class RolloutManager:
     async def stop(self) -> None:
         """Stop the loop and give up the lease."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.leader:
             with contextlib.suppress(Exception):
                 await self.store.release_lease(self.blobs.lease, self.replica)

@@ -22,6 +22,7 @@ import os
 
 from kvgate.gateway.config import ConfigError
 from kvgate.store.base import AffinityStore
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.control.slotclaim")
 
@@ -94,11 +95,8 @@ class SlotClaim:
 
     async def release(self) -> None:
         """Give the index back (a clean stop), so a restarted replica need not wait."""
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
-            self._renewing = None
+        await cancel_and_wait(self._renewing)
+        self._renewing = None
         if self.index is not None:
             with contextlib.suppress(Exception):
                 await self.store.release_lease(self._lease(self.index), self.holder)

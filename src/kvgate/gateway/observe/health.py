@@ -30,6 +30,7 @@ from kvgate.gateway.config import HealthConfig
 from kvgate.gateway.dataplane.errors import UpstreamError, UpstreamTooLarge
 from kvgate.gateway.observe.pool import Worker, WorkerPool
 from kvgate.gateway.observe.scrape import ScrapeError, WorkerSignals, merge, parse_worker_metrics
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgate.gateway.observe.health")
 
@@ -288,11 +289,8 @@ class HealthChecker:
     async def stop(self) -> None:
         """Stop probing."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while not self._stop.is_set():
