@@ -138,6 +138,28 @@ def test_one_module_takes_a_request_attempts_lease() -> None:
     assert takers == {"kvgate.gateway.dataplane.attempt", "kvgate.gateway.dataplane.warmups"}
 
 
+def test_background_tasks_are_stopped_one_way() -> None:
+    """``kvgate.tasks.cancel_and_wait`` stops a background task; swallowing a
+    ``CancelledError`` by hand (``suppress(asyncio.CancelledError)``) also swallows the
+    caller's own cancellation, the bug that helper exists to end (857464b)."""
+
+    def cancelled_error(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "CancelledError") or (
+            isinstance(node, ast.Attribute) and node.attr == "CancelledError"
+        )
+
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "suppress"
+                and any(cancelled_error(arg) for arg in node.args)
+            ):
+                found.append(f"{name}:{node.lineno}")
+    assert found == [], "stop background tasks with kvgate.tasks.cancel_and_wait"
+
+
 DEFAULT_BUDGET = 800
 """Issue 46: ``default`` and the modules it alone uses, in lines (``wc -l``), at most."""
 
