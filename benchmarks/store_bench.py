@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/store_bench.py [--sessions 1000000] [--ops 50000]
                                                [--redis-ops 10000] [--repeats 3] [--no-redis]
-                                               [--no-cluster] [--json PATH]
+                                               [--no-cluster] [--holders 3000] [--only-holders]
+                                               [--json PATH]
 
 Footprint: 1M sessions (16 workers, 2 versions, 24-character keys) written through
 the public async API, measured as RSS growth and as tracemalloc's live bytes.
@@ -11,6 +12,8 @@ on a free port and on a Redis Cluster (3 masters + 3 replicas) started on loopba
 one await at a time, 64 in flight, and in batches; median and range over repeats.
 On the cluster, the share of commands the busiest master served (a figure a busy
 machine cannot fake: 1.00 when every key sits on one master, 0.33 evenly over three).
+Prefix holders (``--holders``): Redis's own time per block written and its memory per block
+held, unbounded (plain SETs) and under ``store.max_holders_per_scope`` (a script per flush).
 """
 
 from __future__ import annotations
@@ -245,6 +248,63 @@ async def backend_ops(n: int, repeats: int, cluster: bool) -> list[dict[str, Any
     return rows
 
 
+HOLDER_BLOCKS = 17
+"""Checkpoint blocks a request shares (64 fine blocks at stride 4, and its last)."""
+HOLDER_FLUSH = 30
+"""Requests whose holder writes one flush carries (``store.batching``: about 30 at 3k/s)."""
+
+
+async def redis_holders(n: int, url: str, bound: int | None) -> dict[str, Any]:
+    """Prefix-holder writes of ``n`` requests (4 tenants in turn, ``HOLDER_BLOCKS`` new blocks
+    each), coalesced ``HOLDER_FLUSH`` requests a round trip as ``set_holders_soon`` does, under
+    a per-tenant ``bound`` (``None``: plain SETs). Redis's own time per block
+    (``INFO commandstats``) and its memory per block held, with the client's rate."""
+    await flush(url)
+    store = RedisStore(url, socket_timeout=2.0, connect_timeout=2.0, prefix="bench:",
+                       max_holders_per_scope=bound)  # fmt: skip
+    client = store._redis
+    await client.config_resetstat()
+    before = (await client.info("memory"))["used_memory"]
+    tenants = [f"{t:016x}" for t in range(4)]
+    started = time.perf_counter()
+    for low in range(0, n, HOLDER_FLUSH):
+        batch = {}
+        for r in range(low, min(n, low + HOLDER_FLUSH)):
+            for b in range(HOLDER_BLOCKS):
+                batch[r * HOLDER_BLOCKS + b] = (WORKERS[r % 16], 600_000, tenants[r % 4])
+        await store._write_holders(batch)
+    elapsed = time.perf_counter() - started
+    stats = await client.info("commandstats")
+    # A script's own time includes the commands it calls (which commandstats counts too).
+    server_us = stats["cmdstat_set" if bound is None else "cmdstat_evalsha"]["usec"]
+    held = len([k async for k in client.scan_iter("bench:pfx:*", count=10_000)])
+    used = (await client.info("memory"))["used_memory"] - before
+    errors = store.errors_total
+    await store.close()
+    return {"backend": "redis", "op": f"holders, bound {bound}", "requests": n,
+            "requests_per_s": n / elapsed, "server_us_per_block": server_us / (n * HOLDER_BLOCKS),
+            "blocks_held": held, "bytes_per_block_held": used / max(1, held),
+            "store_errors_total": errors}  # fmt: skip
+
+
+async def holder_ops(n: int, repeats: int) -> list[dict[str, Any]]:
+    """``redis_holders`` unbounded, at the default bound and at a bound that evicts, each
+    ``repeats`` times interleaved: the median of each measure."""
+    bounds = (None, 500_000, n * HOLDER_BLOCKS // 40)
+    runs: dict[int | None, list[dict[str, Any]]] = {b: [] for b in bounds}
+    with RedisServer() as server:
+        for _ in range(repeats):
+            for bound in bounds:
+                runs[bound].append(await redis_holders(n, server.url, bound))
+    rows = []
+    for found in runs.values():
+        row = dict(found[0])
+        for name in ("requests_per_s", "server_us_per_block", "bytes_per_block_held"):
+            row[name] = statistics.median(r[name] for r in found)
+        rows.append(row)
+    return rows
+
+
 def _master_commands(nodes: RedisClusterServers) -> list[int]:
     """Commands each master has processed so far (``INFO stats``), masters in node order."""
     counts = []
@@ -267,7 +327,12 @@ async def flush(url: str) -> None:
     await store.close()
 
 
-def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -> None:
+def render(
+    console: Console,
+    mem: dict[str, float],
+    ops: list[dict[str, Any]],
+    holders: list[dict[str, Any]] | None = None,
+) -> None:
     """Print the results as two tables."""
     table = Table(title=f"MemoryStore footprint, {int(mem['sessions']):,} sessions")
     table.add_column("measure")
@@ -303,15 +368,30 @@ def render(console: Console, mem: dict[str, float], ops: list[dict[str, Any]]) -
     share = next((r["busiest_master_share"] for r in ops if "busiest_master_share" in r), None)
     if share is not None:
         console.print(f"cluster: the busiest master served {share:.2f} of the commands")
+    render_holders(console, holders or [])
+
+
+def render_holders(console: Console, holders: list[dict[str, Any]]) -> None:
+    """One line per bound of the prefix-holder writes."""
+    for row in holders:
+        console.print(
+            f"{row['op']}: {row['requests_per_s']:,.0f} requests/s, "
+            f"redis {row['server_us_per_block']:.2f} µs/block, {row['blocks_held']:,} held, "
+            f"{row['bytes_per_block_held']:.0f} B/block held"
+        )
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     """Run every measurement and return the results."""
+    redis = not args.no_redis and find_redis_server() is not None
+    holders = await holder_ops(args.holders, args.repeats) if redis and args.holders else []
+    if args.only_holders:
+        return {"holders": holders}
     mem = await footprint(args.sessions, not args.no_tracemalloc)
     ops = await memory_ops(args.ops)
-    if not args.no_redis and find_redis_server() is not None:
+    if redis:
         ops += await backend_ops(args.redis_ops, args.repeats, cluster=not args.no_cluster)
-    return {"footprint": mem, "ops": ops}
+    return {"footprint": mem, "ops": ops, "holders": holders}
 
 
 def parse_args() -> argparse.Namespace:
@@ -322,6 +402,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-ops", type=int, default=10_000, help="operations per redis test")
     parser.add_argument("--no-redis", action="store_true", help="skip the redis measurements")
     parser.add_argument("--no-cluster", action="store_true", help="skip the Redis Cluster")
+    parser.add_argument(
+        "--holders",
+        type=int,
+        default=3000,
+        help="requests whose prefix-holder writes are measured (0: none)",
+    )
+    parser.add_argument("--only-holders", action="store_true",
+                        help="measure the prefix-holder writes alone")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="runs per redis backend")
     parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (faster)")
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio, not uvloop")
@@ -337,6 +425,9 @@ if __name__ == "__main__":
         import uvloop  # the gateway's event loop
 
         results = uvloop.run(main(options))
-    render(Console(), results["footprint"], results["ops"])
+    if "footprint" in results:
+        render(Console(), results["footprint"], results["ops"], results["holders"])
+    else:
+        render_holders(Console(), results["holders"])
     if options.json:
         options.json.write_text(json.dumps(results, indent=2))

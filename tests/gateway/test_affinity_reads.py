@@ -62,19 +62,20 @@ class CountingStore(MemoryStore):
         return await super().get_holders(blocks)
 
     async def set_holders(
-        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds, tenant: str = ""
     ) -> None:
         self.holder_writes += 1
-        await super().set_holders(entries, ttl)
+        await super().set_holders(entries, ttl, tenant)
 
     def set_holders_soon(
         self,
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
         self.holder_writes += 1
-        super().set_holders_soon(entries, ttl, failed)
+        super().set_holders_soon(entries, ttl, failed, tenant)
 
 
 def _state(wid: str, pressure: Pressure = Pressure.NORMAL, in_flight: int = 0) -> WorkerState:
@@ -262,7 +263,7 @@ class _FailingWrites(MemoryStore):
     """A store whose prefix-state writes fail, written through the base class's task."""
 
     async def set_holders(
-        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds, tenant: str = ""
     ) -> None:
         raise ConnectionError("store down")
 
@@ -271,8 +272,9 @@ class _FailingWrites(MemoryStore):
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
-        AffinityStore.set_holders_soon(self, entries, ttl, failed)
+        AffinityStore.set_holders_soon(self, entries, ttl, failed, tenant)
 
 
 async def test_a_failed_background_prefix_write_is_counted_never_raised() -> None:

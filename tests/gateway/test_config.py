@@ -103,7 +103,12 @@ async def test_store_timeouts_reach_a_redis_store_only() -> None:
     data = {"url": "redis://h:6379/0", "timeout_s": 1.5, "connect_timeout_s": 3.0}
     config = parse_config({"store": data}).store
     options = config.backend_options()
-    assert options == {"socket_timeout": 1.5, "connect_timeout": 3.0, "max_per_scope": 100_000}
+    assert options == {
+        "socket_timeout": 1.5,
+        "connect_timeout": 3.0,
+        "max_per_scope": 100_000,
+        "max_holders_per_scope": 500_000,
+    }
     store = open_store(config.effective_url, **options)  # the memory store would refuse them
     assert isinstance(store, RedisStore)
     await store.close()

@@ -94,7 +94,9 @@ class _BrokenStore(MemoryStore):
     async def get_holders(self, blocks: Sequence[int]) -> list[WorkerId | None]:
         raise ConnectionError("store down")
 
-    async def set_holders(self, entries: Sequence[tuple[int, WorkerId]], ttl: Seconds) -> None:
+    async def set_holders(
+        self, entries: Sequence[tuple[int, WorkerId]], ttl: Seconds, tenant: str = ""
+    ) -> None:
         raise ConnectionError("store down")
 
     async def delete(self, key: SessionKey) -> bool:

@@ -70,7 +70,7 @@ async def test_the_last_write_of_a_block_wins_and_a_failure_is_reported() -> Non
     writes.add([(2, "b"), (3, "b")], 10, lambda: failed.append(2))
     gate.set()
     await wait_until(lambda: len(written) == 2, message="two flushes")
-    assert written == [{1: ("a", 10)}, {2: ("b", 10), 3: ("b", 10)}]
+    assert written == [{1: ("a", 10, "")}, {2: ("b", 10, ""), 3: ("b", 10, "")}]
     assert writes.flushes == 2
     assert failed == [2, 2]  # the second batch's callbacks (each distinct one), once
     await writes.close()

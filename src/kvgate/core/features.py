@@ -55,6 +55,9 @@ class RequestFeatures:
     """Per llama.cpp worker, the prefix blocks a slot there holds or is computing for this
     request (the slot plane gives it that slot: ``gateway.control.offload``), and the id of
     the request in flight computing them, which it waits for ("": an idle slot)."""
+    tenant: str = ""
+    """The tenant its scope counts under in the store (``core.session.tenant_tag``; "": no
+    scope): the prefix blocks it shares are counted against it (``store.holders``)."""
 
     def slot_credit(self, worker: WorkerId, chars: Callable[[int], int]) -> tuple[int, str]:
         """Characters of the prompt the slot plane finds for it on ``worker`` (restored from
@@ -103,10 +106,11 @@ def request_features(
     parent_key: SessionKey | None = None,
     token_ids: tuple[int, ...] = (),
     slot_shares: tuple[tuple[WorkerId, int, str], ...] = (),
+    tenant: str = "",
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 
-    That ``__init__`` sets each of the 16 fields through ``object.__setattr__``
+    That ``__init__`` sets each of the 17 fields through ``object.__setattr__``
     (about 1 us, some 1% of a plain request's instructions); this fills the new
     instance's dict in one update. ``tests/core/test_features.py`` checks that the
     parameters and defaults are the fields'.
@@ -129,5 +133,6 @@ def request_features(
         parent_key=parent_key,
         token_ids=token_ids,
         slot_shares=slot_shares,
+        tenant=tenant,
     )
     return made

@@ -44,7 +44,9 @@ from kvgate.core.session import (
     PARENT_SESSION_HEADERS,
     SessionScope,
     parent_key_from,
+    scope_of,
     session_key_from,
+    tenant_tag,
 )
 from kvgate.types import BlockHash, Priority
 
@@ -444,6 +446,8 @@ def build_features(
             cfg.session_scope,
             peer,
         ),
+        # The one-way tag of its scope, against which its shared prefix blocks count.
+        tenant=tenant_tag(scope_of(cfg.session_scope, headers, peer)) if headers else "",
     )
 
 

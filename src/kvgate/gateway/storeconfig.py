@@ -37,10 +37,20 @@ class StoreConfig(BaseModel):
     past it, its own least recently used go, never another tenant's (a client sending ever
     new ids evicted everyone's). ``null``: unbounded per tenant (the memory store still
     gives each its even share when full). Redis: split evenly over a cluster's shards."""
+    max_holders_per_scope: int | None = Field(default=500_000, ge=1)
+    """Prefix blocks (``core.holders``: where a prompt's checkpoint blocks went, shared by
+    replicas and tenants alike) one tenant's requests keep in the store: past it, the ones
+    it wrote longest ago go, never those another tenant wrote since (a client sending ever
+    new prompts grew Redis for their TTL and evicted everyone's evidence from memory).
+    ``null``: unbounded per tenant (Redis: plain writes, as before; memory still gives each
+    its even share of its 500,000). Redis: split evenly over a cluster's shards."""
 
     def backend_options(self) -> dict[str, Any]:
-        """Options for ``open_store``: the per-tenant bound, and the timeouts for Redis."""
-        bound = {"max_per_scope": self.max_sessions_per_scope}
+        """Options for ``open_store``: the per-tenant bounds, and the timeouts for Redis."""
+        bound = {
+            "max_per_scope": self.max_sessions_per_scope,
+            "max_holders_per_scope": self.max_holders_per_scope,
+        }
         if self.url == "memory":
             return bound
         return {

@@ -65,9 +65,13 @@ class AffinityStore(ABC):
 
     @abstractmethod
     async def set_holders(
-        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds, tenant: str = ""
     ) -> None:
-        """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins."""
+        """Record ``(block, worker)`` pairs for ``ttl`` seconds; the last writer wins.
+
+        Counted against ``tenant`` (``RequestFeatures.tenant``, whose request sent the
+        blocks): past its bound its own oldest go, never another tenant's (``holders``).
+        """
         ...
 
     def set_holders_soon(
@@ -75,6 +79,7 @@ class AffinityStore(ABC):
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
         """``set_holders`` without waiting for it; ``failed`` is called (inside the
         ``except``, so it can log the error) if the write raises. Never raises itself.
@@ -84,7 +89,8 @@ class AffinityStore(ABC):
         should wait on a store round trip for it. This default runs the write as a
         task (readable once the store has it); an in-process store writes at once.
         """
-        task = asyncio.get_running_loop().create_task(self._set_holders_or(entries, ttl, failed))
+        write = self._set_holders_or(entries, ttl, failed, tenant)
+        task = asyncio.get_running_loop().create_task(write)
         _WRITING.add(task)
         task.add_done_callback(_WRITING.discard)
 
@@ -93,9 +99,10 @@ class AffinityStore(ABC):
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str,
     ) -> None:
         try:
-            await self.set_holders(entries, ttl)
+            await self.set_holders(entries, ttl, tenant)
         except Exception:
             failed()
 

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from kvgate.tasks import cancel_and_wait
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
-Batch = dict[BlockHash, tuple[WorkerId, int]]
-"""block -> (worker, expiry in milliseconds)."""
+Batch = dict[BlockHash, tuple[WorkerId, int, str]]
+"""block -> (worker, expiry in milliseconds, the tenant that wrote it)."""
 
 MAX_PENDING = 200_000
 """Blocks waiting at most (a backend slower than the traffic drops the oldest)."""
@@ -44,12 +44,14 @@ class HolderWrites:
         entries: Sequence[tuple[BlockHash, WorkerId]],
         expire_ms: int,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
-        """Queue ``entries``; ``failed`` is called (inside the ``except``) if their write raises."""
+        """Queue ``entries`` (written by ``tenant``); ``failed`` is called (inside the
+        ``except``) if their write raises."""
         pending = self._pending
         for block, worker in entries:
             pending.pop(block, None)  # re-inserted: the map stays oldest-first
-            pending[block] = (worker, expire_ms)
+            pending[block] = (worker, expire_ms, tenant)
         while len(pending) > MAX_PENDING:
             del pending[next(iter(pending))]
         if failed not in self._failed:

@@ -35,10 +35,12 @@ class MemoryStore(AffinityStore):
         clock: Clock = time.monotonic,
         expiry_granularity: Seconds = 1.0,
         max_holders: int = 500_000,
+        *,
         max_per_scope: int | None = None,
+        max_holders_per_scope: int | None = None,
     ) -> None:
         self.table = SessionTable(max_sessions, expiry_granularity, max_per_scope)
-        self.holders = HolderTable(max_holders)
+        self.holders = HolderTable(max_holders, max_holders_per_scope)
         self.loads = LoadTable()
         self.clock = clock
         self._blobs: dict[str, bytes] = {}
@@ -72,20 +74,22 @@ class MemoryStore(AffinityStore):
         return self.holders.get_many(blocks, self.clock())
 
     async def set_holders(
-        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds, tenant: str = ""
     ) -> None:
-        """Record where prefix blocks were sent, for ``ttl`` seconds (last writer wins)."""
-        self.holders.set_many(entries, self.clock(), ttl)
+        """Record where prefix blocks were sent, for ``ttl`` seconds (last writer wins),
+        counted against ``tenant``."""
+        self.holders.set_many(entries, self.clock(), ttl, tenant)
 
     def set_holders_soon(
         self,
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
         """``set_holders`` at once (readable when this returns): nothing to wait for in
         memory, so no coroutine or task; ``failed`` is never called."""
-        self.holders.set_many(entries, self.clock(), ttl)
+        self.holders.set_many(entries, self.clock(), ttl, tenant)
 
     async def exchange_loads(self, replica: str, data: bytes, ttl: Seconds) -> dict[str, bytes]:
         """Publish ``replica``'s in-flight counts for ``ttl`` seconds; every live replica's."""

@@ -52,7 +52,6 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
 from kvgate.core.decision import Affinity
-from kvgate.core.holders import HOLDER_TAG
 from kvgate.redaction import redact
 from kvgate.store.base import AffinityStore
 from kvgate.store.batching import Batch, HolderWrites, TouchThrottle
@@ -70,7 +69,7 @@ from kvgate.store.loads import RedisLoads
 from kvgate.store.memory import Clock, MemoryStore
 from kvgate.store.readcache import ReadCache
 from kvgate.store.resync import push_dirty
-from kvgate.store.scripts import Scripts
+from kvgate.store.scripts import Scripts, holder_worker
 from kvgate.tasks import cancel_and_wait
 from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
@@ -109,8 +108,9 @@ class RedisStore(AffinityStore):
     pace the background probes; ``max_connections`` bounds the pool;
     ``fallback_max_sessions`` bounds the local map and ``max_dirty`` the bindings
     remembered for resync (oldest dropped first, counted in ``dirty_dropped_total``);
-    ``max_per_scope`` bounds one tenant's sessions, in Redis and the local map (``None``:
-    not bounded): what a client can make the gateway write (``scripts``).
+    ``max_per_scope`` bounds one tenant's sessions and ``max_holders_per_scope`` the prefix
+    blocks it wrote last, in Redis and the local map (``None``: not bounded): what a client
+    can make the gateway write (``scripts``).
     """
 
     def __init__(
@@ -130,6 +130,7 @@ class RedisStore(AffinityStore):
         touch_interval_s: Seconds = 5.0,
         read_cache: bool = True,
         max_per_scope: int | None = None,
+        max_holders_per_scope: int | None = None,
         clock: Clock = time.monotonic,
         client: Redis | RedisCluster | None = None,
     ) -> None:
@@ -151,8 +152,13 @@ class RedisStore(AffinityStore):
         # half for the parallel reads of get_many, which holds one call slot.
         self._batch = max(1, max_connections // 2)
         self._calls = asyncio.Semaphore(self._batch) if self.cluster else None
-        self._scripts = Scripts(self._redis, prefix, shards, max_per_scope)
-        self.local = MemoryStore(fallback_max_sessions, clock, max_per_scope=max_per_scope)
+        self._scripts = Scripts(self._redis, prefix, shards, max_per_scope, max_holders_per_scope)
+        self.local = MemoryStore(
+            fallback_max_sessions,
+            clock,
+            max_per_scope=max_per_scope,
+            max_holders_per_scope=max_holders_per_scope,
+        )
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._max_dirty = max_dirty
@@ -258,50 +264,41 @@ class RedisStore(AffinityStore):
         """
         if not blocks:
             return []
-        keys = [self._holder_key(block) for block in blocks]
+        keys = [self._scripts.holder_key(block) for block in blocks]
         # On a cluster the keys are spread over slots: one MGET per slot, in parallel.
         mget = self._redis.mget_nonatomic if self.cluster else self._redis.mget
         reply = await self._remote(lambda: mget(keys))
         if reply is _DOWN:
             return await self.local.get_holders(blocks)
-        return [None if v is None else (v.decode() if isinstance(v, bytes) else v) for v in reply]
+        return [None if v is None else holder_worker(v) for v in reply]
 
     async def set_holders(
-        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds
+        self, entries: Sequence[tuple[BlockHash, WorkerId]], ttl: Seconds, tenant: str = ""
     ) -> None:
         """Record where prefix blocks were sent, pipelined into one round trip."""
         if not entries:
             return
         expire_ms = max(1, int(ttl * 1000))
-        await self._write_holders({block: (worker, expire_ms) for block, worker in entries})
+        await self._write_holders({block: (w, expire_ms, tenant) for block, w in entries})
         # Kept locally too, so an outage keeps this replica's own evidence.
-        await self.local.set_holders(entries, ttl)
+        await self.local.set_holders(entries, ttl, tenant)
 
     def set_holders_soon(
         self,
         entries: Sequence[tuple[BlockHash, WorkerId]],
         ttl: Seconds,
         failed: Callable[[], None],
+        tenant: str = "",
     ) -> None:
         """``set_holders`` coalesced with other requests' into one round trip (``batching``);
         the local copy is written at once."""
         if entries:
-            self.local.holders.set_many(entries, self.local.clock(), ttl)
-            self._holder_writes.add(entries, max(1, int(ttl * 1000)), failed)
+            self.local.holders.set_many(entries, self.local.clock(), ttl, tenant)
+            self._holder_writes.add(entries, max(1, int(ttl * 1000)), failed, tenant)
 
     async def _write_holders(self, batch: Batch) -> None:
-        async def write() -> list[Any]:
-            pipe = self._redis.pipeline(transaction=False)
-            for block, (worker, expire_ms) in batch.items():
-                pipe.set(self._holder_key(block), worker, px=expire_ms)
-            replies: list[Any] = await pipe.execute()
-            return replies
-
-        await self._remote(write)
-
-    def _holder_key(self, block: BlockHash) -> str:
-        name = f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
-        return f"{self._scripts.shard(name)}{HOLDER_TAG}{name}"
+        parallel = self._batch if self.cluster else None
+        await self._remote(lambda: self._scripts.write_holders(self._redis, batch, parallel))
 
     async def set(self, affinity: Affinity, ttl: Seconds) -> None:
         """Bind ``affinity.session_key`` unconditionally for ``ttl`` seconds."""

@@ -13,6 +13,12 @@ Key layout under a prefix ``P`` (default ``kvgate:``):
   expiry, the key's TTL the sessions'; past its bound (``max_per_scope``, split evenly over
   the shards) the soonest to expire (the least recently written or touched) are dropped, so
   one client's flood of ids costs Redis at most its own bound, never another's bindings;
+- ``P pfx:<block>``: the worker a prefix block was last sent to (``core.holders``), a plain
+  string with a TTL; shared by every tenant (a common opening is anyone's evidence);
+- ``P pt:<tenant>``: sorted set of the blocks a tenant wrote last, scored by expiry (its
+  ``max_holders_per_scope``, split evenly over the shards): past it the soonest to expire
+  are dropped, each only while it is still the tenant's write (the value ends with
+  ``HOLDER_SEP`` and the writer's tenant under a bound: ``holder_worker`` reads it);
 - ``P blob:<name>`` and ``P lease:<name>``: rollout state and leases;
 - ``P epoch``: a token that says the data is still there (``store.epoch``).
 
@@ -28,8 +34,9 @@ client routes them to that slot.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import xxhash
@@ -38,8 +45,9 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
 from kvgate.core.decision import Affinity
+from kvgate.core.holders import HOLDER_TAG
 from kvgate.core.session import tenant_of
-from kvgate.types import Seconds, SessionKey, WorkerId
+from kvgate.types import BlockHash, Seconds, SessionKey, WorkerId
 
 _COMMON = """
 local function now_ms()
@@ -180,6 +188,36 @@ end
 return out
 """
 
+# KEYS[1] the tenant's holder set; ARGV: the holder keys' prefix, ttl_ms, bound, the
+# writer's tag (HOLDER_SEP tenant), then (block, worker) pairs. Replies the blocks dropped.
+_HOLD = """
+local hp, ttl, cap, tag, tk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], KEYS[1]
+local expires, scored = now_ms() + ttl, {}
+for i = 5, #ARGV, 2 do
+  redis.call('SET', hp .. ARGV[i], ARGV[i + 1] .. tag, 'PX', ttl)
+  scored[#scored + 1] = expires
+  scored[#scored + 1] = ARGV[i]
+end
+redis.call('ZADD', tk, unpack(scored))
+redis.call('PEXPIRE', tk, ttl)
+if redis.call('ZCARD', tk) <= cap then return 0 end
+redis.call('ZREMRANGEBYSCORE', tk, '-inf', now_ms())
+local over = redis.call('ZCARD', tk) - cap
+if over <= 0 then return 0 end
+local gone = redis.call('ZPOPMIN', tk, over)
+local dropped = 0
+for i = 1, #gone, 2 do
+  local hk = hp .. gone[i]
+  local v = redis.call('GET', hk)
+  -- Written since by another tenant: its evidence, on its own bound.
+  if v and string.sub(v, -#tag) == tag then
+    redis.call('DEL', hk)
+    dropped = dropped + 1
+  end
+end
+return dropped
+"""
+
 # KEYS[1] epoch; ARGV: this replica's token. Replies what was there (nil: it was gone,
 # and the token is there now). See ``store.epoch``.
 _EPOCH = """
@@ -206,6 +244,18 @@ return 0
 """
 
 Client = Redis | Pipeline
+
+
+HOLD_MAX = 1000
+"""Prefix blocks one holder script writes at most (a flush's batch may hold many more)."""
+
+HOLDER_SEP = "\x1f"
+"""Between a bounded holder's worker and the tenant that wrote it (no worker id has one)."""
+
+
+def holder_worker(value: Any) -> WorkerId:
+    """The worker a holder key's value names (a bounded write's ends with its writer)."""
+    return _text(value).partition(HOLDER_SEP)[0]
 
 
 def ttl_ms(ttl: Seconds) -> int:
@@ -235,6 +285,7 @@ class Scripts:
         prefix: str,
         shards: Sequence[str] = (),
         max_per_scope: int | None = None,
+        max_holders_per_scope: int | None = None,
     ) -> None:
         self.prefix = prefix
         """Blobs, leases and the epoch live under it (and, unsharded, everything)."""
@@ -242,6 +293,11 @@ class Scripts:
         """The prefixes sessions and holders are spread over (one: ``prefix``)."""
         self.bound = 0 if max_per_scope is None else -(-max_per_scope // len(self.shards))
         """A tenant's sessions kept per shard (``P t:<tenant>``); 0: not bounded."""
+        shares = len(self.shards)
+        self.holder_bound = (
+            0 if max_holders_per_scope is None else -(-max_holders_per_scope // shares)
+        )
+        """A tenant's prefix-holder blocks kept per shard (``P pt:<tenant>``); 0: not bounded."""
 
         def register(body: str) -> AsyncScript:
             return redis.register_script(_COMMON + body)
@@ -255,6 +311,7 @@ class Scripts:
         self._counts = register(_COUNTS)
         self._acquire = register(_ACQUIRE)
         self._release = register(_RELEASE)
+        self._hold = register(_HOLD)
         self._epoch = redis.register_script(_EPOCH)
 
     def shard(self, key: str) -> str:
@@ -267,6 +324,63 @@ class Scripts:
     def session_key(self, key: SessionKey) -> str:
         """The Redis key holding ``key``'s binding."""
         return f"{self.shard(key)}s:{key}"
+
+    def holder_key(self, block: BlockHash) -> str:
+        """The Redis key holding the worker ``block`` was last sent to (``core.holders``)."""
+        name = f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
+        return f"{self.shard(name)}{HOLDER_TAG}{name}"
+
+    async def hold(
+        self, shard: str, tenant: str, expire_ms: int, pairs: Sequence[str], client: Client | None
+    ) -> Any:
+        """Queue or run the writes of holders of one shard by one tenant (``pairs``: block
+        name, worker, ...), bounded by ``holder_bound``: replies the blocks it dropped."""
+        tag = HOLDER_SEP + tenant
+        args: list[str | int] = [shard + HOLDER_TAG, expire_ms, self.holder_bound, tag, *pairs]
+        return await self._hold([f"{shard}pt:{tenant}"], args, client)
+
+    def holder_groups(
+        self, batch: Mapping[BlockHash, tuple[WorkerId, int, str]]
+    ) -> list[tuple[tuple[str, str, int], list[str]]]:
+        """``batch`` as the ``hold`` calls that write it: per (shard, tenant, expiry), the
+        (block name, worker) pairs, ``HOLD_MAX`` blocks a call at most."""
+        groups: dict[tuple[str, str, int], list[str]] = {}
+        for block, (worker, expire_ms, tenant) in batch.items():
+            name = f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
+            groups.setdefault((self.shard(name), tenant, expire_ms), []).extend((name, worker))
+        # At most HOLD_MAX blocks a call (Lua's ``unpack`` takes some 8,000 values).
+        return [
+            (group, pairs[low : low + 2 * HOLD_MAX])
+            for group, pairs in groups.items()
+            for low in range(0, len(pairs), 2 * HOLD_MAX)
+        ]
+
+    async def write_holders(
+        self,
+        redis: Redis | RedisCluster,
+        batch: Mapping[BlockHash, tuple[WorkerId, int, str]],
+        parallel: int | None,
+    ) -> list[Any]:
+        """Write ``batch`` in one round trip: plain ``SET``s, or with a per-tenant bound one
+        ``hold`` per shard and tenant; ``parallel``: a cluster's (scripts in a cluster
+        pipeline do not reload after a failover), so that many calls at once."""
+        if self.holder_bound and parallel is not None:
+            groups = list(self.holder_groups(batch))
+            out: list[Any] = []
+            for low in range(0, len(groups), parallel):
+                chunk = groups[low : low + parallel]
+                calls = (self.hold(s, t, ms, p, None) for (s, t, ms), p in chunk)
+                out.extend(await asyncio.gather(*calls))
+            return out
+        pipe: Any = redis.pipeline(transaction=False)
+        if self.holder_bound:
+            for (shard, tenant, expire_ms), pairs in self.holder_groups(batch):
+                await self.hold(shard, tenant, expire_ms, pairs, pipe)
+        else:
+            for block, (worker, ms, _) in batch.items():
+                pipe.set(self.holder_key(block), worker, px=ms)
+        replies: list[Any] = await pipe.execute()
+        return replies
 
     def blob_key(self, name: str) -> str:
         """The Redis key holding blob ``name``."""

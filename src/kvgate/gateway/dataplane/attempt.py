@@ -83,8 +83,9 @@ class PassiveHealth(Protocol):
 class Bindings(Protocol):
     """The affinity store's writes an attempt makes (the router's)."""
 
-    def share(self, writes: Sequence[tuple[BlockHash, WorkerId]]) -> None:
-        """Tell other replicas where this attempt's checkpoint blocks went."""
+    def share(self, writes: Sequence[tuple[BlockHash, WorkerId]], tenant: str = "") -> None:
+        """Tell other replicas where this attempt's checkpoint blocks went (counted
+        against the request's ``tenant``)."""
 
     async def touch(self, key: SessionKey) -> None:
         """Renew ``key``'s binding (errors are counted, never raised)."""
@@ -255,7 +256,7 @@ class Attempt:
         writes = self.shares
         if writes:
             self.shares = ()
-            self.parts.bindings.share(writes)
+            self.parts.bindings.share(writes, self.features.tenant)
 
     def answered(self, status: int) -> None:
         """The response's status and headers arrived."""

@@ -351,13 +351,14 @@ class Router:
             self._store_failed("get")
             return None
 
-    def share(self, writes: Sequence[tuple[BlockHash, WorkerId]]) -> None:
-        """Tell other replicas where an attempt's checkpoint blocks went (``Attempt.sent``).
+    def share(self, writes: Sequence[tuple[BlockHash, WorkerId]], tenant: str = "") -> None:
+        """Tell other replicas where an attempt's checkpoint blocks went (``Attempt.sent``),
+        counted against the request's ``tenant``.
 
         Called once the request is written to the worker: with the memory store the
         state is readable when this returns; a remote store writes in the background.
         """
-        self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed)
+        self.store.set_holders_soon(writes, self._holder_ttl, self._holders_failed, tenant)
 
     def warm_up(self, features: RequestFeatures, worker: Worker) -> WarmUp | None:
         """The policy's warm-up after ``features`` was placed on ``worker`` (``core.warmup``),

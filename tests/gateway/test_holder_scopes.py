@@ -1,0 +1,40 @@
+"""The prefix blocks a request shares with other replicas are counted against its tenant
+(``store.max_holders_per_scope``): the gateway hands the store the request's tenant."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from kvgate.core.session import tenant_tag
+from kvgate.gateway.testing import running_gateway
+from kvgate.store import MemoryStore
+from kvgate.workersim.runner import WorkerHandle
+
+from .conftest import every_worker_up, gateway_config
+
+
+async def test_a_tenants_new_prompts_are_bounded_and_leave_anothers_evidence(
+    workers: list[WorkerHandle],
+) -> None:
+    config = gateway_config(workers, store={"max_holders_per_scope": 3})
+    async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+        await every_worker_up(gw)
+
+        async def ask(key: str, n: int) -> None:
+            words = " ".join(f"{key}-{n}-{i}" for i in range(300))  # blocks past a checkpoint
+            body = {"model": "demo", "prompt": words, "max_tokens": 1}
+            headers = {"Authorization": f"Bearer {key}"}
+            async with session.post(
+                gw.openai_base + "/completions", json=body, headers=headers
+            ) as r:
+                assert r.status == 200, await r.text()
+
+        await ask("sk-bob", 0)
+        store = gw.gateway.store
+        assert isinstance(store, MemoryStore)
+        bob = store.holders.held_by(tenant_tag(b"sk-bob"))
+        assert bob >= 2  # a prompt of several checkpoints
+        for n in range(6):
+            await ask("sk-alice", n)
+        assert store.holders.held_by(tenant_tag(b"sk-alice")) == 3
+        assert store.holders.held_by(tenant_tag(b"sk-bob")) == min(bob, 3)
