@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import aiohttp
@@ -10,6 +11,9 @@ import pytest
 from multidict import CIMultiDict
 
 from kvgate.core.prefix import build_features, request_priority
+from kvgate.core.session import HeaderScope
+from kvgate.gateway.apikeys import unchecked_tenants
+from kvgate.gateway.app import Gateway
 from kvgate.gateway.config import ConfigError, parse_config
 from kvgate.gateway.testing import running_gateway
 from kvgate.types import Priority
@@ -151,3 +155,44 @@ async def test_one_credential_a_request_a_valid_x_api_key_beside_another_bearer_
                 ):
                     async with session.post(gw.url + path, json=body, headers=headers) as resp:
                         assert resp.status == status, (headers, path, await resp.text())
+
+
+def test_unchecked_tokens_on_a_reachable_gateway_are_warned_of() -> None:
+    """``session_scope: credential`` without ``api_keys`` takes each bearer token as a
+    tenant unchecked: on an address others reach, anyone making up tokens is as many
+    tenants, past every per-tenant bound. Said at start; keys, an identity header, ``none``
+    (one tenant by the operator's word) or a loopback-only listener say nothing."""
+    scope = HeaderScope(header="x-user-id", trusted_peers=("10.0.0.0/8",))
+    warned = unchecked_tenants([], "credential", "0.0.0.0")
+    assert warned is not None and "api_keys" in warned and "0.0.0.0" in warned
+    assert unchecked_tenants([], "credential", "10.1.2.3") is not None
+    assert unchecked_tenants([], "credential", "gateway.internal") is not None
+    for quiet in (
+        unchecked_tenants([PLAIN], "credential", "0.0.0.0"),
+        unchecked_tenants([], scope, "0.0.0.0"),
+        unchecked_tenants([], "none", "0.0.0.0"),
+        unchecked_tenants([], "credential", "127.0.0.1"),
+        unchecked_tenants([], "credential", "::1"),
+        unchecked_tenants([], "credential", "localhost"),
+    ):
+        assert quiet is None
+
+
+async def test_the_gateway_warns_of_unchecked_tokens_when_it_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for listen, keys, warned in (("0.0.0.0", [], True), ("0.0.0.0", [PLAIN], False),
+                                 ("127.0.0.1", [], False)):  # fmt: skip
+        caplog.clear()
+        settings = {"listen": {"host": listen}, "api_keys": keys, "admin": {"enabled": False}}
+        gateway = Gateway(parse_config(settings))
+        with caplog.at_level(logging.WARNING, logger="kvgate"):
+            await gateway.start()
+            await gateway.stop()
+        said = [
+            r.getMessage()
+            for r in caplog.records
+            if "bearer tokens are not checked" in r.getMessage()
+        ]
+        assert len(said) == warned, (listen, keys, said)
+        assert all(PLAIN not in r.getMessage() for r in caplog.records)

@@ -120,7 +120,9 @@ class FeatureConfig(BaseModel):
     sends them: unsafe with several tenants (one takes another's worker and saved slot).
     A stored response (``previous_response_id``) is continued only in the scope that
     created it, while the gateway remembers it (``core.session.owned``; not under
-    ``none``)."""
+    ``none``). Each scope is a tenant of the store's bounds: a credential is a checked one
+    only with ``api_keys`` (without, on an address others reach, a warning at start: anyone
+    may present new tokens, each a tenant)."""
     agent_session_headers: tuple[str, ...] = AGENT_SESSION_HEADERS
     """Identity headers agent CLIs send, read as the session id when ``session_header`` is
     absent (case-insensitive; first found wins; empty: none read)."""

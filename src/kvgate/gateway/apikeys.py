@@ -22,6 +22,7 @@ rendered: the list is left out of the config's ``repr`` and so is each key.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -29,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.core.hints import HintTrust, KeyedHints, key_digest
-from kvgate.core.session import credential_of
+from kvgate.core.session import SessionScope, credential_of
 
 
 class ApiKey(BaseModel):
@@ -109,3 +110,34 @@ def key_names(keys: Sequence[str | ApiKey]) -> KeyNames | None:
         if not isinstance(entry, str) and entry.name is not None
     }
     return KeyNames(names) if names else None
+
+
+def unchecked_tenants(keys: Sequence[str | ApiKey], scope: SessionScope, host: str) -> str | None:
+    """What to warn of at start when a gateway others can reach takes each bearer token as a
+    tenant without checking it (``session_scope: credential``, no ``api_keys``); else ``None``.
+
+    Every per-tenant bound (``store.max_sessions_per_scope``, ``max_holders_per_scope``, a
+    full memory store's even share) holds per tenant: where anyone may present a new token,
+    a client making up one a request is as many tenants, and squeezes every other tenant's
+    share of a full store. Scopes still keep clients apart (nobody takes another's session
+    without its token), so this is no refusal: one tenant behind an auth proxy that checks
+    tokens is served as before. Loopback-only gateways say nothing (nobody else can reach
+    them).
+    """
+    if keys or scope != "credential" or _loopback(host):
+        return None
+    return (
+        "session_scope is 'credential' and no api_keys are set: bearer tokens are not checked "
+        f"here, and on {host} anyone may present new ones, each a tenant of its own, so the "
+        "store's per-tenant bounds do not keep one client from crowding out the others; set "
+        "api_keys, or session_scope {header, trusted_peers} behind an auth proxy"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any address

@@ -34,7 +34,7 @@ from kvgate.core.route import RouteConfig
 from kvgate.gateway.admin.dashboard import Dashboard
 from kvgate.gateway.admin.drain import DrainApi
 from kvgate.gateway.admin.routes import setup_admin
-from kvgate.gateway.apikeys import key_names
+from kvgate.gateway.apikeys import key_names, unchecked_tenants
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.control.offload import SlotPlane
 from kvgate.gateway.control.peers import PeerLoads
@@ -246,6 +246,10 @@ class Gateway:
                 log.warning("worker %s: model unknown yet (unreachable?); will retry", worker.id)
         if not len(self.pool) and not self.config.discovery.dns:
             log.warning("no workers: add them with POST /admin/workers or configure discovery")
+        config = self.config
+        scope, host = config.features.session_scope, config.listen.host
+        if (unchecked := unchecked_tenants(config.api_keys, scope, host)) is not None:
+            log.warning("%s", unchecked)
         self.health.start()
         self.caches.start()
         self.peer_loads.start()
