@@ -14,6 +14,7 @@ from kvgate.workload.traces import (
     MooncakeTrace,
     RagPulseTrace,
     open_trace,
+    trace_window,
 )
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -84,3 +85,30 @@ def test_open_trace_rejects_what_is_not_a_trace(tmp_path: Path) -> None:
     requests = list(open_trace(small).requests())
     assert [r.prompt_tokens for r in requests] == [10, 700]  # out-of-order runs merged
     assert requests[1].segments == ((1, 512), (2, 188))
+
+
+def test_a_trace_window_starts_where_the_seed_says_at_the_rate_asked(tmp_path: Path) -> None:
+    # Gaps of 1 s, then one lull of 100 s: the median gap, not the mean, sets the pace.
+    stamps = [*range(0, 30_000, 1_000), 130_000, *range(131_000, 170_000, 1_000)]
+    lines = [
+        json.dumps({"timestamp": t, "input_length": 600, "output_length": 2, "hash_ids": [n, 1]})
+        for n, t in enumerate(stamps)
+    ]
+    (tmp_path / "mooncake").mkdir()
+    (tmp_path / "mooncake" / "synthetic_trace.jsonl").write_text("\n".join(lines) + "\n")
+    starts = set()
+    for seed in range(6):
+        window = trace_window("trace:mooncake:rate=4", seed, 50, folder=tmp_path)
+        requests = list(window.requests())
+        assert len(requests) == 50 and requests[0].arrival == 0.0
+        gaps = sorted(b.arrival - a.arrival for a, b in itertools.pairwise(requests))
+        assert gaps[len(gaps) // 2] == pytest.approx(0.25)
+        assert [r.request_id for r in window.requests()] == [r.request_id for r in requests]
+        starts.add(requests[0].request_id)
+    assert len(starts) > 1  # seeds replay different parts of the trace
+    whole = list(trace_window("trace:mooncake", 0, 500, folder=tmp_path).requests())
+    # The lull is kept: 100 median gaps long.
+    assert len(whole) == len(stamps) and whole[-1].arrival == pytest.approx(169 / 4)
+    for bad in ("trace:nope", "trace:mooncake:speed=2", "trace:mooncake:rate=0"):
+        with pytest.raises(ValueError):
+            trace_window(bad, 0, 10, folder=tmp_path)

@@ -35,7 +35,6 @@ from kvgate.bench.fleet import (
 from kvgate.bench.routers import MODEL, ROUTERS, Router, prepare
 from kvgate.judge.protocol import Routers, record
 from kvgate.judge.scenarios import Scenario
-from kvgate.workload.synthetic import build_workload
 
 LIVE_ROUTERS = Routers("kvgate-default", ("sglang-router", "smg"), "kvgate-round_robin")
 """The live line-up: kvgate's default, the two cache_aware peers, kvgate's round robin."""
@@ -89,7 +88,7 @@ async def run_live(
     scenario: Scenario, seed: int, router: Router, *, venv: Path | None, role: str, logs: Path
 ) -> dict[str, Any]:
     """One router on a fresh fleet, one scenario and seed: the run's record."""
-    workload = build_workload(scenario.workload, seed)
+    workload = scenario.source(seed)
     requests = scenario.live_requests or scenario.requests
     started = time.monotonic()
     async with scenario_fleet(scenario, seed, router, venv, logs) as (urls, base):
@@ -161,7 +160,11 @@ async def run_all_live(
     routers: Routers = LIVE_ROUTERS,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Every scenario, seed and router in turn; a router that cannot start is an error record."""
+    """Every scenario, seed and router in turn; a router that cannot start is an error record.
+    A simulator-only scenario (``Scenario.sim_only``: the held-out shapes) is left out."""
+    scenarios = [s for s in scenarios if not s.sim_only]
+    if not scenarios:
+        return []
     venvs: dict[str, Path | None] = {}
     unavailable: dict[str, str] = {}
     for name in routers.all:

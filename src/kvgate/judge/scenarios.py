@@ -1,16 +1,18 @@
 """The shapes the protocol judges: a workload, the fleet it runs on, and the issue's criteria.
 
 A **scenario** is one row of the judge's table: a registered workload
-(``kvgate.workload.synthetic.WORKLOADS``) with the fleet it is run on (workers,
-their latency profiles and KV, the clients' concurrency, a worker slowed mid-run)
-and what ``default`` must meet against the peers there (issue 46's "Done means").
-The simulator and the live fleet read the same scenario, so a shape is judged the
-same way by both.
+(``kvgate.workload.synthetic.WORKLOADS``) or a window of a public trace, with the
+fleet it is run on (workers, their latency profiles and KV, the clients' concurrency,
+a worker slowed mid-run) and what ``default`` must meet against the peers there
+(issue 46's "Done means"). The simulator and the live fleet read the same scenario,
+so a shape is judged the same way by both.
 
 Every registered workload is judged: those named here with their fleet and
 criteria, any other (a workload added later, e.g. agents with tool pauses) on the
 default fleet with the default criteria, unless it is one of ``UNJUDGED`` (the
-older open-ended generators the peers were never run on).
+older open-ended generators the peers were never run on). The **held-out** shapes
+(``HELD_OUT``) differ in kind from those the default policy was tuned on; they are
+judged in the simulator only (``Scenario.sim_only``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvgate.engine.profiles import get_profile
-from kvgate.workload.synthetic import WORKLOADS
+from kvgate.workload.synthetic import WORKLOADS, Workload, build_workload
+from kvgate.workload.traces import TRACE_PREFIX, trace_window
 
 H100 = "h100-llama3-8b"
 A100 = "a100-llama3-8b"
@@ -123,11 +126,21 @@ class Scenario:
     live_requests: int | None = None
     """Live: requests per run when fewer than ``requests`` (CPU time)."""
     tags: tuple[str, ...] = field(default=())
+    sim_only: bool = False
+    """Judged in the simulator only, never live (``live.run_all_live`` leaves it out) nor in
+    the ablation the policy is tuned by: the held-out shapes (``HELD_OUT``)."""
 
     @property
     def workload_name(self) -> str:
         """The registered workload this scenario runs (its spec without options)."""
         return self.workload.partition(":")[0]
+
+    def source(self, seed: int) -> Workload:
+        """The requests ``seed`` replays: the registered workload, or a window of ``requests``
+        requests of a public trace (``trace:NAME[:rate=R]``, ``workload.traces.trace_window``)."""
+        if self.workload.startswith(TRACE_PREFIX):
+            return trace_window(self.workload, seed, self.requests)
+        return build_workload(self.workload, seed)
 
     def profile_of(self, worker: int) -> str:
         """Worker ``worker``'s latency profile (profiles are given out in turn)."""
@@ -163,7 +176,7 @@ NO_WORSE_THAN_ROUND_ROBIN = (
     Criterion("ttft_p99", "round_robin", 1.0),
 )
 
-SCENARIOS: Mapping[str, Scenario] = {
+ISSUE_SHAPES: Mapping[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(
@@ -280,7 +293,78 @@ SCENARIOS: Mapping[str, Scenario] = {
         ),
     )
 }
-"""The scenarios with fleets and bars of their own (issue 46's shapes, then issue 11's)."""
+"""The shapes the default policy was tuned on (issue 46's, then issue 11's)."""
+
+HELD_OUT: Mapping[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="ragpulse-mixed",
+            sim_only=True,
+            workload="trace:ragpulse:rate=8",
+            requests=300,
+            profiles=MIXED,
+            kv_blocks=1_500,
+            why="real RAG traffic (RAGPulse: a university Q&A service, X-Session-ID sessions, "
+            "~3k-token prompts of system prompt, retrieved passages, history and question) on "
+            "2 x H100 + 2 x A100 whose KV holds ~8 prompts: 300 requests of the week from a "
+            "seeded start, a median gap of 1/8 s",
+        ),
+        Scenario(
+            name="mooncake-mixed-tight",
+            sim_only=True,
+            workload="trace:mooncake:rate=2",
+            requests=200,
+            profiles=MIXED,
+            kv_blocks=8_000,
+            why="the Mooncake trace (15k-token prompts on average, up to 190k, shared 512-token "
+            "blocks, no session ids) on 2 x H100 + 2 x A100 whose KV holds ~8 average prompts: "
+            "200 requests from a seeded start, a median gap of 1/2 s",
+        ),
+        Scenario(
+            name="chat-bursty",
+            sim_only=True,
+            workload="chat:arrival=bursty,rate=12,think_s=5,turns_mean=8,user_tokens=200",
+            requests=300,
+            kv_blocks=1_500,
+            why="X-Session-ID chat behind one 512-token system prompt whose sessions start in "
+            "on/off bursts (5 s on at four times the mean rate, 15 s off), on KV holding ~6 "
+            "conversations a worker",
+        ),
+        Scenario(
+            name="long-docs-uneven",
+            sim_only=True,
+            workload="rag:documents=24,doc_tokens_min=16000,doc_tokens_max=32000,zipf_s=0.8,"
+            "rate=1,question_tokens=80,output_tokens=150",
+            requests=200,
+            profiles=(H100, A100, A100, A100),
+            kv_blocks=4_000,
+            concurrency=32,
+            why="questions on 24 long documents (16-32k tokens, Zipf-popular, no session ids) "
+            "on 1 H100 + 3 A100s (one worker about twice as fast), each worker's KV holding "
+            "2-3 documents",
+        ),
+        Scenario(
+            name="groups-48x8-12w",
+            sim_only=True,
+            workload="shared-prefix-groups:groups=48,prompts=8,rate=2000",
+            requests=384,
+            workers=12,
+            kv_blocks=1_000,
+            concurrency=256,
+            why="SGLang's generated shared prefix on a larger fleet: 48 groups x 8 prompts, all "
+            "at once, 256 in flight on 12 H100s whose KV each holds ~7 of the 2k-token prompts",
+        ),
+    )
+}
+"""Held-out shapes nobody tuned on, judged in the simulator only (``Scenario.sim_only``):
+traces, bursts, long documents, an uneven fleet, a larger fleet."""
+
+SCENARIOS: Mapping[str, Scenario] = {
+    **ISSUE_SHAPES,
+    **HELD_OUT,
+}
+"""Every scenario with a fleet and bars of its own: the tuned shapes, then the held-out."""
 
 UNJUDGED = frozenset({"chat", "system-prompt", "rag", "agent", "shared-prefix-groups"})
 """Registered workloads no scenario runs: the open-ended generators of the first sessions

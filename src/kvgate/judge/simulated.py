@@ -21,7 +21,6 @@ from typing import Any
 from kvgate.judge.protocol import Routers, record
 from kvgate.judge.scenarios import Scenario
 from kvgate.sim.simulation import SimConfig, Simulation
-from kvgate.workload.synthetic import build_workload
 
 SIM_ROUTERS = Routers("default", ("cache_aware",), "round_robin")
 """The simulator's line-up: kvgate's default, the peers' rule, round robin (HAProxy)."""
@@ -51,7 +50,7 @@ def run_simulated(
     scenario: Scenario, seed: int, routers: Routers = SIM_ROUTERS
 ) -> list[dict[str, Any]]:
     """Every router of ``routers`` on ``scenario`` with ``seed``: one record per router."""
-    workload = build_workload(scenario.workload, seed)
+    workload = scenario.source(seed)
     records = []
     for name in routers.all:
         role = routers.role(name)
@@ -96,7 +95,7 @@ def predicted(
     started = time.monotonic()
     count = requests or scenario.live_requests or scenario.requests
     config = dataclasses.replace(sim_config(scenario, seed, as_peer=False), max_requests=count)
-    sim = Simulation(config, build_workload(scenario.workload, seed).requests(), policy)
+    sim = Simulation(config, scenario.source(seed).requests(), policy)
     summary = sim.run().summary
     workers: dict[str, dict[str, float]] = {}
     for worker, r in sim.gateway.policy.speeds().items():

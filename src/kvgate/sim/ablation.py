@@ -111,9 +111,11 @@ scenario has explicit sessions on a tight cache; ``default``'s line-up adds it."
 
 def judge_shapes(scenarios: Sequence[Scenario] | None = None) -> tuple[Shape, ...]:
     """The judge's scenarios (``kvgate.judge.scenarios``) as shapes, on the fleet the judge
-    runs ``default`` on (``sim_config``)."""
+    runs ``default`` on (``sim_config``); by default not the held-out ones (``sim_only``):
+    a shape a term is tuned on is no longer held out."""
     shapes = []
-    for scenario in judged() if scenarios is None else scenarios:
+    tuned = [s for s in judged() if not s.sim_only]
+    for scenario in tuned if scenarios is None else scenarios:
         config = sim_config(scenario, 0, as_peer=False)
         fleet = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
         del fleet["seed"], fleet["max_requests"]

@@ -8,8 +8,13 @@ by the number of runs.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import heapq
+import itertools
 import json
+import random
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,3 +192,83 @@ def open_trace(path: str | Path, rate_scale: float = 1.0) -> MooncakeTrace | Rag
     if first is not None and isinstance(first.get("hash_ids"), dict):
         return RagPulseTrace(path.parent, rate_scale)
     return MooncakeTrace(path, rate_scale)
+
+
+TRACE_PREFIX = "trace:"
+"""A workload spec naming a public trace instead of a generator: ``trace:NAME[:rate=R]``."""
+
+TRACE_FILES = {"mooncake": "mooncake/synthetic_trace.jsonl", "ragpulse": "ragpulse"}
+"""The public traces a spec may name, under the traces folder (``traces_folder``)."""
+
+
+def traces_folder() -> Path:
+    """Where the public traces lie: ``shared/traces`` beside the checkout or above it (a
+    worktree), else above the working directory; a ``ValueError`` when neither holds one."""
+    for base in (Path(__file__).resolve(), Path.cwd().resolve()):
+        for parent in base.parents:
+            if (parent / "shared" / "traces").is_dir():
+                return parent / "shared" / "traces"
+    raise ValueError("no shared/traces folder above the checkout or the working directory")
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """``count`` consecutive requests of a trace from a seeded start, replayed at ``rate``.
+
+    A trace is one recording, so seeds would all replay the same requests: the seed picks
+    where the window starts instead (uniformly over the trace). The window's arrivals are
+    shifted to start at 0 and scaled so that its median gap is ``1 / rate``: its bursts and
+    lulls kept in proportion (a mean would let one night's lull in RAGPulse, a hundred median
+    gaps long, squeeze the day's traffic into a fraction of the window).
+    """
+
+    trace: MooncakeTrace | RagPulseTrace
+    count: int
+    seed: int
+    rate: float
+
+    @property
+    def name(self) -> str:
+        """The trace's name."""
+        return self.trace.name
+
+    @functools.cached_property
+    def window(self) -> tuple[SimRequest, ...]:
+        """The window's requests as the trace has them (read once: each router replays it)."""
+        every = list(self.trace.requests())
+        count = min(self.count, len(every))
+        rng = random.Random(f"{self.trace.name}:{self.seed}:window")
+        start = rng.randrange(len(every) - count + 1)
+        return tuple(every[start : start + count])
+
+    def requests(self) -> Iterator[SimRequest]:
+        """The window's requests in time order, the first arriving at 0."""
+        window = self.window
+        gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(window)]
+        typical = statistics.median(gaps) if gaps else 0.0
+        scale = 1.0 / self.rate / typical if typical > 0 else 1.0
+        first = window[0].arrival
+        for request in window:
+            yield dataclasses.replace(request, arrival=(request.arrival - first) * scale)
+
+    def describe(self) -> dict[str, Any]:
+        """Trace, window and rate."""
+        return {**self.trace.describe(), "window": self.count, "seed": self.seed, "rate": self.rate}
+
+
+def trace_window(spec: str, seed: int, count: int, folder: Path | None = None) -> TraceWindow:
+    """The ``seed``'s window of ``count`` requests of ``trace:NAME[:rate=R]`` (``TRACE_FILES``;
+    its median gap 1/R seconds, R 4 by default); an unknown name or option is a ``ValueError``."""
+    name, _, options = spec.removeprefix(TRACE_PREFIX).partition(":")
+    if name not in TRACE_FILES:
+        raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_FILES)}")
+    rate = 4.0
+    for item in filter(None, (part.strip() for part in options.split(","))):
+        key, _, value = item.partition("=")
+        if key.strip() != "rate":
+            raise ValueError(f"a trace has one option, rate; got {item!r}")
+        rate = float(value)
+    if rate <= 0 or count < 1:
+        raise ValueError("a trace window needs a positive rate and at least one request")
+    trace = open_trace((folder or traces_folder()) / TRACE_FILES[name])
+    return TraceWindow(trace, count, seed, rate)
