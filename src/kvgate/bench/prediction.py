@@ -28,7 +28,6 @@ from kvgate.bench.fleet import worker_counters
 from kvgate.bench.routers import MODEL, kvgate_router
 from kvgate.judge.live import scenario_fleet
 from kvgate.judge.scenarios import Scenario
-from kvgate.workload.synthetic import build_workload
 
 ERROR = "kvgate_worker_ttft_prediction_error_ratio"
 LEARNED = {
@@ -69,7 +68,7 @@ async def measure(
         before = await worker_counters(urls)
         results = await run_bench(
             base,
-            build_workload(scenario.workload, seed),
+            scenario.source(seed),
             requests=count,
             concurrency=scenario.concurrency,
             model=MODEL,
