@@ -51,3 +51,14 @@ def test_the_tuned_shapes_run_live_and_the_held_out_are_left_out_of_it_and_the_a
     monkeypatch.setattr(live, "prepare", no_router)
     runs = asyncio.run(live.run_all_live(list(HELD_OUT.values()), [500], tmp_path))
     assert runs == []
+
+
+def test_the_page_says_which_shapes_are_held_out() -> None:
+    from kvgate.judge.protocol import document
+    from kvgate.judge.report import section
+
+    shapes = [ISSUE_SHAPES["session-docs"], HELD_OUT["chat-bursty"]]
+    page = section([document(shapes, [], [], sim_seeds=[500])], ["benchmarks/judge.py"])
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| ")}
+    assert "*held out:* X-Session-ID chat" in rows["| chat-bursty"]
+    assert "held out" not in rows["| session-docs"]

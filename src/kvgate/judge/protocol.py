@@ -294,6 +294,7 @@ def document(
                 "slowdown": None if s.slowdown is None else vars(s.slowdown),
                 "bars": [c.describe() for c in s.criteria],
                 "why": s.why,
+                "sim_only": s.sim_only,
             }
             for s in scenarios
         },

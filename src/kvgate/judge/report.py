@@ -219,13 +219,15 @@ def section(documents: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> 
         "",
         "The shapes (`kvgate.judge.scenarios`; every registered workload is judged, a new one on "
         "4 H100s with 2,000 KV blocks and the default bars: hit within half a point, TTFT p50 "
-        "and p99 within 5% of the best peer):",
+        "and p99 within 5% of the best peer; the *held-out* shapes, which the default policy "
+        "was never tuned on, run in the simulator only):",
         "",
         "| shape | workload | requests | fleet | why |",
         "|---|---|--:|---|---|",
     ]
     for name, s in scenarios.items():
-        lines.append(f"| {name} | `{s['workload']}` | {s['requests']} | {_fleet(s)} | {s['why']} |")
+        why = f"*held out:* {s['why']}" if s.get("sim_only") else s["why"]
+        lines.append(f"| {name} | `{s['workload']}` | {s['requests']} | {_fleet(s)} | {why} |")
     lines.append("")
     return "\n".join(lines)
 
