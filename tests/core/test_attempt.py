@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from kvgate.core.attempt import (
+    DEADLINE,
     Ahead,
     Answered,
     AttemptEnd,
@@ -173,11 +174,15 @@ def test_judgement_table_is_total() -> None:
     """Every (kind, status, failure) combination gets a judgement, and only a 5xx
     answer that the request takes elsewhere is left for the driver to settle."""
     statuses = (0, 200, 400, 429, 500, 503)
-    failures = (None, "status", "unavailable", "timeout", "broken")
+    failures = (None, "status", "unavailable", "timeout", "broken", DEADLINE)
     for kind, status, failure in itertools.product(EndKind, statuses, failures):
         got = judge(kind, status, failure)
         if got is UNSETTLED:
             assert (kind, failure) == (FAILED, "status") and status >= 500
+        if kind is FAILED and failure == DEADLINE:
+            assert got is Judgement.NONE  # the answer's length is the client's
+        if kind is FAILED and failure in ("timeout", "broken") and status != 429:
+            assert got is Judgement.FAULT  # the worker's silence
 
 
 def test_a_move_carries_the_end_to_the_new_worker_and_none_after_the_end() -> None:

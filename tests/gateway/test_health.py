@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -17,7 +18,7 @@ from kvgate.gateway.upstream.transport import Timeouts, Upstream
 from kvgate.testing import wait_until
 from kvgate.workersim.runner import WorkerHandle
 
-from .conftest import every_worker_up, gateway_config, set_faults
+from .conftest import every_worker_up, gateway_config, set_faults, worker_fleet
 
 
 def _worker() -> Worker:
@@ -199,3 +200,49 @@ async def test_a_slots_page_listing_absurdly_many_is_no_slot_model() -> None:
 
     state = await _slots_probe(slots)
     assert (state.slots, state.running) == (None, 3)
+
+
+async def test_a_clients_long_answers_never_eject_a_healthy_worker() -> None:
+    """How long an answer takes is the client's choice (``max_tokens``): a non-streamed one
+    past the first-byte timeout (its head comes with all of it) while its worker answers
+    others, or a stream cut off at the total timeout while it flows, is the client's answer
+    refused (504, a broken-off stream), not a failure of the worker. Six at once ejected a
+    healthy worker (consecutive failures 3). A worker silent to everyone still is."""
+    async with worker_fleet(2, profile="h100-llama3-8b", time_scale=1.0) as fleet:
+        config = gateway_config(
+            fleet,
+            timeouts={"first_byte_s": 1.0, "total_s": 2.0},
+            outlier={"consecutive_failures": 3},
+            policy={"name": "round_robin"},  # every worker takes its share of each kind
+        )
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
+            url = gw.openai_base + "/completions"
+
+            async def ask(n: int, max_tokens: int, stream: bool) -> int:
+                body = {"model": "demo", "prompt": f"tell me {n}", "max_tokens": max_tokens,
+                        "ignore_eos": True, "stream": stream}  # fmt: skip
+                async with session.post(url, json=body) as resp:
+                    text = await resp.text()
+                    return 599 if stream and "stream_broken" in text else resp.status
+
+            async def others(done: asyncio.Event) -> list[int]:
+                served = []
+                while not done.is_set():  # another client's short answers meanwhile
+                    served.append(await ask(1000 + len(served), 2, stream=False))
+                return served
+
+            done = asyncio.Event()
+            meanwhile = asyncio.create_task(others(done))
+            long = [ask(n, 2000, stream=False) for n in range(6)]
+            long += [ask(n, 2000, stream=True) for n in range(6, 12)]
+            assert sorted(await asyncio.gather(*long)) == [504] * 6 + [599] * 6
+            done.set()
+            served = await meanwhile
+            assert served and set(served) == {200}
+            assert not any(w.ejected for w in gw.gateway.pool)
+            # Workers silent to everyone (a hung engine): charged as before, one ejected.
+            for worker in fleet:
+                await set_faults(worker, hang=True)
+            await asyncio.gather(*(ask(2000 + n, 2, stream=False) for n in range(6)))
+            assert sum(w.ejected for w in gw.gateway.pool) == 1

@@ -56,8 +56,16 @@ class Judgement(StrEnum):
     worker's or the request's) is for the request's next attempts to say; the
     driver settles it (``fault`` or not) once they have."""
     NONE = "none"
-    """It says nothing about the worker: the client went first, or the worker said it
-    is overloaded (429)."""
+    """It says nothing about the worker: the client went first, the worker said it is
+    overloaded (429), or the answer outran the gateway's wait by its length (``DEADLINE``),
+    which the client chose: else a client asking for long answers ejects healthy workers."""
+
+
+DEADLINE = "deadline"
+"""The failure of an answer cut off by its length rather than by the worker: a non-streamed
+answer (its head comes with all of it) past the first-byte timeout, or any past the total
+one. Judged ``NONE``: a client asking for ever longer answers could otherwise eject every
+healthy worker in turn (five such requests at once, ``outlier.consecutive_failures``)."""
 
 
 class EndKind(StrEnum):
@@ -237,6 +245,8 @@ def judge(kind: EndKind, status: int, failure: str | None) -> Judgement:
         return _FAULT if status >= 500 else _OK
     if failure == "status":  # an error answer the request may take elsewhere
         return _UNSETTLED if status >= 500 else _NONE
+    if failure == DEADLINE:  # as long as the client asked: no sign of the worker's health
+        return _NONE
     return _FAULT  # unreachable, timed out, broken off, not an answer
 
 
@@ -311,6 +321,11 @@ class AttemptState:
     def first_token_at(self) -> float | None:
         """When the first chunk of the answer arrived (``None``: not yet)."""
         return self._first
+
+    @property
+    def sent_at(self) -> float | None:
+        """When the request was written to the worker (``None``: not yet)."""
+        return self._sent
 
     @property
     def usage_seen(self) -> Usage | None:

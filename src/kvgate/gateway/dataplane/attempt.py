@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.core.attempt import (
+    DEADLINE,
     AttemptEnd,
     AttemptState,
     EndKind,
@@ -260,14 +261,16 @@ class Attempt:
 
     def answered(self, status: int) -> None:
         """The response's status and headers arrived."""
-        self.state.answered(self.parts.mono(), status)
+        self.worker.heard_at = now = self.parts.mono()
+        self.state.answered(now, status)
 
     def token(self, at: float | None = None) -> None:
         """A chunk of the answer arrived (at ``at`` on the monotonic clock, default now); the
         first tells a routed policy the prefill is done (``Policy.on_first_token``)."""
         state = self.state
         first = state.first_token_at is None and state.is_routed and not state.ended
-        state.token(self.parts.mono() if at is None else at)
+        self.worker.heard_at = now = self.parts.mono() if at is None else at
+        state.token(now)
         if first:
             self.parts.policy.on_first_token(self.features, self.worker.id, self.parts.wall())
 
@@ -290,8 +293,19 @@ class Attempt:
         return self._ended(self.state.completed(self.parts.mono()))
 
     def failed(self, kind: str, status: int | None = None) -> AttemptEnd | None:
-        """The worker failed the attempt: its end (``None``: it had ended)."""
-        return self._ended(self.state.failed(self.parts.mono(), kind, status))
+        """The worker failed the attempt: its end (``None``: it had ended).
+
+        A non-streamed answer's head comes with all of it, so its wait timing out measures
+        the length the client asked for (``max_tokens``) as much as the worker: while the
+        worker answered other requests meanwhile it was not silent, and the timeout is the
+        request's (``core.attempt.DEADLINE``: not charged). A worker silent to everyone is.
+        """
+        now = self.parts.mono()
+        if kind == "timeout" and not self.features.stream:
+            sent = self.state.sent_at
+            if sent is not None and self.worker.heard_at > sent:
+                kind = DEADLINE
+        return self._ended(self.state.failed(now, kind, status))
 
     def cancelled(self) -> AttemptEnd | None:
         """The attempt was abandoned: its end (``None``: it had ended)."""

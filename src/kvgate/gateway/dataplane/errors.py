@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from kvgate.core.attempt import DEADLINE
+
 
 class GatewayError(Exception):
     """An error the gateway answers itself, with an HTTP status and OpenAI error body."""
@@ -212,6 +214,13 @@ class UpstreamBroken(UpstreamError):  # noqa: N818 (the names the design uses)
 
     kind = "broken"
     retryable = False
+
+
+class UpstreamDeadline(UpstreamBroken):
+    """The answer was still coming at ``timeouts.total_s`` and was cut off there: its
+    length is the client's (``max_tokens``), so it says nothing of the worker's health."""
+
+    kind = DEADLINE
 
 
 class UpstreamTooLarge(UpstreamBroken):

@@ -53,12 +53,14 @@ class Worker:
     worker's state; nothing routing reads can change without that.
     """
 
-    __slots__ = ("_listener", "_routed", "config", "id", "upstream")
+    __slots__ = ("_listener", "_routed", "config", "heard_at", "id", "upstream")
 
     def __init__(
         self, config: WorkerConfig, upstream: Upstream, default_max_in_flight: int = 256
     ) -> None:
         self._listener: ChangeListener | None = None
+        self.heard_at = -math.inf
+        """When (monotonic) a request's answer last brought a byte from it: alive then."""
         self.id: WorkerId = config.id  # never the URL's user information
         self.config = config
         self.upstream = upstream

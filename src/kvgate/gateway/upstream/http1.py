@@ -60,6 +60,10 @@ class ReadTimeoutError(Http1Error):
     """No response head, or no body bytes, within the read timeout (or past the total)."""
 
 
+class DeadlineError(ReadTimeoutError):
+    """The exchange was still going at its total deadline (not a silence of the worker's)."""
+
+
 class DisconnectedError(Http1Error):
     """The worker closed the connection before the response was complete."""
 
@@ -340,7 +344,9 @@ class Connection(asyncio.Protocol):
             return
         now = self._loop.time()
         due = min(self._last_io + self._read_s, self._deadline)
-        if now >= due:
+        if now >= self._deadline:
+            self._fail(DeadlineError("past the request's total timeout"))
+        elif now >= due:
             self._fail(ReadTimeoutError("timed out waiting for the worker"))
         else:
             self._timer.arm_at(due, self._on_timer)

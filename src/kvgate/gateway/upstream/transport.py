@@ -23,6 +23,7 @@ from yarl import URL
 from kvgate.gateway.dataplane.errors import (
     InvalidPathError,
     UpstreamBroken,
+    UpstreamDeadline,
     UpstreamError,
     UpstreamTimeout,
     UpstreamTooLarge,
@@ -84,6 +85,8 @@ def _translate(exc: BaseException, started: bool) -> UpstreamError:
     """Map a client exception (``http1``'s or aiohttp's) to kvgate's own upstream error."""
     if isinstance(exc, http1.ConnectTimeoutError | aiohttp.ConnectionTimeoutError):
         return UpstreamUnavailable(f"connect timeout: {exc}")
+    if started and isinstance(exc, http1.DeadlineError):
+        return UpstreamDeadline("cut off at the total timeout mid-response")
     if isinstance(exc, http1.ReadTimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamBroken("timed out mid-response") if started else UpstreamTimeout("timeout")
     if started:
