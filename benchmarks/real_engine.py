@@ -132,9 +132,10 @@ class PolicyRun:
     learned: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Per worker URL, what the policy learned of its speed (``core.speed``; empty: a policy
     that learns none): observations, median |predicted - observed| / observed TTFT, rates."""
-    predictions: list[tuple[float, float]] = field(default_factory=list)
-    """Per request the policy observed, the TTFT it predicted at the send and the one it
-    observed (``FleetSpeed.log``; empty: a policy that predicts none)."""
+    predictions: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    """Per request the policy observed, by the gateway's own id (``X-Kvgate-Request-ID``):
+    the TTFT it predicted at the send, the one it observed, and the uncached tokens it
+    booked the request at, its guess (``FleetSpeed.log``; empty: a policy that predicts none)."""
 
 
 def run_order(policies: Sequence[str], seed: int) -> list[str]:
@@ -379,7 +380,7 @@ async def run_policy(
         log = speed.log if isinstance(speed, FleetSpeed) else ()
         # Keyed by the gateway's own request ids (never the client's ``X-Request-ID``):
         # each request's prediction at its send beside the TTFT the gateway observed.
-        run.predictions = [(p, t) for _, _, p, t in log]
+        run.predictions = {rid: (p, t, booked) for rid, _, p, t, booked in log}
     run.turns = [turn for turns in done for turn in turns]
     return run
 
@@ -389,6 +390,12 @@ def _engine_rate(worker: Any) -> float | None:
     signals = getattr(worker, "signals", None)
     per_token = getattr(signals, "prefill_s_per_token", None)
     return 1.0 / per_token if per_token else None
+
+
+def _predicted(entry: tuple[float, float, float] | None) -> dict[str, float | None]:
+    """A turn's prediction, observed TTFT (the gateway's) and booked uncached tokens."""
+    predicted, observed, booked = entry if entry is not None else (None, None, None)
+    return {"predicted": predicted, "gateway_ttft": observed, "booked_uncached": booked}
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -412,7 +419,13 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
     # Each request's |predicted - observed| / observed: the gateway's prediction at the
     # send against the TTFT it observed (its books are keyed by its own request ids, so a
     # turn is not matched to its prediction by the client's id).
-    misses = [abs(p - ttft) / ttft for p, ttft in run.predictions if ttft > 0]
+    misses = [abs(p - ttft) / ttft for p, ttft, _ in run.predictions.values() if ttft > 0]
+    # The guess: the uncached tokens each turn was booked at against those usage reported.
+    guessed = [
+        (entry[2], (t.answer.prompt_tokens or 0) - (t.answer.cached_tokens or 0))
+        for t in ok
+        if (entry := run.predictions.get(t.answer.gateway_id or "")) is not None
+    ]
     origin = min((t.answer.sent for t in run.turns), default=0.0)  # the run's first send
     return {
         "requests": len(run.turns),
@@ -440,6 +453,10 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
         "ttft_error": statistics.median(errors) if errors else None,
         "request_ttft_error": statistics.median(misses) if misses else None,
         "predicted": len(misses),
+        # Median |booked - true| uncached tokens, and the median relative to the prompt.
+        "guess_error_tokens": statistics.median(abs(b - u) for b, u in guessed)
+        if guessed
+        else None,
         "turns": [
             {
                 "session": t.session,
@@ -453,6 +470,10 @@ def summarize(run: PolicyRun, urls: Sequence[str], time_scale: float) -> dict[st
                 "sent_s": (t.answer.sent - origin) * time_scale,
                 "finished_s": (t.answer.finished - origin) * time_scale,
                 "error": t.answer.error,
+                # What the gateway predicted at the send, observed, and booked (its guess of
+                # the uncached tokens), by its own id (``X-Kvgate-Request-ID``).
+                "gateway_id": t.answer.gateway_id,
+                **_predicted(run.predictions.get(t.answer.gateway_id or "")),
             }
             for t in run.turns
         ],

@@ -6,6 +6,9 @@ at its first token and at its end, booked at the uncached tokens its ``usage`` r
 out), and fitted as the gateway fits it; the median of |predicted - observed| / observed
 over the turns is the model's error on that run (issue 46's measure). A change to the
 batch model (``core.batch``) or the fit is judged on the recorded runs in a second.
+``--on guess`` books each turn at the uncached tokens the gateway guessed at its send
+(``booked_uncached``, recorded since 2026-12-07) instead: the run's error as the gateway
+made it, so the gap splits into the guess's share (guess less truth) and the model's.
 
 Runs since 2026-12-07 record each turn's ``sent_s``/``finished_s``; for older ones the
 sends are rebuilt from the run's seeded schedule (``real_engine.schedule``: a session's
@@ -61,12 +64,16 @@ def replay(
     decode_s: float = 3.0,
     questions: Path | None = None,
     engine_rate: float = 30.0,
+    *,
+    on: str = "truth",
 ) -> float:
     """The median relative error of the TTFTs ``FleetSpeed`` predicts for the run's turns."""
     events = []
     for n, (turn, sent) in enumerate(timed(run, policy, decode_s, questions)):
         if turn["ttft"] is None or not turn["prompt_tokens"]:
             continue
+        if on == "guess" and turn.get("booked_uncached") is None:
+            continue  # no guess recorded (an old run, or one the gateway never observed)
         rid = str(n)
         events += [
             (sent, 0, rid, turn),
@@ -83,7 +90,8 @@ def replay(
     for at, kind, rid, turn in events:
         prompt, cached = turn["prompt_tokens"], turn["cached_tokens"] or 0
         if kind == 0:
-            predicted[rid] = model.sent(rid, turn["worker"], at, prompt - cached, streamed=True)
+            booked = prompt - cached if on == "truth" else turn["booked_uncached"]
+            predicted[rid] = model.sent(rid, turn["worker"], at, booked, streamed=True)
         elif kind == 1:
             model.first_token(rid, at)
             firsts[rid] = at
@@ -107,16 +115,20 @@ def main() -> None:
         default=30.0,
         help="prefill tokens/s /metrics said, if unrecorded",
     )
+    parser.add_argument(
+        "--on",
+        default="truth,guess",
+        help="book turns at usage's uncached tokens (truth), the gateway's guess, or both",
+    )
     args = parser.parse_args()
     for path in args.runs:
-        error = replay(
-            json.loads(path.read_text()),
-            args.policy,
-            args.decode_s,
-            args.questions,
-            args.engine_rate,
-        )
-        print(f"{path}: median error {error:.0%}")
+        run = json.loads(path.read_text())
+        a = args
+        errors = [
+            f"{on} {replay(run, a.policy, a.decode_s, a.questions, a.engine_rate, on=on):.0%}"
+            for on in a.on.split(",")
+        ]
+        print(f"{path}: median error on the " + ", on the ".join(errors))
 
 
 if __name__ == "__main__":

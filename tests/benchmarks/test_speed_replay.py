@@ -24,3 +24,16 @@ def test_a_recorded_run_is_replayed_turn_by_turn() -> None:
     run = {"config": {"slots": 4}, "policies": {"default": {"turns": turns}}}
     error = bench.replay(run, engine_rate=30.0)
     assert math.isclose(error, ((35 - 1000 / 30) / 35 + 1 / 34) / 2)
+
+
+def test_a_run_is_replayed_on_the_gateways_guess_as_well_as_on_the_truth() -> None:
+    """``on="guess"`` books each turn at the uncached tokens the gateway booked it at
+    (``booked_uncached``): the run's error as the gateway made it, beside the model's."""
+    bench = load_benchmark("speed_replay")
+    turn = {
+        "session": "a", "turn": 1, "worker": "w", "prompt_tokens": 1000, "cached_tokens": 0,
+        "ttft": 35.0, "sent_s": 0.0, "finished_s": 37.0, "booked_uncached": 600.0,
+    }  # fmt: skip
+    run = {"config": {"slots": 4}, "policies": {"default": {"turns": [turn]}}}
+    assert math.isclose(bench.replay(run, engine_rate=30.0), (35 - 1000 / 30) / 35)
+    assert math.isclose(bench.replay(run, engine_rate=30.0, on="guess"), (35 - 600 / 30) / 35)

@@ -457,3 +457,14 @@ def test_quiet_short_turns_over_a_long_cached_context_on_llama_cpp() -> None:
             misses.append(abs(predicted - ttft) / ttft)
         now += 3.0
     assert statistics.median(misses[-20:]) < 0.15
+
+
+def test_the_log_keeps_the_tokens_a_request_was_booked_at_beside_usages_truth() -> None:
+    """What the gateway guessed uncached at the send is kept beside its prediction: the
+    guess's share of the error is told from the model's (``real_engine.py``)."""
+    model = FleetSpeed(PRIOR)
+    predicted = model.sent("r", "w", 0.0, 300.0)
+    model.first_token("r", 0.2)
+    model.ended("r", 1_000, 950)  # usage: 50 uncached, not 300
+    model.observed("r", 0.2)
+    assert list(model.log) == [("r", "w", predicted, 0.2, 300.0)]

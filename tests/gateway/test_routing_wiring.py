@@ -187,6 +187,7 @@ async def test_non_streaming_usage_reaches_the_policy(workers: list[WorkerHandle
     usage = json.loads(raw)["usage"]
     rid = policy.routed[0][0]  # the gateway's own id; the client's "n1" is echoed
     assert rid != "n1" and headers["X-Request-ID"] == "n1"
+    assert headers["X-Kvgate-Request-ID"] == rid  # the books' key, for the client to match
     assert policy.usage == [(rid, headers["X-Kvgate-Worker"], usage["prompt_tokens"], 0)]
     assert policy.completions == {rid: usage["completion_tokens"]} and usage["completion_tokens"]
     assert policy.routed == [(rid, headers["X-Kvgate-Worker"])]

@@ -240,7 +240,8 @@ class FakeWorker:
                 f"HTTP/1.1 307 X\r\nLocation: http://{host}/v1/completions?x=1\r\n"
                 f"Content-Location: //{host}/v1/c\r\n"
                 "Connection: keep-alive, X-Worker-Secret\r\nX-Worker-Secret: s3cret\r\n"
-                "X-Kvgate-Worker: spoofed\r\nContent-Length: 0\r\n\r\n".encode()
+                "X-Kvgate-Worker: spoofed\r\nX-Kvgate-Request-ID: spoofed\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
             )
         elif mode == "html_200":
             writer.write(_response(200, b"<html>oops</html>", "text/html"))

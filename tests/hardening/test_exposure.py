@@ -108,4 +108,6 @@ async def test_a_workers_redirect_and_its_hop_by_hop_headers_stay_behind() -> No
     assert headers["Content-Location"] == "/v1/c"
     assert "X-Worker-Secret" not in headers
     assert headers.getall("X-Kvgate-Worker") == [headers["X-Kvgate-Worker"]] != ["spoofed"]
+    own = headers.getall("X-Kvgate-Request-ID")  # the gateway's id, never the worker's
+    assert own == [headers["X-Kvgate-Request-ID"]] != ["spoofed"]
     assert all(str(fake.port) not in value for value in headers.values()), headers

@@ -22,6 +22,7 @@ from kvgate.bench.payloads import Payload
 WORKER_HEADER = "X-Kvgate-Worker"
 REASON_HEADER = "X-Kvgate-Route-Reason"
 TIER_HEADER = "X-Kvgate-KV-Tier"
+GATEWAY_ID_HEADER = "X-Kvgate-Request-ID"
 
 _ERROR_BODY_CHARS = 300
 
@@ -44,6 +45,9 @@ class Answer:
     kv_tier: str | None = None
     """Where a pinned llama.cpp slot's KV came from (``X-Kvgate-KV-Tier``: slot, disk,
     migrated, shared, recompute, fallback); ``None`` where the gateway pins no slots."""
+    gateway_id: str | None = None
+    """The gateway's own id of the request (``X-Kvgate-Request-ID``): the key of what it
+    predicted and observed of it (``FleetSpeed.log``)."""
     worker_ttft: float | None = None
     """The worker's own TTFT (model seconds), when it reports ``kvgate_timing``."""
     served_by: str | None = None
@@ -144,6 +148,7 @@ class BenchClient:
                 answer.worker = resp.headers.get(WORKER_HEADER)
                 answer.reason = resp.headers.get(REASON_HEADER)
                 answer.kv_tier = resp.headers.get(TIER_HEADER)
+                answer.gateway_id = resp.headers.get(GATEWAY_ID_HEADER)
                 if resp.status != 200:
                     body = await resp.text(errors="replace")
                     answer.error = f"HTTP {resp.status}: {_error_message(body)}"

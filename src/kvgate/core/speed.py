@@ -133,8 +133,9 @@ class FleetSpeed:
         self._updates = 0
         self._done: OrderedDict[str, Sent] = OrderedDict()  # recent ends, usage's tokens
         self._engine_prefill: dict[WorkerId, float] = {}  # as the engines report it (``engine``)
-        self.log: deque[tuple[str, WorkerId, Seconds, Seconds]] = deque(maxlen=4096)
-        """The latest observations: request id, worker, TTFT predicted at its send, observed."""
+        self.log: deque[tuple[str, WorkerId, Seconds, Seconds, float]] = deque(maxlen=4096)
+        """The latest observations: request id, worker, TTFT predicted at its send, observed,
+        and the uncached tokens it was booked at (the caller's guess: ``sent``)."""
         self._due: list[tuple[float, str]] = []  # streamed requests' next lateness check
 
     # -- estimates ------------------------------------------------------------------
@@ -372,7 +373,7 @@ class FleetSpeed:
         sent = Sent(
             worker, at, uncached, predicted, ahead, book.tokens, book.backlog, book.as_of,
             waiting, running, wait=wait, shared=shared, awaiting=streamed,
-            weight=context(book, uncached) if book.slots else 1.0,
+            weight=context(book, uncached) if book.slots else 1.0, booked=uncached,
         )  # fmt: skip
         if streamed:
             heapq.heappush(self._due, (at + _LATE * predicted, request_id))
@@ -434,7 +435,7 @@ class FleetSpeed:
         fit.ttfts.append(y)
         self._update(fit, self._features(fit, sent), y, sent.worker)
         fit.errors.append(abs(sent.predicted - ttft) / ttft)
-        self.log.append((request_id, sent.worker, sent.predicted, ttft))
+        self.log.append((request_id, sent.worker, sent.predicted, ttft, sent.booked))
 
     def held(self, request_id: str, decoded: Seconds) -> None:
         """The observed ``request_id`` decoded ``decoded`` seconds after its first token."""

@@ -52,6 +52,7 @@ class Sent:
     first_at: float | None = None  # when its first token came
     awaiting: bool = False  # streamed, no first token yet: a late one says "slower" (``late``)
     weight: float = 1.0  # slotted engine: what a token of it costs, over its context (``context``)
+    booked: float = 0.0  # the uncached tokens guessed at its send (``uncached`` is usage's, later)
 
 
 Front = tuple[float, float, float]

@@ -334,7 +334,8 @@ class GatewayConfig(_Model):
     admin_token: str | None = Field(default=None, repr=False)
     """The admin API's bearer token; required off loopback. ``admin_token_file`` or ``${ENV}``."""
     response_headers: bool = True
-    """Add ``X-Kvgate-Worker``, ``-Model-Version`` and ``-Route-Reason`` to answers."""
+    """Add ``X-Kvgate-Worker``, ``-Model-Version``, ``-Route-Reason`` and ``-Request-ID``
+    (the gateway's own id of the request, the key of its books) to answers."""
     stream_usage: bool = True
     """Ask workers for ``usage`` on every stream (the policy's cache feedback); a client
     that did not set ``stream_options.include_usage`` still gets no usage chunk."""

@@ -48,6 +48,7 @@ REQUEST_ID = "X-Request-ID"
 WORKER_HEADER = "X-Kvgate-Worker"
 VERSION_HEADER = "X-Kvgate-Model-Version"
 REASON_HEADER = "X-Kvgate-Route-Reason"
+GATEWAY_ID_HEADER = "X-Kvgate-Request-ID"  # the gateway's own id (``Outcome.request_id``)
 
 # RFC 9110 hop-by-hop headers, plus those the client library sets itself.
 HOP_BY_HOP = frozenset(
@@ -67,7 +68,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-_OWN_HEADERS = HOP_BY_HOP | {h.lower() for h in (WORKER_HEADER, VERSION_HEADER, REASON_HEADER)}
+_OWN_HEADERS = HOP_BY_HOP | {
+    h.lower() for h in (WORKER_HEADER, VERSION_HEADER, REASON_HEADER, GATEWAY_ID_HEADER)
+}
 """A worker's response headers not relayed: hop-by-hop ones and the gateway's own (a
 worker's ``X-Kvgate-Worker`` would pass for the gateway's)."""
 
@@ -104,8 +107,7 @@ _ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 
 def answer_id(data: bytes) -> str | None:
     """The id an answer names first (within its first 4 KiB): a stored response's."""
-    found = _ANSWER_ID.search(data, 0, 4096)
-    return found.group(1).decode() if found is not None else None
+    return found.group(1).decode() if (found := _ANSWER_ID.search(data, 0, 4096)) else None
 
 
 class AwaySessions(Protocol):
@@ -148,9 +150,8 @@ class Outcome:
     messages: bool = False
     """Anthropic's Messages API: its stream's usage and errors are in Anthropic's events."""
     request_id: str = ""
-    """The client's ``X-Request-ID`` (else the gateway's own id): echoed to the client and
-    forwarded to the worker, never a key of the gateway's books (``features.request_id``,
-    unique per request, is)."""
+    """The client's ``X-Request-ID`` (else the gateway's own id, ``features.request_id``: its
+    books' key, sent as ``X-Kvgate-Request-ID``): echoed to the client, forwarded, logged."""
     key: str | None = None  # the name of the client key it presented (``apikeys.KeyNames``)
 
 
@@ -192,20 +193,19 @@ class Relay:
         self, upstream: UpstreamResponse, attempt: Attempt, request_id: str
     ) -> list[tuple[str, str]]:
         drop = _OWN_HEADERS
-        connection = upstream.headers.get("Connection")
-        if connection:  # the names it lists are hop-by-hop too
+        if connection := upstream.headers.get("Connection"):  # the names it lists: hop-by-hop
             drop = drop | {token.strip().lower() for token in connection.split(",")}
         host = attempt.worker.upstream.host
         headers = []
         for name, value in upstream.headers.items():
-            lower = name.lower()
-            if lower not in drop:
+            if (lower := name.lower()) not in drop:
                 headers.append((name, _relative(value, host) if lower in _LOCATIONS else value))
         headers.append((REQUEST_ID, request_id))
         if self.response_headers:
             headers.append((WORKER_HEADER, self._worker_name(attempt.worker)))
             headers.append((VERSION_HEADER, attempt.version))
             headers.append((REASON_HEADER, attempt.reason))
+            headers.append((GATEWAY_ID_HEADER, attempt.features.request_id))
         return headers
 
     async def respond(
