@@ -418,3 +418,18 @@ def test_shares_say_what_a_new_session_would_find_on_each_worker() -> None:
     assert m.where("a") == (KvTier.DISK, None)
     assert m.shares(W2, "d", (*SYSTEM, 4)) == (len(SYSTEM), -1)  # a's file seeds it
     assert m.shares(W1, "a", (*SYSTEM, 1, 5)) == (0, -1)  # its own KV: restorable
+
+
+def test_a_session_being_saved_is_known_to_be() -> None:
+    """Its slot taken by another session: its KV is on its way to disk (``saving``) until
+    the save is reported, then on disk; its next turn waits for it and restores it."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 1)
+    first = m.acquire(W1, "a", 0, (*SYSTEM, 1))
+    assert first is not None
+    m.release(first, 1, served=True)
+    taking = m.acquire(W1, "b", 2, tuple(range(500, 520)))
+    assert taking is not None and taking.evict == "a" and taking.evict_cell is not None
+    assert m.saving("a") and not m.saving("b")
+    m.saved("a", taking.evict_cell, 100, 1_000, 3)
+    assert not m.saving("a") and m.where("a") == (KvTier.DISK, None)

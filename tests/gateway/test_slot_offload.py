@@ -526,3 +526,86 @@ def test_annotate_tells_the_policy_what_each_worker_would_give_a_new_session() -
     a = request_features("a2", "m", session_key=SessionKey("a"), prefix_hashes=(*system, 1, 2))
     plane.map.release(computing, 1.0, served=True)
     assert plane.annotate(a).restorable_blocks == 21
+
+
+def test_annotate_tells_the_policy_what_each_worker_computes_of_a_later_turn() -> None:
+    """A session's turn's usage on a llama.cpp worker (an attempt's end) says what its slot
+    holds: the next turn is told, per worker, the engine tokens it computes there (its slot's
+    worker: its new part; elsewhere: the reply too, restored from a save), not a guess from
+    the index's 256-character blocks (``core.slot_turns``)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.core.attempt import AttemptEnd
+    from kvgate.core.features import request_features
+    from kvgate.gateway.config import SlotSettings
+    from kvgate.gateway.control.offload import SlotPlane
+    from kvgate.gateway.observe.metrics import SlotMetrics
+    from kvgate.types import BlockHash, SessionKey
+
+    plane = SlotPlane(SlotSettings(), SlotMetrics(CollectorRegistry()), wait_limit_s=60.0)
+    plane.map.add_worker("w1", 2)
+    plane.map.add_worker("w2", 2)
+    key, chain = SessionKey("a"), tuple(BlockHash(h) for h in range(100, 118))
+    first = request_features("r1", "m", session_key=key, prefix_hashes=chain, prompt_chars=4_400)
+    first = plane.annotate(first)
+    assert first.slot_uncached == ()  # no turn seen yet: the policy's own guess stands
+    plan = plane.map.acquire("w1", key, 0.0, chain)
+    assert plan is not None
+    end = SimpleNamespace(worker="w1", prompt_tokens=1_100, cached_tokens=0, completion_tokens=32)
+    plane.ended(first, cast(AttemptEnd, end))
+    plane.map.release(plan, 1.0, served=True)
+    second = request_features(
+        "r2", "m", session_key=key, prefix_hashes=(*chain, BlockHash(7)), prompt_chars=4_800
+    )
+    second = plane.annotate(second)
+    assert second.slot_uncached == (("w1", 69), ("w2", 100))
+    assert second.slot_tokens("w1", 5.0) == 69 and second.slot_tokens("w3", 5.0) == 5.0
+    assert second.restorable_blocks == 18  # as before: restorable everywhere
+    # Its usage: 1,200 tokens, 1,100 found (the reply's not reused): 31 more than it was
+    # told; the next such turn is told that much more (the plane measures what it misses).
+    plan = plane.map.acquire("w1", key, 2.0, second.prefix_hashes)
+    assert plan is not None
+    end = SimpleNamespace(
+        worker="w1", prompt_tokens=1_200, cached_tokens=1_100, completion_tokens=1
+    )
+    plane.ended(second, cast(AttemptEnd, end))
+    plane.map.release(plan, 3.0, served=True)
+    third = replace(second, request_id="r3", prompt_chars=5_200)
+    assert plane.annotate(third).slot_uncached == (("w1", 100 + 31), ("w2", 100 + 31))
+
+
+def test_a_turn_whose_kv_is_being_saved_is_told_it_will_be_restored() -> None:
+    """Its slot was just taken by another session: its KV is on its way to disk, and the
+    turn waits for the save, then restores it (``SlotMap.acquire``). Told it finds none,
+    it was booked at its whole prompt (1,277 tokens; 75 computed)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.core.attempt import AttemptEnd
+    from kvgate.core.features import request_features
+    from kvgate.gateway.config import SlotSettings
+    from kvgate.gateway.control.offload import SlotPlane
+    from kvgate.gateway.observe.metrics import SlotMetrics
+    from kvgate.types import BlockHash, SessionKey
+
+    plane = SlotPlane(SlotSettings(), SlotMetrics(CollectorRegistry()), wait_limit_s=60.0)
+    plane.map.add_worker("w1", 1)
+    key, chain = SessionKey("a"), tuple(BlockHash(h) for h in range(100, 118))
+    first = request_features("r1", "m", session_key=key, prefix_hashes=chain, prompt_chars=4_400)
+    plan = plane.map.acquire("w1", key, 0.0, chain)
+    assert plan is not None
+    end = SimpleNamespace(worker="w1", prompt_tokens=1_100, cached_tokens=0, completion_tokens=32)
+    plane.ended(first, cast(AttemptEnd, end))
+    plane.map.release(plan, 1.0, served=True)
+    other = plane.map.acquire("w1", SessionKey("b"), 2.0, tuple(BlockHash(h) for h in range(9)))
+    assert other is not None and other.evict == key  # a's save under way
+    second = request_features(
+        "r2", "m", session_key=key, prefix_hashes=(*chain, BlockHash(7)), prompt_chars=4_800
+    )
+    second = plane.annotate(second)
+    assert second.slot_uncached == (("w1", 100),) and second.restorable_blocks == 18

@@ -58,6 +58,17 @@ class RequestFeatures:
     tenant: str = ""
     """The tenant its scope counts under in the store (``core.session.tenant_tag``; "": no
     scope): the prefix blocks it shares are counted against it (``store.holders``)."""
+    slot_uncached: tuple[tuple[WorkerId, int], ...] = ()
+    """Per llama.cpp worker, the prompt tokens the slot plane expects the engine to compute
+    there, in the engine's own tokens (``core.slot_turns``; empty: it cannot tell)."""
+
+    def slot_tokens(self, worker: WorkerId, guess: float) -> float:
+        """The tokens the slot plane expects ``worker`` to compute of this prompt, else
+        ``guess`` (the policy's own: the plane has no word on that worker)."""
+        for wid, tokens in self.slot_uncached:
+            if wid == worker:
+                return tokens
+        return guess
 
     def slot_credit(self, worker: WorkerId, chars: Callable[[int], int]) -> tuple[int, str]:
         """Characters of the prompt the slot plane finds for it on ``worker`` (restored from
@@ -107,10 +118,11 @@ def request_features(
     token_ids: tuple[int, ...] = (),
     slot_shares: tuple[tuple[WorkerId, int, str], ...] = (),
     tenant: str = "",
+    slot_uncached: tuple[tuple[WorkerId, int], ...] = (),
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 
-    That ``__init__`` sets each of the 17 fields through ``object.__setattr__``
+    That ``__init__`` sets each of the 18 fields through ``object.__setattr__``
     (about 1 us, some 1% of a plain request's instructions); this fills the new
     instance's dict in one update. ``tests/core/test_features.py`` checks that the
     parameters and defaults are the fields'.
@@ -134,5 +146,6 @@ def request_features(
         token_ids=token_ids,
         slot_shares=slot_shares,
         tenant=tenant,
+        slot_uncached=slot_uncached,
     )
     return made

@@ -211,6 +211,10 @@ class SlotMap:
             return KvTier.DISK, None
         return KvTier.RECOMPUTE, None
 
+    def saving(self, key: SessionKey) -> bool:
+        """Whether ``key``'s KV is being saved now (restorable once written: ``acquire``)."""
+        return key in self._saving
+
     def busy(self, worker: WorkerId) -> int:
         """How many of this gateway's slots of ``worker`` serve a request now."""
         slots = self._slots.get(worker, [])

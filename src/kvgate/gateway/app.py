@@ -118,7 +118,11 @@ class Gateway:
         self.metrics.watch_store(self.store.health)
         self.metrics.watch_speeds(self.policy.speeds)
         self.slots = SlotPlane(
-            config.slots, self.metrics.slots, wait_limit_s=t.total_s, store=self.store
+            config.slots,
+            self.metrics.slots,
+            wait_limit_s=t.total_s,
+            store=self.store,
+            features=config.features,
         )
         self.pressure = PressureDriver(
             self.pool,
@@ -179,7 +183,8 @@ class Gateway:
             passive=self.health,
             outcomes=self.control.recorder,
             caches=self.caches,
-            end_listeners=[self.tool_calls.ended] if self.tool_calls is not None else [],
+            end_listeners=[self.slots.ended]
+            + ([self.tool_calls.ended] if self.tool_calls is not None else []),
         )
         self.warm_ups = WarmUps(
             self.pool,

@@ -131,3 +131,23 @@ def test_what_the_slot_plane_finds_for_a_new_session_is_booked_cached() -> None:
     booked = policy.speed.books["a"].sent["r2"]
     assert booked.uncached == pytest.approx(64.0)  # the last block's 256 characters
     assert booked.wait == pytest.approx(1024 * CPU)  # r1's whole prefill (and 0 s decoding)
+
+
+def test_what_the_slot_plane_counts_in_the_engines_tokens_is_booked_as_it_says() -> None:
+    """Where the slot plane tells what a worker computes of a prompt (``slot_uncached``, from
+    its session's last turn's usage), that is booked there, not the index's and the last
+    reply's guess in characters (a later turn over ~1,100 cached tokens was booked at 0-40
+    tokens that computed 40-270); elsewhere the policy's own guess stands."""
+    from dataclasses import replace
+
+    policy = DefaultPolicy()
+    workers = (slotted("a"), slotted("b"))
+    turn = replace(
+        request("r1", session="s1", hashes=chain(1, 16, tail=1)), slot_uncached=(("a", 69),)
+    )
+    policy.pick(turn, ctx(fleet(*workers), key="s1"))
+    policy.on_routed(turn, "a", 0.0)
+    assert policy.speed.books["a"].sent["r1"].uncached == pytest.approx(69.0)
+    other = replace(request("r2", session="s2", hashes=chain(1, 16, tail=2)), slot_uncached=())
+    policy.on_routed(other, "b", 0.0)
+    assert policy.speed.books["b"].sent["r2"].uncached == pytest.approx(1024.0)  # its own guess

@@ -247,3 +247,14 @@ def test_on_an_engine_of_slots_a_shared_prefix_is_not_cached_in_a_cold_free_slot
     plain = TtftPolicy()
     plain.on_routed(first, "a", 0.0)
     assert plain.pick(second, ctx(fleet(worker("a"), worker("b"), now=0.1))).worker == "a"
+
+
+def test_what_the_slot_plane_counts_in_the_engines_tokens_is_booked_as_it_says() -> None:
+    """``slot_uncached`` (llama.cpp's slot plane, from the session's last turn's usage) is
+    what ``ttft`` books on the worker it names; elsewhere its own guess stands."""
+    policy = TtftPolicy()
+    turn = replace(request("r1", session="s", hashes=chain(1, 16)), slot_uncached=(("a", 69),))
+    policy.on_routed(turn, "a", 0.0)
+    policy.on_routed(replace(turn, request_id="r2"), "b", 0.0)
+    assert policy.speed.books["a"].sent["r1"].uncached == pytest.approx(69.0)
+    assert policy.speed.books["b"].sent["r2"].uncached == pytest.approx(1024.0)

@@ -187,12 +187,12 @@ class DefaultPolicy(Warming, SpeedLearning):
         cached = self._trust.expected(young, resident, depth)
         per_char = self._tokens_per_char
         seconds = (prompt - cached) * per_char / self._rate  # the prior's: the lives' unit
-        hashes = tuple(request.prefix_hashes)
-        self._running.fly(rid, worker, hashes)
+        self._running.fly(rid, worker, hashes := tuple(request.prefix_hashes))
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
         likely = prompt - max(likely, credit, self._replies.cached(request, worker) if warm else 0)
-        self.speed.sent(rid, worker, now, likely * per_char, streamed=request.stream, after=after)
+        tokens = request.slot_tokens(worker, likely * per_char)  # the engine's, if the plane tells
+        self.speed.sent(rid, worker, now, tokens, streamed=request.stream, after=after)
         lives = self._lives
         if request.session_key is not None:
             lives.sessions.add(now, self._recent_half_s, seconds, 0.0)

@@ -94,7 +94,7 @@ class Openers:
         """A warm-up of ``opening``'s prefix (its first ``chars`` characters) on ``worker``."""
         self._given += 1
         rid = f"{opening.request_id}~warm{self._given}"
-        prefix = dataclasses.replace(opening, request_id=rid, prompt_chars=chars)
+        prefix = dataclasses.replace(opening, request_id=rid, prompt_chars=chars, slot_uncached=())
         return WarmUp(worker, prefix, opening.request_id)
 
 

@@ -27,6 +27,10 @@ would take it (its share of the prompt's tokens at the worker's own prefill rate
 llama.cpp reports it in ``/metrics``): a prefix that sessions arriving together share is
 then computed once per worker, not once per slot.
 
+Each request is told what each worker would compute of its prompt, in the engine's own
+tokens (``RequestFeatures.slot_uncached``, ``core.slot_turns``): from where its session's
+KV is and what its last turn's usage left there; the policies book it so.
+
 Migration needs nothing of its own: when the router places a session on another
 worker than the one holding its KV (pressure moved its affinity, its worker is
 draining, or the policy chose so), the lease on the new worker moves the KV.
@@ -48,7 +52,10 @@ from typing import Any, TypeVar
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from kvgate.core.attempt import AttemptEnd
 from kvgate.core.features import RequestFeatures
+from kvgate.core.prefix import FeatureConfig
+from kvgate.core.slot_turns import SlotTurns
 from kvgate.core.slotmap import KvTier, SlotBounds, SlotMap, SlotPlan
 from kvgate.gateway.config import SlotSettings
 from kvgate.gateway.control.slotclaim import SlotClaim, SlotClaimError
@@ -80,8 +87,12 @@ class SlotPlane:
         wait_limit_s: float,
         store: AffinityStore | None = None,
         mono: Callable[[], float] = time.monotonic,
+        features: FeatureConfig | None = None,
     ) -> None:
         self.settings = settings
+        self._blocks = features if features is not None else FeatureConfig()
+        self.turns = SlotTurns()
+        """Each session's last turn's usage: what its next one computes (``annotate``)."""
         self.claim = (
             SlotClaim(store, settings.file_prefix, settings.replicas) if store is not None else None
         )
@@ -122,14 +133,45 @@ class SlotPlane:
         key, prefix = features.affinity_key, features.prefix_hashes
         if not self.settings.enabled or len(prefix) < 2:
             return features
-        if key is not None and self.map.where(key)[0] in (KvTier.SLOT, KvTier.DISK):
-            return replace(features, restorable_blocks=len(prefix) - 1)
-        shares = []
-        for worker in self.map.workers():
-            blocks, slot = self.map.shares(worker, key, prefix)
-            if blocks:
-                shares.append((worker, blocks, self._flights.get((worker, slot), "")))
-        return replace(features, slot_shares=tuple(shares)) if shares else features
+        workers, shares = self.map.workers(), []
+        if not workers:  # no llama.cpp worker known (yet)
+            return features
+        tier, holder = self.map.where(key) if key is not None else (KvTier.RECOMPUTE, None)
+        if key is not None and self.map.saving(key):
+            tier = KvTier.DISK  # its turn waits for the save, then restores it (``acquire``)
+        if tier is not KvTier.SLOT and tier is not KvTier.DISK:
+            for worker in workers:
+                blocks, slot = self.map.shares(worker, key, prefix)
+                if blocks:
+                    shares.append((worker, blocks, self._flights.get((worker, slot), "")))
+        found = {w: self._chars(blocks) for w, blocks, _ in shares}
+        uncached = self.turns.uncached(
+            key, features.prompt_chars, workers, slot=holder, saved=tier is KvTier.DISK,
+            shared=lambda w: found.get(w, 0),
+        )  # fmt: skip
+        if shares or tier is KvTier.RECOMPUTE:
+            return replace(features, slot_shares=tuple(shares), slot_uncached=uncached)
+        return replace(features, restorable_blocks=len(prefix) - 1, slot_uncached=uncached)
+
+    def _chars(self, blocks: int) -> int:
+        """Characters the first ``blocks`` prefix blocks of a prompt cover."""
+        cfg = self._blocks
+        fine = cfg.max_blocks
+        wide = blocks if blocks <= fine else fine + (blocks - fine) * cfg.coarse_factor
+        return wide * cfg.block_chars
+
+    def ended(self, features: RequestFeatures, end: AttemptEnd) -> None:
+        """An attempt ended (``EndListener``): a llama.cpp turn's usage says what its
+        session left in its slot (``annotate``)."""
+        if end.prompt_tokens is not None and self.map.manages(end.worker):
+            said = features.slot_tokens(end.worker, -1.0)
+            if said >= 0.0 and end.cached_tokens is not None:  # what it was told, against usage
+                computed = end.prompt_tokens - end.cached_tokens
+                self.turns.observed(bool(features.restorable_blocks), said, computed)
+            self.turns.ended(
+                features.affinity_key, end.worker, features.prompt_chars, end.prompt_tokens,
+                end.completion_tokens or 0,
+            )  # fmt: skip
 
     def move_seconds(self, key: SessionKey) -> float | None:
         """What moving ``key`` to another worker costs with its KV, or None (recompute).
