@@ -61,6 +61,17 @@ def test_secrets_are_not_in_the_config_repr() -> None:
     assert "s3cret" not in repr(config) and "k3y" not in repr(config)
 
 
+def test_a_workers_key_is_not_in_the_config_repr() -> None:
+    """A worker trusts whoever holds its key: the gateway's config (and a worker's, as
+    discovery and ``POST /admin/workers`` make them) never renders it."""
+    config = parse_config(
+        {"workers": [{"url": "http://w:1", "api_key": "w0rker-k3y"}], "store": {"password": "pw"}}
+    )
+    assert config.workers[0].api_key == "w0rker-k3y"
+    assert "w0rker-k3y" not in repr(config) and "w0rker-k3y" not in repr(config.workers[0])
+    assert "w0rker-k3y" not in str(config.workers[0])
+
+
 def test_aliases_must_name_models() -> None:
     with pytest.raises(ConfigError, match="an alias must name a model"):
         parse_config({"model_aliases": {"a": "b", "b": "c"}})

@@ -106,7 +106,8 @@ class WorkerConfig(_Model):
     max_in_flight: int | None = Field(default=None, ge=1)
     """Overrides ``admission.worker_max_in_flight`` for this worker."""
     labels: dict[str, str] = Field(default_factory=dict)
-    api_key: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
+    """The worker's own key (``${ENV}``, ``api_key_file``), sent as its bearer token."""
     offload_url: str | None = None  # set: the worker keeps what it offloads (core.toolcalls)
     engine: Literal["openai", "llamacpp"] = "openai"
     """``llamacpp``: a llama.cpp server whose slots the gateway pins, saves and restores
