@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import aiohttp
+from multidict import CIMultiDict
 
-from kvgate.core.session import tenant_tag
+from kvgate.core.prefix import FeatureConfig, build_features
+from kvgate.core.session import IDENTITY_TAG, HeaderScope, tenant_tag
 from kvgate.gateway.testing import running_gateway
 from kvgate.store import MemoryStore
 from kvgate.workersim.runner import WorkerHandle
@@ -38,3 +40,31 @@ async def test_a_tenants_new_prompts_are_bounded_and_leave_anothers_evidence(
             await ask("sk-alice", n)
         assert store.holders.held_by(tenant_tag(b"sk-alice")) == 3
         assert store.holders.held_by(tenant_tag(b"sk-bob")) == min(bob, 3)
+
+
+def test_a_requests_tenant_is_its_scopes_with_a_session_id_or_without() -> None:
+    """The tenant its shared blocks count against is its scope's tag, whether read off its
+    session key or made from its headers; nobody's without a scope."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+    bob = tenant_tag(b"sk-bob")
+    cases = [
+        ({"Authorization": "Bearer sk-bob"}, "credential", bob),
+        ({"Authorization": "Bearer sk-bob", "X-Session-ID": "s1"}, "credential", bob),
+        ({"x-api-key": "sk-bob", "X-Session-ID": "cred:posing"}, "credential", bob),
+        ({"X-Session-ID": "cred:posing"}, "credential", ""),
+        ({}, "credential", ""),
+        ({"Authorization": "Bearer sk-bob", "X-Session-ID": "s1"}, "none", ""),
+    ]
+    for headers, scope, tenant in cases:
+        cfg = FeatureConfig(session_scope=scope)
+        made = build_features(body, CIMultiDict(headers), cfg, request_id="r")
+        assert made.tenant == tenant, (headers, scope)
+    identity = FeatureConfig(
+        session_scope=HeaderScope(header="x-user-id", trusted_peers=("10.0.0.0/8",))
+    )
+    for extra in ({}, {"X-Session-ID": "s1"}):
+        headers = CIMultiDict({"x-user-id": "alice", **extra})
+        made = build_features(body, headers, identity, request_id="r", peer="10.0.0.7")
+        assert made.tenant == tenant_tag(IDENTITY_TAG + b"alice")
+        stranger = build_features(body, headers, identity, request_id="r", peer="192.0.2.1")
+        assert stranger.tenant == ""

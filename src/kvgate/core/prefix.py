@@ -46,6 +46,7 @@ from kvgate.core.session import (
     parent_key_from,
     scope_of,
     session_key_from,
+    tenant_of,
     tenant_tag,
 )
 from kvgate.types import BlockHash, Priority
@@ -448,8 +449,13 @@ def build_features(
             cfg.session_scope,
             peer,
         ),
-        # The one-way tag of its scope, against which its shared prefix blocks count.
-        tenant=tenant_tag(scope_of(cfg.session_scope, headers, peer)) if headers else "",
+        # Its scope's one-way tag, against which its shared prefix blocks count: named by
+        # its session key when it has one (``tenant_of``), else made from its headers.
+        tenant=tenant_of(session_key)
+        if session_key is not None
+        else tenant_tag(scope_of(cfg.session_scope, headers, peer))
+        if headers
+        else "",
     )
 
 
