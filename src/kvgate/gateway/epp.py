@@ -79,6 +79,7 @@ class Picker:
                 full_duplex_default=epp.request_body_mode == "full_duplex_streamed",
                 max_body_bytes=config.limits.max_body_bytes,
                 stream_usage=config.stream_usage,
+                api_keys=tuple(key.encode() for key in config.client_keys),
             ),
             metrics=EppMetrics(gw.metrics.registry),
             away=gw.tool_calls,

@@ -456,3 +456,28 @@ async def test_a_reused_request_id_leaves_no_phantom_work_in_the_pickers_books()
         await wait_until(lambda: leases_released(picker), message="leases released")
         books = picker.gateway.router.policy.speed.books  # type: ignore[attr-defined]
         assert sum(len(book.sent) for book in books.values()) == 0
+
+
+async def test_the_picker_refuses_a_request_without_a_client_key() -> None:
+    """With ``api_keys`` the built-in proxy answers 401 to a request without one; the picker
+    placed it on a worker all the same (the config's keys only picked settings), so a
+    gateway moved behind Envoy was silently open. Now it is the same 401, never placed;
+    the request's one credential (a bearer token, else ``x-api-key``) must be a key."""
+    keys = ["sk-picker-0123456789"]
+    async with (
+        worker_fleet(1) as fleet,
+        running_picker(gateway_config(fleet, api_keys=keys)) as picker,
+        envoy(picker) as client,
+    ):
+        for headers in (
+            {},
+            {"authorization": "Bearer sk-wrong"},
+            {"authorization": "Bearer made-up", "x-api-key": keys[0]},
+        ):
+            refused = await client.request(chat("hi"), headers=headers)
+            assert refused.immediate and refused.status == 401, headers
+            assert refused.endpoints == [] and keys[0].encode() not in refused.body
+        for headers in ({"authorization": f"Bearer {keys[0]}"}, {"x-api-key": keys[0]}):
+            ok = await client.request(chat("hi"), headers=headers)
+            assert ok.status == 200, headers
+        await wait_until(lambda: leases_released(picker), message="released")

@@ -65,6 +65,7 @@ from kvgate.gateway.dataplane.errors import (
     NoHealthyWorkerError,
     OverloadedError,
 )
+from kvgate.gateway.dataplane.middleware import require_key
 from kvgate.gateway.dataplane.models import unknown_model_error
 from kvgate.gateway.dataplane.passthrough import Keys, confine, session_keys
 from kvgate.gateway.dataplane.picked import PickedRequest
@@ -111,8 +112,8 @@ class PickerSettings:
     """The request body mode assumed when Envoy sends no ``ProtocolConfiguration``."""
     max_body_bytes: int = 10 * 1024 * 1024
     stream_usage: bool = True
-    """Ask workers for a stream's usage the client did not ask for (full-duplex only: the
-    response's chunks go back through the picker, which takes the usage out again)."""
+    """Ask workers for a stream's usage the client did not (full-duplex: taken out again)."""
+    api_keys: tuple[bytes, ...] = ()  # client keys: a request with none is a 401, as by serve
 
 
 def endpoint_of(worker: Worker) -> str:
@@ -187,8 +188,7 @@ class ExtProc(ExternalProcessorServicer):  # type: ignore[misc]
 
 
 def grpc_peer_address(peer: str | None) -> str | None:
-    """The IP address in a gRPC peer (``ipv4:10.0.0.7:41234``, ``ipv6:%5B::1%5D:41234``);
-    ``None`` for any other (``unix:``)."""
+    """The IP address in a gRPC peer (``ipv4:10.0.0.7:41234``); ``None`` for ``unix:``."""
     kind, _, rest = (peer or "").partition(":")
     if kind not in ("ipv4", "ipv6"):
         return None
@@ -388,6 +388,7 @@ class _Stream:
         settings = server.settings
         if settings.draining():
             raise DrainingError("the picker is shutting down")
+        require_key(settings.api_keys, self.headers)
         target = self.headers.get(":path", "/")
         confine(target)  # what the built-in proxy would not forward, Envoy's route may send
         path = target.split("?", 1)[0]
@@ -429,9 +430,8 @@ class _Stream:
         return picked
 
     def _fallbacks(self, picked: Worker, excluded: frozenset[str]) -> list[str]:
-        """Where the proxy goes if the picked endpoint fails: up to ``fallbacks`` other
-        routable endpoints of its version, least loaded first, then (a canary's pick) one
-        of the stable version, as the built-in proxy retries a failed canary request there."""
+        """Where the proxy goes if the picked endpoint fails: up to ``fallbacks`` routable
+        endpoints of its version, least loaded first, then (a canary's) one of the stable."""
         count = self.server.settings.fallbacks
         if count <= 0:
             return []

@@ -48,13 +48,12 @@ from kvgate.gateway.dataplane.errors import (
     HeadersTooLargeError,
     InvalidRequestError,
     RequestTimeoutError,
-    UnauthorizedError,
     error_body,
     shaped_for,
 )
 from kvgate.gateway.dataplane.exchange import reason_of
 from kvgate.gateway.dataplane.http_answer import ServerExchange, raw_answer
-from kvgate.gateway.dataplane.middleware import key_presented
+from kvgate.gateway.dataplane.middleware import require_key
 from kvgate.gateway.dataplane.proxy import Proxy
 from kvgate.gateway.timers import LazyTimer
 
@@ -400,15 +399,8 @@ class DataPlaneConnection(asyncio.Protocol):
         self._task = self._loop.create_task(self._serve(exchange))
 
     async def _serve(self, exchange: ServerExchange) -> None:
-        keys = self._limits.api_keys
         try:
-            headers = exchange.headers
-            if keys and not key_presented(
-                headers.get("Authorization", ""), headers.get("x-api-key"), keys
-            ):
-                raise UnauthorizedError(
-                    "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
-                )
+            require_key(self._limits.api_keys, exchange.headers)
             path, endpoint = exchange.route
             await self._plane.proxy.handle(exchange, path, endpoint)
         except GatewayError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -170,14 +170,19 @@ def api_keys(keys: Iterable[str], protected_prefix: str | None = None) -> Middle
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if guarded(request.path):
-            auth = request.headers.get("Authorization", "")
-            if not key_presented(auth, request.headers.get("x-api-key"), allowed):
-                raise UnauthorizedError(
-                    "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
-                )
+            require_key(allowed, request.headers)
         return await handler(request)
 
     return check
+
+
+def require_key(keys: Sequence[bytes], headers: Mapping[str, str]) -> None:
+    """``UnauthorizedError`` (401) unless ``headers`` present one of ``keys`` (``key_presented``;
+    no keys: the API is open). Every data plane's check: both servers' and the picker's."""
+    if keys and not key_presented(headers.get("Authorization", ""), headers.get("x-api-key"), keys):
+        raise UnauthorizedError(
+            "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'."
+        )
 
 
 def key_presented(authorization: str, x_api_key: str | None, keys: Iterable[bytes]) -> bool:
