@@ -19,11 +19,12 @@ def test_a_recorded_run_is_replayed_turn_by_turn() -> None:
 
     # A cold prompt and a short one sent beside it: both at their first token with the one
     # batch; at the engine's 30 tokens a second the first is predicted 33.3 s (35 seen),
-    # the second 35 s (34 seen: 50 tokens of its own, all 1,000 of the first's beside).
+    # the second 34 s (34 seen: 50 tokens of its own, beside what is left of the first's
+    # 1,000 a second after it began: 970).
     turns = [turn("a", 0.0, 35.0, 0), turn("b", 1.0, 34.0, 950)]
     run = {"config": {"slots": 4}, "policies": {"default": {"turns": turns}}}
     error = bench.replay(run, engine_rate=30.0)
-    assert math.isclose(error, ((35 - 1000 / 30) / 35 + 1 / 34) / 2)
+    assert math.isclose(error, (35 - 1000 / 30) / 35 / 2)
 
 
 def test_a_run_is_replayed_on_the_gateways_guess_as_well_as_on_the_truth() -> None:

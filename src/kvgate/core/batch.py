@@ -20,6 +20,14 @@ their prompts (not with all of them again: that counted their prefill twice, onc
 wait and once beside it). ``core.speed`` keeps the book this reads. Pure: times are
 passed in.
 
+The engine works through the prompts ahead as they came, from each one's send: one sent
+3 s ago onto an idle engine is 3 s into its prefill (one past when it should be done is
+counted whole again: the engine is slower than believed, by how much unknown). Counted
+from now instead, a worker whose cold prompt was nearly done looked as busy as one whose
+cold prompt had just begun, and a new session behind the same shared prefix went to the
+later one (TTFT 4.2 s, where round robin's went to the earlier one's: 2.4 s;
+real_engine.py --rate 0.4 --seed 1, the request that made default's p99 lose).
+
 Each request ahead weighs at least as many tokens as this one's own: a short uncached turn
 over a long cached context costs the engine far more than its new tokens (each attends to
 the whole cached KV: ``engine.slots.PrefillFit``), so a worker whose slots hold many
@@ -31,6 +39,7 @@ worker drew every new session (real llama.cpp, real_engine.py --rate 0.4 --seed 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from kvgate.types import Seconds
@@ -43,6 +52,7 @@ def shared_prefill(
     uncached: float,
     mean: float,
     *,
+    sent_at: Sequence[Seconds],
     now: Seconds,
     prefill_s: float,
     decode_s: float,
@@ -52,8 +62,9 @@ def shared_prefill(
     """The wait for a slot of a request with ``uncached`` tokens sent at ``now``, and the
     prefill tokens its own are shared with once it has one (its own included).
 
-    ``first_at``/``tokens``: the requests in flight there, in the order they were sent,
-    when each had its first token (``None``: not yet) and its uncached tokens. ``mean``:
+    ``first_at``/``tokens``/``sent_at``: the requests in flight there, in the order they
+    were sent, when each had its first token (``None``: not yet), its uncached tokens and
+    when it was sent (its prefill began then, or once those before it were done). ``mean``:
     a request's mean uncached tokens there; ``prefill_s``: seconds a token; ``decode_s``:
     the mean time a request decodes after its first token; ``rate``: requests sent there
     a second (later ones share this one's prefill while it lasts). ``after``: the index of
@@ -62,12 +73,18 @@ def shared_prefill(
     releases: list[float] = []  # seconds until each gives its slot back
     done = 0.0  # seconds of prefill of those not at their first token, up to each
     start = 0.0
-    for i, (first, size) in enumerate(zip(first_at, tokens, strict=True)):
+    at = -math.inf  # when the engine is through the prompts so far (in order, from each send)
+    for i, (first, size, sent) in enumerate(zip(first_at, tokens, sent_at, strict=True)):
         if first is not None:
             since = now - first
             release = decode_s - since if decode_s > since else 0.0
-        else:  # not at its first token (however late): at it once those before it are
-            done += prefill_s * (size if size > uncached else uncached)
+        else:  # not at its first token: at it once those before it are
+            work = prefill_s * (size if size > uncached else uncached)
+            end = (sent if sent > at else at) + work
+            # Past when it should have been done, the engine is slower than believed and
+            # what is left of it unknown: counted whole, from now.
+            at = end if end > now else (now if now > at else at) + work
+            done = at - now
             release = done + decode_s
         releases.append(release)
         if i == after:

@@ -315,7 +315,8 @@ class FleetSpeed:
         return shared_prefill(
             book.slots or 1, [s.first_at for s in sent.values()],
             [s.uncached * s.weight for s in sent.values()], uncached * context(book, uncached),
-            book.mean, now=now, prefill_s=speed.prefill_s, decode_s=book.decode,
+            book.mean, sent_at=[s.at for s in sent.values()], now=now,
+            prefill_s=speed.prefill_s, decode_s=book.decode,
             rate=1.0 / book.gap if book.gap > 0.0 else 0.0, after=index,
         )  # fmt: skip
 
