@@ -202,47 +202,70 @@ async def test_a_slots_page_listing_absurdly_many_is_no_slot_model() -> None:
     assert (state.slots, state.running) == (None, 3)
 
 
+def _long_answers_config(fleet: list[WorkerHandle]) -> dict[str, object]:
+    return gateway_config(
+        fleet,
+        timeouts={"first_byte_s": 1.0, "total_s": 2.0},
+        outlier={"consecutive_failures": 3},
+        policy={"name": "round_robin"},  # every worker takes its share of each kind
+    )
+
+
+def _asker(session: aiohttp.ClientSession, url: str) -> Callable[[int, int, bool], Awaitable[int]]:
+    async def ask(n: int, max_tokens: int, stream: bool) -> int:
+        body = {"model": "demo", "prompt": f"tell me {n}", "max_tokens": max_tokens,
+                "ignore_eos": True, "stream": stream}  # fmt: skip
+        async with session.post(url, json=body) as resp:
+            text = await resp.text()
+            return 599 if stream and "stream_broken" in text else resp.status
+
+    return ask
+
+
 async def test_a_clients_long_answers_never_eject_a_healthy_worker() -> None:
     """How long an answer takes is the client's choice (``max_tokens``): a non-streamed one
-    past the first-byte timeout (its head comes with all of it) while its worker answers
-    others, or a stream cut off at the total timeout while it flows, is the client's answer
-    refused (504, a broken-off stream), not a failure of the worker. Six at once ejected a
-    healthy worker (consecutive failures 3). A worker silent to everyone still is."""
+    past the first-byte timeout (its head comes with all of it) while its worker shows life
+    (its engine generating, by its own metrics; an answer to another request), or a stream
+    cut off at the total timeout while it flows, is the client's answer refused (504, a
+    broken-off stream), not a failure of the worker. Six at once ejected a healthy worker
+    (consecutive failures 3), on an idle fleet as on a busy one."""
     async with worker_fleet(2, profile="h100-llama3-8b", time_scale=1.0) as fleet:
-        config = gateway_config(
-            fleet,
-            timeouts={"first_byte_s": 1.0, "total_s": 2.0},
-            outlier={"consecutive_failures": 3},
-            policy={"name": "round_robin"},  # every worker takes its share of each kind
-        )
+        config = _long_answers_config(fleet)
         async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
             await every_worker_up(gw)
-            url = gw.openai_base + "/completions"
-
-            async def ask(n: int, max_tokens: int, stream: bool) -> int:
-                body = {"model": "demo", "prompt": f"tell me {n}", "max_tokens": max_tokens,
-                        "ignore_eos": True, "stream": stream}  # fmt: skip
-                async with session.post(url, json=body) as resp:
-                    text = await resp.text()
-                    return 599 if stream and "stream_broken" in text else resp.status
+            ask = _asker(session, gw.openai_base + "/completions")
+            # Alone on the fleet: nothing but the engines' own counters shows life.
+            assert await asyncio.gather(*(ask(n, 2000, False) for n in range(6))) == [504] * 6
+            assert not any(w.ejected for w in gw.gateway.pool)
+            streams = await asyncio.gather(*(ask(n, 2000, True) for n in range(6, 12)))
+            assert streams == [599] * 6 and not any(w.ejected for w in gw.gateway.pool)
 
             async def others(done: asyncio.Event) -> list[int]:
                 served = []
                 while not done.is_set():  # another client's short answers meanwhile
-                    served.append(await ask(1000 + len(served), 2, stream=False))
+                    served.append(await ask(1000 + len(served), 2, False))
                 return served
 
             done = asyncio.Event()
             meanwhile = asyncio.create_task(others(done))
-            long = [ask(n, 2000, stream=False) for n in range(6)]
-            long += [ask(n, 2000, stream=True) for n in range(6, 12)]
-            assert sorted(await asyncio.gather(*long)) == [504] * 6 + [599] * 6
+            busy = [ask(n, 2000, False) for n in range(20, 26)]
+            assert await asyncio.gather(*busy) == [504] * 6
             done.set()
             served = await meanwhile
             assert served and set(served) == {200}
             assert not any(w.ejected for w in gw.gateway.pool)
-            # Workers silent to everyone (a hung engine): charged as before, one ejected.
-            for worker in fleet:
-                await set_faults(worker, hang=True)
-            await asyncio.gather(*(ask(2000 + n, 2, stream=False) for n in range(6)))
-            assert sum(w.ejected for w in gw.gateway.pool) == 1
+
+
+async def test_workers_silent_to_everyone_are_still_charged() -> None:
+    """A hung engine answers nobody and generates nothing: its timeouts are its own."""
+    async with (
+        worker_fleet(2, profile="h100-llama3-8b", time_scale=1.0) as fleet,
+        running_gateway(_long_answers_config(fleet)) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        await every_worker_up(gw)
+        ask = _asker(session, gw.openai_base + "/completions")
+        for worker in fleet:
+            await set_faults(worker, hang=True)
+        assert await asyncio.gather(*(ask(n, 2, False) for n in range(6))) == [504] * 6
+        assert sum(w.ejected for w in gw.gateway.pool) == 1  # the pool's last stays

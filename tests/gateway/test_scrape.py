@@ -206,7 +206,9 @@ DCGM_FI_DEV_FB_FREE{gpu="3",UUID="GPU-d"} 9223372036854775794
         ),
         pytest.param(
             LLAMACPP_OLD,
-            WorkerSignals(engine="llamacpp", running=1, waiting=2, kv_usage=0.125),
+            WorkerSignals(
+                engine="llamacpp", running=1, waiting=2, kv_usage=0.125, generated_total=3469
+            ),
             id="llamacpp-with-kv-ratio-no-cached-counter",
         ),
         pytest.param(
@@ -419,3 +421,25 @@ def test_llamacpp_prefill_rate_is_its_seconds_over_the_tokens_it_evaluated() -> 
     # 300 tokens evaluated (the cached 100 were not) in 5 s: 60 tokens/s.
     assert signals.prefill_s_per_token == pytest.approx(5.0 / 300)
     assert parse_worker_metrics(LLAMACPP_CACHED).prefill_s_per_token is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "# TYPE vllm:generation_tokens_total counter\n"
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 1200.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="m"} 34.0\n',
+            1234,
+            id="vllm-v1-two-engines",
+        ),
+        pytest.param('vllm:generation_tokens{model_name="m"} 7.0\n', 7, id="vllm-bare"),
+        pytest.param('sglang:generation_tokens_total{model_name="m"} 99.0\n', 99, id="sglang"),
+        pytest.param("llamacpp:tokens_predicted_total 42\n", 42, id="llamacpp"),
+        pytest.param(VLLM_V0, None, id="none-published"),
+    ],
+)
+def test_tokens_generated_so_far_are_read_from_each_engine(text: str, expected: int | None) -> None:
+    """An engine generating tokens is alive (``gateway.dataplane.attempt``'s second opinion
+    on a timed-out non-streamed answer): its own counter, summed over its engines."""
+    assert parse_worker_metrics(text).generated_total == expected

@@ -53,6 +53,8 @@ class Readings(Protocol):
     def slots(self) -> int | None: ...
     @property
     def prefill_s_per_token(self) -> float | None: ...
+    @property
+    def generated_total(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Scraped:
     gpu_mem_total_mib: float | None = None
     slots: int | None = None
     prefill_s_per_token: float | None = None
+    generated_total: int | None = None
 
 
 @dataclass(frozen=True)

@@ -297,15 +297,20 @@ class Attempt:
 
         A non-streamed answer's head comes with all of it, so its wait timing out measures
         the length the client asked for (``max_tokens``) as much as the worker: while the
-        worker answered other requests meanwhile it was not silent, and the timeout is the
-        request's (``core.attempt.DEADLINE``: not charged). A worker silent to everyone is.
+        worker showed life meanwhile it was not silent, and the timeout is the request's
+        (``core.attempt.DEADLINE``: not charged). A worker silent to everyone is.
         """
-        now = self.parts.mono()
-        if kind == "timeout" and not self.features.stream:
-            sent = self.state.sent_at
-            if sent is not None and self.worker.heard_at > sent:
-                kind = DEADLINE
-        return self._ended(self.state.failed(now, kind, status))
+        if kind == "timeout" and not self.features.stream and self._alive_since_sent():
+            kind = DEADLINE
+        return self._ended(self.state.failed(self.parts.mono(), kind, status))
+
+    def _alive_since_sent(self) -> bool:
+        """Whether the worker showed life after this attempt was sent: an answer to another
+        request brought a byte, or two of its scrapes taken since say its engine generated
+        tokens between them (``Worker.progress_at``: this request's, on an idle fleet)."""
+        sent = self.state.sent_at
+        worker = self.worker
+        return sent is not None and (worker.heard_at > sent or worker.progress_at >= sent)
 
     def cancelled(self) -> AttemptEnd | None:
         """The attempt was abandoned: its end (``None``: it had ended)."""

@@ -226,7 +226,11 @@ class HealthChecker:
             signals = merge(signals, results[1])
         if signals.engine == "llamacpp":
             signals = replace(signals, slots=await self._slot_count(worker))
-        worker.replace(worker.routed.scraped(signals, self.mono()))
+        routed, generated = worker.routed, signals.generated_total
+        before = routed.signals.generated_total if routed.signals is not None else None
+        if before is not None and generated is not None and generated > before:
+            worker.progress_at = routed.signals_at  # generating since the scrape before this
+        worker.replace(routed.scraped(signals, self.mono()))
         for listener in self.scrape_listeners:
             listener(worker, signals)
 

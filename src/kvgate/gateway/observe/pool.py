@@ -53,7 +53,7 @@ class Worker:
     worker's state; nothing routing reads can change without that.
     """
 
-    __slots__ = ("_listener", "_routed", "config", "heard_at", "id", "upstream")
+    __slots__ = ("_listener", "_routed", "config", "heard_at", "id", "progress_at", "upstream")
 
     def __init__(
         self, config: WorkerConfig, upstream: Upstream, default_max_in_flight: int = 256
@@ -61,6 +61,9 @@ class Worker:
         self._listener: ChangeListener | None = None
         self.heard_at = -math.inf
         """When (monotonic) a request's answer last brought a byte from it: alive then."""
+        self.progress_at = -math.inf
+        """A scrape at this time (monotonic) was followed by one whose engine had generated
+        more tokens (``WorkerSignals.generated_total``): it made progress after then."""
         self.id: WorkerId = config.id  # never the URL's user information
         self.config = config
         self.upstream = upstream

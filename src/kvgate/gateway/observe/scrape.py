@@ -73,6 +73,8 @@ class WorkerSignals:
     """The engine's batch slots (llama.cpp: ``GET /slots``, not a metric: the prober adds it)."""
     prefill_s_per_token: float | None = None
     """The engine's own prefill seconds per uncached token since it started (llama.cpp)."""
+    generated_total: int | None = None
+    """Tokens the engine generated since it started: rising, it is making progress."""
     scraped_at: float | None = None
 
     @property
@@ -101,6 +103,7 @@ class _Dialect:
     hits: tuple[str, ...] = ()
     hit_rate: tuple[str, ...] = ()
     prefill_seconds: tuple[str, ...] = ()  # over ``queries`` (tokens it evaluated)
+    generated: tuple[str, ...] = ()
     # llama.cpp's prompt-token counter counts only tokens it evaluated, so the
     # tokens looked up in the cache are evaluated + cached.
     queries_exclude_hits: bool = False
@@ -118,6 +121,7 @@ _DIALECTS: tuple[_Dialect, ...] = (
         preemptions=("vllm:num_preemptions_total", "vllm:num_preemptions"),
         queries=("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"),
         hits=("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"),
+        generated=("vllm:generation_tokens_total", "vllm:generation_tokens"),
     ),
     _Dialect(
         engine="sglang",
@@ -126,6 +130,7 @@ _DIALECTS: tuple[_Dialect, ...] = (
         waiting=("sglang:num_queue_reqs",),
         kv_usage=("sglang:token_usage",),
         hit_rate=("sglang:cache_hit_rate",),
+        generated=("sglang:generation_tokens_total",),
     ),
     _Dialect(
         engine="llamacpp",
@@ -136,6 +141,7 @@ _DIALECTS: tuple[_Dialect, ...] = (
         queries=("llamacpp:prompt_tokens_total",),
         hits=("llamacpp:prompt_tokens_cached_total",),
         prefill_seconds=("llamacpp:prompt_seconds_total",),
+        generated=("llamacpp:tokens_predicted_total",),
         queries_exclude_hits=True,
     ),
 )
@@ -206,6 +212,7 @@ _ENGINE_FIELDS = (
     "prefix_cache_hit_rate",
     "slots",
     "prefill_s_per_token",
+    "generated_total",
 )
 
 
@@ -308,6 +315,7 @@ def _engine_signals(samples: _Samples) -> WorkerSignals:
         prefix_cache_hits_total=hits,
         prefix_cache_hit_rate=hit_rate,
         prefill_s_per_token=prefill,
+        generated_total=_sum_int(samples, dialect.generated),
     )
 
 
