@@ -26,9 +26,9 @@ def test_a_later_turn_computes_its_new_characters_at_the_sessions_own_rate() -> 
     turns.ended(S, A, 4_400, 1_100, 32)
     chars = 4_400 + 400
     in_slot = turns.uncached(S, chars, [A, B], slot=A, saved=False, shared=none_shared)
-    assert in_slot == ((A, 69), (B, 100))  # on b: saved there and restored (a migration)
+    assert in_slot == ((A, 69, 0.0), (B, 100, 0.0))  # on b: saved there and restored (a migration)
     on_disk = turns.uncached(S, chars, [A, B], slot=None, saved=True, shared=none_shared)
-    assert on_disk == ((A, 100), (B, 100))
+    assert on_disk == ((A, 100, 0.0), (B, 100, 0.0))
 
 
 def test_a_session_whose_kv_is_gone_finds_what_the_slots_share() -> None:
@@ -38,7 +38,7 @@ def test_a_session_whose_kv_is_gone_finds_what_the_slots_share() -> None:
     turns.ended(S, A, 4_400, 1_100, 32)
     shared = {A: 4_000}.get
     got = turns.uncached(S, 4_800, [A, B], slot=None, saved=False, shared=lambda w: shared(w, 0))
-    assert got == ((A, 200), (B, 1_200))
+    assert got == ((A, 200, 0.0), (B, 1_200, 0.0))
 
 
 def test_a_new_session_is_counted_at_the_fleets_characters_a_token() -> None:
@@ -49,7 +49,7 @@ def test_a_new_session_is_counted_at_the_fleets_characters_a_token() -> None:
     got = turns.uncached(
         SessionKey("new"), 3_500, [A, B], slot=None, saved=False, shared=lambda w: 2_800 * (w == A)
     )
-    assert got == ((A, 200), (B, 1_000))
+    assert got == ((A, 200, 0.0), (B, 1_000, 0.0))
 
 
 def test_what_usage_shows_was_missed_corrects_what_is_said_next() -> None:
@@ -61,10 +61,10 @@ def test_what_usage_shows_was_missed_corrects_what_is_said_next() -> None:
     turns.observed(True, 69.0, 99)  # 30 more computed than said
     turns.observed(True, 99.0, 89)  # said with the 30: 20 more than 69, the mean 25
     got = turns.uncached(S, 4_800, [A], slot=A, saved=False, shared=none_shared)
-    assert got == ((A, 69 + 25),)
+    assert got == ((A, 69 + 25, 0.0),)
     # The rest (a new session's) keep their own: none measured yet.
     new = turns.uncached(SessionKey("n"), 4_400, [A], slot=None, saved=False, shared=none_shared)
-    assert new == ((A, 1_100),)
+    assert new == ((A, 1_100, 0.0),)
 
 
 def test_the_sessions_kept_are_bounded() -> None:
@@ -73,7 +73,7 @@ def test_the_sessions_kept_are_bounded() -> None:
         turns.ended(SessionKey(f"s{n}"), A, 4_000, 1_000, 10)
     # s0 forgotten: counted as a new session (the fleet's 4 a token, nothing held).
     got = turns.uncached(SessionKey("s0"), 4_400, [A], slot=A, saved=False, shared=none_shared)
-    assert got == ((A, 1_100),)
+    assert got == ((A, 1_100, 0.0),)
 
 
 def test_a_miss_past_a_templates_worth_moves_the_correction_a_little() -> None:
@@ -82,3 +82,16 @@ def test_a_miss_past_a_templates_worth_moves_the_correction_a_little() -> None:
     turns = SlotTurns()
     turns.observed(False, 0.0, 1_200)
     assert turns.bias == [0.0, 64.0]
+
+
+def test_the_time_before_the_engine_has_a_turn_is_told_by_what_it_finds_there() -> None:
+    """Measured per kind (``prepared``): a turn in its own slot is sent at once, one whose
+    KV moves waits for a restore, a new session's for its slot's holder's save or a seed."""
+    turns = SlotTurns()
+    turns.ended(S, A, 4_400, 1_100, 32)
+    turns.prepared(SlotTurns.kind(kept=True, here=False), 0.5)  # a restore: 0.1 of the mean
+    turns.prepared(SlotTurns.kind(kept=False, here=False), 1.0)
+    got = turns.uncached(S, 4_800, [A, B], slot=A, saved=False, shared=none_shared)
+    assert got == ((A, 69, 0.0), (B, 100, 0.1))
+    new = turns.uncached(SessionKey("n"), 4_400, [A], slot=None, saved=False, shared=none_shared)
+    assert new == ((A, 1_100, 0.2),)

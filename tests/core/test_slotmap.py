@@ -433,3 +433,16 @@ def test_a_session_being_saved_is_known_to_be() -> None:
     assert m.saving("a") and not m.saving("b")
     m.saved("a", taking.evict_cell, 100, 1_000, 3)
     assert not m.saving("a") and m.where("a") == (KvTier.DISK, None)
+
+
+def test_a_new_session_on_a_worker_whose_slots_are_all_busy_finds_what_they_share() -> None:
+    """Every slot busy: it waits for one, and takes the one sharing most of its prefix once
+    free; told it finds nothing, it was booked at its whole prompt (1,038 tokens, 58
+    computed: real_engine.py --rate 0.4 --seed 2)."""
+    m = SlotMap(SlotBounds())
+    m.add_worker(W1, 2)
+    first = m.acquire(W1, "a", 1, (*SYSTEM, 1))
+    other = m.acquire(W1, "b", 2, tuple(range(300, 320)))
+    assert first is not None and other is not None
+    assert m.shares(W1, "c", (*SYSTEM, 3)) == (len(SYSTEM), -1)  # any slot, once free
+    assert m.shares(W1, "c", tuple(range(600, 620))) == (0, -1)

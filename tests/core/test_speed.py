@@ -468,3 +468,17 @@ def test_the_log_keeps_the_tokens_a_request_was_booked_at_beside_usages_truth() 
     model.ended("r", 1_000, 950)  # usage: 50 uncached, not 300
     model.observed("r", 0.2)
     assert list(model.log) == [("r", "w", predicted, 0.2, 300.0)]
+
+
+def test_the_drivers_time_before_the_engine_has_a_request_is_predicted_not_fitted() -> None:
+    """A slot restored before the request is sent (``setup``) is part of its TTFT as the
+    gateway sees it, not of the engine's speed: predicted, and taken out of what is fitted."""
+    model, bare = FleetSpeed(PRIOR), FleetSpeed(PRIOR)
+    assert model.sent("r", "w", 0.0, 300.0, setup=0.4) == pytest.approx(
+        bare.sent("r", "w", 0.0, 300.0) + 0.4
+    )
+    for m, setup in ((model, 0.4), (bare, 0.0)):
+        m.first_token("r", 0.5 + setup)
+        m.ended("r", 300, 0)
+        m.observed("r", 0.5 + setup)
+    assert model.speed("w") == bare.speed("w")  # the same engine, whatever the restore took

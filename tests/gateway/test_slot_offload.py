@@ -561,8 +561,11 @@ def test_annotate_tells_the_policy_what_each_worker_computes_of_a_later_turn() -
         "r2", "m", session_key=key, prefix_hashes=(*chain, BlockHash(7)), prompt_chars=4_800
     )
     second = plane.annotate(second)
-    assert second.slot_uncached == (("w1", 69), ("w2", 100))
-    assert second.slot_tokens("w1", 5.0) == 69 and second.slot_tokens("w3", 5.0) == 5.0
+    assert second.slot_uncached == (("w1", 69, 0.0), ("w2", 100, 0.0))
+    assert second.slot_tokens("w1", 5.0) == (69, 0.0) and second.slot_tokens("w3", 5.0) == (
+        5.0,
+        0.0,
+    )
     assert second.restorable_blocks == 18  # as before: restorable everywhere
     # Its usage: 1,200 tokens, 1,100 found (the reply's not reused): 31 more than it was
     # told; the next such turn is told that much more (the plane measures what it misses).
@@ -574,7 +577,7 @@ def test_annotate_tells_the_policy_what_each_worker_computes_of_a_later_turn() -
     plane.ended(second, cast(AttemptEnd, end))
     plane.map.release(plan, 3.0, served=True)
     third = replace(second, request_id="r3", prompt_chars=5_200)
-    assert plane.annotate(third).slot_uncached == (("w1", 100 + 31), ("w2", 100 + 31))
+    assert plane.annotate(third).slot_uncached == (("w1", 100 + 31, 0.0), ("w2", 100 + 31, 0.0))
 
 
 def test_a_turn_whose_kv_is_being_saved_is_told_it_will_be_restored() -> None:
@@ -608,4 +611,18 @@ def test_a_turn_whose_kv_is_being_saved_is_told_it_will_be_restored() -> None:
         "r2", "m", session_key=key, prefix_hashes=(*chain, BlockHash(7)), prompt_chars=4_800
     )
     second = plane.annotate(second)
-    assert second.slot_uncached == (("w1", 100),) and second.restorable_blocks == 18
+    assert second.slot_uncached == (("w1", 100, 0.0),) and second.restorable_blocks == 18
+
+
+async def test_the_plane_measures_how_long_it_takes_before_a_turn_is_sent(folder: Path) -> None:
+    """A session restored from disk waits for the restore before its turn is sent: the
+    plane measures it (``SlotTurns.prepared``), so the next turn so placed is told it."""
+    fake = FakeLlamaCpp(folder, slots=1)
+    async with serving([fake]), running_gateway(_config([fake], folder)) as gw:
+        await wait_until(gw.gateway.ready, message="gateway ready")
+        turns = gw.gateway.slots.turns
+        assert (await _chat(gw, "a", "alpha"))[2] == "recompute"
+        assert (await _chat(gw, "b", "beta"))[2] == "recompute"  # a saved first
+        assert turns.setup[2] > 0.0 and turns.setup[1] == 0.0
+        assert (await _chat(gw, "a", "alpha gamma"))[2] == "disk"
+        assert turns.setup[1] > 0.0  # the restore's time, measured

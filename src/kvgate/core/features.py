@@ -58,17 +58,19 @@ class RequestFeatures:
     tenant: str = ""
     """The tenant its scope counts under in the store (``core.session.tenant_tag``; "": no
     scope): the prefix blocks it shares are counted against it (``store.holders``)."""
-    slot_uncached: tuple[tuple[WorkerId, int], ...] = ()
+    slot_uncached: tuple[tuple[WorkerId, int, float], ...] = ()
     """Per llama.cpp worker, the prompt tokens the slot plane expects the engine to compute
-    there, in the engine's own tokens (``core.slot_turns``; empty: it cannot tell)."""
+    there, in the engine's own tokens, and the seconds it takes before the engine has them
+    (a save, a restore: ``core.slot_turns``; empty: it cannot tell)."""
 
-    def slot_tokens(self, worker: WorkerId, guess: float) -> float:
-        """The tokens the slot plane expects ``worker`` to compute of this prompt, else
-        ``guess`` (the policy's own: the plane has no word on that worker)."""
-        for wid, tokens in self.slot_uncached:
+    def slot_tokens(self, worker: WorkerId, guess: float) -> tuple[float, float]:
+        """The tokens the slot plane expects ``worker`` to compute of this prompt and the
+        seconds before it sends it, else ``guess`` and none (the policy's own guess: the
+        plane has no word on that worker)."""
+        for wid, tokens, setup in self.slot_uncached:
             if wid == worker:
-                return tokens
-        return guess
+                return tokens, setup
+        return guess, 0.0
 
     def slot_credit(self, worker: WorkerId, chars: Callable[[int], int]) -> tuple[int, str]:
         """Characters of the prompt the slot plane finds for it on ``worker`` (restored from
@@ -118,7 +120,7 @@ def request_features(
     token_ids: tuple[int, ...] = (),
     slot_shares: tuple[tuple[WorkerId, int, str], ...] = (),
     tenant: str = "",
-    slot_uncached: tuple[tuple[WorkerId, int], ...] = (),
+    slot_uncached: tuple[tuple[WorkerId, int, float], ...] = (),
 ) -> RequestFeatures:
     """``RequestFeatures(...)``, equal to it, made without the frozen ``__init__``.
 

@@ -19,8 +19,12 @@ a slot shares with it (``SlotMap.shares``: whole blocks), at the fleet's measure
 characters a token. What neither sees (the chat template's tokens around each message, a
 reply tokenized again, a share's part past its last whole block) is measured: each turn's
 usage against what was said of it (``observed``) moves a correction in tokens, one for
-turns whose KV the plane held and one for the rest. Pure: no clock, no I/O; bounded (the
-last ``limit`` sessions).
+turns whose KV the plane held and one for the rest. And the time the plane takes before
+the engine has the request (saving a slot's holder, restoring a session's or a seed's
+file: ``prepared``) is measured, per what it finds there (its own slot, its KV moved, a new
+session's slot), and told beside: on a quiet CPU a restore cost more than a short turn's
+prefill (0.15-0.25 s against 0.3). Pure: no clock, no I/O; bounded (the last ``limit``
+sessions).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class LastTurn:
 class SlotTurns:
     """Each session's last turn on a llama.cpp worker, and the fleet's characters a token."""
 
-    __slots__ = ("_last", "_seen", "bias", "limit", "per_token")
+    __slots__ = ("_last", "_seen", "bias", "limit", "per_token", "setup")
 
     def __init__(self, limit: int = 65_536) -> None:
         self.limit = limit
@@ -65,6 +69,8 @@ class SlotTurns:
         self.bias = [0.0, 0.0]
         """Tokens added to what is said of a turn (``uncached``): [held KV, the rest]."""
         self._seen = [0, 0]
+        self.setup = [0.0, 0.0, 0.0]
+        """Mean seconds before the engine has a turn: [in its own slot, moved, new]."""
 
     def ended(
         self, key: SessionKey | None, worker: WorkerId, chars: int, prompt: int, reply: int
@@ -91,6 +97,10 @@ class SlotTurns:
         miss = min(max(computed - said, -_CLIP), _CLIP)
         self.bias[kind] += miss / min(self._seen[kind], 10)
 
+    def prepared(self, kind: int, seconds: float) -> None:
+        """A turn of ``kind`` (``setup``'s index) took ``seconds`` before it was sent."""
+        self.setup[kind] += (seconds - self.setup[kind]) * 0.2
+
     def uncached(
         self,
         key: SessionKey | None,
@@ -100,9 +110,10 @@ class SlotTurns:
         slot: WorkerId | None,
         saved: bool,
         shared: Callable[[WorkerId], int],
-    ) -> tuple[tuple[WorkerId, int], ...]:
+    ) -> tuple[tuple[WorkerId, int, float], ...]:
         """Per worker of ``workers``, the tokens of a prompt of ``chars`` characters the
-        engine computes there (module docs); empty while no turn has been seen.
+        engine computes there and the seconds before it has them (module docs); empty
+        while no turn has been seen.
 
         ``slot``: the worker whose slot holds ``key``'s KV; ``saved``: it is on disk (any
         worker restores it); ``shared(worker)``: the characters a slot there shares with
@@ -117,11 +128,17 @@ class SlotTurns:
         else:
             return ()
         out, kept = [], turn is not None and (slot is not None or saved)
-        bias = self.bias[0 if kept else 1]
+        bias, setup = self.bias[0 if kept else 1], self.setup
         for worker in workers:
             if turn is not None and kept:
                 held: float = turn.prompt + (turn.reply - 1 if worker == slot and turn.reply else 0)
             else:
                 held = min(shared(worker), chars) / per_token
-            out.append((worker, max(round(tokens - held + bias), 0)))
+            kind = self.kind(kept=kept, here=worker == slot)
+            out.append((worker, max(round(tokens - held + bias), 0), setup[kind]))
         return tuple(out)
+
+    @staticmethod
+    def kind(*, kept: bool, here: bool) -> int:
+        """``setup``'s index of a turn: its KV in its slot here (0), moved here (1), new (2)."""
+        return (0 if here else 1) if kept else 2

@@ -433,7 +433,8 @@ class SlotMap:
         """What ``acquire`` would find of ``prefix`` for a new session on ``worker``: the
         blocks an idle slot there (in place) or a saved one (``seed``) shares, else those a
         busy slot is computing (``in_flight_share``: it waits for it), and that slot (-1:
-        none to wait for); (0, -1) for a session whose own KV is somewhere."""
+        none to wait for; all busy: it waits for any, and takes the one sharing most);
+        (0, -1) for a session whose own KV is somewhere."""
         if (
             not prefix
             or worker not in self._slots
@@ -451,9 +452,10 @@ class SlotMap:
                 idle = n if slot.holder is None or n > SIMILARITY * slot.blocks else idle
         seed = self._seed(blocks, least, 1)
         found = max(idle, shared_blocks(seed.prefix, blocks) if seed is not None else 0)
-        if found or all(slots[i].busy for i in self._owned[worker]):
-            return found, -1
-        return self._computing(worker, blocks, least)
+        if not found and all(slots[i].busy for i in self._owned[worker]):
+            # It waits for a slot: the one sharing most of it, once free (``acquire``).
+            found = self._computing(worker, blocks, least)[0]
+        return (found, -1) if found else self._computing(worker, blocks, least)
 
     def _take_cell(self) -> int | None:
         """A cell to save into; None when all are being written or read right now."""

@@ -349,11 +349,13 @@ class FleetSpeed:
         *,
         streamed: bool = False,
         after: str = "",
+        setup: Seconds = 0.0,
     ) -> Seconds:
         """``request_id`` (``uncached`` tokens, the caller's guess) went to ``worker`` at
         ``at``; returns its predicted TTFT. ``streamed``: its first token will be reported
         (``first_token``), so one late is a sign of a slower worker (``late``). ``after``:
-        the request there it waits for (``predict``)."""
+        the request there it waits for (``predict``). ``setup``: seconds the driver takes
+        before the engine has it (a slot restored first), predicted and not fitted."""
         self.late(at)
         book = self._book(worker)
         book.settle(at)
@@ -362,11 +364,12 @@ class FleetSpeed:
         waiting = book.unstarted
         ahead = tuple(rid for rid, s in book.sent.items() if not s.started) if waiting <= 32 else ()
         running = len(book.sent) - waiting
-        predicted = self.predict(worker, uncached, at, after=after)
+        predicted = self.predict(worker, uncached, at, after=after) + setup
         wait, shared = 0.0, None
         if book.slots:
             wait, shared = self._slotted(book, self.speed(worker), uncached, at, after=after)
             book.sent_slot(at, uncached * context(book, uncached))
+        wait += setup
         uncached = max(uncached, 0.0)
         queued = book.ahead(at, self._drain_s(worker)) if waiting else 0.0
         book.recent, book.lately = self.lately(worker, at)

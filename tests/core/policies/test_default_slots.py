@@ -144,7 +144,7 @@ def test_what_the_slot_plane_counts_in_the_engines_tokens_is_booked_as_it_says()
     policy = DefaultPolicy()
     workers = (slotted("a"), slotted("b"))
     turn = replace(
-        request("r1", session="s1", hashes=chain(1, 16, tail=1)), slot_uncached=(("a", 69),)
+        request("r1", session="s1", hashes=chain(1, 16, tail=1)), slot_uncached=(("a", 69, 0.0),)
     )
     policy.pick(turn, ctx(fleet(*workers), key="s1"))
     policy.on_routed(turn, "a", 0.0)

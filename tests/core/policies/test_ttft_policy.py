@@ -253,7 +253,7 @@ def test_what_the_slot_plane_counts_in_the_engines_tokens_is_booked_as_it_says()
     """``slot_uncached`` (llama.cpp's slot plane, from the session's last turn's usage) is
     what ``ttft`` books on the worker it names; elsewhere its own guess stands."""
     policy = TtftPolicy()
-    turn = replace(request("r1", session="s", hashes=chain(1, 16)), slot_uncached=(("a", 69),))
+    turn = replace(request("r1", session="s", hashes=chain(1, 16)), slot_uncached=(("a", 69, 0.0),))
     policy.on_routed(turn, "a", 0.0)
     policy.on_routed(replace(turn, request_id="r2"), "b", 0.0)
     assert policy.speed.books["a"].sent["r1"].uncached == pytest.approx(69.0)

@@ -191,8 +191,8 @@ class DefaultPolicy(Warming, SpeedLearning):
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
         credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
         likely = prompt - max(likely, credit, self._replies.cached(request, worker) if warm else 0)
-        tokens = request.slot_tokens(worker, likely * per_char)  # the engine's, if the plane tells
-        self.speed.sent(rid, worker, now, tokens, streamed=request.stream, after=after)
+        tokens, setup = request.slot_tokens(worker, likely * per_char)  # the plane's, if it tells
+        self.speed.sent(rid, worker, now, tokens, streamed=request.stream, after=after, setup=setup)
         lives = self._lives
         if request.session_key is not None:
             lives.sessions.add(now, self._recent_half_s, seconds, 0.0)

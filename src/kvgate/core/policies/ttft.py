@@ -136,8 +136,8 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         reply = max(cached, self._replies.cached(request, worker))  # a session's last reply
         credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
         likely = max(prompt - max(reply, credit), 0) * self._tokens_per_char
-        likely = request.slot_tokens(worker, likely)  # the engine's own, if the plane tells
-        self.speed.sent(rid, worker, now, likely, streamed=request.stream, after=after)
+        likely, setup = request.slot_tokens(worker, likely)  # the engine's own, if the plane tells
+        self.speed.sent(rid, worker, now, likely, streamed=request.stream, after=after, setup=setup)
         self._looks.pop(worker, None)
         self._pace.note(now)
         self._running.fly(rid, worker, request.prefix_hashes)

@@ -29,7 +29,8 @@ then computed once per worker, not once per slot.
 
 Each request is told what each worker would compute of its prompt, in the engine's own
 tokens (``RequestFeatures.slot_uncached``, ``core.slot_turns``): from where its session's
-KV is and what its last turn's usage left there; the policies book it so.
+KV is and what its last turn's usage left there; and how long the plane takes there
+before sending it, as measured (a save, a restore); the policies book it so.
 
 Migration needs nothing of its own: when the router places a session on another
 worker than the one holding its KV (pressure moved its affinity, its worker is
@@ -164,7 +165,7 @@ class SlotPlane:
         """An attempt ended (``EndListener``): a llama.cpp turn's usage says what its
         session left in its slot (``annotate``)."""
         if end.prompt_tokens is not None and self.map.manages(end.worker):
-            said = features.slot_tokens(end.worker, -1.0)
+            said = features.slot_tokens(end.worker, -1.0)[0]
             if said >= 0.0 and end.cached_tokens is not None:  # what it was told, against usage
                 computed = end.prompt_tokens - end.cached_tokens
                 self.turns.observed(bool(features.restorable_blocks), said, computed)
@@ -261,7 +262,12 @@ class SlotPlane:
         plan = await self._acquire(worker, key, prefix, tokens)
         self._flights[(worker.id, plan.place.slot)] = request_id
         try:
+            planned, started = plan.tier, self.mono()
             tier = await self._prepare(worker, plan)
+            if planned is not KvTier.FALLBACK:  # what a turn so placed waits before it is sent
+                moved = planned in (KvTier.DISK, KvTier.MIGRATED)
+                kind = self.turns.kind(kept=planned is KvTier.SLOT or moved, here=not moved)
+                self.turns.prepared(kind, self.mono() - started)
             pinned = _pin(body, plan.place.slot)
             response = await worker.upstream.post(path, pinned, headers)
         except BaseException:
