@@ -54,12 +54,14 @@ def test_a_new_session_is_counted_at_the_fleets_characters_a_token() -> None:
 
 def test_what_usage_shows_was_missed_corrects_what_is_said_next() -> None:
     """The chat template's tokens around each message, a reply tokenized again: neither is
-    in the characters. Each turn's miss moves a correction (a mean of the first ten), one
-    for turns whose KV was held, one for the rest."""
+    in the characters. The misses set a correction (their median, once there are three),
+    one for turns whose KV was held, one for the rest; one far off moves it little."""
     turns = SlotTurns()
     turns.ended(S, A, 4_400, 1_100, 32)
     turns.observed(True, 69.0, 99)  # 30 more computed than said
-    turns.observed(True, 99.0, 89)  # said with the 30: 20 more than 69, the mean 25
+    turns.observed(True, 69.0, 0)  # a long first answer: 69 fewer
+    assert turns.bias == [0.0, 0.0]  # two are no measure yet
+    turns.observed(True, 69.0, 94)  # 25 more: the median of 30, -69 and 25
     got = turns.uncached(S, 4_800, [A], slot=A, saved=False, shared=none_shared)
     assert got == ((A, 69 + 25, 0.0),)
     # The rest (a new session's) keep their own: none measured yet.
@@ -76,12 +78,13 @@ def test_the_sessions_kept_are_bounded() -> None:
     assert got == ((A, 1_100, 0.0),)
 
 
-def test_a_miss_past_a_templates_worth_moves_the_correction_a_little() -> None:
+def test_a_miss_far_off_moves_the_correction_little() -> None:
     """A restore that failed computes the whole prompt: a miss of 1,200 tokens is not a
-    bias of the count (unclipped, every new session after was booked at 0)."""
+    bias of the count (as a running mean's, every new session after was booked at 0)."""
     turns = SlotTurns()
-    turns.observed(False, 0.0, 1_200)
-    assert turns.bias == [0.0, 64.0]
+    for computed in (30, 1_200, 20, 40):
+        turns.observed(False, 0.0 + turns.bias[1], computed)
+    assert turns.bias == [0.0, 35.0]  # the median of 30, 1,200, 20 and 40
 
 
 def test_the_time_before_the_engine_has_a_turn_is_told_by_what_it_finds_there() -> None:

@@ -568,13 +568,14 @@ def test_annotate_tells_the_policy_what_each_worker_computes_of_a_later_turn() -
     )
     assert second.restorable_blocks == 18  # as before: restorable everywhere
     # Its usage: 1,200 tokens, 1,100 found (the reply's not reused): 31 more than it was
-    # told; the next such turn is told that much more (the plane measures what it misses).
+    # told; once three such turns say so, the next is told that much more.
     plan = plane.map.acquire("w1", key, 2.0, second.prefix_hashes)
     assert plan is not None
     end = SimpleNamespace(
         worker="w1", prompt_tokens=1_200, cached_tokens=1_100, completion_tokens=1
     )
-    plane.ended(second, cast(AttemptEnd, end))
+    for _ in range(3):
+        plane.ended(second, cast(AttemptEnd, end))
     plane.map.release(plan, 3.0, served=True)
     third = replace(second, request_id="r3", prompt_chars=5_200)
     assert plane.annotate(third).slot_uncached == (("w1", 100 + 31, 0.0), ("w2", 100 + 31, 0.0))

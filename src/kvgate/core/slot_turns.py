@@ -29,16 +29,18 @@ sessions).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import statistics
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvgate.types import SessionKey, WorkerId
 
-_CLIP = 64.0
-"""The most one turn's miss moves the correction, in tokens: what it is for is a few dozen
-(a template, a share's partial block); a miss past that is a restore that failed or a slot
-lost, not a bias of the count (one moved it by 1,200 and booked every new session at 0)."""
+_MISSES = 16
+"""Turns whose misses the correction is the median of, per kind, once there are three:
+what it is for is a few dozen tokens (a template, a share's partial block), and one miss
+can be far off (a restore that failed; a first turn's long code answer: -119, which as a
+running mean's first sample booked the next turns at 0 where they computed 40)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,7 @@ class LastTurn:
 class SlotTurns:
     """Each session's last turn on a llama.cpp worker, and the fleet's characters a token."""
 
-    __slots__ = ("_last", "_seen", "bias", "limit", "per_token", "setup")
+    __slots__ = ("_last", "_misses", "bias", "limit", "per_token", "setup")
 
     def __init__(self, limit: int = 65_536) -> None:
         self.limit = limit
@@ -68,7 +70,7 @@ class SlotTurns:
         """The fleet's characters a prompt token, averaged over turns (0: none seen yet)."""
         self.bias = [0.0, 0.0]
         """Tokens added to what is said of a turn (``uncached``): [held KV, the rest]."""
-        self._seen = [0, 0]
+        self._misses: list[deque[float]] = [deque(maxlen=_MISSES), deque(maxlen=_MISSES)]
         self.setup = [0.0, 0.0, 0.0]
         """Mean seconds before the engine has a turn: [in its own slot, moved, new]."""
 
@@ -90,12 +92,12 @@ class SlotTurns:
 
     def observed(self, held: bool, said: float, computed: int) -> None:
         """A turn said to compute ``said`` tokens (``uncached``, its KV ``held`` in a slot or
-        saved) computed ``computed``: the correction moves by the miss, clipped (the mean
-        of the first ten, then a tenth of each)."""
+        saved, the correction included) computed ``computed``: the correction is the median
+        of the latest misses of the count alone, once there are three."""
         kind = 0 if held else 1
-        self._seen[kind] += 1
-        miss = min(max(computed - said, -_CLIP), _CLIP)
-        self.bias[kind] += miss / min(self._seen[kind], 10)
+        misses = self._misses[kind]
+        misses.append(computed - said + self.bias[kind])
+        self.bias[kind] = statistics.median(misses) if len(misses) >= 3 else 0.0
 
     def prepared(self, kind: int, seconds: float) -> None:
         """A turn of ``kind`` (``setup``'s index) took ``seconds`` before it was sent."""
