@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from kvgate.core.admission import (
+    QUEUE_SHARE,
     AdmissionConfig,
     Admit,
     Queue,
     Shed,
     admit,
+    displaced,
     fleet_saturation,
+    share_room,
     timed_out,
     wait_order,
 )
@@ -91,3 +94,60 @@ def test_saturation_is_one_only_when_no_worker_has_a_free_slot() -> None:
     kv_full = FleetSnapshot(0.0, (_w("a", kv_usage=0.99), _w("b", kv_usage=0.99)))
     assert fleet_saturation(kv_full) < 1.0
     assert isinstance(admit(CONFIG, S, 0, fleet_saturation(kv_full)), Admit)
+
+
+# The queue shared between tenants (``share_room``): with CONFIG, 5 standard places.
+FLOOD = {"a": [0, 5, 0]}  # tenant "a" holds every standard place
+
+
+@pytest.mark.parametrize(
+    ("tenant", "priority", "waiting", "expected"),
+    [
+        # The flood's own next request is refused, as on a one-tenant gateway.
+        ("a", S, FLOOD, None),
+        # Another tenant's takes the place of the flood's newest.
+        ("b", S, FLOOD, ("a", S)),
+        ("", S, FLOOD, ("a", S)),  # the credential-less are a tenant too
+        # Two more than the newcomer's tenant holds: a place is given up.
+        ("b", S, {"a": [0, 3, 0], "b": [0, 1, 0]}, ("a", S)),
+        # One more would only trade places: refused.
+        ("b", S, {"a": [0, 2, 0], "b": [0, 1, 0]}, None),
+        ("b", S, {"a": [0, 3, 0], "b": [0, 2, 0]}, None),
+        # The one holding the most gives up its place, ties to the smaller tag.
+        ("c", S, {"a": [0, 2, 0], "b": [0, 3, 0]}, ("b", S)),
+        ("c", S, {"b": [0, 3, 0], "a": [0, 3, 0]}, ("a", S)),
+        # Its lowest priority first; never a waiter more important than the newcomer.
+        ("b", S, {"a": [1, 4, 0]}, ("a", X)),
+        ("b", S, {"a": [0, 0, 5]}, None),
+        ("b", C, {"a": [0, 4, 6]}, ("a", S)),
+        ("b", X, {"a": [0, 4, 6]}, None),
+        # Only the room the newcomer competes for is counted, on both sides.
+        ("b", S, {"a": [0, 3, 0], "b": [0, 0, 9]}, ("a", S)),
+        # One tenant: nobody to displace.
+        ("", S, {"": [0, 5, 0]}, None),
+    ],
+)
+def test_a_full_queue_makes_room_for_a_tenant_holding_less(
+    tenant: str,
+    priority: Priority,
+    waiting: dict[str, list[int]],
+    expected: tuple[str, Priority] | None,
+) -> None:
+    assert share_room(priority, tenant, waiting) == expected
+    depth = 10 if priority is C else 5
+    verdict = admit(CONFIG, priority, depth, 1.0, tenant=tenant, waiting=waiting)
+    if priority is X:
+        assert isinstance(verdict, Shed) and verdict.reason == "sheddable_saturated"
+    elif expected is None:
+        assert isinstance(verdict, Shed) and verdict.reason == "queue_full"
+    else:
+        assert verdict == Queue(CONFIG.max_wait(priority), displaces=expected)
+
+
+def test_without_tenants_a_full_queue_refuses_as_before() -> None:
+    for waiting in (None, {}):
+        verdict = admit(CONFIG, S, 5, 1.0, tenant="b", waiting=waiting)
+        assert isinstance(verdict, Shed) and verdict.reason == "queue_full"
+    assert admit(CONFIG, S, 4, 1.0, tenant="b", waiting=FLOOD) == Queue(CONFIG.max_wait_standard_s)
+    late = displaced(CONFIG, 10)
+    assert late.reason == QUEUE_SHARE and late.retry_after == timed_out(CONFIG, 10).retry_after

@@ -589,3 +589,30 @@ def test_defaults_bound_session_waits_at_home_only_while_its_history_is_there() 
     moved = verdict(cold, None)
     assert isinstance(moved, Place) and (moved.worker, moved.reason) == ("c", KV_HOLD_MOVED)
     assert moved.affinity is not None and moved.affinity.expected == "a"
+
+
+def test_a_full_queue_makes_room_for_another_tenant_both_ways_to_it() -> None:
+    # At the fleet's saturation (admission) and on the policy's capacity_full refusal.
+    waiting = {"flood": [0, 819, 0]}
+    for decision in (None, Decision.refuse(CAPACITY_FULL)):
+        workers = (w("a", **FULL),) if decision is None else (w("a", in_flight=3),)
+        picker = (
+            Fixed(decision) if decision is not None else default_registry().build("least_request")
+        )
+        for tenant, expected in (("other", Queue(10.0, displaces=("flood", STD))), ("flood", None)):
+            request = RequestFeatures(request_id="r", model="m", tenant=tenant)
+            verdict = route(
+                request,
+                None,
+                FleetSnapshot(0.0, workers),
+                picker,
+                random.Random(0),
+                queue_depth=819,
+                held_s=None,
+                config=CONFIG,
+                waiting=waiting,
+            )
+            if expected is None:
+                assert isinstance(verdict, Shed) and verdict.reason == "queue_full"
+            else:
+                assert verdict == expected

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvgate.gateway.dataplane.queue import AdmissionQueue
+from kvgate.gateway.dataplane.queue import AdmissionQueue, DisplacedError
 from kvgate.testing import wait_until
 from kvgate.types import Priority
 
@@ -41,3 +41,45 @@ async def test_times_out_and_refuses_when_full() -> None:
     assert await waiter
     assert not await queue.wait(Priority.STANDARD, 0.01)
     assert len(queue) == 0
+
+
+async def test_counts_waiters_per_tenant_and_gives_the_newest_place_away() -> None:
+    queue = AdmissionQueue(capacity=10)
+    results: dict[str, object] = {}
+
+    async def wait(name: str, tenant: str | None, priority: Priority = Priority.STANDARD) -> None:
+        try:
+            results[name] = await queue.wait(priority, 5.0, tenant)
+        except DisplacedError:
+            results[name] = "displaced"
+
+    tasks = [
+        asyncio.create_task(wait("a1", "a")),
+        asyncio.create_task(wait("a2", "a")),
+        asyncio.create_task(wait("a-crit", "a", Priority.CRITICAL)),
+        asyncio.create_task(wait("hold", None)),  # a KV hold: nobody's, never displaced
+    ]
+    await wait_until(lambda: len(queue) == 4)
+    assert queue.waiting == {"a": [0, 2, 1]}
+    late = asyncio.create_task(
+        queue.wait(Priority.STANDARD, 5.0, "b", displaces=("a", Priority.STANDARD))
+    )
+    await wait_until(lambda: "a2" in results)
+    assert results == {"a2": "displaced"}  # the newest, at the priority named
+    assert len(queue) == 4
+    assert queue.waiting == {"a": [0, 1, 1], "b": [0, 1, 0]}
+    queue.wake_all()
+    await asyncio.gather(*tasks)
+    assert await late
+    assert results == {"a2": "displaced", "a1": True, "a-crit": True, "hold": True}
+    assert len(queue) == 0 and queue.waiting == {}
+
+
+async def test_a_wait_that_ends_leaves_no_count_behind() -> None:
+    queue = AdmissionQueue(capacity=10)
+    assert not await queue.wait(Priority.STANDARD, 0.01, "a")
+    task = asyncio.create_task(queue.wait(Priority.STANDARD, 5.0, "a"))
+    await wait_until(lambda: len(queue) == 1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(queue) == 0 and queue.waiting == {}

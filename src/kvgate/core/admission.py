@@ -18,6 +18,15 @@ The queue is bounded and partly reserved: standard requests may fill only
 ``standard_queue_share`` of it, so critical requests still find room when it is
 busy; sheddable requests never queue by default. Critical requests wait longest.
 
+The queue is shared fairly between tenants (``RequestFeatures.tenant``: an API key, or
+the session scope). A request that finds it full takes the place of the newest waiter
+of the tenant holding the most of the room it competes for (``share_room``: waiters no
+more important than it), provided that tenant holds at least two more of it than the
+request's own tenant; that waiter is refused (``QUEUE_SHARE``). So one tenant's flood
+fills the queue only while nobody else wants it, and a tenant under its fair share is
+never refused for it: whoever holds the most holds at least the fair share. With one
+tenant nobody is displaced: a full queue refuses the newcomer, as it always did.
+
 Example::
 
     admission:
@@ -32,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,12 +51,22 @@ from kvgate.types import Priority, Seconds
 
 
 class AdmissionConfig(BaseModel):
-    """Limits and waits of admission control (the ``admission:`` config section)."""
+    """Limits and waits of admission control (the ``admission:`` config section).
+
+    The queue is shared fairly between tenants (an API key, or the session scope of
+    ``features.session_scope``; the clients without one share one tenant): a request
+    that finds it full takes the place of the newest waiter of the tenant holding the
+    most of it (at the request's priority or below), if that tenant holds at least two
+    more places than the request's own; that waiter is answered 429 (``queue_share``).
+    One tenant's flood fills the queue only while nobody else wants it; with one tenant
+    a full queue refuses the newcomer (``queue_full``).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     worker_max_in_flight: int = Field(default=256, ge=1)
     queue_size: int = Field(default=1024, ge=0)
+    """Requests that may wait for a slot (and for KV room), shared by every tenant fairly."""
     max_wait_critical_s: float = Field(default=30.0, ge=0)
     max_wait_standard_s: float = Field(default=10.0, ge=0)
     max_wait_sheddable_s: float = Field(default=0.0, ge=0)
@@ -91,6 +111,10 @@ class Queue:
 
     max_wait: Seconds
     reason: str = "queued"
+    displaces: tuple[str, Priority] | None = None
+    """The tenant and priority whose newest waiter gives up its place to this request
+    (refused with ``QUEUE_SHARE``): the queue is full and that tenant holds more of it
+    (``share_room``). ``None``: the queue has room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +129,14 @@ Admission = Admit | Queue | Shed
 
 _NEARLY_FULL = 0.999
 
+QUEUE_SHARE = "queue_share"
+"""The shed reason of a waiter that gave its place to another tenant's request: the queue
+was full and its tenant held the most of it (``share_room``)."""
+
+Waiting = Mapping[str, Sequence[int]]
+"""Per tenant (``RequestFeatures.tenant``), how many of its requests wait in the queue for
+a slot, by priority (indexed by ``int(Priority)``); a tenant with none may be absent."""
+
 
 def _retry_after(config: AdmissionConfig, queue_depth: int) -> Seconds:
     # A deeper queue means the fleet will take longer to have room again.
@@ -117,11 +149,16 @@ def admit(
     priority: Priority,
     queue_depth: int,
     fleet_saturation: float,
+    *,
+    tenant: str = "",
+    waiting: Waiting | None = None,
 ) -> Admission:
     """Admit, queue or shed one request (see the module docs for the driver's flow).
 
     ``fleet_saturation`` is in [0, 1]; 1.0 means no candidate can take the
     request now (every one is full), which is when queueing is considered.
+    ``waiting`` is the queue's waiters per tenant (``None``: not shared fairly); a
+    full queue may then make room for ``tenant``'s request (``share_room``).
     """
     if priority is _SHEDDABLE and fleet_saturation >= config.sheddable_shed_at:
         return Shed("sheddable_saturated", _retry_after(config, queue_depth))
@@ -131,13 +168,48 @@ def admit(
     if wait <= 0:
         return Shed("saturated", _retry_after(config, queue_depth))
     if queue_depth >= config.queue_limit(priority):
-        return Shed("queue_full", _retry_after(config, queue_depth))
+        victim = share_room(priority, tenant, waiting) if waiting else None
+        if victim is None:
+            return Shed("queue_full", _retry_after(config, queue_depth))
+        return Queue(wait, displaces=victim)
     return Queue(wait)
+
+
+def share_room(priority: Priority, tenant: str, waiting: Waiting) -> tuple[str, Priority] | None:
+    """Whose waiter a request of ``tenant`` at ``priority`` displaces from a full queue:
+    (tenant, priority) of that waiter, else ``None`` (the request is refused).
+
+    Longest Queue Drop, as fair switch buffers share memory among flows: the room a
+    request competes for is held by waiters no more important than it; the tenant holding
+    the most of it gives up its newest waiter at its lowest priority, if it holds at least
+    two more than ``tenant`` (one more would only trade places: no fairer, and churn).
+    Ties go to the smaller tenant tag, so the choice is deterministic.
+    """
+    top = int(priority) + 1
+    mine = sum(waiting.get(tenant, ())[:top])
+    victim: str | None = None
+    most = mine + 1  # a victim holds more than this
+    for other, counts in waiting.items():
+        if other == tenant:
+            continue
+        held = sum(counts[:top])
+        if held > most or (held == most and victim is not None and other < victim):
+            victim, most = other, held
+    if victim is None:
+        return None
+    counts = waiting[victim]
+    lowest = next(p for p in range(top) if counts[p])
+    return victim, Priority(lowest)
 
 
 def timed_out(config: AdmissionConfig, queue_depth: int) -> Shed:
     """The answer for a request whose queue wait ran out."""
     return Shed("queue_timeout", _retry_after(config, queue_depth))
+
+
+def displaced(config: AdmissionConfig, queue_depth: int) -> Shed:
+    """The answer for a waiter whose place went to another tenant's request (``share_room``)."""
+    return Shed(QUEUE_SHARE, _retry_after(config, queue_depth))
 
 
 def wait_order(priority: Priority, arrival: int) -> tuple[int, int]:

@@ -49,7 +49,7 @@ from kvgate.core.session import (
     tenant_of,
     tenant_tag,
 )
-from kvgate.types import BlockHash, Priority
+from kvgate.types import BlockHash, Priority, SessionKey
 
 Endpoint = Literal["chat", "completions", "messages"]
 Tokenizer = Callable[[str], Sequence[int]]
@@ -449,14 +449,23 @@ def build_features(
             cfg.session_scope,
             peer,
         ),
-        # Its scope's one-way tag, against which its shared prefix blocks count: named by
-        # its session key when it has one (``tenant_of``), else made from its headers.
-        tenant=tenant_of(session_key)
-        if session_key is not None
-        else tenant_tag(scope_of(cfg.session_scope, headers, peer))
-        if headers
-        else "",
+        tenant=request_tenant(session_key, headers, cfg, peer),
     )
+
+
+def request_tenant(
+    session_key: SessionKey | None,
+    headers: Mapping[str, str],
+    cfg: FeatureConfig,
+    peer: str | None = None,
+) -> str:
+    """A request's tenant (``RequestFeatures.tenant``): its scope's one-way tag, against
+    which its shared prefix blocks, its places in the admission queue and its retries
+    count. Named by its session key when it has one (``tenant_of``: no second digest),
+    else made from its headers; ``""`` without a scope."""
+    if session_key is not None:
+        return tenant_of(session_key)
+    return tenant_tag(scope_of(cfg.session_scope, headers, peer)) if headers else ""
 
 
 def request_priority(

@@ -14,7 +14,8 @@ The steps, in order (each may end it):
    (``Shed("pressure_<level>")``); the rest is routed as on an unpressured fleet
    (``core.pressure.unpressured``) and its placement said ``pressure_overflow``.
 3. Admission on the fleet's saturation (``core.admission.admit``): sheddable
-   work is refused near saturation; a fleet with no free slot queues or sheds.
+   work is refused near saturation; a fleet with no free slot queues or sheds (a
+   full queue makes room for a tenant holding less of it: ``Queue.displaces``).
 4. A continuation of state one worker holds (``previous_response_id``) goes back
    to that worker while it is routable: ``Place("continuation")``, no policy asked.
    A subagent's request with no binding of its own (``under_parent``) is routed
@@ -57,7 +58,9 @@ from kvgate.core.admission import (
     Admit,
     Queue,
     Shed,
+    Waiting,
     admit,
+    displaced,
     fleet_saturation,
     timed_out,
 )
@@ -91,6 +94,7 @@ __all__ = [
     "Unavailable",
     "Verdict",
     "follows_binding",
+    "queue_displaced",
     "queue_timeout",
     "route",
     "under_parent",
@@ -191,6 +195,7 @@ def route(
     holders: Mapping[WorkerId, int] | None = None,
     resident: Resident | None = None,
     parent: Affinity | None = None,
+    waiting: Waiting | None = None,
 ) -> Verdict:
     """The verdict for ``request`` on ``fleet`` (see the module docs for the steps).
 
@@ -204,6 +209,8 @@ def route(
     ``parent`` is the store's binding of the parent session a subagent's request names
     (``RequestFeatures.parent_key``): without a binding of its own, it routes under it,
     and the parent's worker holds as much of its prefix as any (``with_parent``).
+    ``waiting`` is the driver's queue per tenant: a full queue then makes room for a
+    tenant holding less of it than another (``Queue.displaces``; ``None``: it never does).
     """
     holders = holders if holders is not None else {}
     inherited = False
@@ -228,8 +235,9 @@ def route(
         if priority is _SHEDDABLE and should_shed(priority, fresh, fleet):
             return Shed(f"pressure_{level}", admission.retry_after_s)
         fleet = unpressured(fleet)
+    saturation = fleet_saturation(fleet, admission.kv_saturated)
     verdict = admit(
-        admission, priority, queue_depth, fleet_saturation(fleet, admission.kv_saturated)
+        admission, priority, queue_depth, saturation, tenant=request.tenant, waiting=waiting
     )
     if not isinstance(verdict, Admit):
         return verdict
@@ -244,7 +252,7 @@ def route(
         if decision.reason != CAPACITY_FULL:
             # The policy's own refusal (pressure, priority): waiting would not help.
             return Shed(decision.reason, decision.retry_after or DEFAULT_RETRY_AFTER_S)
-        return _when_full(admission, request, queue_depth)
+        return _when_full(admission, request, queue_depth, waiting)
     state = fleet.get(decision.worker)
     if state is None:
         return Shed(INVALID_DECISION, DEFAULT_RETRY_AFTER_S)
@@ -366,10 +374,15 @@ def _continuation(
 
 
 def _when_full(
-    admission: AdmissionConfig, request: RequestFeatures, queue_depth: int
+    admission: AdmissionConfig,
+    request: RequestFeatures,
+    queue_depth: int,
+    waiting: Waiting | None,
 ) -> Queue | Shed:
     """Every candidate is at its in-flight limit: queue, or shed when the queue is no option."""
-    verdict = admit(admission, request.priority, queue_depth, 1.0)
+    verdict = admit(
+        admission, request.priority, queue_depth, 1.0, tenant=request.tenant, waiting=waiting
+    )
     assert not isinstance(verdict, Admit)  # admit() at full saturation never admits
     return verdict
 
@@ -377,6 +390,11 @@ def _when_full(
 def queue_timeout(config: RouteConfig, queue_depth: int) -> Shed:
     """The verdict for a request whose queue wait ran out."""
     return timed_out(config.admission, queue_depth)
+
+
+def queue_displaced(config: RouteConfig, queue_depth: int) -> Shed:
+    """The verdict for a waiter whose place went to another tenant's request."""
+    return displaced(config.admission, queue_depth)
 
 
 def follows_binding(

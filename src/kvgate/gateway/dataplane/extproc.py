@@ -39,7 +39,7 @@ from multidict import CIMultiDict
 
 from kvgate.core import prefix
 from kvgate.core.features import RequestFeatures
-from kvgate.core.prefix import FeatureConfig, request_priority
+from kvgate.core.prefix import FeatureConfig, request_priority, request_tenant
 from kvgate.gateway.dataplane.attempt import PassiveHealth, Placer
 from kvgate.gateway.dataplane.eppwire import (
     DESTINATION,
@@ -430,8 +430,7 @@ class _Stream:
         return picked
 
     def _fallbacks(self, picked: Worker, excluded: frozenset[str]) -> list[str]:
-        """Where the proxy goes if the picked endpoint fails: up to ``fallbacks`` routable
-        endpoints of its version, least loaded first, then (a canary's) one of the stable."""
+        """If the pick fails: ``fallbacks`` of its version, least loaded first, then a stable's."""
         count = self.server.settings.fallbacks
         if count <= 0:
             return []
@@ -522,6 +521,7 @@ class _Stream:
             session_source=keys.source,
             priority=request_priority(self.headers, settings, self.peer),
             stream=payload.get("stream") is True,
+            tenant=request_tenant(keys.key, self.headers, settings, self.peer),
         )
 
     def _refused(self, exc: GatewayError) -> None:

@@ -30,7 +30,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kvgate.core.features import RequestFeatures
-from kvgate.core.prefix import FeatureConfig, check_embedding_input, request_priority
+from kvgate.core.prefix import (
+    FeatureConfig,
+    check_embedding_input,
+    request_priority,
+    request_tenant,
+)
 from kvgate.core.prefix import InvalidRequestError as BadBody
 from kvgate.core.session import (
     REFUSED,
@@ -346,6 +351,7 @@ class Passthrough:
             session_source=keys.source,
             priority=request_priority(request.headers, self.features, request.remote),
             stream=stream is True,
+            tenant=request_tenant(keys.key, request.headers, self.features, request.remote),
         )
         return Forward(
             features,

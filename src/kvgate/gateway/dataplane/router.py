@@ -54,6 +54,7 @@ from kvgate.core.route import (
     Unavailable,
     follows_binding,
     needs_affinity,
+    queue_displaced,
     queue_timeout,
     route,
     under_parent,
@@ -72,6 +73,7 @@ from kvgate.gateway.dataplane.attempt import (
     UsageListener,
 )
 from kvgate.gateway.dataplane.errors import NoHealthyWorkerError, OverloadedError
+from kvgate.gateway.dataplane.queue import DisplacedError
 from kvgate.gateway.observe.kvcache import EngineCaches
 from kvgate.gateway.observe.metrics import GatewayMetrics
 from kvgate.gateway.observe.pool import Worker, WorkerPool
@@ -275,6 +277,7 @@ class Router:
                 holders=holders,
                 resident=resident,
                 parent=parent,
+                waiting=queue.waiting,
             )
             if isinstance(verdict, Place):
                 break
@@ -296,7 +299,15 @@ class Router:
                 if queued_at is None:
                     queued_at = now
                     deadline = now + verdict.max_wait
-                if await queue.wait(priority, deadline - now):
+                try:
+                    woken = await queue.wait(
+                        priority, deadline - now, features.tenant, verdict.displaces
+                    )
+                except DisplacedError:
+                    # Its tenant held the most of the full queue; another's took its place.
+                    self._observe_wait(priority, self.mono() - queued_at)
+                    raise self._shed(features, queue_displaced(self.config, len(queue))) from None
+                if woken:
                     continue
                 self._observe_wait(priority, self.mono() - queued_at)
                 verdict = queue_timeout(self.config, len(queue))
