@@ -1,10 +1,12 @@
-"""One tenant's flood does not take the other tenants' room in the admission queue.
+"""One tenant's flood does not take the other tenants' room: the admission queue, the
+retry budget.
 
 Two client keys before one worker that takes one request at a time and never answers
 (so every later request waits): the flooding key fills the queue's standard share; a
 request of the other key still finds a place, the flood's newest giving it up (429,
 ``queue_share``), while the flood's own next request is refused as on a one-tenant
-gateway (429, ``queue_full``). Every refusal is in the OpenAI error shape.
+gateway (429, ``queue_full``). A tenant whose requests fail on every worker leaves the
+budget's last retry to another. Every refusal is in the OpenAI error shape.
 """
 
 from __future__ import annotations
@@ -83,3 +85,42 @@ async def test_a_flooding_tenant_gives_up_its_newest_place_to_another_tenant() -
             finally:
                 await cancel_and_wait(*pending)
 
+
+async def test_a_flooding_tenants_poison_requests_leave_the_last_retry_to_another() -> None:
+    """Two retries in flight at most. Worker 0 never answers, worker 1 answers 500; round
+    robin sends each request to the next in turn. The quiet key's request waits on worker
+    0; the flood's first request fails on worker 1 and is retried (it waits on worker 0);
+    its second fails there too and is refused its retry (502): the last retry is left to
+    the tenant holding fewer, which the quiet key's next failing request then gets.
+    On the code before, the flood's second request took it and the quiet one's got 502."""
+    async with worker_fleet(2) as fleet:
+        await set_faults(fleet[0], hang=True)
+        await set_faults(fleet[1], error_rate=1.0)
+        config = gateway_config(
+            fleet,
+            api_keys=[FLOOD, QUIET],
+            policy={"name": "round_robin"},
+            retries={"count": 1, "budget_ratio": 0.0, "budget_min": 2},
+            outlier={"consecutive_failures": 100},
+        )
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
+            await every_worker_up(gw)
+            pool, budget = gw.gateway.pool, gw.gateway.budget
+            pending: list[asyncio.Task[tuple[int, Any, str]]] = []
+            try:
+                pending.append(asyncio.create_task(post(session, gw, QUIET)))  # worker 0
+                await wait_until(lambda: pool.in_flight() == 1)
+                pending.append(asyncio.create_task(post(session, gw, FLOOD)))  # 1, then 0
+                await wait_until(lambda: budget.retries == 1 and pool.in_flight() == 2)
+                async with asyncio.timeout(10):  # before: retried, and waits on worker 0
+                    status, body, _ = await post(session, gw, FLOOD)  # worker 1, no retry
+                assert status == 502, body
+                assert set(body) == {"error"} and body["error"]["code"] == "upstream_error"
+                assert budget.retries == 1
+                pending.append(asyncio.create_task(post(session, gw, QUIET)))  # worker 0
+                await wait_until(lambda: pool.in_flight() == 3)
+                pending.append(asyncio.create_task(post(session, gw, QUIET)))  # 1, then 0
+                await wait_until(lambda: budget.retries == 2 and pool.in_flight() == 4)
+                assert not any(task.done() for task in pending)
+            finally:
+                await cancel_and_wait(*pending)

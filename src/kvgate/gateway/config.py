@@ -178,7 +178,15 @@ class TimeoutsConfig(_Model):
 
 
 class RetriesConfig(_Model):
-    """Retries on another worker before the first byte, within an Envoy-style budget."""
+    """Retries on another worker before the first byte, within an Envoy-style budget.
+
+    The budget (``budget_ratio`` of the requests in flight, at least ``budget_min``
+    retries in flight) is shared fairly between tenants (an API key, or the session scope
+    of ``features.session_scope``): each retry is charged to the tenant whose request
+    needed it, and a tenant takes the budget's last free retries only while no other
+    tenant with requests in flight holds fewer. One tenant's requests failing on every
+    worker then leave the others their retries; with one tenant the budget is Envoy's.
+    """
 
     count: int = Field(default=2, ge=0)
     budget_ratio: float = Field(default=0.2, ge=0, le=1)

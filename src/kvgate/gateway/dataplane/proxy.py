@@ -376,8 +376,8 @@ class Proxy:
         looked: Looked | None = None,
     ) -> None:
         affinity = looked if looked is not None else await self.router.lookup(features)
-        budget = self.budget
-        budget.requests += 1
+        budget, tenant = self.budget, features.tenant
+        budget.start(tenant)  # its retries are charged to its tenant
         excluded: frozenset[str] = frozenset()
         last_failure: UpstreamError | None = None
         # Attempts that answered 5xx, not settled yet: one that another worker then
@@ -476,8 +476,7 @@ class Proxy:
                     )
                     return
         finally:
-            budget.requests -= 1
-            budget.give_back(outcome.budgeted)
+            budget.end(tenant, outcome.budgeted)
 
     def _retry(self, exc: UpstreamError, features: RequestFeatures, outcome: Outcome) -> bool:
         """True when a request whose attempt failed so may be retried on another worker."""
@@ -487,7 +486,7 @@ class Proxy:
             # A worker that answered 5xx/429 may be overloaded: its retries spend the
             # budget. A connection failure did no work anywhere, so re-picking it adds
             # no load and is only bounded by count.
-            if not self.budget.allow():
+            if not self.budget.allow(features.tenant):
                 self.metrics.retries_denied.labels(features.model).inc()
                 return False
             outcome.budgeted += 1
