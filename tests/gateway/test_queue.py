@@ -47,9 +47,11 @@ async def test_counts_waiters_per_tenant_and_gives_the_newest_place_away() -> No
     queue = AdmissionQueue(capacity=10)
     results: dict[str, object] = {}
 
-    async def wait(name: str, tenant: str | None, priority: Priority = Priority.STANDARD) -> None:
+    async def wait(
+        name: str, tenant: str, priority: Priority = Priority.STANDARD, hold: bool = False
+    ) -> None:
         try:
-            results[name] = await queue.wait(priority, 5.0, tenant)
+            results[name] = await queue.wait(priority, 5.0, tenant, hold=hold)
         except DisplacedError:
             results[name] = "displaced"
 
@@ -57,7 +59,7 @@ async def test_counts_waiters_per_tenant_and_gives_the_newest_place_away() -> No
         asyncio.create_task(wait("a1", "a")),
         asyncio.create_task(wait("a2", "a")),
         asyncio.create_task(wait("a-crit", "a", Priority.CRITICAL)),
-        asyncio.create_task(wait("hold", None)),  # a KV hold: nobody's, never displaced
+        asyncio.create_task(wait("hold", "a", hold=True)),  # a KV hold: never displaced
     ]
     await wait_until(lambda: len(queue) == 4)
     assert queue.waiting == {"a": [0, 2, 1]}
@@ -83,3 +85,62 @@ async def test_a_wait_that_ends_leaves_no_count_behind() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(queue) == 0 and queue.waiting == {}
+
+
+async def test_tenants_take_turns_within_a_priority() -> None:
+    queue = AdmissionQueue(capacity=10)
+    order: list[str] = []
+
+    async def wait(name: str, tenant: str, priority: Priority = Priority.STANDARD) -> None:
+        assert await queue.wait(priority, 5.0, tenant, hold=name.endswith("hold"))
+        order.append(name)
+
+    tasks = []
+    for name, tenant in (
+        ("flood-1", "flood"),
+        ("flood-2", "flood"),
+        ("flood-3", "flood"),
+        ("quiet-1", "quiet"),
+        ("flood-hold", "flood"),  # a KV hold takes its turn with its tenant's
+        ("other-1", "other"),
+        ("quiet-2", "quiet"),
+    ):
+        tasks.append(asyncio.create_task(wait(name, tenant)))
+        count = len(tasks)
+        await wait_until(lambda n=count: len(queue) == n)  # type: ignore[misc]
+    tasks.append(asyncio.create_task(wait("critical", "flood", Priority.CRITICAL)))
+    await wait_until(lambda: len(queue) == 8)
+    for expected in range(1, 9):
+        queue.wake_one()
+        await wait_until(lambda n=expected: len(order) == n)  # type: ignore[misc]
+    await asyncio.gather(*tasks)
+    # Before, oldest first: the flood's three, then the quiet tenant's, after the flood's.
+    assert order == [
+        "critical",
+        "flood-1",
+        "quiet-1",
+        "other-1",
+        "flood-2",
+        "quiet-2",
+        "flood-3",
+        "flood-hold",
+    ]
+    assert len(queue) == 0 and queue.waiting == {}
+
+
+async def test_wake_all_wakes_in_turn() -> None:
+    queue = AdmissionQueue(capacity=10)
+    order: list[str] = []
+
+    async def wait(name: str, tenant: str) -> None:
+        assert await queue.wait(Priority.STANDARD, 5.0, tenant)
+        order.append(name)
+
+    tasks = []
+    for name, tenant in (("a-1", "a"), ("a-2", "a"), ("b-1", "b")):
+        tasks.append(asyncio.create_task(wait(name, tenant)))
+        count = len(tasks)
+        await wait_until(lambda n=count: len(queue) == n)  # type: ignore[misc]
+    queue.wake_all()
+    await asyncio.gather(*tasks)
+    assert order == ["a-1", "b-1", "a-2"]

@@ -1,14 +1,17 @@
 """The admission queue: where requests wait, bounded, for a worker to free up.
 
-Waiters are woken highest priority first, oldest first within a priority,
-whenever a request finishes or a worker becomes routable. The queue never
-decides to route: a woken waiter asks the policy again.
+Waiters are woken highest priority first whenever a request finishes or a worker
+becomes routable; within a priority, the tenants waiting take turns (round robin,
+in the order each began waiting), and each tenant's own waiters go oldest first.
+With one tenant that is oldest first. The queue never decides to route: a woken
+waiter asks the policy again.
 
 Each waiter for a slot is counted against its tenant (``waiting``, what
 ``core.admission.share_room`` reads); a request that the full queue makes room
 for (``Queue.displaces``) takes the place of that tenant's newest waiter, which
-raises ``DisplacedError``. A request held for KV room (``tenant=None``) is counted
-against nobody and never displaced: it is placed when its hold ends.
+raises ``DisplacedError``. A request held for KV room (``hold``) takes its turn
+with its tenant's but is counted against nobody and never displaced: it is placed
+when its hold ends.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ class DisplacedError(Exception):
 
 
 class _Waiter:
-    """One request waiting: its future, and the tenant it is counted against."""
+    """One request waiting: its future, its tenant, and whether it counts against it."""
 
-    __slots__ = ("fut", "tenant")
+    __slots__ = ("counted", "fut", "tenant")
 
-    def __init__(self, fut: asyncio.Future[None], tenant: str | None) -> None:
+    def __init__(self, fut: asyncio.Future[None], tenant: str, counted: bool) -> None:
         self.fut = fut
         self.tenant = tenant
+        self.counted = counted
 
 
 class AdmissionQueue:
@@ -40,9 +44,11 @@ class AdmissionQueue:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._waiters: dict[Priority, deque[_Waiter]] = {
-            p: deque() for p in sorted(Priority, reverse=True)
+        self._turns: dict[Priority, dict[str, deque[_Waiter]]] = {
+            p: {} for p in sorted(Priority, reverse=True)
         }
+        """Per priority, most important first: each waiting tenant's waiters, oldest first;
+        the tenants in the order of their turns (the next to be woken first)."""
         self._size = 0
         self.waiting: dict[str, list[int]] = {}
         """Per tenant, its waiters for a slot by priority (``core.admission.Waiting``);
@@ -60,25 +66,30 @@ class AdmissionQueue:
         self,
         priority: Priority,
         max_wait_s: float,
-        tenant: str | None = None,
+        tenant: str = "",
+        *,
         displaces: tuple[str, Priority] | None = None,
+        hold: bool = False,
     ) -> bool:
         """Wait until woken (True) or until ``max_wait_s`` passes (False).
 
-        ``tenant``: whom a wait for a slot counts against (``None``: a KV hold, counted
-        against nobody). ``displaces``: whose newest waiter at that priority gives up its
-        place first (it raises ``DisplacedError``). Raises ``DisplacedError`` if this
-        waiter's place goes to another tenant's request.
+        ``tenant``: whose turn it waits in, and whom a wait for a slot counts against
+        (a KV ``hold`` counts against nobody). ``displaces``: whose newest waiter at
+        that priority gives up its place first (it raises ``DisplacedError``). Raises
+        ``DisplacedError`` if this waiter's place goes to another tenant's request.
         """
         if displaces is not None:
             self._displace(*displaces)
         if max_wait_s <= 0 or self.full:
             return False
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant)
-        queue = self._waiters[priority]
-        queue.append(waiter)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant, not hold)
+        turns = self._turns[priority]
+        own = turns.get(tenant)
+        if own is None:
+            own = turns[tenant] = deque()  # its turn comes after those waiting already
+        own.append(waiter)
         self._size += 1
-        if tenant is not None:
+        if not hold:
             counts = self.waiting.get(tenant)
             if counts is None:
                 counts = self.waiting[tenant] = [0] * _LEVELS
@@ -93,50 +104,67 @@ class AdmissionQueue:
             if not waiter.fut.done():
                 waiter.fut.cancel()
             try:
-                queue.remove(waiter)
+                own.remove(waiter)
             except ValueError:
                 pass  # woken or displaced: already taken out
             else:
+                if not own and turns.get(tenant) is own:
+                    del turns[tenant]
                 self._taken(waiter, priority)
 
     def _taken(self, waiter: _Waiter, priority: Priority) -> None:
-        """``waiter`` left its queue: it no longer counts."""
+        """``waiter`` left the queue: it no longer counts."""
         self._size -= 1
-        tenant = waiter.tenant
-        if tenant is not None:
-            counts = self.waiting[tenant]
+        if waiter.counted:
+            counts = self.waiting[waiter.tenant]
             counts[priority] -= 1
             if not any(counts):
-                del self.waiting[tenant]
+                del self.waiting[waiter.tenant]
 
     def _displace(self, tenant: str, priority: Priority) -> None:
-        """Refuse ``tenant``'s newest waiter at ``priority`` (``DisplacedError``)."""
-        queue = self._waiters[priority]
-        for i in range(len(queue) - 1, -1, -1):
-            waiter = queue[i]
-            if waiter.tenant == tenant and not waiter.fut.done():
-                del queue[i]
+        """Refuse ``tenant``'s newest waiter for a slot at ``priority`` (``DisplacedError``)."""
+        turns = self._turns[priority]
+        own = turns.get(tenant)
+        if own is None:
+            return
+        for i in range(len(own) - 1, -1, -1):
+            waiter = own[i]
+            if waiter.counted and not waiter.fut.done():
+                del own[i]
+                if not own:
+                    del turns[tenant]
                 self._taken(waiter, priority)
                 waiter.fut.set_exception(DisplacedError())
                 return
 
-    def wake_one(self) -> None:
-        """A slot freed up: let the most important, oldest waiter try again."""
-        if not self._size:
-            return
-        for priority, queue in self._waiters.items():
-            while queue:
-                waiter = queue.popleft()
+    def _next(self) -> tuple[_Waiter, Priority] | None:
+        """Take out the waiter whose turn is next: the most important priority's next
+        tenant's oldest; that tenant's turn comes again after the others'."""
+        for priority, turns in self._turns.items():
+            if turns:
+                tenant, own = next(iter(turns.items()))
+                waiter = own.popleft()
+                del turns[tenant]
+                if own:
+                    turns[tenant] = own  # to the back of the line of turns
                 self._taken(waiter, priority)
-                if not waiter.fut.done():
-                    waiter.fut.set_result(None)
-                    return
+                return waiter, priority
+        return None
+
+    def wake_one(self) -> None:
+        """A slot freed up: let the waiter whose turn it is try again."""
+        while self._size:
+            taken = self._next()
+            if taken is None:
+                return
+            fut = taken[0].fut
+            if not fut.done():
+                fut.set_result(None)
+                return
 
     def wake_all(self) -> None:
-        """The fleet changed (a worker came back): every waiter tries again."""
-        for priority, queue in self._waiters.items():
-            while queue:
-                waiter = queue.popleft()
-                self._taken(waiter, priority)
-                if not waiter.fut.done():
-                    waiter.fut.set_result(None)
+        """The fleet changed (a worker came back): every waiter tries again, in turn."""
+        while (taken := self._next()) is not None:
+            fut = taken[0].fut
+            if not fut.done():
+                fut.set_result(None)

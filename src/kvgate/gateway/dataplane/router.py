@@ -290,7 +290,7 @@ class Router:
                 # Woken by a release, or its wait ran out: ask again either way (past
                 # the gate's longest wait ``route`` places it; before, it may move it).
                 # A wait that ran out lasted its whole ``max_wait`` whatever the clock says.
-                if not await queue.wait(priority, verdict.max_wait):
+                if not await queue.wait(priority, verdict.max_wait, features.tenant, hold=True):
                     held_for = (held_s or 0.0) + verdict.max_wait
                 continue
             if isinstance(verdict, Queue):
@@ -301,7 +301,7 @@ class Router:
                     deadline = now + verdict.max_wait
                 try:
                     woken = await queue.wait(
-                        priority, deadline - now, features.tenant, verdict.displaces
+                        priority, deadline - now, features.tenant, displaces=verdict.displaces
                     )
                 except DisplacedError:
                     # Its tenant held the most of the full queue; another's took its place.
