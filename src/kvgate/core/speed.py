@@ -52,9 +52,11 @@ import heapq
 import math
 import statistics
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import replace
 
 from kvgate.core.batch import shared_prefill
+from kvgate.core.fleet import WorkerState
 from kvgate.core.speed_book import IDLE_BOOK, Book, Look, Sent, context
 from kvgate.core.speed_book import ended as context_ended
 from kvgate.core.speed_fit import (
@@ -179,6 +181,14 @@ class FleetSpeed:
         if not any(f.n for f in self._fits.values()):
             self._fleet = None
         return True
+
+    def engines(self, workers: Iterable[WorkerState]) -> bool:
+        """``engine`` for each of ``workers``, as the fleet reports them: True when any
+        one's rate moved."""
+        moved = False
+        for w in workers:
+            moved = self.engine(w.id, w.slots, w.engine_prefill_s) or moved
+        return moved
 
     def prior_of(self, worker: WorkerId | None) -> Speed:
         """What ``worker`` is believed before it is observed: as ``fleet`` starts, the prior

@@ -39,7 +39,7 @@ Example (every option is ``DefaultConfig``'s)::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container
+from collections.abc import Container
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -49,7 +49,6 @@ from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import (
     Holding,
-    PolicyConfig,
     Scored,
     ThresholdKind,
     affinity_status,
@@ -58,11 +57,9 @@ from kvgate.core.policies.base import (
     route,
     under_threshold,
 )
-from kvgate.core.policies.caches import IndexResidency
 from kvgate.core.policies.claims import LRU_TURNOVER, ClaimShares
-from kvgate.core.policies.learning import Replies, SpeedLearning
+from kvgate.core.policies.learning import CostConfig
 from kvgate.core.policies.lives import Lives, Through
-from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.warming import Openers, Warming
 from kvgate.core.policy import RouteContext
 from kvgate.core.prefix_index import PrefixIndexConfig
@@ -75,32 +72,19 @@ Term = Literal["session_life", "chain_life", "tail", "claims", "running", "holdi
 """A term ``DefaultConfig.off`` can switch off (the module docs)."""
 
 
-class DefaultConfig(PolicyConfig):
+class DefaultConfig(CostConfig):
     """Options of ``default``: session stickiness and the expected-TTFT cost model."""
 
     threshold_kind: ThresholdKind = "fraction"
     threshold: float = Field(default=0.8, gt=0)
-    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
-    """One worker's prefill rate (an H100 running an 8B model does 10-15k tokens/s): the
-    prior, replaced by the engines' own measure where they report one (llama.cpp's
-    ``/metrics``: ``FleetSpeed.prior_of``)."""
     decode_s: float = Field(default=0.002, ge=0)
     """Time to first token each request already on a worker adds (its decode steps)."""
     stay: float = Field(default=0.5, ge=0)
     """The pull of a warm worker, as a fraction of the prefill seconds its cache saves."""
-    evict: float = Field(default=1.0, ge=0)
-    """Weight of the cache a request's new blocks would evict, per prefill second, when full."""
     recent_half_life_s: float = Field(default=60.0, gt=0)
     """Half-life of the per-worker count of recently routed requests (a tie-break), of
     the counts that measure what a conversation brings over its life, and of the tokens
     sent to a worker that bound the fill it is charged (``FleetSpeed.lately``)."""
-    time_scale: float = Field(default=1.0, gt=0)
-    """Model seconds per second of the driver's clock: the rates and times above are the
-    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
-    restorable_credit: float = Field(default=0.9, ge=0, le=1)
-    """What a prefix block restorable from disk is worth on any worker, against one in
-    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
-    takes to recompute it (``benchmarks/real_offload.py``)."""
     chain_ends: int = Field(default=65_536, ge=1)
     """Ends of recently routed headerless chains remembered, to tell a conversation's
     later turn (its chain runs through one) from a request that opens one."""
@@ -124,16 +108,15 @@ _Cuts = dict[WorkerId, tuple[int, int]]  # per worker: blocks (young, resident) 
 _EVERY = Holding({}, 0)  # every worker holds 0 blocks or more (``DefaultPolicy._holding``)
 
 
-class DefaultPolicy(Warming, SpeedLearning):
+class DefaultPolicy(Warming):
     """Sticky explicit sessions; everything else placed by expected time to first token."""
 
     name = "default"
 
     def __init__(self, config: DefaultConfig | None = None) -> None:
         self.config = config if config is not None else DefaultConfig()
-        super().__init__(self.config.index)
+        super().__init__(self.config.index)  # the index, the chains in flight, the replies
         cfg = self.config
-        self._tokens_per_char = 1.0 / cfg.index.chars_per_token
         self._off = cfg.off  # terms switched off (the ablation)
         # The model's rates and times, in the driver's clock (an engine's own TTFT too).
         scale = self.engine_seconds = cfg.time_scale
@@ -143,11 +126,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         pending = cfg.index.max_pending
         prior = Speed(0.0, 1.0 / self._rate, self._decode_s)
         self.speed = FleetSpeed(prior, max_pending=pending, at_prior=True, half_s=half_s)
-        # The chains of the requests in flight, and the fills charged (``Warming._charge``).
-        self._running = RunningBlocks(pending)
-        self.residency = IndexResidency(self.index, self._running)  # ``caches``
-        self._fills, self.charged, self._aged_at = {}, {}, -math.inf
-        self._replies = Replies(pending)  # a session's cached reply (TTFT)
+        self._fills, self.charged, self._aged_at = {}, {}, -math.inf  # ``Warming._charge``
         # Where headerless requests ended; what a conversation routes over its life.
         self._lives = Lives(self.index.depth_chars, cfg.chain_ends, half_s=half_s)
         self._trust = ClaimShares(max_pending=pending)
@@ -185,18 +164,13 @@ class DefaultPolicy(Warming, SpeedLearning):
         young, resident, depth = (self._chars(d, request, worker) for d in (young, resident, depth))
         self._trust.note_routed(rid, worker, young, resident, depth)
         cached = self._trust.expected(young, resident, depth)
-        per_char = self._tokens_per_char
-        seconds = (prompt - cached) * per_char / self._rate  # the prior's: the lives' unit
-        self._running.fly(rid, worker, hashes := tuple(request.prefix_hashes))
+        seconds = (prompt - cached) * self._tokens_per_char / self._rate  # the lives' unit
         likely = self._trust.likely(young, resident, depth)  # the TTFT's, not its mean
-        credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
-        likely = prompt - max(likely, credit, self._replies.cached(request, worker) if warm else 0)
-        tokens, setup = request.slot_tokens(worker, likely * per_char)  # the plane's, if it tells
-        self.speed.sent(rid, worker, now, tokens, streamed=request.stream, after=after, setup=setup)
+        self._book(request, worker, now, likely, warm)  # a cold slot holds no reply
         lives = self._lives
         if request.session_key is not None:
             lives.sessions.add(now, self._recent_half_s, seconds, 0.0)
-        elif hashes:
+        elif request.prefix_hashes:
             opened = self._opened
             end = opened[1] if opened[0] == rid else lives.through(request)
             lives.turn(rid, now, seconds, None if end is None else end[3])
@@ -228,27 +202,18 @@ class DefaultPolicy(Warming, SpeedLearning):
         *,
         completion_tokens: int = 0,
     ) -> None:
-        """The request is done: it leaves the books; correct the index."""
-        self._running.landed(request.request_id)
-        self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
-        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        """The request is done (``CostLearning``): judge its claims, note its reply."""
+        super().on_usage(
+            request, worker, prompt_tokens, cached_tokens, now, completion_tokens=completion_tokens
+        )
         rid, prompt = request.request_id, request.prompt_chars
         self._trust.note_usage(rid, worker, prompt, prompt_tokens, cached_tokens)
-        replied = int(completion_tokens / self._tokens_per_char)
-        self._lives.replied(request, replied)
-        self._replies.replied(request, worker, replied)
+        self._lives.replied(request, int(completion_tokens / self._tokens_per_char))
         self._refill(worker, now)
 
-    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
-        """No usage will come: the request leaves the books."""
-        self._running.landed(request.request_id)
-        self.speed.dropped(request.request_id)
-
     def on_worker_removed(self, worker: WorkerId) -> None:
-        """Forget the worker's blocks, queue and counts."""
+        """Forget the worker's blocks, queue and counts (``CostLearning``), and its fill."""
         super().on_worker_removed(worker)
-        self.speed.forget_worker(worker)
-        self._running.forget(worker)
         self._fills.pop(worker, None)
         self.charged.pop(worker, None)
 
@@ -265,8 +230,10 @@ class DefaultPolicy(Warming, SpeedLearning):
             found = self.residency.matches(request, ctx)
         cands = candidates(request, ctx, self._holding(request), hard=True)
         bound, why = affinity_status(request, ctx, cfg.threshold_kind, cfg.threshold)
+        running = "running" not in self._off  # the KV requests in flight share (ablation)
         if bound is not None:
-            return route(bound, "affinity_hit", shared_chars=self._shared_chars(request, bound.id))
+            shared = self._shared_chars(request, bound.id) if running else 0
+            return route(bound, "affinity_hit", shared_chars=shared)
         if not cands:
             return refuse(request, ctx, cfg.retry_after_s)
 
@@ -279,7 +246,7 @@ class DefaultPolicy(Warming, SpeedLearning):
                 return Decision.refuse(CAPACITY_FULL, cfg.retry_after_s)
 
         worker, reason = self._place(request, pool, ctx, found)
-        shared = self._shared_chars(request, worker.id)
+        shared = self._shared_chars(request, worker.id) if running else 0
         self._remember_capacity(worker)
         if request.session_key is not None and ctx.affinity is None:
             self._lives.sessions.add(ctx.fleet.now, self._recent_half_s, 0.0, 1.0)
@@ -294,15 +261,6 @@ class DefaultPolicy(Warming, SpeedLearning):
         if request.session_key is not None or not request.prefix_hashes or "holding" in self._off:
             return ()
         return _EVERY
-
-    def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
-        """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
-        hashes = request.prefix_hashes
-        depth = self._running.shared_depth(worker, hashes) if hashes else 0
-        if not depth or "running" in self._off:
-            return 0
-        chars = self.index.depth_chars(depth)
-        return chars if chars < request.prompt_chars else request.prompt_chars
 
     def hold_worth(self, request: RequestFeatures, worker: WorkerId, ctx: RouteContext) -> Seconds:
         """How much sooner ``request`` is expected to start on ``worker`` than on the best
@@ -357,8 +315,6 @@ class DefaultPolicy(Warming, SpeedLearning):
         per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
-        icfg = self.index.config
-        fine, coarse, block_chars = icfg.fine_blocks, icfg.coarse_factor, icfg.block_chars
         charged, idle, decode_s = self.charged.get, (0.0, IDLE_BOOK), self._decode_s
         evict, per_token = cfg.evict, self.speed.prior_of(None).prefill_s
         pace = per_token / self.speed.prior.prefill_s  # the engines' own rate over the prior's
@@ -379,8 +335,6 @@ class DefaultPolicy(Warming, SpeedLearning):
                 self._tail = (rid, *end[:3])
         _, tail_worker, _, tail = self._tail
         tail = tail if tail < prompt else prompt
-        get = matches.get
-        held: Callable[[WorkerId], int] = lambda w: self._chars(get(w, 0), request, w)  # noqa: E731
         depths = {0, *matches.values()}  # the depths held (a few), and none
         top = max(self._chars(deepest := max(depths), request, ""), tail)
         if life > 0.0 and cfg.warm_min_blocks and not restorable and not self._probing:
@@ -394,10 +348,8 @@ class DefaultPolicy(Warming, SpeedLearning):
             depths.add(depth_of[tail_worker])
         terms: dict[int, tuple[float, float, float]] = {}
         for key in depths:
-            depth = key if key >= 0 else ~key
-            # ``PrefixIndex.depth_chars``, inlined.
-            chars = depth if depth <= fine else fine + (depth - fine) * coarse
-            cached = chars * block_chars if chars * block_chars < prompt else prompt
+            chars = self.index.depth_chars(key if key >= 0 else ~key)
+            cached = chars if chars < prompt else prompt
             if key < 0 and tail > cached:
                 cached = tail
             fresh = fresh_all - cached * per_char
@@ -437,7 +389,8 @@ class DefaultPolicy(Warming, SpeedLearning):
             return best, "least_loaded"
         if restorable and own.get(best.id, 0) < restorable:
             return best, "restorable_match"  # chosen for what it can restore, not hold
-        return best, "prefix_match" if held(best.id) == top else "least_ttft"
+        held = self._chars(matches.get(best.id, 0), request, best.id)
+        return best, "prefix_match" if held == top else "least_ttft"
 
     def _slot_held(
         self, pool: list[WorkerState], found: dict[WorkerId, int]
@@ -446,8 +399,7 @@ class DefaultPolicy(Warming, SpeedLearning):
         (``FleetSpeed.slot_cache``): such an engine keeps KV per slot. What the engines
         report is read first (``FleetSpeed.engine``): the queues drain at their rates."""
         speed = self.speed
-        for w in pool:
-            speed.engine(w.id, w.slots, w.engine_prefill_s)
+        speed.engines(pool)
         get, cached = found.get, speed.slot_cache
         cold = {w.id for w in pool if w.slots and get(w.id) and not cached(w.id)}
         return {w: d for w, d in found.items() if w not in cold} if cold else found

@@ -6,6 +6,8 @@ learned rates and the TTFT prediction error ``/metrics`` and the dashboard show)
 policy books each request it routes (``FleetSpeed.sent``) and closes it on its usage
 (``FleetSpeed.ended``) or drop (``FleetSpeed.dropped``), where it knows its uncached tokens.
 ``Replies``: a session's last reply, cached on its worker though the index never saw it.
+``CostLearning`` and ``CostConfig``: the books and options both policies that cost a
+placement in seconds (``default``, ``ttft``) keep.
 """
 
 from __future__ import annotations
@@ -13,8 +15,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from pydantic import Field
+
 from kvgate.core.features import RequestFeatures
+from kvgate.core.policies.base import PolicyConfig
+from kvgate.core.policies.caches import IndexResidency
+from kvgate.core.policies.prefix_affinity import PrefixLearning
+from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import PolicyBase
+from kvgate.core.prefix_index import PrefixIndexConfig
 from kvgate.core.speed import FleetSpeed, Observation, SpeedReport
 from kvgate.types import Seconds, SessionKey, WorkerId
 
@@ -90,3 +99,88 @@ class SpeedLearning(PolicyBase):
     def speeds(self) -> Mapping[WorkerId, SpeedReport]:
         """Each worker's learned speed and TTFT prediction error (``core.speed``)."""
         return self.speed.report()
+
+
+class CostConfig(PolicyConfig):
+    """The options of a policy that costs each placement in seconds (``default``, ``ttft``)."""
+
+    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
+    """The prior of a worker's prefill rate (an H100 running an 8B model does 10-15k
+    tokens/s), the engines' own measure where they report one (llama.cpp's ``/metrics``:
+    ``FleetSpeed.prior_of``)."""
+    evict: float = Field(default=1.0, ge=0)
+    """Weight of the predicted cost of what a placement's new KV evicts (0: not counted)."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Model seconds per second of the driver's clock: the rates and times set are the
+    model's, and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
+    restorable_credit: float = Field(default=0.9, ge=0, le=1)
+    """What a prefix block restorable from disk is worth on any worker, against one in
+    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
+    takes to recompute it (``benchmarks/real_offload.py``)."""
+
+
+class CostLearning(PrefixLearning, SpeedLearning):
+    """What a policy that costs each placement in seconds keeps of the requests it routes:
+    their chains in the index, their uncached tokens in ``speed``'s book, the chains in
+    flight per worker, a session's last reply (``Replies``), until their usage or drop."""
+
+    def __init__(self, index_config: PrefixIndexConfig) -> None:
+        super().__init__(index_config)
+        self._tokens_per_char = 1.0 / index_config.chars_per_token
+        pending = index_config.max_pending
+        # The blocks requests in flight hold on each worker (what a new one need not add to
+        # its KV in use: ``Decision.shared_chars``), and each one's worker and chain.
+        self._running = RunningBlocks(pending)
+        self.residency = IndexResidency(self.index, self._running)
+        """Where the prompt is cached (``caches``: KV events, the index, the store)."""
+        self._replies = Replies(pending)  # a session's cached reply (TTFT)
+
+    def _book(
+        self, request: RequestFeatures, worker: WorkerId, now: Seconds, cached: int, reply: bool
+    ) -> None:
+        """Book ``request`` on ``worker`` at ``now``, uncached past ``cached`` characters or
+        what the slot plane finds there, or (``reply``) its session's last reply there."""
+        credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
+        if reply:
+            cached = max(cached, self._replies.cached(request, worker))
+        likely = max(request.prompt_chars - max(cached, credit), 0) * self._tokens_per_char
+        likely, setup = request.slot_tokens(worker, likely)  # the engine's own, if the plane tells
+        rid = request.request_id
+        self.speed.sent(rid, worker, now, likely, streamed=request.stream, after=after, setup=setup)
+        self._running.fly(rid, worker, request.prefix_hashes)
+
+    def _shared_chars(self, request: RequestFeatures, worker: WorkerId) -> int:
+        """Leading characters of the prompt whose KV requests in flight on ``worker`` hold."""
+        depth = self._running.shared_depth(worker, request.prefix_hashes)
+        if not depth:
+            return 0
+        chars = self.index.depth_chars(depth)
+        return chars if chars < request.prompt_chars else request.prompt_chars
+
+    def on_usage(
+        self,
+        request: RequestFeatures,
+        worker: WorkerId,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: Seconds,
+        *,
+        completion_tokens: int = 0,
+    ) -> None:
+        """The request is done: its usage corrects the index, it leaves the books, and a
+        session's reply is cached where it went (``Replies``)."""
+        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
+        self._running.landed(request.request_id)
+        self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
+
+    def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
+        """No usage will come: the request leaves the books."""
+        self.speed.dropped(request.request_id)
+        self._running.landed(request.request_id)
+
+    def on_worker_removed(self, worker: WorkerId) -> None:
+        """Forget the worker's blocks, book, speed and requests in flight."""
+        super().on_worker_removed(worker)
+        self.speed.forget_worker(worker)
+        self._running.forget(worker)

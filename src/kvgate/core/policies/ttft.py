@@ -61,12 +61,10 @@ from kvgate.core.decision import Decision
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import Holding, affinity_status, candidates, refuse, route
-from kvgate.core.policies.caches import IndexResidency, Residency, evicted_tokens
-from kvgate.core.policies.learning import Replies, SpeedLearning
+from kvgate.core.policies.caches import evicted_tokens
+from kvgate.core.policies.learning import CostLearning
 from kvgate.core.policies.lives import Lives
 from kvgate.core.policies.pace import Pace
-from kvgate.core.policies.prefix_affinity import PrefixLearning
-from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policies.ttft_config import TtftConfig
 from kvgate.core.policy import RouteContext
 from kvgate.core.speed import FleetSpeed, Look, Observation, Speed
@@ -78,15 +76,14 @@ _REUSE_GAIN = 0.0125  # weight of each request in the fleet's hit-ratio average
 _RELOOK = 16  # fits between two looks at every worker (``on_observed``)
 
 
-class TtftPolicy(PrefixLearning, SpeedLearning):
+class TtftPolicy(CostLearning):
     """Places each request on the worker of least predicted TTFT plus eviction cost."""
 
     name = "ttft"
 
     def __init__(self, config: TtftConfig | None = None) -> None:
         self.config = cfg = config if config is not None else TtftConfig()
-        super().__init__(cfg.index)
-        self._tokens_per_char = 1.0 / cfg.index.chars_per_token
+        super().__init__(cfg.index)  # the index, the chains in flight, the replies
         scale = cfg.time_scale  # the priors are the model's; the fit is in the driver's clock
         prior = Speed(cfg.overhead_s / scale, 1.0 / (cfg.prefill_tokens_per_s * scale),
                       cfg.decode_s / scale)  # fmt: skip
@@ -107,15 +104,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         self._looks: dict[WorkerId, Look] = {}
         self._fleet_seen: Speed | None = None  # the fleet's speed the looks were taken with
         self._fits = 0
-        # The blocks requests in flight hold on each worker (what a new one need not add to
-        # its KV in use: ``Decision.shared_chars``), and each one's worker and chain.
-        self._running = RunningBlocks(cfg.index.max_pending)
-        self.residency: Residency = IndexResidency(self.index, self._running)
-        """Where the prompt is cached (``caches``: KV events, the index, the store)."""
         # What a conversation brings, and a later turn's earlier end (``lives``: as
         # ``default`` reads them, agent-preamble lost 1.9 points of hit, p99 1.6x).
         self._lives = Lives(self.index.depth_chars, lone=False, shared=False, reach=False)
-        self._replies = Replies(cfg.index.max_pending)  # a session's cached reply (TTFT)
         # The last placement: request id, characters held per worker, whether it opens a
         # conversation; and the scores.
         self._last: tuple[str, dict[WorkerId, int], bool] = ("", {}, False)
@@ -133,14 +124,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             cached = self.index.depth_chars(self.index.match_worker(request.prefix_hashes, worker))
             opens = self._lives.opens(request, False)
         uncached = max(prompt - cached, 0) * self._tokens_per_char
-        reply = max(cached, self._replies.cached(request, worker))  # a session's last reply
-        credit, after = request.slot_credit(worker, self.index.depth_chars)  # llama.cpp's plane
-        likely = max(prompt - max(reply, credit), 0) * self._tokens_per_char
-        likely, setup = request.slot_tokens(worker, likely)  # the engine's own, if the plane tells
-        self.speed.sent(rid, worker, now, likely, streamed=request.stream, after=after, setup=setup)
+        self._book(request, worker, now, cached, True)  # and a session's last reply
         self._looks.pop(worker, None)
         self._pace.note(now)
-        self._running.fly(rid, worker, request.prefix_hashes)
         self._lives.routed(uncached, opens)
         self._lives.note(request, worker)
         super().on_routed(request, worker, now)
@@ -156,14 +142,13 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         *,
         completion_tokens: int = 0,
     ) -> None:
-        """Correct the index, close the request's book entry, fold its hit ratio into
-        the fleet's."""
-        super().on_usage(request, worker, prompt_tokens, cached_tokens, now)
+        """Correct the index, close the request's book entry (``CostLearning``), fold its
+        hit ratio into the fleet's."""
+        super().on_usage(
+            request, worker, prompt_tokens, cached_tokens, now, completion_tokens=completion_tokens
+        )
         self._fill[worker] = self.index.fill(worker, self.index.config.kv_overcommit)
-        self.speed.ended(request.request_id, prompt_tokens, cached_tokens)
         self._looks.pop(worker, None)
-        self._replies.replied(request, worker, int(completion_tokens / self._tokens_per_char))
-        self._running.landed(request.request_id)
         if prompt_tokens > 0:
             # The fleet's, not the worker's: a worker thrashing its cache measured a low
             # ratio, which made evicting there look cheap and drew more new sessions to it.
@@ -172,10 +157,9 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
             self._reuse = ratio if old is None else old + _REUSE_GAIN * (ratio - old)
 
     def on_dropped(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
-        """Nothing will be observed: the request leaves the book."""
-        self.speed.dropped(request.request_id)
+        """Nothing will be observed: the request leaves the book (``CostLearning``)."""
+        super().on_dropped(request, worker, now)
         self._looks.pop(worker, None)
-        self._running.landed(request.request_id)
 
     def on_first_token(self, request: RequestFeatures, worker: WorkerId, now: Seconds) -> None:
         """Its prefill is done: it leaves the worker's queue (``SpeedLearning``)."""
@@ -197,9 +181,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         """Forget the worker's blocks, book and speed."""
         super().on_worker_removed(worker)
         self._fill.pop(worker, None)
-        self.speed.forget_worker(worker)
         self._looks.clear()
-        self._running.forget(worker)
 
     # -- deciding -------------------------------------------------------------------
 
@@ -226,8 +208,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         if home is not None and all(w is not home for w in pool):
             home = None  # (``is``: workers are compared field by field otherwise)
         best = self._place(request, pool, ctx, held, restorable, opens=opens)
-        depth = self._running.shared_depth(best.id, request.prefix_hashes)
-        shared = min(self.index.depth_chars(depth), request.prompt_chars)
+        shared = self._shared_chars(request, best.id)
         if home is not None and best.id == home.id:
             return route(home, "affinity_hit", shared_chars=shared)
         self._remember_capacity(best)
@@ -285,8 +266,7 @@ class TtftPolicy(PrefixLearning, SpeedLearning):
         first = open_[0]
         reports = first.slots is not None or first.engine_prefill_s is not None
         if reports:
-            for w in open_:  # what each engine reports of itself (llama.cpp's slots, speed)
-                speed.engine(w.id, w.slots, w.engine_prefill_s)
+            speed.engines(open_)  # what each engine reports of itself (llama.cpp's slots, speed)
             self._looks.clear()  # the fleet's speed may have moved with them
         fleet = speed.fleet()  # a worker not yet warm is predicted with it: when it moves,
         if fleet is not self._fleet_seen:  # every look taken with the old one is stale

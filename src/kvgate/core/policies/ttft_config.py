@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kvgate.core.policies.base import PolicyConfig
+from kvgate.core.policies.learning import CostConfig
 from kvgate.core.prefix_index import PrefixIndexConfig
 
 
@@ -19,12 +19,10 @@ class TtftIndexConfig(PrefixIndexConfig):
     kv_overcommit: float = Field(default=4.0, ge=0.1)
 
 
-class TtftConfig(PolicyConfig):
-    """Options of ``ttft``: the speed prior, the eviction weight, and each term's switch
-    (the ablation in ``benchmarks/ablation.py`` turns them off one at a time)."""
+class TtftConfig(CostConfig):
+    """Options of ``ttft``: the speed prior, the eviction weight (``CostConfig``), and each
+    term's switch (the ablation in ``benchmarks/ablation.py`` turns them off one at a time)."""
 
-    prefill_tokens_per_s: float = Field(default=12_000.0, gt=0)
-    """The prior of a worker's prefill rate (an H100 running an 8B model does 10-15k/s)."""
     decode_s: float = Field(default=0.005, ge=0)
     """The time to first token each request decoding on a worker adds: a prior, not fitted
     (see ``TtftPolicy``). 5 ms: at 2 ms a worker slowed to half speed kept 40-50% of its
@@ -46,15 +44,6 @@ class TtftConfig(PolicyConfig):
     Per candidate: its share of the arrival rate times how long it stays busy (the
     shortest queue among the candidates, plus this prefill there): a burst's rate says
     more about the burst than about how many it will delay, hence the cap."""
-    evict: float = Field(default=1.0, ge=0)
-    """Weight of the predicted cost of what a placement evicts (0: not counted)."""
     kv_high: float = Field(default=0.9, gt=0, le=1)
     """KV use at which a worker is skipped while another is below it."""
-    time_scale: float = Field(default=1.0, gt=0)
-    """Model seconds per second of the driver's clock: the priors above are the model's,
-    and an emulated fleet run ``--time-scale 10`` does ten model seconds a second."""
-    restorable_credit: float = Field(default=0.9, ge=0, le=1)
-    """What a prefix block restorable from disk is worth on any worker, against one in
-    the worker's own cache (1): llama.cpp restores a saved slot in 2-15% of the time it
-    takes to recompute it (``benchmarks/real_offload.py``)."""
     index: TtftIndexConfig = TtftIndexConfig()

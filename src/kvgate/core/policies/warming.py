@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 from kvgate.core.features import RequestFeatures
 from kvgate.core.fleet import WorkerState
 from kvgate.core.policies.base import candidates, under_threshold
-from kvgate.core.policies.caches import IndexResidency
+from kvgate.core.policies.learning import CostLearning
 from kvgate.core.policies.prefix_affinity import PrefixLearning
-from kvgate.core.policies.running import RunningBlocks
 from kvgate.core.policy import RouteContext
-from kvgate.core.speed import IDLE_BOOK, Book, FleetSpeed
+from kvgate.core.speed import IDLE_BOOK, Book
 from kvgate.core.warmup import WarmUp
 from kvgate.types import BlockHash, Seconds, WorkerId
 
@@ -98,15 +97,11 @@ class Openers:
         return WarmUp(worker, prefix, opening.request_id)
 
 
-class Warming(PrefixLearning):
+class Warming(CostLearning):
     """Warm-ups for a policy that places by ``_aside`` and books its requests in ``speed``."""
 
     config: DefaultConfig
-    speed: FleetSpeed
     _openers: Openers
-    _tokens_per_char: float
-    residency: IndexResidency
-    _running: RunningBlocks  # the chains of the requests in flight, per worker
     _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
     charged: dict[WorkerId, tuple[float, Book]]
     """The fill charged (at most what was sent lately fills) and the book: one look-up."""
