@@ -315,9 +315,9 @@ class DefaultPolicy(Warming):
         per_char = self._tokens_per_char / self._rate  # prefill seconds per character
         prompt = request.prompt_chars
         fresh_all = prompt * per_char
-        charged, idle, decode_s = self.charged.get, (0.0, IDLE_BOOK), self._decode_s
-        evict, per_token = cfg.evict, self.speed.prior_of(None).prefill_s
-        pace = per_token / self.speed.prior.prefill_s  # the engines' own rate over the prior's
+        pace = self.speed.prior_of(None).prefill_s / self.speed.prior.prefill_s  # ``_paced``
+        charged, idle, decode_s = self.charged.get, (0.0, IDLE_BOOK, 0.0, pace), self._decode_s
+        evict = cfg.evict
         # An opening adds its conversation's whole life here, not this turn's; a
         # session's binding makes a pull buy nothing past this turn (module docs).
         stay, life, rid = cfg.stay * per_char, 0.0, request.request_id
@@ -361,9 +361,10 @@ class DefaultPolicy(Warming):
         # One pass over plain locals, for every worker on every placement: its queue,
         # prefill, what it evicts and the pull at the prior's pace.
         for w in pool:
-            fill, book = charged(wid := w.id, idle)  # its queue: ``Book.front``
+            fill, book, evicting, pulling = charged(wid := w.id, idle)  # ``Book.front``: its queue
             if w.kv_reserved_tokens:  # the books' fill alone is at most 1: only with these
                 fill = min(1.0, fill + w.kv_reserved_tokens / (w.kv_capacity_tokens or math.inf))
+                evicting, pulling = fill * pace, pace * (1.0 - fill)
             fresh, weight, pull = terms[depth_at(wid, 0)]
             drains, owes, _ = book.front if book.front[2] > now else book.settled(now)
             queued = drains - now
@@ -371,9 +372,9 @@ class DefaultPolicy(Warming):
             if predict is not None and w.slots:  # at least the TTFT of the slots' model
                 start = predict(wid, fresh * rate, now, in_flight=w.in_flight) - pace * fresh
                 queued = start if start > queued else queued
-            cost = w.in_flight * decode_s + queued + pace * fresh + weight * (fill * pace)
+            cost = w.in_flight * decode_s + queued + pace * fresh + weight * evicting
             if pull:
-                cost -= pull * (pace * (1.0 - fill))  # a full cache keeps new work only by evicting
+                cost -= pull * pulling  # a full cache keeps new work only by evicting
             score(cost)
             if cost <= least:  # the cheapest so far; exact ties (common at low load) after
                 least, best, tied = cost, w, cost == least
@@ -399,7 +400,9 @@ class DefaultPolicy(Warming):
         (``FleetSpeed.slot_cache``): such an engine keeps KV per slot. What the engines
         report is read first (``FleetSpeed.engine``): the queues drain at their rates."""
         speed = self.speed
-        speed.engines(pool)
+        if speed.engines(pool):  # the pace moved: every fill charged at the new one
+            for worker, (fill, book, _, _) in self.charged.items():
+                self._paced(worker, fill, book)
         get, cached = found.get, speed.slot_cache
         cold = {w.id for w in pool if w.slots and get(w.id) and not cached(w.id)}
         return {w: d for w, d in found.items() if w not in cold} if cold else found
@@ -435,7 +438,7 @@ class DefaultPolicy(Warming):
             cached = self._chars(depth, request, wid)
             young, resident = (self._chars(d, request, wid) for d in (young, resident))
             unheld = cached - self._trust.expected(young, resident, cached)
-            fill, _ = self.charged.get(wid, (0.0, IDLE_BOOK))
+            fill = self.charged.get(wid, (0.0,))[0]
             fresh = (prompt - cached) * per_char
             more = fresh + unheld * per_char  # its prefill there, and what that evicts
             evicts = evict * fill * (max(more, life) - max(fresh, life))

@@ -103,8 +103,9 @@ class Warming(CostLearning):
     config: DefaultConfig
     _openers: Openers
     _fills: dict[WorkerId, tuple[float, float]]  # ``PrefixIndex.fill`` and KV room in tokens
-    charged: dict[WorkerId, tuple[float, Book]]
-    """The fill charged (at most what was sent lately fills) and the book: one look-up."""
+    charged: dict[WorkerId, tuple[float, Book, float, float]]
+    """The fill charged (at most what was sent lately fills), the book, and ``_place``'s
+    ``fill × pace`` and ``pace × (1 − fill)`` (``_paced``): one look-up a worker."""
     _aged_at: Seconds
 
     def _aside(
@@ -127,7 +128,12 @@ class Warming(CostLearning):
         if room > 0.0:
             lately = self.speed.lately(worker, now)[1] / room
             fill = lately if lately < fill else fill
-        self.charged[worker] = fill, self.speed.books.get(worker, IDLE_BOOK)
+        self._paced(worker, fill, self.speed.books.get(worker, IDLE_BOOK))
+
+    def _paced(self, worker: WorkerId, fill: float, book: Book) -> None:
+        """Charge ``worker`` ``fill`` at the pace: the engines' own rate over the prior's."""
+        pace = self.speed.prior_of(None).prefill_s / self.speed.prior.prefill_s
+        self.charged[worker] = fill, book, fill * pace, pace * (1.0 - fill)
 
     def _age(self, now: Seconds) -> None:
         """Every ``half_s / 16``, every worker is charged again as of ``now``."""
