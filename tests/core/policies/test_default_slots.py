@@ -152,3 +152,23 @@ def test_what_the_slot_plane_counts_in_the_engines_tokens_is_booked_as_it_says()
     other = replace(request("r2", session="s2", hashes=chain(1, 16, tail=2)), slot_uncached=())
     policy.on_routed(other, "b", 0.0)
     assert policy.speed.books["b"].sent["r2"].uncached == pytest.approx(1024.0)  # its own guess
+
+
+def test_an_engine_of_slots_takes_no_more_than_one_request_past_the_least_loaded() -> None:
+    """On a busy CPU a llama.cpp worker's TTFTs grow with its requests in flight faster than
+    the fit follows: placed by the model alone, 5 openings of 5 went to one worker (TTFT
+    p50 10 s, round robin's 1.5 s). Its warm prefix keeps a new session only while it has
+    at most one request more than the least loaded."""
+    policy = DefaultPolicy()
+    first = request("r1", session="s1", hashes=chain(1, 16, tail=1))
+    policy.pick(first, ctx(fleet(slotted("a"), slotted("b")), key="s1"))
+    policy.on_routed(first, "a", 0.0)
+    policy.on_usage(first, "a", 1_024, 0, 5.0)  # a's slot holds the shared prefix
+    nxt = request("r2", session="s2", hashes=chain(1, 16, tail=2))
+
+    def placed(in_flight: int) -> str:
+        a = worker("a", slots=4, engine_prefill_s=CPU, in_flight=in_flight)
+        return policy.pick(nxt, ctx(fleet(a, slotted("b"), now=30.0), key="s2")).worker
+
+    assert placed(1) == "a"  # one more than b: the warm prefix wins
+    assert placed(2) == "b"
